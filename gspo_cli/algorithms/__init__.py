@@ -1,0 +1,39 @@
+"""RL objectives for GRPO vs GSPO: advantage estimators, aggregations and policy losses."""
+
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    get_advantage_estimator,
+    grpo_advantages,
+    mean_only_advantages,
+    register_advantage,
+    zero_variance_group_frac,
+)
+from .aggregation import AGGREGATIONS, aggregate, register_aggregation
+from .losses import (
+    LOG_RATIO_CLAMP,
+    POLICY_LOSSES,
+    get_policy_loss,
+    grpo_loss,
+    gspo_loss,
+    gspo_token_loss,
+    register_policy_loss,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "LOG_RATIO_CLAMP",
+    "POLICY_LOSSES",
+    "aggregate",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "grpo_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "gspo_token_loss",
+    "mean_only_advantages",
+    "register_advantage",
+    "register_aggregation",
+    "register_policy_loss",
+    "zero_variance_group_frac",
+]

@@ -1,0 +1,106 @@
+"""Group-relative advantage estimators.
+
+Rewards arrive as a flat (B,) tensor laid out in contiguous groups of
+``group_size`` responses to the same prompt: indices [0, G) are prompt 0,
+[G, 2G) prompt 1, and so on. Every estimator returns one advantage per response.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+AdvantageFn = Callable[..., torch.Tensor]
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+# Below this group std the rewards are treated as identical: float noise such as
+# 0.1 + 0.2 vs 0.3 must give exact zeros, not noise amplified by 1 / (std + eps).
+ZERO_VARIANCE_STD = 1e-8
+
+
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding ``fn`` to ``ADVANTAGE_ESTIMATORS`` under ``name``."""
+
+    def deco(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} registered twice")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_advantage_estimator(name: str) -> AdvantageFn:
+    """Look up a registered estimator; unknown names raise ValueError listing valid ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+
+
+def _grouped(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) -> (B // G, G) float view; validates shape and divisibility."""
+    if rewards_B.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (B,), got shape {tuple(rewards_B.shape)}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if rewards_B.shape[0] % group_size != 0:
+        raise ValueError(
+            f"batch size {rewards_B.shape[0]} is not divisible by group_size {group_size}"
+        )
+    rewards_B = rewards_B if rewards_B.is_floating_point() else rewards_B.float()
+    return rewards_B.reshape(-1, group_size)
+
+
+def _group_std(groups_NG: torch.Tensor) -> torch.Tensor:
+    """(N, G) -> (N,) unbiased sample std; 0 for G == 1 (a single sample has no spread)."""
+    if groups_NG.shape[1] == 1:
+        return torch.zeros(groups_NG.shape[0], dtype=groups_NG.dtype, device=groups_NG.device)
+    return groups_NG.std(dim=1, correction=1)
+
+
+@register_advantage("grpo")
+def grpo_advantages(rewards_B: torch.Tensor, group_size: int, *, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO advantage: (r - group mean) / (group std + eps), shape (B,) -> (B,).
+
+    The std is the unbiased sample std (divide by G - 1), as in common GRPO
+    implementations that call ``torch.std``. Groups whose std is below
+    ``ZERO_VARIANCE_STD`` (all rewards equal, up to float noise) get exactly 0:
+    they carry no learning signal and must never produce NaN.
+    """
+    groups_NG = _grouped(rewards_B, group_size)
+    mean_N1 = groups_NG.mean(dim=1, keepdim=True)
+    std_N1 = _group_std(groups_NG).unsqueeze(1)
+    flat_N1 = std_N1 < ZERO_VARIANCE_STD
+    adv_NG = torch.where(
+        flat_N1, torch.zeros_like(groups_NG), (groups_NG - mean_N1) / (std_N1 + eps)
+    )
+    return adv_NG.reshape(-1)
+
+
+@register_advantage("mean_only")
+def mean_only_advantages(rewards_B: torch.Tensor, group_size: int, *, eps: float = 1e-6) -> torch.Tensor:
+    """Dr. GRPO advantage: r - group mean, shape (B,) -> (B,).
+
+    No std division (it biases towards low-variance prompts); ``eps`` is accepted
+    only so all estimators share one call signature and is unused.
+    """
+    del eps
+    groups_NG = _grouped(rewards_B, group_size)
+    adv_NG = groups_NG - groups_NG.mean(dim=1, keepdim=True)
+    # Identical rewards must give exact zeros even if the mean rounds.
+    flat_N1 = (_group_std(groups_NG) < ZERO_VARIANCE_STD).unsqueeze(1)
+    return torch.where(flat_N1, torch.zeros_like(adv_NG), adv_NG).reshape(-1)
+
+
+def zero_variance_group_frac(rewards_B: torch.Tensor, group_size: int) -> float:
+    """Share of groups whose rewards are all equal (same tolerance as ``grpo``)."""
+    groups_NG = _grouped(rewards_B, group_size)
+    if groups_NG.shape[0] == 0:
+        return 0.0
+    flat_N = _group_std(groups_NG) < ZERO_VARIANCE_STD
+    return flat_N.float().mean().item()

@@ -1,0 +1,64 @@
+"""Every metric the trainer logs, defined once: its key, its meaning and its unit.
+
+compare and plot read labels from here; the trainer computes values in train.py.
+Keys are namespaced by what they measure and name their granularity.
+"""
+
+from __future__ import annotations
+
+METRICS: dict[str, tuple[str, str]] = {
+    # key: (description, unit)
+    "step": ("optimizer phase (one rollout batch) index, from 1", "step"),
+    "reward/mean": ("mean reward of the rollout batch", "reward"),
+    "reward/std": ("standard deviation of rewards in the batch", "reward"),
+    "reward/accuracy": ("share of responses the verifier judged correct", "fraction"),
+    "reward/zero_var_group_frac": ("share of groups whose rewards are all equal (no signal)", "fraction"),
+    "response/length_mean": ("mean response length", "tokens"),
+    "response/length_max": ("longest response", "tokens"),
+    "response/truncated_frac": ("share of responses that hit max_new_tokens without EOS", "fraction"),
+    "policy/loss": ("policy loss, mean over mini-batches", "loss"),
+    "policy/clip_frac_token": ("share of response tokens whose gradient was zeroed by clipping", "fraction"),
+    "policy/clip_frac_token_low": ("clipped tokens with ratio < 1-eps_low and negative advantage", "fraction"),
+    "policy/clip_frac_token_high": ("clipped tokens with ratio > 1+eps_high and positive advantage", "fraction"),
+    "policy/clip_frac_seq": ("mean over responses of each response's clipped-token share", "fraction"),
+    "policy/ratio_mean": ("mean importance ratio over response tokens (token or sequence level)", "ratio"),
+    "policy/ratio_min": ("smallest importance ratio", "ratio"),
+    "policy/ratio_max": ("largest importance ratio", "ratio"),
+    "policy/seq_ratio_mean": ("mean length-normalised sequence ratio", "ratio"),
+    "policy/kl_old_k3": ("k3 estimate of KL(pi_old || pi_theta) per token", "nats"),
+    "policy/kl_ref_k3": ("k3 estimate of KL to the reference (initial) policy, when kl_coef > 0", "nats"),
+    "policy/entropy": ("mean per-token entropy of the sampling distribution (pi_old)", "nats"),
+    "policy/grad_norm": ("gradient norm before clipping, mean over mini-batches", "norm"),
+    "policy/lr": ("learning rate", "lr"),
+    "moe/expert_change_frac": (
+        "share of (token, layer, slot) expert choices that differ between pi_old and the current "
+        "policy on the same rollout, over forwards after at least one update", "fraction"),
+    "moe/aux_loss": ("router load-balancing loss (only when router_aux_loss_coef > 0)", "loss"),
+    "time/rollout_s": ("generation time", "s"),
+    "time/score_s": ("verifier time", "s"),
+    "time/old_logp_s": ("old-policy log-prob pass (and route recording)", "s"),
+    "time/update_s": ("forward/backward/optimizer time over all mini-batches", "s"),
+    "time/step_s": ("wall time of the whole step", "s"),
+    "time/elapsed_s": ("wall time since the run started (training only)", "s"),
+    "perf/tokens_per_s": ("response tokens generated per second of step time", "tokens/s"),
+}
+
+# Statistics returned by every policy loss, and how mini-batch values combine into a step's.
+LOSS_STAT_KEYS = {
+    "clip_frac_token": "policy/clip_frac_token",
+    "clip_frac_token_low": "policy/clip_frac_token_low",
+    "clip_frac_token_high": "policy/clip_frac_token_high",
+    "clip_frac_seq": "policy/clip_frac_seq",
+    "ratio_mean": "policy/ratio_mean",
+    "seq_ratio_mean": "policy/seq_ratio_mean",
+    "approx_kl": "policy/kl_old_k3",
+}
+
+
+def describe(key: str) -> tuple[str, str]:
+    """(description, unit) for a key; eval keys are generated per task."""
+    if key in METRICS:
+        return METRICS[key]
+    if key.startswith("eval/"):
+        return (f"held-out score {key[5:]}", "score")
+    return (key, "")

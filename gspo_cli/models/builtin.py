@@ -1,0 +1,168 @@
+"""Built-in tiny models: a character tokenizer trained on the task's text, a Qwen3 /
+Qwen3-MoE network built from a config, and a short supervised cold start on the task's
+reference solutions. Nothing here touches the network."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import string
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
+
+from gspo_cli.config import BuiltinModelConfig, ColdStartConfig
+from gspo_cli.tasks import Task
+
+BUILTIN_KINDS = ("tiny-moe", "tiny-dense")
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+# Bumped whenever the recipe below changes, so stale cached models are never reused.
+RECIPE_VERSION = "1"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GSPO_CACHE_DIR", Path.home() / ".cache" / "gspo-cli"))
+
+
+def build_tokenizer(corpus: str) -> PreTrainedTokenizerFast:
+    """One token per character. The vocabulary is every printable ASCII character plus any
+    other character in `corpus`, so unseen-but-typeable text still round-trips."""
+    chars = sorted((set(string.printable) - set("\x0b\x0c\r")) | set(corpus))
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    # BPE with no merges is a character tokenizer that saves and loads as a normal HF one.
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        padding_side="left",
+    )
+
+
+def build_config(kind: str, size: BuiltinModelConfig, tokenizer) -> Qwen3Config | Qwen3MoeConfig:
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=size.hidden_size,
+        num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_kv_heads,
+        head_dim=size.hidden_size // size.num_heads,
+        intermediate_size=size.intermediate_size,
+        max_position_embeddings=size.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if kind == "tiny-dense":
+        return Qwen3Config(**common)
+    return Qwen3MoeConfig(
+        **common,
+        num_experts=size.num_experts,
+        num_experts_per_tok=size.experts_per_token,
+        moe_intermediate_size=size.moe_intermediate_size,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        router_aux_loss_coef=0.0,
+        output_router_logits=False,
+    )
+
+
+def cache_key(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig, task: Task) -> str:
+    blob = json.dumps(
+        {"kind": kind, "size": size.model_dump(), "cold": cold.model_dump(), "task": task.fingerprint(),
+         "recipe": RECIPE_VERSION, "torch": torch.__version__},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def builtin_model_dir(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig, task: Task, log=print) -> Path:
+    """Path of the cold-started model for these settings, building it on first use."""
+    target = cache_root() / "models" / f"{kind}-{cache_key(kind, size, cold, task)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    try:
+        t0 = time.time()
+        model, tok, final_loss = _build_and_cold_start(kind, size, cold, task, log)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "cold_start.json").write_text(json.dumps(
+            {"steps": cold.steps, "final_loss": final_loss, "seconds": round(time.time() - t0, 1)}))
+        try:
+            os.rename(tmp, target)  # atomic: a concurrent builder either wins or finds ours
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
+    from transformers import AutoModelForCausalLM
+
+    rng = random.Random(cold.seed)
+    tok = build_tokenizer(task.corpus_text(random.Random(cold.seed + 1)))
+    config = build_config(kind, size, tok)
+    torch.manual_seed(cold.seed)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager") if kind == "tiny-moe" \
+        else AutoModelForCausalLM.from_config(config)
+    _init_routers(model)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)
+    eos = tok.eos_token
+    final_loss = None
+    log(f"cold start: {kind}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, {cold.steps} steps")
+    for step in range(cold.steps):
+        lr = cold.lr * 0.5 * (1 + math.cos(math.pi * step / max(cold.steps, 1)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        probs = task.train_problems(rng, cold.batch_size)
+        input_ids, labels, attn = _sft_batch(tok, [p.prompt for p in probs], [p.solution + eos for p in probs])
+        out = model(input_ids=input_ids, attention_mask=attn, labels=labels)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        final_loss = out.loss.item()
+        if (step + 1) % max(1, cold.steps // 5) == 0 or step == cold.steps - 1:
+            log(f"cold start step {step + 1}/{cold.steps}: loss {out.loss.item():.3f}")
+    model.eval()
+    return model, tok, final_loss
+
+
+def _init_routers(model) -> None:
+    """HF initialises Qwen3-MoE router weights to zero in from_config; without a random
+    start every token picks the same experts and the experts never specialise."""
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("TopKRouter"):
+                module.weight.normal_(0.0, std)
+
+
+def _sft_batch(tok, prompts: list[str], targets: list[str]):
+    """Right-padded (B, T) ids with labels -100 on prompt and padding."""
+    rows, labels = [], []
+    for p, t in zip(prompts, targets):
+        p_ids = tok(p, add_special_tokens=False).input_ids
+        t_ids = tok(t, add_special_tokens=False).input_ids
+        rows.append(p_ids + t_ids)
+        labels.append([-100] * len(p_ids) + t_ids)
+    width = max(map(len, rows))
+    pad = tok.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+    attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return ids, lab, attn

@@ -1,0 +1,70 @@
+"""Loading the policy: a built-in tiny model, a local HF directory, or a hub id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gspo_cli.config import ModelConfig
+from gspo_cli.errors import SpecError
+from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
+from gspo_cli.tasks import Task
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # the directory or hub id it came from
+    is_moe: bool
+
+
+def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
+    """Directory or hub id to load `cfg.name` from; builds (and caches) a built-in model."""
+    if cfg.name.startswith("builtin:"):
+        kind = cfg.name.split(":", 1)[1]
+        if kind not in BUILTIN_KINDS:
+            raise SpecError(f"model.name: unknown built-in model {cfg.name!r}; known: "
+                            + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS))
+        return str(builtin_model_dir(kind, cfg.builtin, cfg.cold_start, task, log=log))
+    return cfg.name
+
+
+def load_model(source: str, cfg: ModelConfig) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a directory or hub id (cache only if offline).
+
+    Bad input (a path that is not a model, an id not reachable) is a SpecError naming it.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(source)
+    looks_local = local.exists() or source.startswith((".", "/", "~"))
+    if looks_local and not (local / "config.json").is_file():
+        raise SpecError(f"model.name: {source} is not a model directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except Exception as err:  # hub/network/parse failures all mean "cannot use this name"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SpecError(f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}") from None
+    kwargs = {"dtype": DTYPES[cfg.dtype]}
+    if hasattr(config, "num_experts") or hasattr(config, "num_local_experts"):
+        # batched_mm exhausted 24 GB on CPU for the tiny MoE; eager is fine and exact.
+        kwargs["experts_implementation"] = "eager"
+    if hasattr(config, "router_aux_loss_coef"):
+        config.router_aux_loss_coef = cfg.router_aux_loss_coef
+        config.output_router_logits = cfg.router_aux_loss_coef > 0
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise SpecError(f"model.name: cannot load {source!r}: {str(err).splitlines()[0]}") from None
+    model.to(cfg.device)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    is_moe = any(type(m).__name__.endswith("Router") for m in model.modules())
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source, is_moe=is_moe)

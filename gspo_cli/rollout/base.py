@@ -1,0 +1,58 @@
+"""What every rollout engine returns, and the log-prob pass shared by old and new policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """B sampled sequences: left-padded prompts (width P) then right-padded responses (width C)."""
+
+    input_ids: torch.Tensor  # (B, P+C) long
+    attention_mask: torch.Tensor  # (B, P+C) long, 0 on padding on either side
+    response_mask: torch.Tensor  # (B, C) float, 1 on generated tokens up to and including EOS
+    prompt_len: int  # P
+    completions: list[str]  # decoded responses, special tokens removed
+    truncated: torch.Tensor  # (B,) bool, True where no EOS was produced
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        # Left padding: positions must count real tokens only, as generate() does.
+        return (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_len:]
+
+    def rows(self, idx: torch.Tensor) -> "RolloutBatch":
+        return RolloutBatch(
+            input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],
+            response_mask=self.response_mask[idx], prompt_len=self.prompt_len,
+            completions=[self.completions[i] for i in idx.tolist()], truncated=self.truncated[idx],
+        )
+
+
+@dataclass
+class LogProbs:
+    logp: torch.Tensor  # (B, C) float32; values on padding are meaningless: callers mask
+    entropy: torch.Tensor | None = None  # (B, C) per-token entropy, when asked for
+    aux_loss: torch.Tensor | None = None  # MoE router load-balancing loss, when the model computes it
+
+
+def response_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
+    """Log-probabilities of the response tokens under `model`.
+
+    Logits are divided by `temperature`: the distribution the sampler actually used.
+    """
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False)
+    P = batch.prompt_len
+    # Logits at position t predict token t+1: the response tokens are predicted by P-1 .. end-1.
+    logits = out.logits[:, P - 1:-1].float() / temperature  # (B, C, V)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    logp_BC = logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    ent_BC = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
+    return LogProbs(logp=logp_BC, entropy=ent_BC, aux_loss=getattr(out, "aux_loss", None))

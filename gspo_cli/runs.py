@@ -1,0 +1,153 @@
+"""The run directory: the contract between train, eval, compare and plot.
+
+    results/<experiment>/<arm>/seed<k>/
+        spec.yaml        resolved spec of exactly this run (one arm, one seed)
+        metrics.jsonl    one JSON object per step, append-only, flushed each step
+        eval.jsonl       one JSON object per evaluation
+        run.json         status, versions, git commit, host, times, wall time per phase
+        checkpoints/step_XXXXXX/   HF model dir + trainer_state.pt, written atomically
+
+Readers must not need torch: compare and plot import this module only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+STATUSES = ("running", "completed", "failed", "collapsed", "diverged", "interrupted")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_path(output_dir: str | Path, experiment: str, arm: str, seed: int) -> Path:
+    return Path(output_dir) / experiment / arm / f"seed{seed}"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, obj: dict[str, Any]) -> None:
+    """Append one line and flush it to disk, so a crash loses at most the line being written."""
+    line = json.dumps(obj, allow_nan=True) + "\n"
+    with open(path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All complete records; a torn last line (crash mid-write) is skipped, not an error."""
+    if not path.is_file():
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # torn final line
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return res.stdout.strip() or None if res.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    import importlib.metadata as md
+
+    for pkg in ("gspo-cli", "torch", "transformers"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    spec_file = property(lambda self: self.path / "spec.yaml")
+    metrics_file = property(lambda self: self.path / "metrics.jsonl")
+    eval_file = property(lambda self: self.path / "eval.jsonl")
+    info_file = property(lambda self: self.path / "run.json")
+    checkpoints = property(lambda self: self.path / "checkpoints")
+
+    def exists(self) -> bool:
+        return self.info_file.is_file()
+
+    def info(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.info_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def status(self) -> str | None:
+        return self.info().get("status")
+
+    def update_info(self, **fields: Any) -> dict[str, Any]:
+        info = {**self.info(), **fields}
+        write_json_atomic(self.info_file, info)
+        return info
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_file)
+
+    def evals(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.eval_file)
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.metrics_file, record)
+
+    def log_eval(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.eval_file, record)
+
+    def checkpoint_dirs(self) -> list[Path]:
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+    def latest_checkpoint(self) -> Path | None:
+        dirs = self.checkpoint_dirs()
+        return dirs[-1] if dirs else None
+
+    def reset(self) -> None:
+        """Remove everything from an earlier attempt at this run."""
+        if self.path.exists():
+            shutil.rmtree(self.path)
+
+
+def find_runs(paths: list[str | Path]) -> Iterator[RunDir]:
+    """Every run directory (one holding run.json) at or under the given paths."""
+    seen = set()
+    for p in paths:
+        p = Path(p)
+        candidates = [p] if (p / "run.json").is_file() else sorted(q.parent for q in p.rglob("run.json"))
+        for c in candidates:
+            if c.resolve() not in seen:
+                seen.add(c.resolve())
+                yield RunDir(c)

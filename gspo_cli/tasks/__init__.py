@@ -1,0 +1,28 @@
+"""Task families behind one interface (see `base.Task`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from gspo_cli.errors import SpecError
+from gspo_cli.tasks.arithmetic import ArithmeticTask
+from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
+
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask}
+
+
+def make_task(name: str, params: dict[str, Any]) -> Task:
+    if name not in TASKS:
+        raise SpecError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+    try:
+        return TASKS[name](**params)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise SpecError(f"task.params.{loc}: {msg}") from None
+
+
+__all__ = ["Problem", "Score", "Task", "TASKS", "extract_boxed", "make_task"]

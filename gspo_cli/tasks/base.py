@@ -1,0 +1,74 @@
+"""The task interface: problems, reference solutions for the cold start, and a verifier."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    prompt: str
+    answer: str
+    solution: str | None = None  # a reference completion (used by the cold start)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A verifier's verdict on one completion. `reward` is what RL optimises."""
+
+    reward: float
+    correct: bool
+    components: dict[str, float] = field(default_factory=dict)
+
+
+class Task(ABC):
+    name: str
+
+    @abstractmethod
+    def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
+        """`n` training problems drawn with `rng` (never from the eval split)."""
+
+    @abstractmethod
+    def eval_problems(self, n: int) -> list[Problem]:
+        """A fixed, deterministic held-out set of at most `n` problems."""
+
+    @abstractmethod
+    def score(self, problem: Problem, completion: str) -> Score:
+        """Judge one completion; never raises on garbage, gives reward 0 instead."""
+
+    def corpus_text(self, rng: random.Random, n: int = 256) -> str:
+        """Text the built-in tokenizer is trained on."""
+        probs = self.train_problems(rng, n)
+        return "".join(p.prompt + (p.solution or "") for p in probs)
+
+    def fingerprint(self) -> str:
+        """Everything that determines the problems a cold start sees (for caching)."""
+        return self.name
+
+
+def in_eval_split(key: str, eval_fraction: float = 0.1) -> bool:
+    """Stable hash split: a problem belongs to the held-out set by its text alone, so train
+    and eval never overlap whatever seeds are used."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return (h % 10_000) < eval_fraction * 10_000
+
+
+def extract_boxed(text: str) -> str | None:
+    r"""Content of the last \boxed{...} (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
