@@ -326,7 +326,7 @@ def _policy_forward(ctx: Ctx, sub: RolloutBatch, old_routes, rows, temp):
     if ctx.arm.routing_replay == "r2":
         with ctx.routing.replaying(routes_from_BT(old_routes[:, rows])) as rec:
             out = response_logprobs(ctx.model, sub, temp)
-        return out, rec.natural_routes
+        return out, rec.routes
     with ctx.routing.recording() as rec:
         out = response_logprobs(ctx.model, sub, temp)
     return out, rec.routes

@@ -23,6 +23,14 @@ class LoadedModel:
     is_moe: bool
 
 
+def quiet_transformers() -> None:
+    """Our own progress display owns the terminal: no per-load bars or advisory warnings."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
     """Directory or hub id to load `cfg.name` from; builds (and caches) a built-in model."""
     if cfg.name.startswith("builtin:"):
@@ -30,6 +38,7 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
         if kind not in BUILTIN_KINDS:
             raise SpecError(f"model.name: unknown built-in model {cfg.name!r}; known: "
                             + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS))
+        quiet_transformers()
         return str(builtin_model_dir(kind, cfg.builtin, cfg.cold_start, task, log=log))
     return cfg.name
 
@@ -41,6 +50,7 @@ def load_model(source: str, cfg: ModelConfig) -> LoadedModel:
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    quiet_transformers()
     local = Path(source)
     looks_local = local.exists() or source.startswith((".", "/", "~"))
     if looks_local and not (local / "config.json").is_file():

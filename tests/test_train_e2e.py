@@ -1,0 +1,131 @@
+"""End to end on the built-in tiny MoE: a few real steps of every loss and of routing replay."""
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from gspo_cli.config import load_spec, spec_from_dict
+from gspo_cli.runs import RunDir
+from gspo_cli.train import train_experiment
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "name": "e2e",
+    "seeds": [0],
+    "model": {
+        "name": "builtin:tiny-moe",
+        "builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+                    "intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4, "experts_per_token": 2},
+        "cold_start": {"steps": 40, "batch_size": 32, "lr": 5e-3},
+    },
+    # One-digit sums and a format reward: even a barely trained model gets mixed rewards.
+    "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 4, "operators": "+",
+                                              "format_weight": 0.5}, "eval_size": 4},
+    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
+    "optimizer": {"lr": 1e-3},
+    "train": {"steps": 2},
+    "arms": [
+        {"name": "grpo", "preset": "paper-grpo", "mini_batches": 2},
+        {"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2},
+        {"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
+        {"name": "gspo_token", "preset": "paper-gspo-token", "mini_batches": 2},
+        {"name": "grpo_kl", "preset": "paper-grpo", "mini_batches": 2, "kl_coef": 0.1, "epochs": 2},
+    ],
+}
+
+
+class Quiet:
+    def log(self, msg): pass
+    def run_started(self, name, total): pass
+    def step_done(self, name, m): pass
+    def run_finished(self, name, status, summary): pass
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    spec = spec_from_dict({**TINY, "output_dir": str(out)})
+    results = train_experiment(spec, reporter=Quiet())
+    return spec, results
+
+
+def test_every_arm_completes_with_a_full_run_directory(trained):
+    spec, results = trained
+    assert [r.arm for r in results] == [a.name for a in spec.arms]
+    for r in results:
+        rd = RunDir(r.path)
+        info = rd.info()
+        assert info["status"] == "completed" and info["step"] == 2
+        assert {"started_at", "ended_at", "versions", "host", "wall_s"} <= set(info)
+        # The run's own spec reloads and names exactly this arm and seed.
+        own = load_spec(rd.spec_file)
+        assert [a.name for a in own.arms] == [r.arm] and own.seeds == [0]
+        metrics = rd.metrics()
+        assert [m["step"] for m in metrics] == [1, 2]
+        for m in metrics:
+            for k, v in m.items():
+                assert isinstance(v, (int, float)) and math.isfinite(v), (r.arm, k, v)
+        evals = rd.evals()
+        assert [e["step"] for e in evals] == [0, 2] and "avg@1" in evals[-1]["scores"]
+        ckpt = rd.latest_checkpoint()
+        assert ckpt.name == "step_000002"
+        assert (ckpt / "model.safetensors").is_file() and (ckpt / "trainer_state.pt").is_file()
+        assert (ckpt / "tokenizer.json").is_file()
+
+
+def test_parameters_changed_and_rewards_carried_signal(trained):
+    spec, results = trained
+    for r in results:
+        rd = RunDir(r.path)
+        start = load_file(f"{rd.info()['model_source']}/model.safetensors")
+        end = load_file(rd.latest_checkpoint() / "model.safetensors")
+        changed = [k for k in start if not torch.equal(start[k], end[k])]
+        assert changed, f"{r.arm}: no parameter moved"
+        assert any(m["reward/zero_var_group_frac"] < 1 for m in rd.metrics()), r.arm
+
+
+def test_metrics_carry_the_losses_statistics(trained):
+    _, results = trained
+    by_arm = {r.arm: RunDir(r.path).metrics() for r in results}
+    for arm, ms in by_arm.items():
+        for key in ("policy/clip_frac_token", "policy/clip_frac_token_low", "policy/clip_frac_token_high",
+                    "policy/clip_frac_seq", "policy/ratio_mean", "policy/kl_old_k3", "policy/entropy",
+                    "policy/grad_norm", "moe/expert_change_frac", "time/rollout_s", "perf/tokens_per_s"):
+            assert key in ms[-1], (arm, key)
+        assert all(0 <= m["policy/clip_frac_token"] <= 1 for m in ms)
+    assert "policy/kl_ref_k3" in by_arm["grpo_kl"][-1]
+    # Off-policy mini-batches: ratios move away from 1 after the first update.
+    assert any(m["policy/ratio_max"] > 1 or m["policy/ratio_min"] < 1 for m in by_arm["grpo"])
+
+
+def test_same_seed_same_run(tmp_path):
+    raw = {**TINY, "output_dir": str(tmp_path / "a"), "arms": [TINY["arms"][2]]}
+    train_experiment(spec_from_dict(raw), reporter=Quiet())
+    raw_b = {**raw, "output_dir": str(tmp_path / "b")}
+    train_experiment(spec_from_dict(raw_b), reporter=Quiet())
+
+    def strip(ms):
+        return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in ms]
+
+    a = RunDir(tmp_path / "a/e2e/gspo/seed0").metrics()
+    b = RunDir(tmp_path / "b/e2e/gspo/seed0").metrics()
+    assert strip(a) == strip(b)
+
+
+def test_completed_run_is_skipped_and_force_reruns(tmp_path):
+    raw = {**TINY, "output_dir": str(tmp_path), "arms": [TINY["arms"][0]], "train": {"steps": 1}}
+    spec = spec_from_dict(raw)
+    train_experiment(spec, reporter=Quiet())
+    rd = RunDir(tmp_path / "e2e/grpo/seed0")
+    first_start = rd.info()["started_at"]
+    (rd.path / "marker").write_text("x")
+    train_experiment(spec, reporter=Quiet())
+    assert (rd.path / "marker").exists()  # untouched
+    train_experiment(spec, reporter=Quiet(), force=True)
+    assert not (rd.path / "marker").exists() and rd.status() == "completed"
+    assert len(rd.metrics()) == 1
