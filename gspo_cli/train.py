@@ -122,6 +122,8 @@ def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, sourc
     if rd.status() == "completed" and not force:
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
+    # Load first: a bad model name or replay setting must not cost an earlier attempt's files.
+    ctx = _setup(spec, arm, seed, task, source)
     rd.reset()  # resuming an interrupted run lands with the batch-use issue
     rd.path.mkdir(parents=True)
     rd.spec_file.write_text(dump_spec(run_spec(spec, arm, seed)))
@@ -130,7 +132,6 @@ def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, sourc
                    total_steps=spec.train.steps, started_at=now_iso(), host=socket.gethostname(),
                    git_commit=git_commit(), versions=versions(), model_source=source)
     try:
-        ctx = _setup(spec, arm, seed, task, source)
         summary = _loop(ctx, rd, name, reporter, t_start)
     except KeyboardInterrupt:
         rd.update_info(status="interrupted", ended_at=now_iso(), wall_s=round(time.time() - t_start, 2))

@@ -21,7 +21,7 @@ TINY = {
         "name": "builtin:tiny-moe",
         "builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
                     "intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4, "experts_per_token": 2},
-        "cold_start": {"steps": 40, "batch_size": 32, "lr": 5e-3},
+        "cold_start": {"steps": 120, "batch_size": 32, "lr": 1e-2},
     },
     # One-digit sums and a format reward: even a barely trained model gets mixed rewards.
     "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 4, "operators": "+",
@@ -129,3 +129,50 @@ def test_completed_run_is_skipped_and_force_reruns(tmp_path):
     train_experiment(spec, reporter=Quiet(), force=True)
     assert not (rd.path / "marker").exists() and rd.status() == "completed"
     assert len(rd.metrics()) == 1
+
+
+def test_dense_model_trains_and_refuses_routing_replay(tmp_path):
+    from gspo_cli.errors import SpecError
+
+    model = {**TINY["model"], "name": "builtin:tiny-dense"}
+    raw = {**TINY, "model": model, "output_dir": str(tmp_path), "arms": [TINY["arms"][2]], "train": {"steps": 1}}
+    (res,) = train_experiment(spec_from_dict(raw), reporter=Quiet())
+    ms = RunDir(res.path).metrics()
+    assert res.status == "completed" and "moe/expert_change_frac" not in ms[0]
+    bad = {**raw, "arms": [TINY["arms"][1]]}
+    with pytest.raises(SpecError, match="routing_replay: r2 needs an MoE model"):
+        train_experiment(spec_from_dict(bad), reporter=Quiet())
+    assert not (tmp_path / "e2e/grpo_rr").exists()  # refused before any run directory was made
+
+
+def test_builtin_model_is_cached_by_its_settings():
+    import time
+
+    from gspo_cli.config import ModelConfig
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.tasks import make_task
+
+    task = make_task("arithmetic", TINY["task"]["params"])
+    cfg = ModelConfig(**TINY["model"])
+    first = resolve_model_source(cfg, task, log=lambda m: None)
+    t = time.time()
+    assert resolve_model_source(cfg, task, log=lambda m: None) == first
+    assert time.time() - t < 1.0  # no second cold start
+    other = ModelConfig(**{**TINY["model"], "cold_start": {**TINY["model"]["cold_start"], "steps": 5}})
+    assert resolve_model_source(other, task, log=lambda m: None) != first
+
+
+def test_cli_train_end_to_end(tmp_path):
+    from typer.testing import CliRunner
+
+    from gspo_cli.cli import app
+
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump({**TINY, "arms": [TINY["arms"][2]], "train": {"steps": 1}}))
+    res = CliRunner().invoke(app, ["train", str(spec_file), "-o", str(tmp_path / "out"),
+                                   "--set", "arms.gspo.clip_high=5e-4"])
+    assert res.exit_code == 0, res.output
+    rd = RunDir(tmp_path / "out/e2e/gspo/seed0")
+    assert rd.status() == "completed"
+    assert load_spec(rd.spec_file).arms[0].clip_high == 5e-4
+    assert "[gspo/seed0] step 1" in res.output
