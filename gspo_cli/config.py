@@ -7,15 +7,10 @@ explicit field of each arm; presets only fill those fields in.
 
 from __future__ import annotations
 
-import copy
 import difflib
-import re
-import warnings
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gspo_cli.errors import SpecError
 
@@ -271,233 +266,17 @@ class ExperimentSpec(_Strict):
         return self.model_dump(mode="json")
 
 
-# ---------------------------------------------------------------------------------------
-# Loading
-
-
 def _did_you_mean(word: Any, choices) -> str:
     hint = difflib.get_close_matches(str(word), list(choices), n=1)
     return f" (did you mean {hint[0]!r}?)" if hint else ""
-
-
-def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
-    """Fill each arm from its preset; the arm's own fields win. Unknown presets: all listed."""
-    arms = raw.get("arms")
-    if not isinstance(arms, list):
-        return raw
-    out, problems = [], []
-    for i, arm in enumerate(arms):
-        if isinstance(arm, dict) and arm.get("preset") is not None:
-            preset = arm["preset"]
-            if not isinstance(preset, str) or preset not in PRESETS:
-                problems.append(f"arms[{i}].preset: unknown preset {preset!r}{_did_you_mean(preset, PRESETS)}; "
-                                f"known: {', '.join(PRESETS)}")
-                continue
-            arm = {**PRESETS[preset], **arm}
-        out.append(arm)
-    if problems:
-        raise SpecError("\n".join(problems))
-    return {**raw, "arms": out}
-
-
-_PATH_CHUNK = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\.")
-
-
-def _parse_path(path: str) -> list[str | int]:
-    """'arms[0].clip_high' or 'arms.0.clip_high' -> ['arms', 0, 'clip_high']."""
-    parts: list[str | int] = []
-    pos, expect_key = 0, True  # a key must follow the start or a dot; nothing may follow a key directly
-    while pos < len(path):
-        m = _PATH_CHUNK.match(path, pos)
-        if m is None or (m.group(1) is not None and not expect_key) or (m.group(0) == "." and expect_key):
-            raise SpecError(f"--set {path}: malformed key path at {path[pos:]!r} "
-                            "(use dots and [index], e.g. arms[0].clip_high)")
-        if m.group(1) is not None:
-            parts.append(int(m.group(1)) if m.group(1).isdigit() else m.group(1))
-            expect_key = False
-        elif m.group(2) is not None:
-            if not parts:
-                raise SpecError(f"--set {path}: malformed key path (an index needs a key before it)")
-            parts.append(int(m.group(2)))
-        else:
-            expect_key = True
-        pos = m.end()
-    if not parts or expect_key:
-        raise SpecError(f"--set {path}: malformed key path" + (" (empty)" if not parts else " (ends with '.')"))
-    return parts
-
-
-def apply_override(raw: dict[str, Any], assignment: str) -> dict[str, Any]:
-    """Apply one `key.path=value` override; the value is parsed as YAML (so 1e-4, true, [1,2] work).
-
-    A list of arms may also be addressed by arm name: `arms.gspo.clip_high=5e-4`. Keys that
-    do not exist are created here and reported as unknown when the spec is validated.
-    """
-    if "=" not in assignment:
-        raise SpecError(f"--set {assignment}: expected key.path=value")
-    key, _, text = assignment.partition("=")
-    key = key.strip()
-    if not key:
-        raise SpecError(f"--set {assignment}: empty key path")
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
-    parts = _parse_path(key)
-    raw = copy.deepcopy(raw)
-    node: Any = raw
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        parent = ".".join(str(p) for p in parts[:depth]) or "the spec"
-        where = ".".join(str(p) for p in parts[: depth + 1])
-        if isinstance(node, list):
-            if isinstance(part, str):  # address list items by their `name`
-                names = [x.get("name") for x in node if isinstance(x, dict)]
-                idx = next((i for i, x in enumerate(node) if isinstance(x, dict) and x.get("name") == part), None)
-                if idx is None:
-                    raise SpecError(f"--set {key}: no item named {part!r} in {parent}"
-                                    f"{_did_you_mean(part, [n for n in names if isinstance(n, str)])}; "
-                                    f"names: {', '.join(str(n) for n in names) or 'none'}")
-                part = idx
-            if not 0 <= part < len(node):
-                raise SpecError(f"--set {key}: index {part} out of range at {where} ({parent} has {len(node)} items)")
-        elif isinstance(node, dict):
-            if isinstance(part, int):
-                part = str(part)
-            if not last and node.get(part) is None:
-                node[part] = {}  # also fills a section left empty in the YAML (`rollout:`)
-        else:
-            raise SpecError(f"--set {key}: {parent} is a {type(node).__name__}, not a mapping or list")
-        if last:
-            node[part] = value
-        else:
-            node = node[part]
-    return raw
-
-
-def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _format_validation_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ""
-        for p in e["loc"]:
-            loc += f"[{p}]" if isinstance(p, int) else (f".{p}" if loc else str(p))
-        if isinstance(e.get("ctx", {}).get("error"), _Problems):  # model-level: one line per problem
-            lines.extend(f"{loc}.{line}" if loc else line for line in str(e["ctx"]["error"]).splitlines())
-            continue
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            key = e["loc"][-1]
-            parent_model = _model_at(e["loc"][:-1])
-            if parent_model is not None:
-                msg += _did_you_mean(key, parent_model.model_fields)
-        elif e["type"] == "missing":
-            msg = "required field missing"
-        elif e["type"] == "too_short" and e.get("ctx", {}).get("min_length") == 1:
-            msg = "must not be empty"
-        elif "input" in e and e["type"] not in ("value_error",):
-            msg += f" (got {_short_repr(e['input'])})"
-        lines.append(f"{loc or 'spec'}: {msg}")
-    return "\n".join(lines)
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    model: type[BaseModel] | None = ExperimentSpec
-    for p in loc:
-        if isinstance(p, int) or model is None:
-            continue
-        field = model.model_fields.get(p)
-        if field is None:
-            return None
-        ann = field.annotation
-        inner = getattr(ann, "__args__", None)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        elif inner and isinstance(inner[0], type) and issubclass(inner[0], BaseModel):
-            model = inner[0]
-        else:
-            return None
-    return model
-
-
-def spec_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentSpec:
-    if not isinstance(raw, dict):
-        raise SpecError("spec: the top level must be a mapping of keys to values")
-    for assignment in overrides or []:
-        raw = apply_override(raw, assignment)
-    raw = _expand_presets(raw)
-    try:
-        spec = ExperimentSpec.model_validate(raw)
-    except ValidationError as err:
-        raise SpecError(_format_validation_error(err)) from None
-    on_policy = spec.on_policy_arms()
-    if on_policy:
-        warnings.warn(
-            f"arms {on_policy} update on-policy (1 mini-batch, 1 epoch): every importance ratio is 1, "
-            "so GRPO and GSPO give the same gradient and nothing is clipped",
-            OnPolicyWarning,
-            stacklevel=2,
-        )
-    return spec
 
 
 class OnPolicyWarning(UserWarning):
     """A comparison whose arms cannot differ."""
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+# Loading (YAML, overrides, error messages) lives in spec_loading; re-exported here.
+from gspo_cli.spec_loading import apply_override, dump_spec, load_spec, spec_from_dict  # noqa: E402
 
-
-def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            first = seen.setdefault(key, key_node.start_mark.line)
-        except TypeError:  # unhashable key: SafeLoader reports it below
-            continue
-        if first != key_node.start_mark.line:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first given on line {first + 1})", key_node.start_mark)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
-    path = Path(path)
-    if path.is_dir():
-        raise SpecError(f"{path}: is a directory, not a spec file")
-    if not path.is_file():
-        raise SpecError(f"{path}: spec file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror or err}") from None
-    try:
-        raw = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(err, "problem", None) or "invalid YAML"
-        raise SpecError(f"{path}: YAML syntax error{where}: {problem}") from None
-    if raw is None:
-        raise SpecError(f"{path}: the spec file is empty")
-    if not isinstance(raw, dict):
-        raise SpecError(f"{path}: the top level must be a mapping of keys to values, not a {type(raw).__name__}")
-    return spec_from_dict(raw, overrides)
-
-
-def dump_spec(spec: ExperimentSpec) -> str:
-    return yaml.safe_dump(spec.to_dict(), sort_keys=False)
+__all__ = ["PRESETS", "ExperimentSpec", "ArmConfig", "ModelConfig", "OnPolicyWarning", "apply_override",
+           "dump_spec", "load_spec", "spec_from_dict"]

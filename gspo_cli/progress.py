@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -1,6 +1,5 @@
 """End to end on the built-in tiny MoE: a few real steps of every loss and of routing replay."""
 
-import json
 import math
 
 import pytest
@@ -125,7 +124,7 @@ def test_completed_run_is_skipped_and_force_reruns(tmp_path):
     first_start = rd.info()["started_at"]
     (rd.path / "marker").write_text("x")
     train_experiment(spec, reporter=Quiet())
-    assert (rd.path / "marker").exists()  # untouched
+    assert (rd.path / "marker").exists() and rd.info()["started_at"] == first_start  # untouched
     train_experiment(spec, reporter=Quiet(), force=True)
     assert not (rd.path / "marker").exists() and rd.status() == "completed"
     assert len(rd.metrics()) == 1
