@@ -17,7 +17,7 @@ STATE_FILE = "trainer_state.pt"
 
 
 def save_checkpoint(rd: RunDir, step: int, model, tokenizer, optimizer, scheduler, *,
-                    rng: random.Random, shuffle: torch.Generator, keep: int) -> Path:
+                    rng: random.Random, shuffle: torch.Generator, keep: int, extra: dict | None = None) -> Path:
     rd.checkpoints.mkdir(parents=True, exist_ok=True)
     final = rd.checkpoints / f"step_{step:06d}"
     tmp = rd.checkpoints / f".tmp-step_{step:06d}"
@@ -32,13 +32,46 @@ def save_checkpoint(rd: RunDir, step: int, model, tokenizer, optimizer, schedule
             "torch_rng": torch.get_rng_state(),
             "python_rng": rng.getstate(),
             "shuffle_rng": shuffle.get_state(),
+            **(extra or {}),
         }, tmp / STATE_FILE)
+        _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
+        _fsync_dir(rd.checkpoints)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RunError(f"{final}: could not write checkpoint ({err.strerror or err})") from None
-    for old in rd.checkpoint_dirs()[:-keep]:
+    for old in valid_checkpoints(rd)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync_dir(path: Path) -> None:
+    for f in [*path.iterdir(), path] if path.is_dir() else [path]:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def valid_checkpoints(rd: RunDir) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary directories never count)."""
+    return [p for p in rd.checkpoint_dirs() if (p / STATE_FILE).is_file() and (p / "config.json").is_file()]
+
+
+def load_trainer_state(ckpt: Path, optimizer, scheduler, *, rng: random.Random, shuffle: torch.Generator) -> dict:
+    """Restore optimizer, scheduler and every RNG from `ckpt`; returns the raw state dict."""
+    state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    rng.setstate(state["python_rng"])
+    shuffle.set_state(state["shuffle_rng"])
+    return state

@@ -7,6 +7,7 @@ Errors a user can cause end in one line on stderr and exit code 2 (bad usage or 
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,24 +62,59 @@ def _check_selection(spec, arms: list[str] | None, seeds: list[int] | None) -> N
             raise SpecError(f"--seed: {s} is out of range (0 <= seed < {SEED_LIMIT})")
 
 
+def _exit_code(statuses: list[str]) -> int:
+    """Worst outcome wins: a failed run (1) over a diverged one (3) over success (0)."""
+    if "failed" in statuses:
+        return 1
+    if "diverged" in statuses:
+        return 3
+    return 0
+
+
+def _resume_target(run_dir: Path) -> tuple[Path, list[str]]:
+    """The spec file and output-dir override that retrain exactly `run_dir`."""
+    from gspo_cli.runs import RunDir
+
+    rd = RunDir(run_dir)
+    if not rd.spec_file.is_file():
+        raise SpecError(f"--resume {run_dir}: not a run directory (no spec.yaml)")
+    # results/<experiment>/<arm>/seed<k>: the output dir is three levels up.
+    return rd.spec_file, [f"output_dir={json.dumps(str(rd.path.resolve().parents[2]))}"]
+
+
 @app.command()
 def train(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec (YAML)")],
+    spec_path: Annotated[Optional[Path], typer.Argument(metavar="SPEC", help="experiment spec (YAML)")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY.PATH=VALUE",
                                                       help="override a spec field (repeatable), e.g. arms.gspo.clip_high=5e-4")] = None,
     arm: Annotated[Optional[list[str]], typer.Option("--arm", help="train only this arm (repeatable)")] = None,
     seed: Annotated[Optional[list[int]], typer.Option("--seed", help="train only this seed (repeatable); "
                                                       "seeds not listed in the spec are allowed")] = None,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="write runs here instead of the spec's output_dir")] = None,
-    force: Annotated[bool, typer.Option("--force", help="rerun runs that already completed")] = False,
+    resume: Annotated[Optional[Path], typer.Option("--resume", metavar="RUN_DIR",
+                                                   help="continue this run from its last checkpoint (instead of SPEC)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="rerun runs that already completed (no resume)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final summary")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
 ) -> None:
-    """Train every arm x seed of an experiment; each run gets its own run directory."""
+    """Train every arm x seed of an experiment; each run gets its own run directory.
+
+    Runs already completed are skipped; a run with a checkpoint resumes from it.
+    Exit codes: 0 done, 1 a run failed, 2 bad usage/spec, 3 a run diverged,
+    4 stopped by SIGINT/SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
+    """
     from gspo_cli.config import load_spec
 
     warnings.showwarning = _show_warning
     try:
         overrides = list(set_ or [])
+        if resume is not None:
+            if spec_path is not None:
+                raise SpecError("give either SPEC or --resume RUN_DIR, not both")
+            spec_path, extra = _resume_target(resume)
+            overrides = extra + overrides
+        elif spec_path is None:
+            raise SpecError("missing SPEC (or --resume RUN_DIR)")
         if output_dir is not None:
             # Quoted (JSON is YAML): a directory named `2024`, `null` or `a #1` stays a string.
             overrides.append(f"output_dir={json.dumps(str(output_dir))}")
@@ -89,7 +125,7 @@ def train(
         from gspo_cli.progress import make_reporter, render_summary
         from gspo_cli.train import train_experiment
 
-        reporter = make_reporter(quiet=quiet)
+        reporter = make_reporter(quiet=quiet, to_stderr=as_json)
         with reporter:
             results = train_experiment(spec, arms=arm, seeds=seed, reporter=reporter, force=force)
     except GspoError as err:
@@ -97,7 +133,114 @@ def train(
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(130)
-    render_summary(results)
+    if as_json:
+        typer.echo(json.dumps([r.__dict__ for r in results]))
+    else:
+        render_summary(results)
+    raise typer.Exit(_exit_code([r.status for r in results]))
+
+
+@app.command()
+def sweep(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec with a `sweep:` section")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY.PATH=VALUE",
+                                                      help="override a spec field before expanding (repeatable)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="list the planned runs and their settings; train nothing")] = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="runs trained at once, each in its own process")] = 1,
+    shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N",
+                                                 help="take shard I of N (0-based); default from SLURM_ARRAY_TASK_ID/COUNT")] = None,
+    force: Annotated[bool, typer.Option("--force", help="rerun completed runs")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final summary")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
+) -> None:
+    """Expand the spec's sweep x arms x seeds into named runs and train them (idempotent:
+    completed runs are skipped, interrupted ones resume). Exit codes as for `train`."""
+    from gspo_cli import sweep as sw
+
+    warnings.showwarning = _show_warning
+    try:
+        runs = sw.plan(spec_path, list(set_ or []))
+        picked = sw.parse_shard(shard) if shard else sw.shard_from_env()
+        if picked:
+            runs = sw.shard(runs, *picked)
+        if dry_run:
+            _show_plan(runs, as_json)
+            return
+        log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
+        _prepare_models(runs, log)
+        records = sw.run_plan(runs, jobs=jobs, force=force, log=log)
+    except GspoError as err:
+        _fail(err)
+    if as_json:
+        typer.echo(json.dumps(records))
+    else:
+        _print_table(["run", "seed", "status", "exit", "wall s", "path"],
+                     [[r["run"], r["seed"], r["status"] + (" (skipped)" if r["skipped"] else ""), r["exit"],
+                       r["wall_s"], r["path"]] for r in records])
+    interrupted = any(r["exit"] == 4 for r in records)
+    raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
+
+
+def _prepare_models(runs, log) -> None:
+    """Build each distinct built-in model once, here, before N processes would race to."""
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.tasks import make_task
+
+    seen = set()
+    for r in runs:
+        key = (r.spec.model.model_dump_json(), r.spec.task.model_dump_json())
+        if key not in seen:
+            seen.add(key)
+            resolve_model_source(r.spec.model, make_task(r.spec.task.name, r.spec.task.params), log=log)
+
+
+def _show_plan(runs, as_json: bool) -> None:
+    rows = [{"run": r.name, "arm": r.base_arm, "seed": r.seed, "status": r.status(),
+             "settings": {k: v for k, v in r.settings}, "path": str(r.path)} for r in runs]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    _print_table(["run", "seed", "status", "settings", "path"],
+                 [[x["run"], x["seed"], x["status"], ", ".join(f"{k}={v}" for k, v in x["settings"].items()) or "-",
+                   x["path"]] for x in rows])
+    typer.echo(f"{len(rows)} run(s) planned")
+
+
+@app.command(name="list")
+def list_runs(
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="run or experiment directories")],
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+) -> None:
+    """Show the runs under PATH with status, step, last reward and wall time."""
+    from gspo_cli.runs import find_runs
+
+    rows = []
+    for rd in find_runs(paths):
+        info, metrics = rd.info(), rd.metrics()
+        last = metrics[-1] if metrics else {}
+        rows.append({"path": str(rd.path), "status": info.get("status"), "step": info.get("step", 0),
+                     "total_steps": info.get("total_steps"), "reward_last": last.get("reward/mean"),
+                     "wall_s": info.get("wall_s")})
+    if not rows:
+        _fail(SpecError(f"no run directories (with run.json) under {', '.join(map(str, paths))}"))
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    _print_table(["path", "status", "step", "reward (last)", "wall s"],
+                 [[r["path"], r["status"], f"{r['step']}/{r['total_steps']}",
+                   "" if r["reward_last"] is None else f"{r['reward_last']:.3f}", r["wall_s"] or ""] for r in rows])
+
+
+def _print_table(columns: list[str], rows: list[list]) -> None:
+    from rich.table import Table
+
+    table = Table()
+    for c in columns:
+        table.add_column(c)
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    # Off a terminal (pipes, job logs) Rich would squeeze to 80 columns and cut paths.
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250).print(table)
 
 
 def main() -> None:

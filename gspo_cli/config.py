@@ -177,10 +177,12 @@ class OptimizerConfig(_Strict):
 
 class TrainConfig(_Strict):
     steps: int = Field(20, ge=1)
-    checkpoint_every: int = Field(0, ge=0, description="0: only the final checkpoint")
+    checkpoint_every: int = Field(50, ge=0, description="steps between checkpoints (resume points); 0: only the final one")
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(0, ge=0, description="0: evaluate only at the end")
     eval_samples: int = Field(1, ge=1, description="samples per eval problem (avg@k)")
+    sinks: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.sinks)")
 
 
 class ArmConfig(_Strict):
@@ -215,6 +217,21 @@ def _check_dir_name(v: str, what: str) -> str:
 SEED_LIMIT = 2**32  # numpy's bound; torch and random accept it too
 
 
+class SweepConfig(_Strict):
+    """Variants of the experiment for `gspo sweep`: the grid's cartesian product, times each
+    explicit override set. Keys are spec paths; `arms[*].x` sets x in every arm."""
+
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    sets: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self):
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid.{key}: needs at least one value")
+        return self
+
+
 class ExperimentSpec(_Strict):
     name: str
     output_dir: str = Field("results", min_length=1)
@@ -225,6 +242,7 @@ class ExperimentSpec(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     train: TrainConfig = TrainConfig()
     arms: list[ArmConfig] = Field(min_length=1)
+    sweep: SweepConfig | None = None
 
     @field_validator("name")
     @classmethod

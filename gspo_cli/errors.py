@@ -17,3 +17,19 @@ class RunError(GspoError):
     """A run could not be carried out (missing model, failed checkpoint, ...)."""
 
     exit_code = 1
+
+
+class DivergedError(GspoError):
+    """Training produced NaN/Inf (or collapsed); the run is marked `diverged`."""
+
+    exit_code = 3
+
+
+class InterruptedRun(GspoError):
+    """SIGINT/SIGTERM: the run stopped cleanly after a checkpoint and can be resumed."""
+
+    exit_code = 4
+
+
+EXIT_CODES = {0: "done", 1: "a run failed", 2: "bad usage, spec, path or model",
+              3: "a run diverged", 4: "interrupted (resumable)"}

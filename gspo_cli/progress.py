@@ -21,9 +21,9 @@ def _fmt(m: dict) -> str:
 class PlainReporter:
     """One line per step on stdout; for pipes, logs and job arrays."""
 
-    def __init__(self, quiet: bool = False):
+    def __init__(self, quiet: bool = False, stream=None):
         self.quiet = quiet
-        self.out = sys.stdout
+        self.out = stream or sys.stdout
 
     def __enter__(self):
         return self
@@ -80,8 +80,12 @@ class RichReporter(PlainReporter):
         pass
 
 
-def make_reporter(quiet: bool = False):
-    return RichReporter(quiet) if sys.stdout.isatty() and not quiet else PlainReporter(quiet)
+def make_reporter(quiet: bool = False, to_stderr: bool = False):
+    """A live view on a terminal; plain lines (to stderr when stdout carries JSON) otherwise."""
+    stream = sys.stderr if to_stderr else sys.stdout
+    if stream.isatty() and not quiet and not to_stderr:
+        return RichReporter(quiet)
+    return PlainReporter(quiet, stream=stream)
 
 
 def render_summary(results) -> None:

@@ -66,6 +66,20 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Keep only records with step <= max_step (and drop a torn tail): what a resumed run
+    rewinds to, so the continued file has no duplicated or missing steps."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def git_commit() -> str | None:
     try:
         here = Path(__file__).resolve().parent

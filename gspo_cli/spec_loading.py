@@ -80,6 +80,11 @@ def apply_override(raw: dict[str, Any], assignment: str) -> dict[str, Any]:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
+    return set_path(raw, key, value)
+
+
+def set_path(raw: dict[str, Any], key: str, value: Any, label: str = "--set") -> dict[str, Any]:
+    """A copy of `raw` with `value` at `key` ('a.b', 'arms[0].x', 'arms.NAME.x')."""
     parts = _parse_path(key)
     raw = copy.deepcopy(raw)
     node: Any = raw
@@ -92,19 +97,19 @@ def apply_override(raw: dict[str, Any], assignment: str) -> dict[str, Any]:
                 names = [x.get("name") for x in node if isinstance(x, dict)]
                 idx = next((i for i, x in enumerate(node) if isinstance(x, dict) and x.get("name") == part), None)
                 if idx is None:
-                    raise SpecError(f"--set {key}: no item named {part!r} in {parent}"
+                    raise SpecError(f"{label} {key}: no item named {part!r} in {parent}"
                                     f"{_did_you_mean(part, [n for n in names if isinstance(n, str)])}; "
                                     f"names: {', '.join(str(n) for n in names) or 'none'}")
                 part = idx
             if not 0 <= part < len(node):
-                raise SpecError(f"--set {key}: index {part} out of range at {where} ({parent} has {len(node)} items)")
+                raise SpecError(f"{label} {key}: index {part} out of range at {where} ({parent} has {len(node)} items)")
         elif isinstance(node, dict):
             if isinstance(part, int):
                 part = str(part)
             if not last and node.get(part) is None:
                 node[part] = {}  # also fills a section left empty in the YAML (`rollout:`)
         else:
-            raise SpecError(f"--set {key}: {parent} is a {type(node).__name__}, not a mapping or list")
+            raise SpecError(f"{label} {key}: {parent} is a {type(node).__name__}, not a mapping or list")
         if last:
             node[part] = value
         else:
@@ -209,6 +214,11 @@ _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
+    return spec_from_dict(read_spec_file(path), overrides)
+
+
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in `path`, unvalidated; every problem reading it is a SpecError."""
     path = Path(path)
     if path.is_dir():
         raise SpecError(f"{path}: is a directory, not a spec file")
@@ -231,7 +241,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
         raise SpecError(f"{path}: the spec file is empty")
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: the top level must be a mapping of keys to values, not a {type(raw).__name__}")
-    return spec_from_dict(raw, overrides)
+    return raw
 
 
 def dump_spec(spec: ExperimentSpec) -> str:

@@ -12,10 +12,14 @@ an algorithm's name.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
+import shutil
+import signal
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -24,15 +28,15 @@ from typing import Callable, Protocol
 import torch
 
 from gspo_cli.algorithms import aggregate, get_advantage_estimator, get_policy_loss, zero_variance_group_frac
-from gspo_cli.checkpoint import save_checkpoint
+from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
 from gspo_cli.config import ArmConfig, ExperimentSpec, dump_spec
-from gspo_cli.errors import GspoError, SpecError
+from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
 from gspo_cli.evaluate import evaluate_policy
 from gspo_cli.metrics import LOSS_STAT_KEYS
 from gspo_cli.models import load_model, resolve_model_source
 from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError, expert_change_frac, routes_from_BT, routes_to_BT
 from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, response_logprobs
-from gspo_cli.runs import RunDir, git_commit, now_iso, run_path, versions
+from gspo_cli.runs import RunDir, git_commit, now_iso, run_path, truncate_jsonl, versions
 from gspo_cli.tasks import Task, make_task
 
 
@@ -75,21 +79,56 @@ class RunResult:
 
 def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, seeds: list[int] | None = None,
                      reporter: Reporter | None = None, force: bool = False) -> list[RunResult]:
+    """Train the selected arms x seeds one after another.
+
+    A run that fails or diverges is recorded and the next one starts; a bad spec or model
+    (SpecError) or a stop signal (InterruptedRun) ends the whole call.
+    """
     reporter = reporter or PrintReporter()
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
     task = make_task(spec.task.name, spec.task.params)
     source = resolve_model_source(spec.model, task, log=reporter.log)  # cold start once, shared
     results = []
-    for arm in selected:
-        for seed in seed_list:
-            results.append(train_run(spec, arm, seed, task, source, reporter=reporter, force=force))
+    with stop_on_signals() as stop:
+        for arm in selected:
+            for seed in seed_list:
+                try:
+                    results.append(train_run(spec, arm, seed, task, source, reporter=reporter, force=force,
+                                             stop=stop))
+                except (DivergedError, RunError) as err:
+                    status = "diverged" if isinstance(err, DivergedError) else "failed"
+                    reporter.log(f"[{arm.name}/seed{seed}] {status}: {err}")
+                    path = run_path(spec.output_dir, spec.name, arm.name, seed)
+                    results.append(RunResult(arm.name, seed, str(path), status, {"error": str(err)}))
     return results
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT/SIGTERM set a flag the loop checks between steps (checkpoint, then stop);
+    a second SIGINT interrupts at once. Only the main thread can own signal handlers."""
+    stop = StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
     """The spec of exactly one run: this arm, this seed (itself runnable)."""
-    return spec.model_copy(update={"arms": [arm], "seeds": [seed]})
+    return spec.model_copy(update={"arms": [arm], "seeds": [seed], "sweep": None})
 
 
 # ---------------------------------------------------------------------------------------
@@ -113,44 +152,111 @@ class Ctx:
     ref_model: torch.nn.Module | None
     rng: random.Random  # problem sampling
     shuffle: torch.Generator  # mini-batch split
+    train_time: float = 0.0  # seconds spent in training steps so far (survives resume)
 
 
 def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str, *,
-              reporter: Reporter, force: bool = False) -> RunResult:
+              reporter: Reporter, force: bool = False, stop: "StopFlag | None" = None) -> RunResult:
+    """Train one arm x seed into its run directory.
+
+    A completed run is skipped (unless `force`); a run with a checkpoint is resumed from it
+    with its optimizer and RNG state, metrics rewound to that step; anything else starts
+    afresh. The model is loaded before any file is touched, so a bad model name costs nothing.
+    """
     name = f"{arm.name}/seed{seed}"
     rd = RunDir(run_path(spec.output_dir, spec.name, arm.name, seed))
+    own_spec = run_spec(spec, arm, seed)
     if rd.status() == "completed" and not force:
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
-    # Load first: a bad model name or replay setting must not cost an earlier attempt's files.
-    ctx = _setup(spec, arm, seed, task, source)
-    rd.reset()  # resuming an interrupted run lands with the batch-use issue
-    rd.path.mkdir(parents=True)
-    rd.spec_file.write_text(dump_spec(run_spec(spec, arm, seed)))
+    ckpt = None if force else _resumable_checkpoint(rd, own_spec)
+    ctx = _setup(spec, arm, seed, task, source, weights=str(ckpt) if ckpt else None)
     t_start = time.time()
-    rd.update_info(status="running", experiment=spec.name, arm=arm.name, seed=seed, step=0,
-                   total_steps=spec.train.steps, started_at=now_iso(), host=socket.gethostname(),
-                   git_commit=git_commit(), versions=versions(), model_source=source)
+    if ckpt is not None:
+        start_step = _restore(ctx, rd, ckpt)
+        reporter.log(f"[{name}] resuming from {ckpt.name}")
+        rd.update_info(status="running", resumed_at=now_iso(), resumed_from=ckpt.name, step=start_step,
+                       resumes=rd.info().get("resumes", 0) + 1, ended_at=None)
+    else:
+        start_step = 0
+        rd.reset()
+        rd.path.mkdir(parents=True)
+        rd.spec_file.write_text(dump_spec(own_spec))
+        rd.update_info(status="running", experiment=spec.name, arm=arm.name, seed=seed, step=0,
+                       total_steps=spec.train.steps, started_at=now_iso(), host=socket.gethostname(),
+                       git_commit=git_commit(), versions=versions(), model_source=source)
+    prior_wall = rd.info().get("wall_s", 0.0) if ckpt is not None else 0.0
+
+    def finish(status: str, **fields) -> None:
+        rd.update_info(status=status, ended_at=now_iso(), wall_s=round(prior_wall + time.time() - t_start, 2),
+                       **fields)
+
     try:
-        summary = _loop(ctx, rd, name, reporter, t_start)
-    except KeyboardInterrupt:
-        rd.update_info(status="interrupted", ended_at=now_iso(), wall_s=round(time.time() - t_start, 2))
+        summary = _loop(ctx, rd, name, reporter, start_step, stop if stop is not None else StopFlag())
+    except InterruptedRun:
+        finish("interrupted")
+        raise
+    except KeyboardInterrupt:  # a second Ctrl-C: no checkpoint this time
+        finish("interrupted")
+        raise
+    except DivergedError as err:
+        finish("diverged", error=str(err))
         raise
     except GspoError as err:
-        rd.update_info(status="failed", error=str(err), ended_at=now_iso(), wall_s=round(time.time() - t_start, 2))
+        finish("failed", error=str(err))
         raise
     except Exception as err:  # a bug: keep the traceback in run.json, then let it surface
-        rd.update_info(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(),
-                       ended_at=now_iso(), wall_s=round(time.time() - t_start, 2))
+        finish("failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
         raise
-    rd.update_info(status="completed", ended_at=now_iso(), wall_s=round(time.time() - t_start, 2), summary=summary)
+    finish("completed", summary=summary)
     reporter.run_finished(name, "completed", summary)
     return RunResult(arm.name, seed, str(rd.path), "completed", summary)
 
 
-def _setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str) -> Ctx:
+def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
+    """The latest complete checkpoint of an unfinished run with the same spec, else None."""
+    if not rd.exists():
+        return None
+    ckpts = valid_checkpoints(rd)
+    if not ckpts:
+        return None
+    if rd.spec_file.is_file() and rd.spec_file.read_text() != dump_spec(own_spec):
+        raise SpecError(f"{rd.path}: holds an unfinished run of a different spec; "
+                        "use --force to start it again or choose another --output-dir")
+    return ckpts[-1]
+
+
+def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
+    state = load_trainer_state(ckpt, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
+    step = int(state["step"])
+    ctx.train_time = float(state.get("train_time", 0.0))
+    truncate_jsonl(rd.metrics_file, step)
+    truncate_jsonl(rd.eval_file, step)
+    for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
+        if later.name > ckpt.name:
+            shutil.rmtree(later, ignore_errors=True)
+    return step
+
+
+class StopFlag:
+    """Set by a signal handler; the loop checks it between steps and stops cleanly."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+
+    def set(self, signal_name: str) -> None:
+        self.signal_name = signal_name
+
+    def __bool__(self) -> bool:
+        return self.signal_name is not None
+
+
+def _setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str,
+           weights: str | None = None) -> Ctx:
+    """Resolve everything a step needs. `weights` (a checkpoint) replaces the initial
+    weights when resuming; the KL reference is always the initial model `source`."""
     torch.manual_seed(seed)
-    lm = load_model(source, spec.model)
+    lm = load_model(weights or source, spec.model)
     model = lm.model
     model.train()
     routing = None
@@ -170,7 +276,8 @@ def _setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
     ref_model = None
     if arm.kl_coef > 0:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
+        ref_model = ref.eval().requires_grad_(False)
     r = spec.rollout
     engine = HFRolloutEngine(model, lm.tokenizer, max_new_tokens=r.max_new_tokens, temperature=r.temperature)
     shuffle = torch.Generator().manual_seed(seed)
@@ -179,38 +286,45 @@ def _setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: 
                routing=routing, ref_model=ref_model, rng=random.Random(seed), shuffle=shuffle)
 
 
-def _loop(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, t_start: float) -> dict:
+def _loop(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag) -> dict:
     spec = ctx.spec
     steps = spec.train.steps
     eval_problems = ctx.task.eval_problems(spec.task.eval_size)
     reporter.run_started(name, steps)
-    _evaluate(ctx, rd, eval_problems, step=0)
-    train_time = 0.0
-    last: dict = {}
-    for step in range(1, steps + 1):
+    if start_step == 0:
+        _evaluate(ctx, rd, eval_problems, step=0)
+    for step in range(start_step + 1, steps + 1):
         metrics = train_step(ctx, step)
-        train_time += metrics["time/step_s"]
-        metrics["time/elapsed_s"] = round(train_time, 3)
+        ctx.train_time += metrics["time/step_s"]
+        metrics["time/elapsed_s"] = round(ctx.train_time, 3)
         _check_finite(metrics, step)
         rd.log_metrics(metrics)
         rd.update_info(step=step)
         reporter.step_done(name, metrics)
-        last = metrics
         is_last = step == steps
         if is_last or (spec.train.eval_every and step % spec.train.eval_every == 0):
             _evaluate(ctx, rd, eval_problems, step=step)
-        if is_last or (spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0):
+        if is_last or stop or (spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0):
             save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
-                            rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints)
-    evals = rd.evals()
-    first_rewards = [m["reward/mean"] for m in rd.metrics()[: max(1, steps // 10)]]
+                            rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints,
+                            extra={"train_time": ctx.train_time})
+        if stop and not is_last:
+            raise InterruptedRun(f"{name}: stopped by {stop.signal_name} after step {step}; "
+                                 f"checkpoint written, rerun the same command to resume")
+    return _summary(rd, steps)
+
+
+def _summary(rd: RunDir, steps: int) -> dict:
+    metrics, evals = rd.metrics(), rd.evals()
+    first = [m["reward/mean"] for m in metrics[: max(1, steps // 10)]]
+    last = [m["reward/mean"] for m in metrics[-max(1, steps // 10):]]
     return {
         "steps": steps,
-        "reward_first": round(sum(first_rewards) / len(first_rewards), 4),
-        "reward_last": round(last.get("reward/mean", float("nan")), 4),
+        "reward_first": round(sum(first) / max(len(first), 1), 4),
+        "reward_last": round(sum(last) / max(len(last), 1), 4),
         "eval_first": evals[0]["scores"] if evals else None,
         "eval_last": evals[-1]["scores"] if evals else None,
-        "train_s": round(train_time, 1),
+        "train_s": round(metrics[-1]["time/elapsed_s"], 1) if metrics else 0.0,
     }
 
 
@@ -218,7 +332,7 @@ def _check_finite(metrics: dict, step: int) -> None:
     for key in ("policy/loss", "policy/grad_norm"):
         v = metrics.get(key)
         if v is not None and not math.isfinite(v):
-            raise GspoError(f"step {step}: {key} is {v}; stopping (divergence handling lands with the reliability issue)")
+            raise DivergedError(f"step {step}: {key} is {v}")
 
 
 def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int) -> None:

@@ -1,0 +1,167 @@
+"""Sweeps: expand a spec's `sweep:` section x arms x seeds into a plan of named runs,
+take a stable shard of it, and run it with N local processes.
+
+Each planned run is an ordinary run: its arm is renamed to say its settings
+(`gspo,clip_high=0.0002,group_size=4`), so `results/<experiment>/<that name>/seed<k>/` is a
+normal run directory and compare/plot group by it like any arm. Planning imports no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gspo_cli.config import ExperimentSpec
+from gspo_cli.errors import SpecError
+from gspo_cli.runs import RunDir, run_path
+from gspo_cli.spec_loading import apply_override, dump_spec, read_spec_file, set_path, spec_from_dict
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str  # the run's arm name: base arm + its sweep settings
+    base_arm: str
+    seed: int
+    settings: tuple[tuple[str, Any], ...]  # the sweep point, in grid order
+    spec: ExperimentSpec  # exactly this run: one (renamed) arm, one seed
+    path: Path
+
+    def status(self) -> str:
+        return RunDir(self.path).status() or "planned"
+
+
+def _fmt_value(v: Any) -> str:
+    return format(v, "g") if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """The last path component names a setting, unless two keys share it."""
+    last = {k: k.replace("[*]", "").replace("[", ".").replace("]", "").split(".")[-1] for k in keys}
+    clash = {v for v in last.values() if list(last.values()).count(v) > 1}
+    return {k: (k.replace("[*]", "").replace("[", ".").replace("]", "") if last[k] in clash else last[k]) for k in keys}
+
+
+def sweep_points(grid: dict[str, list[Any]], sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cartesian product of the grid, times each explicit set (or once, if none)."""
+    keys = list(grid)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))] or [{}]
+    return [{**c, **s} for c in combos for s in (sets or [{}])]
+
+
+def _apply_point(raw: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+    n_arms = len(raw.get("arms") or [])
+    for key, value in point.items():
+        if "[*]" in key:
+            for i in range(n_arms):
+                raw = set_path(raw, key.replace("[*]", f"[{i}]"), value, label="sweep")
+        else:
+            raw = set_path(raw, key, value, label="sweep")
+    return raw
+
+
+def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[PlannedRun]:
+    """Every run the sweep asks for, in a stable order (point, arm, seed)."""
+    raw = read_spec_file(spec_path)
+    for assignment in overrides or []:
+        raw = apply_override(raw, assignment)
+    sweep = spec_from_dict(raw).sweep  # validates the whole file, sweep section included
+    points = sweep_points(sweep.grid, sweep.sets) if sweep else [{}]
+    short = _short_keys(list(dict.fromkeys(k for p in points for k in p)))
+    raw = {k: v for k, v in raw.items() if k != "sweep"}
+    out: list[PlannedRun] = []
+    names: set[str] = set()
+    for point in points:
+        try:
+            variant = spec_from_dict(_apply_point(raw, point))
+        except SpecError as err:
+            where = ", ".join(f"{k}={_fmt_value(v)}" for k, v in point.items())
+            raise SpecError(f"sweep point {where}: {err}") from None
+        suffix = "".join(f",{short[k]}={_fmt_value(v)}" for k, v in point.items())
+        for arm in variant.arms:
+            name = f"{arm.name}{suffix}"
+            if name in names:
+                raise SpecError(f"sweep: two points give the same run name {name!r}")
+            names.add(name)
+            renamed = arm.model_copy(update={"name": name})
+            for seed in variant.seeds:
+                run = variant.model_copy(update={"arms": [renamed], "seeds": [seed], "sweep": None})
+                out.append(PlannedRun(name=name, base_arm=arm.name, seed=seed, settings=tuple(point.items()),
+                                      spec=run, path=run_path(run.output_dir, run.name, name, seed)))
+    return out
+
+
+def shard(runs: list[PlannedRun], index: int, count: int) -> list[PlannedRun]:
+    """Shard `index` of `count` (0-based): round-robin over the stable plan order, so the
+    shards of a job array partition the plan exactly and stay balanced."""
+    if count < 1 or not 0 <= index < count:
+        raise SpecError(f"--shard: need 0 <= I < N, got {index}/{count}")
+    return runs[index::count]
+
+
+def shard_from_env(env: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """(index, count) from a job array's environment (SLURM, or our own GSPO_SHARD=I/N)."""
+    env = os.environ if env is None else env
+    if "GSPO_SHARD" in env:
+        return parse_shard(env["GSPO_SHARD"])
+    if "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
+        first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        return int(env["SLURM_ARRAY_TASK_ID"]) - first, int(env["SLURM_ARRAY_TASK_COUNT"])
+    return None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SpecError(f"--shard: expected I/N (e.g. 0/4), got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise SpecError(f"--shard: need 0 <= I < N, got {text}")
+    return i, n
+
+
+# ---------------------------------------------------------------------------------------
+# Running a plan with N local processes
+
+
+def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dict[str, Any]]:
+    """Train each planned run in its own `gspo train` process, `jobs` at a time, each with
+    its share of the cores. Completed runs are skipped, interrupted ones resume (the
+    trainer's own rules). Returns one record per run with its exit code and wall time."""
+    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
+    todo = [r for r in runs if force or r.status() != "completed"]
+    done = [{"run": r.name, "seed": r.seed, "path": str(r.path), "status": "completed", "exit": 0,
+             "wall_s": 0.0, "skipped": True} for r in runs if r not in todo]
+    for r in done:
+        log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
+    tmpdir = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
+    pending, active, records = list(todo), {}, list(done)
+    while pending or active:
+        while pending and len(active) < jobs:
+            r = pending.pop(0)
+            spec_file = tmpdir / f"{len(records) + len(active)}.yaml"
+            spec_file.write_text(dump_spec(r.spec))
+            cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"] + (["--force"] if force else [])
+            log_file = open(tmpdir / f"{spec_file.stem}.log", "w")
+            proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+            active[proc] = (r, time.time(), log_file)
+            log(f"[{r.name}/seed{r.seed}] started (pid {proc.pid}, {threads} thread(s))")
+        time.sleep(0.2)
+        for proc in [p for p in active if p.poll() is not None]:
+            r, t0, log_file = active.pop(proc)
+            log_file.close()
+            status = RunDir(r.path).status() or "failed"
+            records.append({"run": r.name, "seed": r.seed, "path": str(r.path), "status": status,
+                            "exit": proc.returncode, "wall_s": round(time.time() - t0, 1), "skipped": False})
+            tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
+            log(f"[{r.name}/seed{r.seed}] {status} (exit {proc.returncode}) in {records[-1]['wall_s']}s"
+                + (f": {tail[0]}" if tail else ""))
+    return records

@@ -1,0 +1,114 @@
+"""Sweep planning, naming and sharding: pure, no training."""
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gspo_cli.cli import app
+from gspo_cli.errors import SpecError
+from gspo_cli.sweep import parse_shard, plan, shard, shard_from_env, sweep_points
+
+BASE = {
+    "name": "sw",
+    "seeds": [0, 1],
+    "arms": [{"name": "grpo", "preset": "paper-grpo"}, {"name": "gspo", "preset": "paper-gspo"}],
+    "sweep": {"grid": {"arms[*].clip_high": [0.3, 0.5], "rollout.group_size": [4, 8]}},
+}
+
+
+def write(tmp_path, raw):
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+def test_points_are_grid_times_sets():
+    pts = sweep_points({"a": [1, 2], "b": ["x", "y", "z"]}, [{"c": 0}, {"c": 1}])
+    assert len(pts) == 12
+    assert pts[0] == {"a": 1, "b": "x", "c": 0} and pts[-1] == {"a": 2, "b": "z", "c": 1}
+    assert sweep_points({}, []) == [{}]
+
+
+def test_plan_counts_names_and_resolved_settings(tmp_path):
+    runs = plan(write(tmp_path, {**BASE, "output_dir": str(tmp_path / "out")}))
+    assert len(runs) == 4 * 2 * 2  # points x arms x seeds
+    names = {r.name for r in runs}
+    assert "gspo,clip_high=0.3,group_size=4" in names and "grpo,clip_high=0.5,group_size=8" in names
+    assert len(names) == 8
+    r = next(r for r in runs if r.name == "gspo,clip_high=0.5,group_size=8" and r.seed == 1)
+    assert r.spec.arms[0].clip_high == 0.5 and r.spec.arms[0].clip_low == 3e-4  # preset kept
+    assert r.spec.rollout.group_size == 8 and r.spec.seeds == [1] and r.spec.sweep is None
+    assert r.path == tmp_path / "out/sw/gspo,clip_high=0.5,group_size=8/seed1"
+
+
+def test_plan_without_sweep_is_arms_times_seeds(tmp_path):
+    raw = {k: v for k, v in BASE.items() if k != "sweep"}
+    runs = plan(write(tmp_path, raw))
+    assert [(r.name, r.seed) for r in runs] == [("grpo", 0), ("grpo", 1), ("gspo", 0), ("gspo", 1)]
+
+
+def test_explicit_sets_and_clashing_short_names(tmp_path):
+    raw = {**BASE, "sweep": {"grid": {"optimizer.lr": [1e-5]},
+                             "sets": [{"rollout.temperature": 0.7, "model.cold_start.lr": 0.001},
+                                      {"rollout.temperature": 1.0, "model.cold_start.lr": 0.002}]}}
+    names = sorted({r.name for r in plan(write(tmp_path, raw))})
+    # two keys end in `lr`: the full paths disambiguate them
+    # (yaml.safe_dump sorted each set's keys; names follow the file's order)
+    assert "gspo,optimizer.lr=1e-05,model.cold_start.lr=0.001,temperature=0.7" in names
+    assert len(names) == 4
+
+
+def test_invalid_point_names_itself(tmp_path):
+    raw = {**BASE, "sweep": {"grid": {"rollout.group_size": [4, 1]}}}
+    with pytest.raises(SpecError, match=r"sweep point rollout.group_size=1: rollout.group_size"):
+        plan(write(tmp_path, raw))
+
+
+@pytest.mark.parametrize("count", [1, 3, 5, 16, 40])
+def test_shards_partition_the_plan_exactly(tmp_path, count):
+    runs = plan(write(tmp_path, BASE))
+    parts = [shard(runs, i, count) for i in range(count)]
+    flat = [r.path for p in parts for r in p]
+    assert sorted(flat) == sorted(r.path for r in runs) and len(flat) == len(set(flat))
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+    # stable: the same call gives the same slice
+    assert [r.path for r in shard(plan(write(tmp_path, BASE)), 0, count)] == [r.path for r in parts[0]]
+
+
+def test_shard_parsing_and_job_array_environment():
+    assert parse_shard("2/5") == (2, 5)
+    for bad in ("5/5", "x", "1/0", "-1/3"):
+        with pytest.raises(SpecError):
+            parse_shard(bad)
+    assert shard_from_env({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4"}) == (3, 4)
+    assert shard_from_env({"SLURM_ARRAY_TASK_ID": "12", "SLURM_ARRAY_TASK_COUNT": "4",
+                           "SLURM_ARRAY_TASK_MIN": "10"}) == (2, 4)
+    assert shard_from_env({"GSPO_SHARD": "1/2"}) == (1, 2)
+    assert shard_from_env({}) is None
+
+
+def test_cli_dry_run_json_and_errors(tmp_path):
+    p = write(tmp_path, {**BASE, "output_dir": str(tmp_path / "o")})
+    res = CliRunner().invoke(app, ["sweep", str(p), "--dry-run", "--json", "--shard", "1/4"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert len(rows) == 4 and all(r["status"] == "planned" for r in rows)
+    assert rows[0]["settings"] == {"arms[*].clip_high": 0.3, "rollout.group_size": 4}
+    bad = CliRunner().invoke(app, ["sweep", str(p), "--dry-run", "--shard", "4/4"])
+    assert bad.exit_code == 2 and "--shard" in bad.stderr and "Traceback" not in bad.output
+
+
+def test_list_shows_runs_and_json(tmp_path):
+    rd = tmp_path / "exp/a/seed0"
+    rd.mkdir(parents=True)
+    (rd / "run.json").write_text(json.dumps({"status": "interrupted", "step": 3, "total_steps": 10, "wall_s": 4.5}))
+    (rd / "metrics.jsonl").write_text('{"step": 3, "reward/mean": 0.25}\n{"step": 4, "rew')  # torn last line
+    res = CliRunner().invoke(app, ["list", str(tmp_path), "--json"])
+    assert res.exit_code == 0
+    (row,) = json.loads(res.stdout)
+    assert (row["status"], row["step"], row["reward_last"]) == ("interrupted", 3, 0.25)
+    empty = CliRunner().invoke(app, ["list", str(tmp_path / "nothing")])
+    assert empty.exit_code == 2 and "no run directories" in empty.stderr
