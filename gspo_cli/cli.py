@@ -167,7 +167,7 @@ def sweep(
             _show_plan(runs, as_json)
             return
         log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
-        _prepare_models(runs, log)
+        _prepare_models([r for r in runs if force or r.status() != "completed"], log)
         records = sw.run_plan(runs, jobs=jobs, force=force, log=log)
     except GspoError as err:
         _fail(err)
@@ -241,6 +241,78 @@ def _print_table(columns: list[str], rows: list[list]) -> None:
         table.add_row(*(str(v) for v in row))
     # Off a terminal (pipes, job logs) Rich would squeeze to 80 columns and cut paths.
     Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250).print(table)
+
+
+def _split_list(values: list[str] | None) -> list[str] | None:
+    """--metrics a,b --metrics c -> [a, b, c]; None when not given."""
+    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    return out or None
+
+
+@app.command()
+def compare(
+    paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")],
+    group_by: Annotated[str, typer.Option("--group-by", "-g", help="arm (default), experiment, or a spec field: "
+                                          "clip_high, arms.0.loss, rollout.group_size")] = "arm",
+    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", "-m", help="columns, comma-separated or repeated: steps, reward, "
+                                                         "accuracy, eval, threshold, clip, clip_low, clip_high, expert_change, kl, "
+                                                         "entropy, length, grad_norm, step_time, wall, or a metric key")] = None,
+    last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps (also the threshold window)")] = 10,
+    threshold: Annotated[Optional[float], typer.Option("--threshold", help="add steps and time to reach this train reward")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, markdown, csv or json")] = "table",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write to this file instead of stdout")] = None,
+) -> None:
+    """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
+
+    Reads run directories only (never a model); running or dead runs count with what is on disk.
+    """
+    from gspo_cli import compare as cmp
+
+    try:
+        if fmt not in cmp.FORMATS:
+            raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(cmp.FORMATS)})")
+        result = cmp.compare_runs(paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold)
+    except GspoError as err:
+        _fail(err)
+    if out is None and fmt == "table":
+        console = Console()
+        console.print(cmp.rich_table(result))
+        for note in result.notes:
+            console.print(note, style="dim", markup=False, highlight=False)
+        return
+    text = cmp.render(result, fmt)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        err_console.print(f"wrote {out}", markup=False, highlight=False)
+
+
+@app.command()
+def plot(
+    paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="output folder (default: <experiment dir>/plots)")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="png, svg or pdf")] = "png",
+    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", "-m", help="figures, comma-separated or repeated: reward, "
+                                                         "reward_time, eval, clip, expert_change, kl, entropy, length, grad_norm")] = None,
+    x: Annotated[str, typer.Option("--x", help="x axis: step, time (training seconds) or tokens (response tokens)")] = "step",
+    smooth: Annotated[float, typer.Option("--smooth", help="EMA weight in [0, 1) applied to each seed before averaging; 0: off")] = 0.0,
+    group_by: Annotated[str, typer.Option("--group-by", "-g", help="as for `compare`")] = "arm",
+) -> None:
+    """Draw reward, eval, clip-fraction, expert-change, KL, entropy, length and grad-norm
+    curves from run directories: one line per arm, mean over seeds with a 95% CI band."""
+    from gspo_cli.plot import plot_runs
+
+    try:
+        written, skipped = plot_runs(paths, out=out, fmt=fmt, metrics=_split_list(metrics), x=x,
+                                     smooth=smooth, group_by=group_by)
+    except GspoError as err:
+        _fail(err)
+    for name in skipped:
+        err_console.print(f"skipped {name}: no run logs it", markup=False, highlight=False)
+    for path in written:
+        typer.echo(str(path))
 
 
 def main() -> None:
