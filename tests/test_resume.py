@@ -126,3 +126,27 @@ def test_changed_spec_refuses_to_resume(tmp_path):
     assert rd.status() == "interrupted"
     train_experiment(other, reporter=Quiet(), force=True)
     assert rd.status() == "completed" and len(rd.metrics()) == 3
+
+
+def test_nan_loss_marks_run_diverged_and_exits_3(tmp_path, monkeypatch):
+    import gspo_cli.train as train_mod
+
+    real = train_mod.train_step
+
+    def poisoned(ctx, step):
+        m = real(ctx, step)
+        if step == 2:
+            m["policy/loss"] = float("nan")
+        return m
+
+    monkeypatch.setattr(train_mod, "train_step", poisoned)
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump({**RAW, "output_dir": str(tmp_path / "o")}))
+    res = CliRunner().invoke(app, ["train", str(spec_file), "--json"])
+    assert res.exit_code == 3, res.output
+    (row,) = json.loads(res.stdout)
+    assert row["status"] == "diverged"
+    rd = RunDir(tmp_path / "o/e2e/grpo_rr/seed0")
+    info = rd.info()
+    assert info["status"] == "diverged" and "step 2: policy/loss is nan" in info["error"]
+    assert len(rd.metrics()) == 1  # the bad step is not logged as if it were fine
