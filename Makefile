@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 
 run: setup
 	$(BIN)/gspo train experiments/quickstart.yaml
+	$(BIN)/gspo compare results/quickstart
+	$(BIN)/gspo plot results/quickstart
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -63,8 +63,8 @@ def _check_selection(spec, arms: list[str] | None, seeds: list[int] | None) -> N
 
 
 def _exit_code(statuses: list[str]) -> int:
-    """Worst outcome wins: a failed run (1) over a diverged one (3) over success (0)."""
-    if "failed" in statuses:
+    """Worst outcome wins: a failed (or locked) run (1) over a diverged one (3) over success (0)."""
+    if any(st not in ("completed", "diverged") for st in statuses):
         return 1
     if "diverged" in statuses:
         return 3
@@ -313,6 +313,63 @@ def plot(
         err_console.print(f"skipped {name}: no run logs it", markup=False, highlight=False)
     for path in written:
         typer.echo(str(path))
+
+
+@app.command(name="eval")
+def eval_(
+    target: Annotated[Optional[str], typer.Argument(help="run directory, checkpoint or model directory, hub id, or "
+                                                    "builtin:<kind>; omit with --completions")] = None,
+    completions: Annotated[Optional[Path], typer.Option("--completions", "-c", help="score this JSONL of "
+                                                        '{"id", "completion"} lines instead of sampling (no model)')] = None,
+    task: Annotated[Optional[str], typer.Option("--task", "-t", help="task name (default: the run's)")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="the task's data: a .jsonl/.json/"
+                                                   ".parquet file or hub:<id> (sets task.params.source)")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="a run's checkpoint, e.g. step_000050 "
+                                                      "(default: the latest)")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", "-k", help="completions per problem, K "
+                                                   "(default: the run's eval_samples, else 1)")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the run's, else 1.0")] = None,
+    top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 1.0,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="new tokens per completion "
+                                                      "(default: the run's max_new_tokens, else 1024)")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="evaluate the first N problems only")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write results here (default: the run "
+                                                "directory, the completions' folder, or results/eval/<model>)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="sequences per generate call")] = 64,
+    device: Annotated[Optional[str], typer.Option("--device", help="e.g. cuda (default: the run's, else cpu)")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+) -> None:
+    """Score a checkpoint or model (avg@K, pass@k, maj@K, failure shares, rating) on a task's
+    held-out problems, or score completions made elsewhere; writes eval_problems.jsonl and
+    eval_summary.json."""
+    from gspo_cli import eval_run as ev
+
+    warnings.showwarning = _show_warning
+    log = (lambda msg: None) if quiet else (lambda msg: err_console.print(msg, markup=False, highlight=False))
+    try:
+        if (target is None) == (completions is None):
+            raise SpecError("TARGET: give a run, checkpoint or model to sample from, or --completions FILE (not both)")
+        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+            raise SpecError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
+        if completions is not None:
+            resolved = None
+            results, summary = ev.evaluate_completions(completions, ev.resolve_task(None, task, dataset), limit)
+        else:
+            resolved = ev.resolve_target(target, checkpoint)
+            sampling = ev.Sampling(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                   seed=seed, batch_size=batch_size, device=device, dtype=dtype)
+            results, summary = ev.evaluate_model(resolved, ev.resolve_task(resolved.spec, task, dataset), sampling,
+                                                 limit, log=log)
+        written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)
+    except GspoError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise typer.Exit(130)
+    ev.render(summary, Console())
+    err_console.print(f"wrote {written} and {written.with_name(ev.PROBLEMS_FILE).name}", markup=False, highlight=False)
 
 
 def main() -> None:

@@ -175,6 +175,18 @@ class OptimizerConfig(_Strict):
     warmup_steps: int = Field(0, ge=0)
 
 
+class DivergenceConfig(_Strict):
+    """When a run is declared diverged. NaN/Inf in the loss, gradients or log-probs always
+    counts; the collapse detectors are off unless given a threshold."""
+
+    skip_bad_batches: bool = Field(False, description="skip a mini-batch with a non-finite loss or gradient "
+                                                      "instead of stopping (isolated bad batches)")
+    max_skipped: int = Field(3, ge=0, description="with skip_bad_batches: diverge after this many skips in a run")
+    reward_below: float | None = Field(None, description="collapse: mean reward below this for `patience` steps")
+    entropy_below: float | None = Field(None, ge=0, description="collapse: entropy below this for `patience` steps")
+    patience: int = Field(10, ge=1)
+
+
 class TrainConfig(_Strict):
     steps: int = Field(20, ge=1)
     checkpoint_every: int = Field(50, ge=0, description="steps between checkpoints (resume points); 0: only the final one")
@@ -183,6 +195,7 @@ class TrainConfig(_Strict):
     eval_samples: int = Field(1, ge=1, description="samples per eval problem (avg@k)")
     sinks: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.sinks)")
+    divergence: DivergenceConfig = DivergenceConfig()
 
 
 class ArmConfig(_Strict):

@@ -1,12 +1,29 @@
-"""Held-out evaluation: avg@k and the unbiased pass@k estimator."""
+"""Held-out evaluation: per-problem verdicts and the scores made from them.
+
+Scores over N problems with K samples each:
+
+- ``avg@K``  mean correctness over all N x K samples (the mean of pass@1 estimates);
+- ``pass@k`` the unbiased estimator (Chen et al., 2021) for k = 1, 2, 4, ... <= K, and K;
+- ``maj@K``  share of problems whose most common final answer is correct (tasks that can
+  extract one, e.g. math; answers are normalised first, ties go to the earliest);
+- ``timeout_frac`` / ``runtime_error_frac`` share of samples with that failure, for tasks
+  whose verdicts record it (code);
+- ``rating`` an Elo-style estimate when problems carry a numeric rating/difficulty.
+
+Torch is imported only to sample: scoring a file of completions needs no model.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from math import comb
+from typing import Any, Callable
 
-import torch
+from gspo_cli.tasks import Problem, Score, Task
 
-from gspo_cli.tasks import Problem, Task
+FAILURE_COMPONENTS = ("timeout", "runtime_error")
+RATING_RANGE = (0.0, 4000.0)  # Codeforces-like scale; estimates are clamped to it
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -19,23 +36,136 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def evaluate_samples(task: Task, problems: list[Problem], completions: list[list[str]]) -> dict[str, float]:
-    """Scores for `completions[i]` (k samples) of `problems[i]`: avg@k (mean correctness over
-    all samples) and pass@j for j in 1, k."""
-    if not problems:
+def pass_ks(samples: int) -> list[int]:
+    """The k reported for K samples: powers of two up to K, and K itself."""
+    ks, k = [], 1
+    while k <= samples:
+        ks.append(k)
+        k *= 2
+    return sorted(set(ks) | {samples})
+
+
+@dataclass
+class ProblemResult:
+    """One problem's K completions and their verdicts."""
+
+    problem: Problem
+    completions: list[str]
+    scores: list[Score]
+    extracted: list[str | None] | None = None  # normalised final answers, for tasks that have them
+
+    @property
+    def correct(self) -> list[bool]:
+        return [s.correct for s in self.scores]
+
+    def majority_correct(self) -> bool:
+        """Whether the most common extracted answer is a correct one (no answer: wrong)."""
+        votes = Counter(a for a in self.extracted or [] if a is not None)
+        if not votes:
+            return False
+        winner = votes.most_common(1)[0][0]  # Counter keeps first-seen order among ties
+        return self.correct[self.extracted.index(winner)]
+
+    def record(self) -> dict[str, Any]:
+        """The line written to eval_problems.jsonl."""
+        out = {"id": self.problem.id, "answer": self.problem.answer, "completions": self.completions,
+               "correct": self.correct, "rewards": [s.reward for s in self.scores]}
+        if self.extracted is not None:
+            out["extracted"] = self.extracted
+            out["majority_correct"] = self.majority_correct()
+        if self.problem.meta:
+            out["meta"] = self.problem.meta
+        return out
+
+
+def score_problems(task: Task, problems: list[Problem], completions: list[list[str]]) -> list[ProblemResult]:
+    """Verdicts for `completions[i]` (K samples) of `problems[i]`."""
+    extract: Callable[[str], str | None] | None = getattr(task, "extract_answer", None)
+    return [ProblemResult(problem=p, completions=list(cs), scores=[task.score(p, c) for c in cs],
+                          extracted=[extract(c) for c in cs] if extract else None)
+            for p, cs in zip(problems, completions)]
+
+
+def summarize(results: list[ProblemResult]) -> dict[str, float]:
+    """The scores of the module docstring. Every problem must have the same number K >= 1 of
+    samples (a ValueError otherwise); no problems gives {}."""
+    if not results:
         return {}
-    k = len(completions[0])
-    correct = [[task.score(p, c).correct for c in cs] for p, cs in zip(problems, completions)]
-    out = {f"avg@{k}": sum(map(sum, correct)) / (len(problems) * k)}
-    for j in sorted({1, k}):
-        out[f"pass@{j}"] = sum(pass_at_k(len(c), sum(c), j) for c in correct) / len(problems)
+    K = len(results[0].completions)
+    if K < 1 or any(len(r.completions) != K for r in results):
+        raise ValueError("every problem needs the same number (>= 1) of samples")
+    n = len(results)
+    correct = [sum(r.correct) for r in results]
+    out: dict[str, float] = {f"avg@{K}": sum(correct) / (n * K)}
+    for k in pass_ks(K):
+        out[f"pass@{k}"] = sum(pass_at_k(K, c, k) for c in correct) / n
+    if results[0].extracted is not None:
+        out[f"maj@{K}"] = sum(r.majority_correct() for r in results) / n
+    for name in FAILURE_COMPONENTS:
+        if any(name in s.components for r in results for s in r.scores):
+            out[f"{name}_frac"] = sum(s.components.get(name, 0.0) > 0 for r in results for s in r.scores) / (n * K)
+    rated = [(d, c / K) for r, c in zip(results, correct) if (d := problem_rating(r.problem)) is not None]
+    if rated:
+        rating = elo_rating([d for d, _ in rated], sum(s for _, s in rated))
+        if rating is not None:
+            out["rating"] = rating
     return out
 
 
-@torch.no_grad()
-def evaluate_policy(engine, task: Task, problems: list[Problem], samples: int) -> dict[str, float]:
-    """Sample `samples` responses per problem with `engine` and score them."""
+def problem_rating(problem: Problem) -> float | None:
+    """A problem's numeric difficulty rating (`rating`, else `difficulty` in its meta), if any."""
+    for key in ("rating", "difficulty"):
+        v = (problem.meta or {}).get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def elo_rating(difficulties: list[float], solved: float, lo: float = RATING_RANGE[0],
+               hi: float = RATING_RANGE[1], tol: float = 1e-6) -> float | None:
+    """The rating R at which the Elo expected number of solves, sum_i 1 / (1 + 10^((d_i - R)/400)),
+    equals `solved` (fractional solves allowed: the mean success over samples). The expectation
+    rises with R, so bisection finds it; the result is clamped to [lo, hi] (everything solved
+    gives hi, nothing solved gives lo). None without difficulties."""
+    if not difficulties:
+        return None
+
+    def expected(r: float) -> float:
+        return sum(1.0 / (1.0 + 10 ** ((d - r) / 400.0)) for d in difficulties)
+
+    if solved <= expected(lo):
+        return lo
+    if solved >= expected(hi):
+        return hi
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected(mid) < solved else (lo, mid)
+    return (lo + hi) / 2
+
+
+def evaluate_samples(task: Task, problems: list[Problem], completions: list[list[str]]) -> dict[str, float]:
+    """Scores for `completions[i]` (K samples) of `problems[i]` (see `summarize`)."""
+    return summarize(score_problems(task, problems, completions))
+
+
+def sample_completions(engine, problems: list[Problem], samples: int, batch_size: int | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> list[list[str]]:
+    """`samples` completions per problem from `engine`, `batch_size` sequences per generate call
+    (all at once when None); `progress(done, total)` after each call."""
+    import torch
+
     prompts = [p.prompt for p in problems for _ in range(samples)]
-    completions = engine.generate(prompts).completions if prompts else []
-    grouped = [completions[i * samples:(i + 1) * samples] for i in range(len(problems))]
-    return evaluate_samples(task, problems, grouped)
+    step = batch_size or max(len(prompts), 1)
+    completions: list[str] = []
+    with torch.no_grad():
+        for i in range(0, len(prompts), step):
+            completions += engine.generate(prompts[i:i + step]).completions
+            if progress:
+                progress(len(completions), len(prompts))
+    return [completions[i * samples:(i + 1) * samples] for i in range(len(problems))]
+
+
+def evaluate_policy(engine, task: Task, problems: list[Problem], samples: int,
+                    batch_size: int | None = None) -> dict[str, float]:
+    """Sample `samples` responses per problem with `engine` and score them."""
+    return evaluate_samples(task, problems, sample_completions(engine, problems, samples, batch_size))

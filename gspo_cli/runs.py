@@ -12,7 +12,9 @@ Readers must not need torch: compare and plot import this module only.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import json
 import os
 import platform
@@ -20,6 +22,8 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
+
+from gspo_cli.errors import GspoError
 
 STATUSES = ("running", "completed", "failed", "collapsed", "diverged", "interrupted")
 
@@ -153,6 +157,37 @@ class RunDir:
         """Remove everything from an earlier attempt at this run."""
         if self.path.exists():
             shutil.rmtree(self.path)
+
+
+class RunLockedError(GspoError):
+    """Another live process is writing this run directory."""
+
+    exit_code = 1
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """Hold an exclusive lock on `run_dir` while training it.
+
+    The lock is an flock on a file beside the run directory (the directory itself may be
+    wiped and recreated): the kernel drops it when its holder dies, even by kill -9, so a
+    stale lock from a crashed process never blocks a resume. The file records who holds it.
+    """
+    run_dir = Path(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = run_dir.parent / f".{run_dir.name}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise RunLockedError(f"{run_dir}: in use by {holder}; wait for it or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
 
 
 def find_runs(paths: list[str | Path]) -> Iterator[RunDir]:

@@ -25,7 +25,7 @@ from gspo_cli.algorithms import (
     zero_variance_group_frac,
 )
 from gspo_cli.config import ArmConfig, ExperimentSpec
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.metrics import LOSS_STAT_KEYS
 from gspo_cli.models import load_model
 from gspo_cli.models.routing import (
@@ -57,6 +57,7 @@ class Ctx:
     rng: random.Random  # problem sampling
     shuffle: torch.Generator  # mini-batch split
     train_time: float = 0.0  # seconds spent in training steps so far (survives resume)
+    skipped: int = 0  # non-finite mini-batches skipped so far (survives resume)
 
 
 def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str,
@@ -125,36 +126,22 @@ def train_step(ctx: Ctx, step: int) -> dict:
         ref_logp = response_logprobs(ctx.ref_model, batch, temp).logp if ctx.ref_model is not None else None
     t3 = time.time()
 
+    if not bool(torch.isfinite(old.logp[mask_BC > 0]).all()):
+        raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
+
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
     acc = _StatAccumulator()
     n_updates = 0
     for _ in range(arm.epochs):
         order = torch.randperm(B, generator=ctx.shuffle)
         for rows in order.chunk(arm.mini_batches):
-            sub = batch.rows(rows)
-            new, routes_now = _policy_forward(ctx, sub, old_routes, rows, temp)
-            m_bc = mask_BC[rows]
-            loss, stats = ctx.loss_fn(new.logp, old.logp[rows], adv_B[rows], m_bc,
-                                      clip_low=arm.clip_low, clip_high=arm.clip_high, aggregation=arm.aggregation)
-            if ref_logp is not None:
-                log_r = (ref_logp[rows] - new.logp).clamp(-20, 20)
-                kl_ref = aggregate(torch.exp(log_r) - 1 - log_r, m_bc, arm.aggregation)
-                loss = loss + arm.kl_coef * kl_ref
-                stats["kl_ref_k3"] = kl_ref.detach()
-            if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
-                loss = loss + spec.model.router_aux_loss_coef * new.aux_loss
-                stats["aux_loss"] = new.aux_loss.detach()
-            ctx.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip)
-            ctx.optimizer.step()
-            ctx.scheduler.step()
-            if routes_now is not None and n_updates > 0:
-                tok_mask = _route_token_mask(batch, rows)
-                stats["expert_change"] = torch.tensor(expert_change_frac(
-                    routes_from_BT(old_routes[:, rows]), routes_now, tok_mask))
+            loss, stats, grad_norm = _update(ctx, batch, rows, old.logp, ref_logp, adv_B, old_routes,
+                                             measure_routes=n_updates > 0, step=step)
+            if loss is None:
+                acc.skipped += 1
+                continue
             n_updates += 1
-            acc.add(loss.detach(), stats, grad_norm, int(m_bc.sum()))
+            acc.add(loss, stats, grad_norm, int(mask_BC[rows].sum()))
     t4 = time.time()
 
     lengths = mask_BC.sum(-1)
@@ -177,6 +164,44 @@ def train_step(ctx: Ctx, step: int) -> dict:
         "perf/tokens_per_s": lengths.sum().item() / max(t4 - t0, 1e-9),
     }
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+
+
+def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B, old_routes, *,
+            measure_routes: bool, step: int):
+    """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step.
+    Returns (loss, stats, grad_norm), or (None, None, None) for a skipped non-finite batch."""
+    arm, spec = ctx.arm, ctx.spec
+    sub = batch.rows(rows)
+    m_bc = batch.response_mask[rows]
+    new, routes_now = _policy_forward(ctx, sub, old_routes, rows, spec.rollout.temperature)
+    loss, stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc,
+                              clip_low=arm.clip_low, clip_high=arm.clip_high, aggregation=arm.aggregation)
+    if ref_logp_BC is not None:
+        log_r = (ref_logp_BC[rows] - new.logp).clamp(-20, 20)
+        kl_ref = aggregate(torch.exp(log_r) - 1 - log_r, m_bc, arm.aggregation)
+        loss = loss + arm.kl_coef * kl_ref
+        stats["kl_ref_k3"] = kl_ref.detach()
+    if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
+        loss = loss + spec.model.router_aux_loss_coef * new.aux_loss
+        stats["aux_loss"] = new.aux_loss.detach()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip)
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        what = "loss" if not torch.isfinite(loss) else "gradient norm"
+        div = spec.train.divergence
+        if not div.skip_bad_batches or ctx.skipped >= div.max_skipped:
+            raise DivergedError(f"step {step}: non-finite {what}"
+                                + (f" (after {ctx.skipped} skipped mini-batches)" if ctx.skipped else ""))
+        ctx.optimizer.zero_grad(set_to_none=True)  # an isolated bad batch: drop it, keep going
+        ctx.skipped += 1
+        return None, None, None
+    ctx.optimizer.step()
+    ctx.scheduler.step()
+    if routes_now is not None and measure_routes:
+        stats["expert_change"] = torch.tensor(expert_change_frac(
+            routes_from_BT(old_routes[:, rows]), routes_now, _route_token_mask(batch, rows)))
+    return loss.detach(), stats, grad_norm
 
 
 def _policy_forward(ctx: Ctx, sub: RolloutBatch, old_routes, rows, temp):
@@ -209,6 +234,7 @@ class _StatAccumulator:
         self.weights: dict[str, float] = {}
         self.ratio_min = math.inf
         self.ratio_max = -math.inf
+        self.skipped = 0  # non-finite mini-batches dropped this step
 
     def _add(self, key, value, w):
         self.sums[key] = self.sums.get(key, 0.0) + float(value) * w
@@ -229,6 +255,9 @@ class _StatAccumulator:
 
     def result(self) -> dict:
         out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
-        out["policy/ratio_min"] = self.ratio_min
-        out["policy/ratio_max"] = self.ratio_max
+        if self.sums:  # every mini-batch may have been skipped
+            out["policy/ratio_min"] = self.ratio_min
+            out["policy/ratio_max"] = self.ratio_max
+        if self.skipped:
+            out["policy/skipped_minibatches"] = self.skipped
         return out

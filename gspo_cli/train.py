@@ -31,8 +31,10 @@ from gspo_cli.evaluate import evaluate_policy
 from gspo_cli.models import resolve_model_source
 from gspo_cli.runs import (
     RunDir,
+    RunLockedError,
     git_commit,
     now_iso,
+    run_lock,
     run_path,
     truncate_jsonl,
     versions,
@@ -98,8 +100,9 @@ def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, see
                 try:
                     results.append(train_run(spec, arm, seed, task, source, reporter=reporter, force=force,
                                              stop=stop))
-                except (DivergedError, RunError) as err:
-                    status = "diverged" if isinstance(err, DivergedError) else "failed"
+                except (DivergedError, RunError, RunLockedError) as err:
+                    status = ("diverged" if isinstance(err, DivergedError)
+                              else "in use" if isinstance(err, RunLockedError) else "failed")
                     reporter.log(f"[{arm.name}/seed{seed}] {status}: {err}")
                     path = run_path(spec.output_dir, spec.name, arm.name, seed)
                     results.append(RunResult(arm.name, seed, str(path), status, {"error": str(err)}))
@@ -145,8 +148,13 @@ def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, sourc
     with its optimizer and RNG state, metrics rewound to that step; anything else starts
     afresh. The model is loaded before any file is touched, so a bad model name costs nothing.
     """
-    name = f"{arm.name}/seed{seed}"
     rd = RunDir(run_path(spec.output_dir, spec.name, arm.name, seed))
+    with run_lock(rd.path):
+        return _train_locked(spec, arm, seed, task, source, rd, reporter=reporter, force=force, stop=stop)
+
+
+def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force, stop) -> RunResult:
+    name = f"{arm.name}/seed{seed}"
     own_spec = run_spec(spec, arm, seed)
     if rd.status() == "completed" and not force:
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
@@ -212,6 +220,7 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
     state = load_trainer_state(ckpt, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
     step = int(state["step"])
     ctx.train_time = float(state.get("train_time", 0.0))
+    ctx.skipped = int(state.get("skipped", 0))
     truncate_jsonl(rd.metrics_file, step)
     truncate_jsonl(rd.eval_file, step)
     for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
@@ -253,12 +262,14 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
            eval_problems, sinks) -> None:
     spec = ctx.spec
     steps = spec.train.steps
+    watch = CollapseWatch(spec.train.divergence, rd.metrics())
     for step in range(start_step + 1, steps + 1):
         metrics = train_step(ctx, step)
         ctx.train_time += metrics["time/step_s"]
         metrics["time/elapsed_s"] = round(ctx.train_time, 3)
         _check_finite(metrics, step)
         rd.log_metrics(metrics)
+        watch.observe(metrics, step)  # after logging: the collapsed steps stay on record
         for sink in sinks:
             sink.log(metrics, step)
         rd.update_info(step=step)
@@ -269,10 +280,35 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
         if is_last or stop or (spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0):
             save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
                             rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints,
-                            extra={"train_time": ctx.train_time})
+                            extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
         if stop and not is_last:
             raise InterruptedRun(f"{name}: stopped by {stop.signal_name} after step {step}; "
                                  f"checkpoint written, rerun the same command to resume")
+
+
+class CollapseWatch:
+    """Declares a collapse when mean reward or entropy stays under its threshold for
+    `patience` consecutive steps (history included, so a resume does not reset it)."""
+
+    def __init__(self, cfg, history: list[dict]):
+        self.cfg = cfg
+        self.below = {"reward/mean": 0, "policy/entropy": 0}
+        for m in history:
+            self._count(m)
+
+    def _count(self, m: dict) -> None:
+        limits = {"reward/mean": self.cfg.reward_below, "policy/entropy": self.cfg.entropy_below}
+        for key, limit in limits.items():
+            v = m.get(key)
+            if limit is not None and v is not None:
+                self.below[key] = self.below[key] + 1 if v < limit else 0
+
+    def observe(self, m: dict, step: int) -> None:
+        self._count(m)
+        for key, n in self.below.items():
+            if n >= self.cfg.patience:
+                limit = self.cfg.reward_below if key == "reward/mean" else self.cfg.entropy_below
+                raise DivergedError(f"step {step}: collapse: {key} below {limit} for {n} steps")
 
 
 def _summary(rd: RunDir, steps: int) -> dict:

@@ -11,14 +11,16 @@ from gspo_cli.rollout.base import RolloutBatch
 class HFRolloutEngine:
     """Samples with the trainer's own model: always the current policy, no weight sync."""
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float):
+    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float = 1.0):
+        """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
+        the policy, and training's importance ratios would be biased."""
         self.model = model
         self.tokenizer = tokenizer
         # Spelled out in full: generate() otherwise applies the model's generation-config
         # defaults (top_k=50, top_p, repetition penalties...) and the sampler silently
         # differs from the policy whose ratios we compute.
         self.gen_config = GenerationConfig(
-            do_sample=True, temperature=temperature, top_k=0, top_p=1.0, min_p=None,
+            do_sample=True, temperature=temperature, top_k=0, top_p=top_p, min_p=None,
             repetition_penalty=1.0, max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
             bos_token_id=None,

@@ -9,8 +9,12 @@ from pydantic import ValidationError
 from gspo_cli.errors import SpecError
 from gspo_cli.tasks.arithmetic import ArithmeticTask
 from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
+from gspo_cli.tasks.code import CodeTask
+from gspo_cli.tasks.math import MathTask
 
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask}
+# `arithmetic` is the synthetic generator on its own (the problems of `math` with source:
+# synthetic); older specs name it directly.
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "math": MathTask, "code": CodeTask}
 
 
 def make_task(name: str, params: dict[str, Any]) -> Task:

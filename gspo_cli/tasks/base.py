@@ -14,6 +14,7 @@ class Problem:
     prompt: str
     answer: str
     solution: str | None = None  # a reference completion (used by the cold start)
+    meta: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,294 @@
+"""`gspo compare`: runs side by side, one row per arm (or group), seeds aggregated.
+
+Every cell is a statistic over seeds of one per-run number (mean over the last N steps,
+best eval score, steps to a reward threshold, ...): mean, sample std, 95% CI half-width
+from the t-distribution, and the number of seeds that have the number. Runs that are still
+going or that died are shown as they are on disk, and the table says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gspo_cli.errors import SpecError
+from gspo_cli.metrics import METRICS
+from gspo_cli.rundata import Group, Run, Stats, group_runs, load_runs, seed_stats
+from gspo_cli.runs import STATUSES
+
+FORMATS = ("table", "markdown", "csv", "json")
+# Status counts read best news first: completed, then still going, then the ways a run ends badly.
+_STATUS_ORDER = ("completed", "running", *(s for s in STATUSES if s not in ("completed", "running")))
+
+
+@dataclass(frozen=True)
+class Column:
+    """One compared quantity: `value` maps a run to a number (NaN when the run lacks it)."""
+
+    id: str
+    label: str
+    unit: str
+    value: Callable[[Run], float]
+    fmt: str = ".3g"
+    partial: bool = False  # a seed may legitimately have no value (threshold never reached)
+
+
+@dataclass
+class Row:
+    group: str
+    seeds: list[int]
+    status: dict[str, int]
+    cells: dict[str, Stats]
+
+
+@dataclass
+class Comparison:
+    columns: list[Column]
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- per-run values
+
+def tail_mean(run: Run, key: str, last: int) -> float:
+    """Mean of a metric over the last `last` logged steps that have it."""
+    s = run.series(key).dropna()
+    return float(s.iloc[-last:].mean()) if len(s) else math.nan
+
+
+def run_mean(run: Run, key: str) -> float:
+    s = run.series(key).dropna()
+    return float(s.mean()) if len(s) else math.nan
+
+
+def threshold_crossing(run: Run, threshold: float, window: int) -> tuple[float, float]:
+    """(step, training seconds) at which the train reward, averaged over the trailing `window`
+    logged steps, first reaches `threshold`; (NaN, NaN) if it never does.
+
+    A full window is required, so one lucky early batch does not count as reaching it.
+    """
+    s = run.series("reward/mean").dropna()
+    hit = (s.rolling(window, min_periods=window).mean() >= threshold).to_numpy()
+    if not hit.any():
+        return math.nan, math.nan
+    step = int(s.index[hit.argmax()])
+    t = run.series("time/elapsed_s")
+    return float(step), float(t.get(step, math.nan))
+
+
+def eval_value(run: Run, task: str, which: str) -> float:
+    ev = run.eval_scores
+    ev = ev[ev.task == task].dropna(subset=["score"]).sort_values("step")
+    if ev.empty:
+        return math.nan
+    return float(ev.score.max() if which == "best" else ev.score.iloc[-1])
+
+
+# --------------------------------------------------------------------------- columns
+
+# Friendly column names for --metrics: name -> (metric key, header, "last" N steps or whole "run").
+_MEANS = {
+    "reward": ("reward/mean", "reward", "last"),
+    "accuracy": ("reward/accuracy", "accuracy", "last"),
+    "clip": ("policy/clip_frac_token", "clip tok", "run"),
+    "clip_low": ("policy/clip_frac_token_low", "clip low", "run"),
+    "clip_high": ("policy/clip_frac_token_high", "clip high", "run"),
+    "clip_seq": ("policy/clip_frac_seq", "clip seq", "run"),
+    "expert_change": ("moe/expert_change_frac", "expert chg", "run"),
+    "kl": ("policy/kl_old_k3", "KL old [nats]", "run"),
+    "entropy": ("policy/entropy", "entropy [nats]", "run"),
+    "length": ("response/length_mean", "length [tok]", "run"),
+    "grad_norm": ("policy/grad_norm", "grad norm", "run"),
+    "step_time": ("time/step_s", "s/step", "run"),
+}
+SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold")
+DEFAULT = ("steps", "reward", "eval", "threshold", "clip", "clip_low", "clip_high", "expert_change",
+           "kl", "entropy", "length", "step_time", "wall")
+
+
+def build_columns(names: list[str], runs: list[Run], *, last: int, threshold: float | None) -> list[Column]:
+    """Columns for the requested names (friendly names or raw metric keys), in order."""
+    cols: list[Column] = []
+    tasks = sorted({t for r in runs for t in r.eval_scores.task})
+    for name in names:
+        if name in _MEANS:
+            key, label, how = _MEANS[name]
+            label = f"{label} (last {last})" if how == "last" else label
+            fn = (lambda r, k=key: tail_mean(r, k, last)) if how == "last" else (lambda r, k=key: run_mean(r, k))
+            cols.append(Column(name, label, METRICS[key][1], fn))
+        elif name in ("eval", "eval_best", "eval_final"):
+            cols += _eval_columns(name, tasks, runs)
+        elif name == "threshold":
+            cols += _threshold_columns(threshold, last)
+        elif name == "steps":
+            cols.append(Column("steps", "steps", "step", lambda r: float(r.last_step), ".0f"))
+        elif name == "wall":
+            cols.append(Column("wall", "train [s]", "s", lambda r: tail_mean(r, "time/elapsed_s", 1), ".4g"))
+        elif name in METRICS or any(name in r.metrics.columns for r in runs):
+            unit = METRICS.get(name, ("", ""))[1]
+            cols.append(Column(name, name, unit, lambda r, k=name: run_mean(r, k)))
+        else:
+            raise SpecError(f"--metrics: unknown metric {name!r} (known: {', '.join([*SPECIAL, *_MEANS])}, "
+                            "or a key the runs log in metrics.jsonl)")
+    return cols
+
+
+def _eval_columns(name: str, tasks: list[str], runs: list[Run]) -> list[Column]:
+    kinds = ("best", "final") if name == "eval" else (name.split("_")[1],)
+    cols = []
+    for task in tasks:
+        key = next((k for r in runs for k in r.eval_scores.key[r.eval_scores.task == task]), "score")
+        for which in kinds:
+            cols.append(Column(f"eval_{which}:{task}", f"{task} {key} {which}", "score",
+                               lambda r, t=task, w=which: eval_value(r, t, w)))
+    return cols
+
+
+def _threshold_columns(threshold: float | None, window: int) -> list[Column]:
+    if threshold is None:
+        return []
+    return [Column("threshold_step", f"steps to {threshold:g}", "step",
+                   lambda r: threshold_crossing(r, threshold, window)[0], ".0f", partial=True),
+            Column("threshold_time", f"time to {threshold:g} [s]", "s",
+                   lambda r: threshold_crossing(r, threshold, window)[1], ".3g", partial=True)]
+
+
+# --------------------------------------------------------------------------- the comparison
+
+def compare_runs(paths: list[str], *, group_by: str = "arm", metrics: list[str] | None = None,
+                 last: int = 10, threshold: float | None = None) -> Comparison:
+    """Read the runs under `paths`, group them and compute every column; SpecError on bad input."""
+    if last < 1:
+        raise SpecError(f"--last: must be >= 1, got {last}")
+    if metrics and "threshold" in metrics and threshold is None:
+        raise SpecError("--metrics threshold: needs --threshold VALUE")
+    runs = load_runs(paths)
+    groups = group_runs(runs, group_by)
+    cols = build_columns(list(metrics or DEFAULT), runs, last=last, threshold=threshold)
+    rows = [_row(g, cols) for g in groups]
+    if not metrics:  # by default, drop what no run logs (expert change on a dense model, say)
+        keep = [c for c in cols if c.partial or any(r.cells[c.id].n for r in rows)]
+        rows = [Row(r.group, r.seeds, r.status, {c.id: r.cells[c.id] for c in keep}) for r in rows]
+        cols = keep
+    settings = {"group_by": group_by, "last": last, "threshold": threshold}
+    return Comparison(cols, rows, _notes(runs, threshold, last), settings)
+
+
+def _row(group: Group, cols: list[Column]) -> Row:
+    status = Counter(r.status for r in group.runs)
+    order = {s: i for i, s in enumerate(_STATUS_ORDER)}
+    status = dict(sorted(status.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+    cells = {c.id: seed_stats([c.value(r) for r in group.runs]) for c in cols}
+    return Row(group.name, [r.seed for r in group.runs], status, cells)
+
+
+def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
+    notes = [(f"Mean ± 95% CI half-width over seeds (t-distribution; none for a lone seed). Reward: mean "
+              f"of the last {last} steps; other training columns: mean over all logged steps.")]
+    if threshold is not None:
+        notes.append(f"Steps/time to {threshold:g}: first step where the train reward averaged over the "
+                     f"last {last} steps reaches it; (k/n): seeds that did, averaged over those.")
+    for r in runs:
+        if r.status != "completed":
+            total = r.info.get("total_steps", "?")
+            notes.append(f"{r.label}: {r.status} at step {r.last_step}/{total}; its numbers are what is on disk.")
+    return notes
+
+
+# --------------------------------------------------------------------------- rendering
+
+def status_text(status: dict[str, int]) -> str:
+    if len(status) == 1:
+        return next(iter(status))
+    return ", ".join(f"{n} {s}" for s, n in status.items())
+
+
+def cell_text(col: Column, st: Stats, seeds: int) -> str:
+    if st.n == 0:
+        return "—"
+    text = format(st.mean, col.fmt)
+    if math.isfinite(st.ci95):
+        text += f" ± {st.ci95:.2g}"
+    if col.partial and st.n < seeds:
+        text += f" ({st.n}/{seeds})"
+    return text
+
+
+def _text_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
+    header = [comp.settings.get("group_by", "group"), "seeds", "status", *(c.label for c in comp.columns)]
+    rows = [[r.group, str(len(r.seeds)), status_text(r.status),
+             *(cell_text(c, r.cells[c.id], len(r.seeds)) for c in comp.columns)] for r in comp.rows]
+    return header, rows
+
+
+def rich_table(comp: Comparison) -> Table:
+    """The comparison as a Rich table, groups side by side (one column each) so a few arms fit
+    a terminal whatever the number of metrics; notes are printed below it by the caller."""
+    header, rows = _text_rows(comp)
+    table = Table(title="gspo compare")
+    table.add_column(Text(header[0]))
+    for row in rows:
+        # Text, not str: labels like "KL old [nats]" must not be read as Rich markup.
+        table.add_column(Text(row[0]), justify="right")
+    for i, label in enumerate(header[1:], start=1):
+        table.add_row(Text(label), *(Text(row[i]) for row in rows))
+    return table
+
+
+def render(comp: Comparison, fmt: str) -> str:
+    """The comparison as text: a plain Rich table with notes, Markdown, CSV (wide) or JSON."""
+    if fmt == "table":
+        # Wide enough never to fold a column: a file has no terminal width to respect.
+        console = Console(file=io.StringIO(), width=1000, color_system=None, force_terminal=False)
+        console.print(rich_table(comp))
+        text = "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
+        return text + "\n" + "".join(f"{n}\n" for n in comp.notes)
+    if fmt == "markdown":
+        header, rows = _text_rows(comp)
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines + [""] + [f"- {n}" for n in comp.notes]) + "\n"
+    if fmt == "csv":
+        return _csv(comp)
+    if fmt == "json":
+        return json.dumps(_json(comp), indent=2) + "\n"
+    raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def _num(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _csv(comp: Comparison) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["group", "seeds", "status",
+                *(f"{c.id}_{s}" for c in comp.columns for s in ("mean", "std", "ci95", "n"))])
+    for r in comp.rows:
+        cells = []
+        for c in comp.columns:
+            st = r.cells[c.id]
+            cells += ["" if not math.isfinite(v) else repr(v) for v in (st.mean, st.std, st.ci95)] + [st.n]
+        w.writerow([r.group, len(r.seeds), status_text(r.status), *cells])
+    return buf.getvalue()
+
+
+def _json(comp: Comparison) -> dict:
+    return {
+        "settings": comp.settings,
+        "columns": [{"id": c.id, "label": c.label, "unit": c.unit} for c in comp.columns],
+        "groups": [{"group": r.group, "seeds": r.seeds, "status": r.status,
+                    "metrics": {k: {"mean": _num(s.mean), "std": _num(s.std), "ci95": _num(s.ci95), "n": s.n}
+                                for k, s in r.cells.items()}} for r in comp.rows],
+        "notes": comp.notes,
+    }

@@ -1,0 +1,266 @@
+"""`gspo eval`: resolve what to evaluate, sample (or read) completions, score, write, render.
+
+A target is a run directory (its latest checkpoint, or `--checkpoint`), a checkpoint
+directory, a model directory, a hub id or a built-in model; or, with no model at all, a
+JSONL file of completions made elsewhere. Results go to `eval_problems.jsonl` (one line per
+problem) and `eval_summary.json`, in the run directory unless told otherwise.
+
+The completions path imports neither torch nor transformers: model code is imported only
+when a model is evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gspo_cli.config import ExperimentSpec, ModelConfig, TaskConfig, load_spec
+from gspo_cli.errors import SpecError
+from gspo_cli.evaluate import ProblemResult, sample_completions, score_problems, summarize
+from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
+from gspo_cli.tasks import TASKS, Task, make_task
+
+SUMMARY_FILE = "eval_summary.json"
+PROBLEMS_FILE = "eval_problems.jsonl"
+DEFAULT_MAX_TOKENS = 1024  # without a spec to say otherwise: room for a short chain of thought
+
+
+@dataclass
+class Target:
+    source: str  # what load_model loads: a model directory, hub id or builtin:<kind>
+    run_dir: Path | None = None  # the run it belongs to, if any
+    checkpoint: str | None = None  # step_XXXXXX, for checkpoints of a run
+    spec: ExperimentSpec | None = None  # the run's resolved spec, if any
+
+
+@dataclass
+class Sampling:
+    """How completions are drawn; None fields take the run's spec values, else the defaults."""
+
+    samples: int | None = None
+    temperature: float | None = None
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    seed: int = 0
+    batch_size: int = 64
+    device: str | None = None
+    dtype: str | None = None
+
+
+def resolve_target(target: str, checkpoint: str | None = None) -> Target:
+    """What `target` names. SpecError (one line) for a path that is neither a run, a checkpoint
+    nor a model directory, or a `checkpoint` the run does not have."""
+    path = Path(target).expanduser()
+    if path.is_dir() and (path / "spec.yaml").is_file():
+        rd = RunDir(path)
+        dirs = rd.checkpoint_dirs()
+        if checkpoint is not None:
+            name = f"step_{int(checkpoint):06d}" if checkpoint.isdigit() else checkpoint
+            chosen = rd.checkpoints / name
+            if chosen not in dirs:
+                have = ", ".join(d.name for d in dirs) or "none"
+                raise SpecError(f"--checkpoint: {target} has no checkpoint {name!r} (it has: {have})")
+        elif not dirs:
+            raise SpecError(f"TARGET: run directory {target} has no checkpoints (checkpoints/step_*/)")
+        else:
+            chosen = dirs[-1]
+        return Target(str(chosen), path, chosen.name, load_spec(rd.spec_file))
+    if checkpoint is not None:
+        raise SpecError(f"--checkpoint: {target} is not a run directory (no spec.yaml)")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecError(f"TARGET: {target} is neither a run directory (spec.yaml) nor a model directory (config.json)")
+        run = path.parent.parent
+        if path.parent.name == "checkpoints" and (run / "spec.yaml").is_file():
+            return Target(str(path), run, path.name, load_spec(run / "spec.yaml"))
+        return Target(str(path))
+    if path.exists():
+        raise SpecError(f"TARGET: {target} is a file; expected a run, checkpoint or model directory, or a model id")
+    if target.startswith((".", "/", "~")):
+        raise SpecError(f"TARGET: no such directory {target}")
+    return Target(target)  # a hub id or builtin:<kind>; load_model says if it cannot be had
+
+
+def resolve_task(spec: ExperimentSpec | None, name: str | None, dataset: str | None) -> Task:
+    """The task to score on: the run's, or `name`; `dataset` replaces its `source` and drops
+    the knobs only the synthetic generator uses."""
+    if name is None and spec is None:
+        raise SpecError("--task: needed when TARGET is not a run directory (known: " + ", ".join(sorted(TASKS)) + ")")
+    name = name or spec.task.name
+    params: dict[str, Any] = dict(spec.task.params) if spec is not None and spec.task.name == name else {}
+    if dataset is not None:
+        synthetic_only = getattr(TASKS.get(name), "synthetic_params", ())
+        params = {k: v for k, v in params.items() if k not in synthetic_only}
+        params["source"] = dataset
+    return make_task(name, params)
+
+
+def eval_size(task: Task, spec: ExperimentSpec | None, limit: int | None) -> int:
+    """Problems to evaluate: --limit, else the whole dataset, else the spec's held-out size."""
+    if limit is not None:
+        return limit
+    size = getattr(task, "num_problems", None)
+    return size if size is not None else (spec.task.eval_size if spec else TaskConfig().eval_size)
+
+
+def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | None,
+                   log: Callable[[str], None] = print) -> tuple[list[ProblemResult], dict[str, Any]]:
+    """Sample from the target's model on the task's held-out problems and score them.
+
+    Returns the per-problem results and the summary (scores plus what was evaluated, how).
+    """
+    _check_sampling(sampling, limit)
+    spec = target.spec
+    problems = task.eval_problems(eval_size(task, spec, limit))
+    if not problems:
+        raise SpecError(f"--task: {task.name} has no evaluation problems (eval_size 0?)")
+    K = sampling.samples or (spec.train.eval_samples if spec else 1)
+    temperature = sampling.temperature or (spec.rollout.temperature if spec else 1.0)
+    max_tokens = sampling.max_tokens or (spec.rollout.max_new_tokens if spec else DEFAULT_MAX_TOKENS)
+
+    # Imported only now: torch and transformers take seconds, and usage errors should not wait.
+    import torch
+
+    from gspo_cli.models import load_model, resolve_model_source
+    from gspo_cli.rollout import HFRolloutEngine
+
+    cfg = spec.model if spec else ModelConfig(name=target.source)
+    cfg = cfg.model_copy(update={k: v for k, v in (("device", sampling.device), ("dtype", sampling.dtype)) if v})
+    source = target.source
+    if source.startswith("builtin:"):
+        source = resolve_model_source(cfg.model_copy(update={"name": source}), task, log=log)
+    t0 = time.time()
+    lm = load_model(source, cfg)
+    torch.manual_seed(sampling.seed)
+    engine = HFRolloutEngine(lm.model, lm.tokenizer, max_new_tokens=max_tokens, temperature=temperature,
+                             top_p=sampling.top_p)
+    log(f"sampling {len(problems)} problems x {K} from {source}")
+    completions = sample_completions(engine, problems, K, sampling.batch_size,
+                                     progress=lambda done, total: log(f"  {done}/{total} completions"))
+    results = score_problems(task, problems, completions)
+    info = {"model": source, "checkpoint": target.checkpoint, "run_dir": str(target.run_dir) if target.run_dir else None,
+            "sampling": {"samples": K, "temperature": temperature, "top_p": sampling.top_p,
+                         "max_tokens": max_tokens, "seed": sampling.seed}}
+    return results, _summary(task, results, info, time.time() - t0)
+
+
+def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[list[ProblemResult], dict[str, Any]]:
+    """Score a JSONL file of completions made elsewhere against the task's problems.
+
+    Each line: {"id": ..., "completion": "..."} (several lines per problem give K samples) or
+    {"id": ..., "completions": [...]}. Every scored problem must end up with the same K.
+    Ids the task does not know, and problems without completions, are warned about and left
+    out. SpecError when the file is unreadable or nothing matches.
+    """
+    _check_sampling(Sampling(), limit)
+    by_id = load_completions(path)
+    problems = task.eval_problems(eval_size(task, None, None))
+    known = {p.id for p in problems}
+    chosen = [p for p in problems if p.id in by_id]
+    if not chosen:
+        example = next(iter(by_id), None)
+        raise SpecError(f"--completions: none of the {len(by_id)} ids in {path} is a problem of task {task.name} "
+                        f"(first id {example!r}; {len(problems)} problems, e.g. {problems[0].id!r})")
+    unknown = [i for i in by_id if i not in known]
+    if unknown:
+        warnings.warn(f"--completions: {len(unknown)} ids in {path} are not problems of task {task.name} "
+                      f"(e.g. {unknown[0]!r}); left out")
+    missing = len(problems) - len(chosen)
+    if missing:
+        warnings.warn(f"--completions: {missing} of {len(problems)} problems have no completions in {path}; left out")
+    chosen = chosen[:limit] if limit else chosen
+    counts = {len(by_id[p.id]) for p in chosen}
+    if len(counts) > 1:
+        raise SpecError(f"--completions: {path}: problems have different numbers of completions "
+                        f"({', '.join(map(str, sorted(counts)))}); every problem needs the same K")
+    t0 = time.time()
+    results = score_problems(task, chosen, [by_id[p.id] for p in chosen])
+    info = {"completions_file": str(path), "problems_without_completions": missing, "unknown_ids": len(unknown)}
+    return results, _summary(task, results, info, time.time() - t0)
+
+
+def load_completions(path: Path) -> dict[str, list[str]]:
+    """Completions by problem id (ids as strings, file order kept)."""
+    if not path.is_file():
+        raise SpecError(f"--completions: no such file {path}")
+    out: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SpecError(f"--completions: {path}:{lineno}: not JSON ({err.msg})") from None
+            texts = obj.get("completions", [obj.get("completion")]) if isinstance(obj, dict) else None
+            if not isinstance(obj, dict) or obj.get("id") is None or not isinstance(texts, list) \
+                    or not all(isinstance(t, str) for t in texts):
+                raise SpecError(f'--completions: {path}:{lineno}: expected {{"id": ..., "completion": "..."}} '
+                                'or {"id": ..., "completions": [...]}')
+            out.setdefault(str(obj["id"]), []).extend(texts)
+    if not out:
+        raise SpecError(f"--completions: {path} holds no completions")
+    return out
+
+
+def _check_sampling(s: Sampling, limit: int | None) -> None:
+    checks = [("--samples", s.samples is None or s.samples >= 1, "must be >= 1"),
+              ("--temperature", s.temperature is None or s.temperature > 0, "must be > 0"),
+              ("--top-p", 0 < s.top_p <= 1, "must be in (0, 1]"),
+              ("--max-tokens", s.max_tokens is None or s.max_tokens >= 1, "must be >= 1"),
+              ("--batch-size", s.batch_size >= 1, "must be >= 1"),
+              ("--limit", limit is None or limit >= 1, "must be >= 1")]
+    for flag, ok, msg in checks:
+        if not ok:
+            raise SpecError(f"{flag}: {msg}")
+
+
+def _summary(task: Task, results: list[ProblemResult], info: dict[str, Any], seconds: float) -> dict[str, Any]:
+    scores = summarize(results)
+    return {"task": task.name, "fingerprint": task.fingerprint(), "problems": len(results),
+            "samples": len(results[0].completions), "scores": scores, "rating": scores.get("rating"),
+            **info, "created_at": now_iso(), "time_s": round(seconds, 3)}
+
+
+def default_out_dir(target: Target | None, completions: Path | None) -> Path:
+    """Beside what was evaluated: the run directory, the completions file, or results/eval/<model>."""
+    if target is not None and target.run_dir is not None:
+        return target.run_dir
+    if completions is not None:
+        return completions.parent
+    return Path("results") / "eval" / re.sub(r"[^A-Za-z0-9._-]+", "_", target.source).strip("_")
+
+
+def write_results(out_dir: Path, results: list[ProblemResult], summary: dict[str, Any]) -> Path:
+    """eval_problems.jsonl (replaced, one line per problem) and eval_summary.json; returns the summary path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    problems_file = out_dir / PROBLEMS_FILE
+    tmp = out_dir / f".{PROBLEMS_FILE}.tmp"
+    tmp.unlink(missing_ok=True)
+    for r in results:
+        append_jsonl(tmp, r.record())
+    tmp.replace(problems_file)
+    write_json_atomic(out_dir / SUMMARY_FILE, summary)
+    return out_dir / SUMMARY_FILE
+
+
+def render(summary: dict[str, Any], console) -> None:
+    """The scores as a Rich table."""
+    from rich.table import Table
+
+    what = summary.get("completions_file") or summary.get("model")
+    if summary.get("checkpoint"):
+        what = f"{summary.get('run_dir') or what} @ {summary['checkpoint']}"
+    console.print(f"{summary['task']}: {summary['problems']} problems x {summary['samples']} samples, {what}",
+                  markup=False, highlight=False, soft_wrap=True)
+    table = Table()
+    table.add_column("score")
+    table.add_column("value", justify="right")
+    for key, value in summary["scores"].items():
+        table.add_row(key, f"{value:.1f}" if key == "rating" else f"{value:.4f}")
+    console.print(table)

@@ -1,0 +1,304 @@
+"""`gspo plot`: publication-ready figures regenerated from run directories alone.
+
+One line per group (arm, by default): the mean over seeds at each step, with a shaded 95%
+CI band (t-distribution) where at least two seeds have the point. Colours follow the
+sorted group order, so an arm has the same colour in every figure of one call. Figures are
+built on `matplotlib.figure.Figure` (Agg, no pyplot state, no LaTeX) and saved with fixed
+metadata, so the same files give the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from gspo_cli.errors import SpecError
+from gspo_cli.metrics import describe
+from gspo_cli.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
+
+FORMATS = ("png", "svg", "pdf")
+X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]",
+          "tokens": "response tokens generated"}
+DPI = 150
+# Fixed salt and no dates: the same runs must give byte-identical files.
+_RC = {"svg.hashsalt": "gspo-cli", "text.usetex": False, "font.family": "DejaVu Sans", "font.size": 9}
+_METADATA = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    key: str
+    title: str
+    ylabel: str
+    log: bool = False
+    dashed: tuple[tuple[str, str, str], ...] = ()  # (key, linestyle, legend name): no band
+    x: str | None = None  # a fixed x axis, whatever --x says
+
+
+FIGURES: dict[str, FigureSpec] = {
+    "reward": FigureSpec("reward/mean", "Train reward", "mean reward"),
+    "reward_time": FigureSpec("reward/mean", "Train reward vs wall time", "mean reward", x="time"),
+    "eval": FigureSpec("eval", "Held-out score", "score"),  # one figure per task
+    "clip": FigureSpec("policy/clip_frac_token", "Clipped-token fraction (GSPO paper, Fig. 2)",
+                       "clipped tokens", log=True,
+                       dashed=(("policy/clip_frac_token_low", "--", "low: ratio < 1-ε_low, Â < 0"),
+                               ("policy/clip_frac_token_high", ":", "high: ratio > 1+ε_high, Â > 0"))),
+    "expert_change": FigureSpec("moe/expert_change_frac", "MoE expert change (π_old vs π_θ)", "changed expert choices"),
+    "kl": FigureSpec("policy/kl_old_k3", "KL(π_old ‖ π_θ), k3 estimate", "KL"),
+    "entropy": FigureSpec("policy/entropy", "Policy entropy", "entropy per token"),
+    "length": FigureSpec("response/length_mean", "Response length", "mean length"),
+    "grad_norm": FigureSpec("policy/grad_norm", "Gradient norm (before clipping)", "grad norm"),
+}
+
+
+@dataclass
+class Curve:
+    """Seed statistics along x: mean, band [lo, hi] (NaN where < 2 seeds), seeds per point n."""
+
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    n: np.ndarray
+
+
+@dataclass
+class Panel:
+    name: str  # file stem
+    draw: Callable[[Axes], None]
+    own_legend: bool = False  # keeps its legend in the combined panel (line styles)
+
+
+@dataclass
+class Plot:
+    panels: list[Panel]
+    skipped: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- data
+
+def x_values(run: Run, x: str) -> pd.Series:
+    """The run's x coordinate by step: the step, training seconds or cumulative response tokens."""
+    idx = run.metrics.index
+    if x == "step":
+        return pd.Series(idx.to_numpy(float), index=idx)
+    if x == "time":
+        t = run.series("time/elapsed_s")
+        return t if t.notna().any() else run.series("time/step_s").cumsum()
+    rollout = run.spec.get("rollout") or {}
+    if not {"prompts_per_step", "group_size"} <= rollout.keys():
+        raise SpecError(f"--x tokens: {run.path / 'spec.yaml'} lacks rollout.prompts_per_step/group_size")
+    batch = rollout["prompts_per_step"] * rollout["group_size"]
+    return (run.series("response/length_mean").fillna(0) * batch).cumsum()
+
+
+def _curve(ys: dict[int, pd.Series], xs: dict[int, pd.Series]) -> Curve | None:
+    if not ys:
+        return None
+    y = pd.DataFrame(ys).sort_index()
+    xm = pd.DataFrame(xs).reindex(y.index).mean(axis=1).to_numpy()
+    st = curve_stats(y)
+    ok = np.isfinite(xm) & st["mean"].notna().to_numpy()
+    if not ok.any():  # e.g. --x time on runs that log no time
+        return None
+    mean, ci = st["mean"].to_numpy()[ok], st["ci95"].to_numpy()[ok]
+    return Curve(xm[ok], mean, mean - ci, mean + ci, st["n"].to_numpy()[ok])
+
+
+def metric_curve(group: Group, key: str, x: str, smooth: float) -> Curve | None:
+    """Mean over the group's seeds of one metric, each seed EMA-smoothed first; None if no seed logs it.
+
+    Seeds are aligned by step; for x = time or tokens the x of a point is the seeds' mean x.
+    """
+    ys, xs = {}, {}
+    for i, run in enumerate(group.runs):
+        y = run.series(key).dropna()
+        if len(y):
+            ys[i] = pd.Series(ema(y.to_numpy(), smooth), index=y.index)
+            xs[i] = x_values(run, x).reindex(y.index)
+    return _curve(ys, xs)
+
+
+def eval_curve(group: Group, task: str, x: str) -> Curve | None:
+    """Held-out score (first avg@K) by eval step; eval steps map to time/tokens through the run's metrics."""
+    ys, xs = {}, {}
+    for i, run in enumerate(group.runs):
+        ev = run.eval_scores
+        ev = ev[ev.task == task].dropna(subset=["score"]).drop_duplicates("step", keep="last")
+        if ev.empty:
+            continue
+        ys[i] = pd.Series(ev.score.to_numpy(float), index=ev.step.to_numpy())
+        xv = x_values(run, x).dropna()
+        # Step 0 (before training) sits at x = 0 for every axis.
+        xs[i] = pd.Series(np.interp(ev.step, [0, *xv.index], [0.0, *xv.to_numpy()]), index=ev.step.to_numpy())
+    return _curve(ys, xs)
+
+
+def group_colours(groups: list[Group]) -> dict[str, tuple]:
+    """One colour per group, by position in the sorted group list: stable across figures."""
+    cmap = matplotlib.colormaps["tab10" if len(groups) <= 10 else "tab20"]
+    return {g.name: cmap(i % cmap.N) for i, g in enumerate(groups)}
+
+
+# --------------------------------------------------------------------------- drawing
+
+def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None) -> None:
+    ax.plot(c.x, c.mean, color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3)
+    ok = np.isfinite(c.lo) & np.isfinite(c.hi)
+    if band and ok.any():
+        ax.fill_between(c.x, c.lo, c.hi, where=ok, color=colour, alpha=0.2, lw=0)
+
+
+def _ylabel(spec: FigureSpec, smooth: float) -> str:
+    unit = describe(spec.key)[1] if spec.key != "eval" else "score"
+    label = spec.ylabel if unit in spec.ylabel else f"{spec.ylabel} [{unit}]"
+    return label + (f", EMA {smooth:g}" if smooth > 0 and spec.key != "eval" else "")
+
+
+def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group], extra=()) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, lw=0.5)
+    handles, labels = ax.get_legend_handles_labels()
+    several = any(len(g.runs) > 1 for g in groups)
+    ax.legend([*handles, *extra], [*labels, *(h.get_label() for h in extra)], fontsize=7,
+              title="mean ± 95% CI" if several else None, title_fontsize=7)
+
+
+def _label(group: Group) -> str:
+    return f"{group.name} (n={len(group.runs)})"
+
+
+def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: float) -> Panel | None:
+    spec = FIGURES[fid]
+    x = spec.x or x
+    curves = [(g, metric_curve(g, spec.key, x, smooth)) for g in groups]
+    if all(c is None for _, c in curves):
+        return None
+    dashed = [[(g, metric_curve(g, key, x, smooth)) for g in groups] for key, _, _ in spec.dashed]
+
+    def draw(ax: Axes) -> None:
+        if spec.log:
+            # "clip": a band reaching below 0 runs to the bottom of the axis instead of vanishing.
+            ax.set_yscale("log", nonpositive="clip")
+        for g, c in curves:
+            if c is not None:
+                _draw_curve(ax, c, colours[g.name], _label(g))
+        for (_, ls, _), row in zip(spec.dashed, dashed, strict=True):
+            for g, c in row:
+                if c is not None:
+                    _draw_curve(ax, c, colours[g.name], "_" + g.name, ls=ls, band=False)
+        styles = [Line2D([], [], color="0.3", ls=ls, label=name) for _, ls, name in spec.dashed]
+        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles)
+
+    return Panel(fid, draw, own_legend=bool(spec.dashed))
+
+
+def eval_panel(task: str, groups: list[Group], colours: dict, x: str) -> Panel | None:
+    curves = [(g, eval_curve(g, task, x)) for g in groups]
+    if all(c is None for _, c in curves):
+        return None
+    key = next((k for g in groups for r in g.runs for k in r.eval_scores.key[r.eval_scores.task == task]), "score")
+
+    def draw(ax: Axes) -> None:
+        for g, c in curves:
+            if c is not None:
+                _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
+        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups)
+
+    return Panel("eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task), draw)
+
+
+def build_plot(groups: list[Group], metrics: list[str] | None = None, x: str = "step", smooth: float = 0.0) -> Plot:
+    """The panels to draw, in figure order; figures with no data in any run are skipped."""
+    if x not in X_AXES:
+        raise SpecError(f"--x: unknown axis {x!r} (known: {', '.join(X_AXES)})")
+    if not 0 <= smooth < 1:
+        raise SpecError(f"--smooth: the EMA weight must be in [0, 1), got {smooth}")
+    for fid in metrics or []:
+        if fid not in FIGURES:
+            raise SpecError(f"--metrics: unknown figure {fid!r} (known: {', '.join(FIGURES)})")
+    colours = group_colours(groups)
+    out = Plot([])
+    for fid in metrics or FIGURES:
+        if fid == "reward_time" and x == "time" and not metrics:
+            continue  # the reward figure already is reward vs time
+        if fid == "eval":
+            tasks = sorted({t for g in groups for r in g.runs for t in r.eval_scores.task})
+            panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x)) is not None]
+        else:
+            panels = [p] if (p := metric_panel(fid, groups, colours, x, smooth)) is not None else []
+        out.panels += panels
+        out.skipped += [] if panels else [fid]
+    if not out.panels:
+        raise SpecError("nothing to plot: no run logs any of " + ", ".join(metrics or FIGURES))
+    return out
+
+
+# --------------------------------------------------------------------------- figures and files
+
+def make_figures(plot: Plot) -> dict[str, Figure]:
+    """One Figure per panel, keyed by file stem."""
+    figs = {}
+    with matplotlib.rc_context(_RC):
+        for p in plot.panels:
+            fig = Figure(figsize=(6.4, 4.0), dpi=DPI, layout="constrained")
+            p.draw(fig.add_subplot())
+            figs[p.name] = fig
+    return figs
+
+
+def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
+    """Every panel on one grid; legends only on the first subplot and where line styles need one."""
+    n = len(plot.panels)
+    cols = min(ncols, n)
+    rows = -(-n // cols)
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(5.0 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
+        for i, p in enumerate(plot.panels):
+            ax = fig.add_subplot(rows, cols, i + 1)
+            p.draw(ax)
+            if i > 0 and not p.own_legend and ax.get_legend() is not None:
+                ax.get_legend().remove()
+        if title:
+            fig.suptitle(title)
+    return fig
+
+
+def save_figure(fig: Figure, path: Path, fmt: str) -> Path:
+    with matplotlib.rc_context(_RC):
+        fig.savefig(path, format=fmt, dpi=DPI, metadata=_METADATA[fmt])
+    return path
+
+
+def default_out(runs: list[Run]) -> Path:
+    """<experiment dir>/plots, or the runs' common folder when they span several experiments."""
+    return Path(os.path.commonpath([str(r.path.parent.parent.resolve()) for r in runs])) / "plots"
+
+
+def plot_runs(paths: list[str], *, out: Path | None = None, fmt: str = "png", metrics: list[str] | None = None,
+              x: str = "step", smooth: float = 0.0, group_by: str = "arm") -> tuple[list[Path], list[str]]:
+    """Write one file per figure plus `panel.<fmt>`; returns (files written, figures skipped)."""
+    if fmt not in FORMATS:
+        raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    runs = load_runs(paths)
+    groups = group_runs(runs, group_by)
+    plot = build_plot(groups, metrics, x, smooth)
+    out = Path(out) if out is not None else default_out(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [save_figure(f, out / f"{name}.{fmt}", fmt) for name, f in make_figures(plot).items()]
+    experiments = sorted({r.experiment for r in runs})
+    title = f"{', '.join(experiments)}: mean over seeds" + (f", EMA {smooth:g}" if smooth else "")
+    written.append(save_figure(make_panel(plot, title), out / f"panel.{fmt}", fmt))
+    return written, plot.skipped

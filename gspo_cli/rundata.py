@@ -1,0 +1,244 @@
+"""Run directories as tables: loading, grouping, and statistics over seeds.
+
+Shared by `gspo compare` and `gspo plot`. Like them it reads files only and never imports
+torch or the trainer, so both commands work on a laptop holding nothing but results/.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from gspo_cli.errors import SpecError
+from gspo_cli.runs import RunDir, find_runs
+
+
+@dataclass
+class Run:
+    """One run directory, read once. `metrics` has one row per step, indexed by step."""
+
+    path: Path
+    experiment: str
+    arm: str
+    seed: int
+    status: str
+    spec: dict[str, Any]
+    info: dict[str, Any]
+    metrics: pd.DataFrame
+    evals: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        return f"{self.experiment}/{self.arm}/seed{self.seed}"
+
+    @property
+    def last_step(self) -> int:
+        return int(self.metrics.index.max()) if len(self.metrics) else 0
+
+    def series(self, key: str) -> pd.Series:
+        """Float values of one metric by step; NaN where a step lacks it, empty if no step has it."""
+        if key not in self.metrics.columns:
+            return pd.Series(dtype=float)
+        return self.metrics[key].astype(float)
+
+    @cached_property
+    def eval_scores(self) -> pd.DataFrame:
+        """Columns step, task, key, score: one row per evaluation, scored by its first avg@K."""
+        rows = []
+        for rec in self.evals:
+            scores = rec.get("scores") or {}
+            key = next((k for k in scores if k.startswith("avg@")), next(iter(scores), None))
+            if key is not None and "step" in rec:
+                rows.append({"step": int(rec["step"]), "task": str(rec.get("task", "eval")),
+                             "key": key, "score": _float(scores[key])})
+        return pd.DataFrame(rows, columns=["step", "task", "key", "score"])
+
+
+@dataclass
+class Group:
+    """Runs sharing one value of the group-by field (seeds of one arm, by default)."""
+
+    name: str
+    runs: list[Run]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Mean over seeds with its sample std and 95% CI half-width; n counts finite values."""
+
+    n: int
+    mean: float
+    std: float
+    ci95: float
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+# --------------------------------------------------------------------------- loading
+
+def expand_paths(paths: list[str]) -> list[Path]:
+    """Existing paths as given; anything else is treated as a glob (quoted, so the shell left it)."""
+    out: list[Path] = []
+    for p in paths:
+        if Path(p).exists():
+            out.append(Path(p))
+        elif glob.has_magic(p) and (hits := sorted(glob.glob(p))):
+            out.extend(Path(h) for h in hits)
+        else:
+            raise SpecError(f"{p}: no such file or directory" + (" (no glob match)" if glob.has_magic(p) else ""))
+    return out
+
+
+def load_runs(paths: list[str]) -> list[Run]:
+    """Every run directory at or under `paths`, read from disk; SpecError if there is none."""
+    runs = [load_run(rd) for rd in find_runs(expand_paths(paths))]
+    if not runs:
+        raise SpecError(f"no run directories (holding run.json) under {', '.join(paths)}")
+    return runs
+
+
+def load_run(rd: RunDir) -> Run:
+    info = rd.info()
+    spec: dict[str, Any] = {}
+    if rd.spec_file.is_file():
+        try:
+            spec = yaml.safe_load(rd.spec_file.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise SpecError(f"{rd.spec_file}: not valid YAML ({str(err).splitlines()[0]})") from None
+    seed = info.get("seed")
+    if seed is None:  # run.json written before the seed was known: fall back on the dir name
+        seed = int(rd.path.name[4:]) if rd.path.name[4:].isdigit() else 0
+    return Run(path=rd.path, experiment=str(info.get("experiment") or rd.path.parent.parent.name),
+               arm=str(info.get("arm") or rd.path.parent.name), seed=int(seed),
+               status=str(info.get("status") or "unknown"), spec=spec, info=info,
+               metrics=_metrics_frame(rd.metrics()), evals=rd.evals())
+
+
+def _metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    records = [r for r in records if isinstance(r.get("step"), (int, float))]
+    if not records:
+        return pd.DataFrame(index=pd.Index([], name="step", dtype=int))
+    df = pd.DataFrame.from_records(records)
+    # A restarted run may have logged a step twice: the later line is the one that counts.
+    df = df.drop_duplicates("step", keep="last").astype({"step": int}).set_index("step").sort_index()
+    return df.apply(pd.to_numeric, errors="coerce")
+
+
+# --------------------------------------------------------------------------- grouping
+
+def group_runs(runs: list[Run], group_by: str = "arm") -> list[Group]:
+    """Runs grouped by arm (the default) or by a spec.yaml field, groups sorted by value.
+
+    A field path is dotted (`rollout.group_size`, `arms.0.clip_high`); a name that is not a
+    top-level spec key is looked up within the run's one arm (`clip_high`). Sorting is by
+    value (numbers numerically), so colours assigned in this order are stable.
+    """
+    several = len({r.experiment for r in runs}) > 1
+    keyed: dict[str, tuple[Any, list[Run]]] = {}
+    for r in runs:
+        if group_by in ("arm", "experiment"):
+            value = getattr(r, group_by)
+            name = f"{r.experiment}/{r.arm}" if group_by == "arm" and several else value
+        else:
+            value = spec_field(r, group_by)
+            name = f"{group_by.split('.')[-1]}={_fmt_value(value)}"
+        keyed.setdefault(name, (value, []))[1].append(r)
+    order = sorted(keyed, key=lambda n: (_sort_key(keyed[n][0]), n))
+    return [Group(n, sorted(keyed[n][1], key=lambda r: (r.experiment, r.seed))) for n in order]
+
+
+def spec_field(run: Run, path: str) -> Any:
+    parts = path.split(".")
+    if parts[0] not in run.spec:
+        parts = ["arms", "0", *parts]
+    node: Any = run.spec
+    for part in parts:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise SpecError(f"--group-by: {path!r} is not a field of {run.path / 'spec.yaml'} "
+                            "(e.g. arm, clip_high, arms.0.loss, rollout.group_size)")
+    return node
+
+
+def _fmt_value(v: Any) -> str:
+    return format(v, "g") if isinstance(v, float) else str(v)
+
+
+def _sort_key(v: Any) -> tuple:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, float(v), "")
+    return (1, 0.0, str(v))
+
+
+# --------------------------------------------------------------------------- statistics
+
+# Two-sided 95% quantiles t_{0.975, df} for df = 1..30 (standard tables); beyond that the
+# Cornish-Fisher expansion around the normal quantile is accurate to 1e-3.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_Z975 = 1.959964
+
+
+def t975(df: int) -> float:
+    """Upper 97.5% quantile of Student's t with `df` degrees of freedom; NaN for df < 1."""
+    if df < 1:
+        return math.nan
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def seed_stats(values: list[float] | np.ndarray) -> Stats:
+    """Statistics over the finite values (one per seed): std with ddof=1, CI = t * std / sqrt(n)."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    n = len(x)
+    if n == 0:
+        return Stats(0, math.nan, math.nan, math.nan)
+    if n == 1:
+        return Stats(1, float(x[0]), math.nan, math.nan)
+    std = float(np.std(x, ddof=1))
+    return Stats(n, float(np.mean(x)), std, t975(n - 1) * std / math.sqrt(n))
+
+
+def curve_stats(frame: pd.DataFrame) -> pd.DataFrame:
+    """Row-wise seed_stats of a (points x seeds) frame: columns n, mean, std, ci95."""
+    n = frame.notna().sum(axis=1)
+    std = frame.std(axis=1, ddof=1)
+    t = n.map(lambda k: t975(int(k) - 1))
+    return pd.DataFrame({"n": n, "mean": frame.mean(axis=1), "std": std,
+                         "ci95": t * std / np.sqrt(n.where(n > 0))})
+
+
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """Debiased exponential moving average (as TensorBoard smooths): weight 0 leaves values as
+    they are; NaN entries stay NaN and do not reset the average."""
+    x = np.asarray(values, dtype=float)
+    if weight <= 0:
+        return x.copy()
+    out = np.full(len(x), np.nan)
+    acc = norm = 0.0
+    for i, v in enumerate(x):
+        if math.isfinite(v):
+            acc = weight * acc + (1 - weight) * v
+            norm = weight * norm + (1 - weight)  # = 1 - weight**k: removes the pull toward 0
+            out[i] = acc / norm
+    return out

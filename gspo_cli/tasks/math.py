@@ -1,0 +1,158 @@
+r"""AIME-style math: a problem, free-form reasoning, a final answer in \boxed{}.
+
+`source` picks the problems:
+
+- ``synthetic`` (default): the templated integer arithmetic of `ArithmeticTask`, with its
+  difficulty knobs (`num_operands`, `max_operand`, `operators`). The problems, and the
+  random draws that make them, are exactly arithmetic's, so a spec switched from
+  ``arithmetic`` to ``math`` keeps its calibration and its cached cold start.
+- a local file (``.jsonl``, ``.json``, ``.parquet``) or ``hub:<dataset id>``, with columns
+  matched case-insensitively: ``problem`` (or ``question``), ``answer``, and optional ``id``,
+  ``solution`` and a numeric ``rating``/``difficulty``. This covers the exports of
+  HuggingFaceH4/aime_2024 (id, problem, solution, answer, url, year) and
+  Maxwell-Jia/AIME_2024 (ID, Problem, Solution, Answer). Rows without a problem or an answer
+  are skipped with a warning saying how many. The held-out set is the file in its order;
+  training draws from the whole file (point a training spec at a different file than the
+  one you evaluate on).
+
+Scoring (see `math_answer`): the last \boxed{} answer, else with `answer_fallbacks` the last
+"the answer is X" / "Answer: X"; integers compared as numbers (033 = 33), anything else by
+math-verify. Reward = correct + format_weight x (a \boxed{} is present).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import warnings
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from gspo_cli.errors import SpecError
+from gspo_cli.tasks.arithmetic import ArithmeticParams, ArithmeticTask
+from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
+from gspo_cli.tasks.math_answer import answers_match, extract_answer, normalize_answer
+from gspo_cli.tasks.records import load_records
+
+DEFAULT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}.\n"
+SYNTHETIC_ONLY = ("num_operands", "max_operand", "operators")
+
+
+class MathParams(ArithmeticParams):
+    """Arithmetic's difficulty knobs (used by the synthetic source only), plus the data source."""
+
+    source: str = Field("synthetic", min_length=1, description="synthetic | a .jsonl/.json/.parquet file | hub:<id>")
+    split: str = Field("train", description="dataset split, for hub: sources")
+    prompt_template: str = Field(DEFAULT_TEMPLATE, description="prompt for dataset problems; {problem} is replaced")
+    answer_fallbacks: bool = Field(True, description='also accept "the answer is X" / "Answer: X" without a box')
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_slot(cls, v: str) -> str:
+        if "{problem}" not in v:
+            raise ValueError("must contain {problem}")
+        return v
+
+
+class MathTask(Task):
+    name = "math"
+    synthetic_params = SYNTHETIC_ONLY  # dropped by `gspo eval --dataset` when it swaps the source
+
+    def __init__(self, **params):
+        self.p = MathParams(**params)
+        self._synthetic: ArithmeticTask | None = None
+        self.problems: list[Problem] = []
+        if self.p.source == "synthetic":
+            self._synthetic = ArithmeticTask(**self.p.model_dump(include=set(ArithmeticParams.model_fields)))
+            return
+        stray = sorted(set(SYNTHETIC_ONLY) & self.p.model_fields_set)
+        if stray:
+            raise SpecError(f"task.params.{stray[0]}: only used with source: synthetic (source is {self.p.source})")
+        self.problems = load_math_problems(self.p.source, split=self.p.split, template=self.p.prompt_template)
+
+    @property
+    def num_problems(self) -> int | None:
+        """How many problems the dataset holds; None for the (unbounded) synthetic source."""
+        return None if self._synthetic is not None else len(self.problems)
+
+    def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
+        if self._synthetic is not None:
+            return self._synthetic.train_problems(rng, n)
+        return [rng.choice(self.problems) for _ in range(n)]
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        if self._synthetic is not None:
+            return self._synthetic.eval_problems(n)
+        return self.problems[:n]
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The completion's final answer, normalised (what majority voting counts), or None."""
+        raw = extract_answer(completion, fallbacks=self.p.answer_fallbacks)
+        return normalize_answer(raw) if raw is not None else None
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        correct = answers_match(problem.answer, extract_answer(completion, fallbacks=self.p.answer_fallbacks))
+        fmt = 1.0 if extract_boxed(completion) is not None else 0.0
+        reward = float(correct) + self.p.format_weight * fmt
+        return Score(reward=reward, correct=correct, components={"correct": float(correct), "format": fmt})
+
+    def fingerprint(self) -> str:
+        if self._synthetic is not None:
+            # Same problems as arithmetic with these knobs, so the same cached cold start.
+            return self._synthetic.fingerprint()
+        digest = hashlib.sha256(json.dumps([(p.prompt, p.answer, p.solution) for p in self.problems]).encode()).hexdigest()
+        return f"{self.name}:{digest[:16]}"
+
+
+def load_math_problems(source: str, *, split: str = "train", template: str = DEFAULT_TEMPLATE) -> list[Problem]:
+    """Problems from a dataset file or hub id (see the module docstring).
+
+    SpecError when the file cannot be read, holds no usable row, or repeats an id.
+    """
+    rows = load_records(source, split=split)
+    problems, skipped, seen = [], 0, set()
+    for i, row in enumerate(rows):
+        text = next((row[k] for k in ("problem", "question") if isinstance(row.get(k), str) and row[k].strip()), None)
+        answer = _answer_text(row.get("answer"))
+        if text is None or answer is None:
+            skipped += 1
+            continue
+        pid = str(row["id"]) if row.get("id") not in (None, "") else str(i)
+        if pid in seen:
+            raise SpecError(f"task.params.source: {source}: duplicate id {pid!r} (ids must be unique)")
+        seen.add(pid)
+        problems.append(Problem(id=pid, prompt=template.replace("{problem}", text.strip()), answer=answer,
+                                solution=_reference(row.get("solution"), answer), meta=_meta(row)))
+    if not problems:
+        raise SpecError(f"task.params.source: {source}: no usable problems "
+                        f"({len(rows)} rows, none with both a problem and an answer)")
+    if skipped:
+        warnings.warn(f"task.params.source: {source}: skipped {skipped} of {len(rows)} rows without a problem or an answer")
+    return problems
+
+
+def _answer_text(v: Any) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else repr(v)  # parquet turns int columns with gaps into floats
+    if isinstance(v, (int, str)):
+        s = str(v).strip()
+        return s or None
+    return None
+
+
+def _reference(solution: Any, answer: str) -> str | None:
+    """A worked solution ending in the boxed answer, as the cold start expects."""
+    if not isinstance(solution, str) or not solution.strip():
+        return None
+    sol = solution.strip()
+    return sol if extract_boxed(sol) is not None else f"{sol}\n\\boxed{{{answer}}}"
+
+
+def _meta(row: dict[str, Any]) -> dict[str, Any] | None:
+    meta = {k: row[k] for k in ("rating", "difficulty")
+            if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)}
+    return meta or None

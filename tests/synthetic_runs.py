@@ -1,0 +1,67 @@
+"""Hand-written run directories with known values, for the compare and plot tests.
+
+Experiment `exp`, arms `grpo` and `gspo`, seeds 0-2, steps 1..20 (time/elapsed_s = 2 x step):
+
+  gspo seed k: reward 0 up to step 5+k, then c_k = 0.5, 0.6, 0.7; clip_frac_token 0.1(k+1);
+               eval avg@4 at steps 0/10/20 = 0.1, 0.3+0.1k, 0.2+0.1k.
+  grpo seed 0: completed, reward 0.2; seed 1: running, 12 steps then a torn line, reward 0.3;
+       seed 2: diverged, reward 0.45. clip_frac_token 0.001 (seed 2: 0.003), no evals.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+GSPO_C = (0.5, 0.6, 0.7)
+GRPO_R = (0.2, 0.3, 0.45)
+BATCH = 4 * 2  # rollout.prompts_per_step x group_size in the specs below
+
+
+def gspo_reward(seed: int, step: int) -> float:
+    return 0.0 if step <= 5 + seed else GSPO_C[seed]
+
+
+def length(seed: int, step: int) -> float:
+    return 10.0 + seed + step
+
+
+def write_run(root: Path, arm: str, seed: int, records: list[dict], *, status: str = "completed",
+              evals: list[dict] = (), clip_high: float = 0.27, torn: bool = False) -> Path:
+    d = root / "exp" / arm / f"seed{seed}"
+    d.mkdir(parents=True)
+    spec = {"name": "exp", "rollout": {"prompts_per_step": 4, "group_size": 2},
+            "arms": [{"name": arm, "loss": arm, "clip_low": 0.2, "clip_high": clip_high}], "seeds": [seed]}
+    (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if torn:
+        text += '{"step": 13, "reward/me'  # a crash mid-write: no newline
+    (d / "metrics.jsonl").write_text(text)
+    (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    info = {"status": status, "experiment": "exp", "arm": arm, "seed": seed,
+            "step": len(records), "total_steps": 20}
+    (d / "run.json").write_text(json.dumps(info))
+    return d
+
+
+def _record(step: int, seed: int, reward: float, clip: float) -> dict:
+    return {"step": step, "reward/mean": reward, "policy/clip_frac_token": clip,
+            "policy/clip_frac_token_low": clip / 2, "policy/clip_frac_token_high": clip / 2,
+            "response/length_mean": length(seed, step), "time/step_s": 2.0, "time/elapsed_s": 2.0 * step}
+
+
+def make_experiment(root: Path) -> Path:
+    """Writes root/exp/{grpo,gspo}/seed{0,1,2}; returns root/exp."""
+    for k in range(3):
+        recs = [_record(t, k, gspo_reward(k, t), 0.1 * (k + 1)) for t in range(1, 21)]
+        evals = [{"step": s, "task": "arith", "n": 8, "samples": 4,
+                  "scores": {"avg@4": v, "pass@1": v, "pass@4": 1.0}, "time_s": 0.1}
+                 for s, v in ((0, 0.1), (10, 0.3 + 0.1 * k), (20, 0.2 + 0.1 * k))]
+        write_run(root, "gspo", k, recs, evals=evals, clip_high=4e-4)
+    for k, status in enumerate(("completed", "running", "diverged")):
+        steps = 12 if status == "running" else 20
+        recs = [_record(t, k, GRPO_R[k], 0.003 if k == 2 else 0.001) for t in range(1, steps + 1)]
+        write_run(root, "grpo", k, recs, status=status, torn=status == "running")
+    return root / "exp"

@@ -1,0 +1,239 @@
+"""`gspo eval`: scoring files of completions (no model), the scores' hand values, the Elo
+estimate, error paths, and (slow) sampling from a tiny trained run."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gspo_cli.cli import app
+from gspo_cli.evaluate import ProblemResult, elo_rating, pass_ks, summarize
+from gspo_cli.tasks import Problem, Score
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H4 = FIXTURES / "aime_h4.jsonl"
+runner = CliRunner()
+
+
+def gspo(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output and result.stdout == ""
+    lines = [ln for ln in result.stderr.splitlines() if not ln.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0].removeprefix("error: ")
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# Problems 60 (answer 054), 61 (033) and 62 (16) of the H4-schema fixture, K = 4 each.
+COMPLETIONS = [
+    {"id": 60, "completion": r"so \boxed{54}"},
+    {"id": 60, "completion": r"\boxed{054}"},
+    {"id": 60, "completion": r"\boxed{55}"},
+    {"id": 60, "completion": "no idea"},
+    # Two right, two wrong, tied 2-2 in the vote: the answer seen first (34) wins and is wrong.
+    {"id": "61", "completions": [r"\boxed{34}", r"\boxed{34}", "the answer is 33", r"\boxed{33.0}"]},
+    {"id": 62, "completions": [r"\boxed{15}"] * 4},
+]
+
+
+@pytest.fixture
+def scored(tmp_path):
+    comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
+    out = tmp_path / "out"
+    result = gspo("eval", "--completions", comp, "--task", "math", "--dataset", H4, "--out", out)
+    assert result.exit_code == 0, result.output
+    return result, out
+
+
+def test_completions_give_the_hand_computed_scores(scored):
+    result, out = scored
+    summary = json.loads((out / "eval_summary.json").read_text())
+    s = summary["scores"]
+    # Correct per problem: 2, 2, 0 of 4.
+    assert s["avg@4"] == pytest.approx(4 / 12)
+    assert s["pass@1"] == pytest.approx(1 / 3)
+    assert s["pass@2"] == pytest.approx((5 / 6 + 5 / 6 + 0) / 3)  # 1 - C(2,2)/C(4,2) for c = 2
+    assert s["pass@4"] == pytest.approx(2 / 3)
+    assert s["maj@4"] == pytest.approx(1 / 3)  # only problem 60's vote (54) is right
+    assert set(s) == {"avg@4", "pass@1", "pass@2", "pass@4", "maj@4"}
+    assert (summary["task"], summary["problems"], summary["samples"], summary["rating"]) == ("math", 3, 4, None)
+    assert summary["completions_file"].endswith("completions.jsonl")
+    for key in ("avg@4", "pass@4", "maj@4"):
+        assert key in result.stdout
+
+
+def test_completions_write_one_record_per_problem(scored):
+    _, out = scored
+    rows = [json.loads(line) for line in (out / "eval_problems.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["60", "61", "62"]
+    assert rows[0]["answer"] == "054"
+    assert rows[0]["extracted"] == ["54", "54", "55", None]
+    assert rows[0]["correct"] == [True, True, False, False]
+    assert rows[1]["extracted"] == ["34", "34", "33", "33"] and rows[1]["majority_correct"] is False
+    assert rows[2]["completions"] == [r"\boxed{15}"] * 4
+
+
+def test_limit_and_default_output_beside_the_completions(tmp_path):
+    comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
+    result = gspo("eval", "-c", comp, "-t", "math", "-d", H4, "--limit", 1)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "eval_summary.json").read_text())
+    assert summary["problems"] == 1 and summary["scores"]["avg@4"] == pytest.approx(0.5)
+
+
+def test_rating_through_the_cli(tmp_path):
+    data = write_jsonl(tmp_path / "rated.jsonl", [
+        {"id": "a", "problem": "p", "answer": "1", "rating": 1000},
+        {"id": "b", "problem": "q", "answer": "2", "rating": 1400},
+    ])
+    comp = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "completion": r"\boxed{1}"},
+                                             {"id": "b", "completion": r"\boxed{3}"}])
+    result = gspo("eval", "-c", comp, "-t", "math", "-d", data, "-o", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "o" / "eval_summary.json").read_text())
+    # One of {1000, 1400} solved: by symmetry the rating is halfway.
+    assert summary["rating"] == pytest.approx(1200, abs=1e-3) == summary["scores"]["rating"]
+
+
+# --- the scores themselves -------------------------------------------------------------
+
+def test_elo_rating_hand_solved():
+    assert elo_rating([1000, 1000], 1) == pytest.approx(1000, abs=1e-4)
+    assert elo_rating([1000, 1400], 1) == pytest.approx(1200, abs=1e-4)
+    # One problem of rating 1500 solved 3 times in 4: 1/(1+10^((1500-R)/400)) = 3/4.
+    assert elo_rating([1500], 0.75) == pytest.approx(1500 + 400 * math.log10(3), abs=1e-4)
+    assert elo_rating([1500, 1800], 0) == 0.0 and elo_rating([1500, 1800], 2) == 4000.0  # clamped
+    assert elo_rating([], 0) is None
+
+
+def test_pass_ks():
+    assert pass_ks(1) == [1] and pass_ks(4) == [1, 2, 4] and pass_ks(6) == [1, 2, 4, 6]
+
+
+def test_failure_shares_for_tasks_that_record_them():
+    def score(ok, **comp):
+        return Score(reward=float(ok), correct=ok, components={"correct": float(ok), **comp})
+
+    p = Problem(id="x", prompt="", answer="")
+    results = [ProblemResult(p, ["a", "b"], [score(True, timeout=0.0, runtime_error=0.0),
+                                            score(False, timeout=1.0, runtime_error=0.0)]),
+               ProblemResult(p, ["c", "d"], [score(False, timeout=0.0, runtime_error=1.0),
+                                            score(False, timeout=1.0, runtime_error=0.0)])]
+    s = summarize(results)
+    assert s["timeout_frac"] == pytest.approx(0.5) and s["runtime_error_frac"] == pytest.approx(0.25)
+    assert "maj@2" not in s  # no extracted answers: no vote
+    with pytest.raises(ValueError):
+        summarize([results[0], ProblemResult(p, ["a"], [score(True)])])
+
+
+def test_completions_path_never_imports_torch(tmp_path):
+    comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
+    code = ("import sys; from typer.testing import CliRunner; from gspo_cli.cli import app; "
+            f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}]); "
+            "assert r.exit_code == 0, r.output; "
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- errors: exit 2, one line ----------------------------------------------------------
+
+def test_bad_targets_and_inputs_are_one_line(tmp_path):
+    comp = write_jsonl(tmp_path / "c.jsonl", COMPLETIONS)
+    assert "no such directory" in one_error_line(gspo("eval", tmp_path / "nope", "--task", "math"))
+    assert "is a file" in one_error_line(gspo("eval", comp, "--task", "math"))
+    assert "neither a run directory" in one_error_line(gspo("eval", tmp_path, "--task", "math"))
+    assert "not both" in one_error_line(gspo("eval"))
+    assert "not both" in one_error_line(gspo("eval", tmp_path, "-c", comp))
+    assert "--task: needed" in one_error_line(gspo("eval", "-c", comp))
+    assert "unknown task 'algebra'" in one_error_line(gspo("eval", "-c", comp, "-t", "algebra"))
+    assert "no such file" in one_error_line(gspo("eval", "-c", tmp_path / "none.jsonl", "-t", "math", "-d", H4))
+    assert "no such file" in one_error_line(gspo("eval", "-c", comp, "-t", "math", "-d", tmp_path / "none.jsonl"))
+    assert "--limit: must be >= 1" in one_error_line(gspo("eval", "-c", comp, "-t", "math", "-d", H4, "--limit", 0))
+
+
+def test_bad_completion_files_are_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 60, "completion": "x"}\n{oops\n')
+    assert "bad.jsonl:2: not JSON" in one_error_line(gspo("eval", "-c", bad, "-t", "math", "-d", H4))
+    bad.write_text('{"completion": "x"}\n')
+    assert "bad.jsonl:1: expected" in one_error_line(gspo("eval", "-c", bad, "-t", "math", "-d", H4))
+    nomatch = write_jsonl(tmp_path / "n.jsonl", [{"id": "zzz", "completion": "x"}])
+    assert "none of the 1 ids" in one_error_line(gspo("eval", "-c", nomatch, "-t", "math", "-d", H4))
+    uneven = write_jsonl(tmp_path / "u.jsonl", [{"id": 60, "completion": "x"}, {"id": 61, "completion": "x"},
+                                               {"id": 61, "completion": "y"}])
+    assert "different numbers of completions" in one_error_line(gspo("eval", "-c", uneven, "-t", "math", "-d", H4))
+
+
+# --- a real run: sampling from a tiny trained model ------------------------------------
+
+class Quiet:
+    def log(self, msg): pass
+    def run_started(self, name, total): pass
+    def step_done(self, name, m): pass
+    def run_finished(self, name, status, summary): pass
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from test_train_e2e import TINY
+
+    from gspo_cli.config import spec_from_dict
+    from gspo_cli.train import train_experiment
+
+    out = tmp_path_factory.mktemp("runs")
+    raw = {**TINY, "output_dir": str(out), "train": {"steps": 1},
+           "task": {**TINY["task"], "name": "math", "params": {**TINY["task"]["params"], "source": "synthetic"}},
+           "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}]}
+    (result,) = train_experiment(spec_from_dict(raw), reporter=Quiet())
+    assert result.status == "completed"
+    return Path(result.path)
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_directory(tiny_run):
+    result = gspo("eval", tiny_run, "--samples", 2, "--limit", 4, "-q")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tiny_run / "eval_summary.json").read_text())
+    assert {"task", "problems", "samples", "scores", "model", "checkpoint", "sampling", "rating"} <= set(summary)
+    assert (summary["task"], summary["problems"], summary["samples"]) == ("math", 4, 2)
+    assert summary["checkpoint"] == "step_000001"
+    assert set(summary["scores"]) == {"avg@2", "pass@1", "pass@2", "maj@2"}
+    assert all(0.0 <= v <= 1.0 for v in summary["scores"].values())
+    rows = [json.loads(line) for line in (tiny_run / "eval_problems.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(len(r["completions"]) == len(r["correct"]) == 2 for r in rows)
+    assert "avg@2" in result.stdout
+
+
+@pytest.mark.slow
+def test_eval_of_a_checkpoint_directory_with_options(tiny_run, tmp_path):
+    ckpt = tiny_run / "checkpoints" / "step_000001"
+    out = tmp_path / "ev"
+    result = gspo("eval", ckpt, "-k", 1, "-n", 2, "--top-p", 0.9, "--temperature", 0.5, "--max-tokens", 8, "-o", out, "-q")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert summary["sampling"] == {"samples": 1, "temperature": 0.5, "top_p": 0.9, "max_tokens": 8, "seed": 0}
+    assert summary["task"] == "math" and summary["problems"] == 2  # the task came from the run's spec
+    assert "step_000009" in one_error_line(gspo("eval", tiny_run, "--checkpoint", 9))
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_on_another_dataset(tiny_run, tmp_path):
+    # The run trained on synthetic math; --dataset swaps the source and drops the synthetic knobs.
+    out = tmp_path / "aime"
+    result = gspo("eval", tiny_run, "--dataset", FIXTURES / "aime_maxwell.json", "-k", 1, "--max-tokens", 4, "-o", out, "-q")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "eval_problems.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["2024-I-1", "2024-I-2", "2024-II-1"]
