@@ -318,7 +318,7 @@ def plot(
 @app.command(name="eval")
 def eval_(
     target: Annotated[Optional[str], typer.Argument(help="run directory, checkpoint or model directory, hub id, or "
-                                                    "builtin:<kind>; omit with --completions")] = None,
+                                                    "builtin:<kind>; with --completions: a run (for its task) or nothing")] = None,
     completions: Annotated[Optional[Path], typer.Option("--completions", "-c", help="score this JSONL of "
                                                         '{"id", "completion"} lines instead of sampling (no model)')] = None,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="task name (default: the run's)")] = None,
@@ -349,13 +349,14 @@ def eval_(
     warnings.showwarning = _show_warning
     log = (lambda msg: None) if quiet else (lambda msg: err_console.print(msg, markup=False, highlight=False))
     try:
-        if (target is None) == (completions is None):
-            raise SpecError("TARGET: give a run, checkpoint or model to sample from, or --completions FILE (not both)")
+        if target is None and completions is None:
+            raise SpecError("TARGET: give a run, checkpoint or model to sample from, or --completions FILE")
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise SpecError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
         if completions is not None:
-            resolved = None
-            results, summary = ev.evaluate_completions(completions, ev.resolve_task(None, task, dataset), limit)
+            resolved = ev.resolve_run(target) if target is not None else None
+            results, summary = ev.evaluate_completions(
+                completions, ev.resolve_task(resolved.spec if resolved else None, task, dataset), limit)
         else:
             resolved = ev.resolve_target(target, checkpoint)
             sampling = ev.Sampling(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,

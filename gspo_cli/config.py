@@ -154,12 +154,37 @@ class TaskConfig(_Strict):
     eval_size: int = Field(64, ge=0)
 
 
+# vllm.LLM arguments the vLLM engine sets itself: changing them breaks what the trainer assumes.
+VLLM_RESERVED_KWARGS = ("model", "tokenizer", "skip_tokenizer_init", "logprobs_mode", "dtype", "seed",
+                        "generation_config")
+
+
 class RolloutConfig(_Strict):
-    engine: Literal["hf"] = "hf"
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf: the trainer's own model.generate; vllm: an "
+                                                            "in-process vLLM engine, weights synced every step")
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2)
     max_new_tokens: int = Field(48, ge=1)
     temperature: float = Field(1.0, gt=0)
+    use_engine_logprobs: bool = Field(False, description="vllm only: take pi_old's log-probs from the engine "
+                                                         "instead of a trainer forward (paper section 5.4)")
+    vllm: dict[str, Any] = Field(default_factory=dict, description="extra vllm.LLM(...) arguments, e.g. "
+                                                                   "gpu_memory_utilization")
+
+    @model_validator(mode="after")
+    def _check(self):
+        problems = []
+        if self.engine != "vllm":
+            if self.use_engine_logprobs:
+                problems.append("use_engine_logprobs: needs engine: vllm (the hf engine returns no log-probs)")
+            if self.vllm:
+                problems.append("vllm: engine arguments given but engine is not vllm")
+        for key in self.vllm:
+            if key in VLLM_RESERVED_KWARGS:
+                problems.append(f"vllm.{key}: set by gspo-cli itself (from the model and rollout settings)")
+        if problems:
+            raise _Problems("\n".join(problems))
+        return self
 
     @property
     def batch_size(self) -> int:
@@ -209,7 +234,7 @@ class ArmConfig(_Strict):
     aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"] = "seq_mean_token_mean"
     mini_batches: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)
-    routing_replay: Literal["off", "r2"] = "off"
+    routing_replay: Literal["off", "r2", "r3"] = "off"  # r3: refused for now (ExperimentSpec._check)
     kl_coef: float = Field(0.0, ge=0)
     advantage: Literal["grpo", "mean_only"] = "grpo"
     adv_eps: float = Field(1e-6, ge=0)
@@ -272,6 +297,11 @@ class ExperimentSpec(_Strict):
                     f"arms[{i}].mini_batches: {arm.mini_batches} does not divide the rollout batch "
                     f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
                 )
+            if arm.routing_replay == "r3":
+                problems.append(
+                    f"arms[{i}].routing_replay: r3 (replaying the rollout engine's routes) is not supported: "
+                    f"vLLM 0.32 returns routed experts only with its GPU model runner (V2, Triton), not on CPU, "
+                    f"and gspo-cli does not read them yet; use r2")
         names = [a.name for a in self.arms]
         for i, n in enumerate(names):
             if n in names[:i]:

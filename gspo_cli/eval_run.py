@@ -86,6 +86,14 @@ def resolve_target(target: str, checkpoint: str | None = None) -> Target:
     return Target(target)  # a hub id or builtin:<kind>; load_model says if it cannot be had
 
 
+def resolve_run(target: str) -> Target:
+    """A run directory, for its task only (scoring completions made elsewhere for it)."""
+    path = Path(target).expanduser()
+    if not (path / "spec.yaml").is_file():
+        raise SpecError(f"TARGET: with --completions, TARGET must be a run directory (spec.yaml), for its task; got {target}")
+    return Target(source="", run_dir=path, spec=load_spec(path / "spec.yaml"))
+
+
 def resolve_task(spec: ExperimentSpec | None, name: str | None, dataset: str | None) -> Task:
     """The task to score on: the run's, or `name`; `dataset` replaces its `source` and drops
     the knobs only the synthetic generator uses."""
@@ -159,13 +167,15 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
     """
     _check_sampling(Sampling(), limit)
     by_id = load_completions(path)
-    problems = task.eval_problems(eval_size(task, None, None))
+    # A synthetic task's held-out list grows as a fixed prefix sequence: ask for enough of it
+    # to cover a run that evaluated more problems than the default.
+    problems = task.eval_problems(max(eval_size(task, None, None), len(by_id)))
     known = {p.id for p in problems}
     chosen = [p for p in problems if p.id in by_id]
     if not chosen:
-        example = next(iter(by_id), None)
+        hint = f"; the task's ids look like {problems[0].id!r}" if problems else ""
         raise SpecError(f"--completions: none of the {len(by_id)} ids in {path} is a problem of task {task.name} "
-                        f"(first id {example!r}; {len(problems)} problems, e.g. {problems[0].id!r})")
+                        f"(first id {next(iter(by_id))!r}{hint})")
     unknown = [i for i in by_id if i not in known]
     if unknown:
         warnings.warn(f"--completions: {len(unknown)} ids in {path} are not problems of task {task.name} "

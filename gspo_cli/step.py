@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from gspo_cli import distributed
 from gspo_cli.algorithms import (
     aggregate,
     get_advantage_estimator,
@@ -25,6 +26,7 @@ from gspo_cli.algorithms import (
     zero_variance_group_frac,
 )
 from gspo_cli.config import ArmConfig, ExperimentSpec
+from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.metrics import LOSS_STAT_KEYS
 from gspo_cli.models import load_model
@@ -35,7 +37,7 @@ from gspo_cli.models.routing import (
     routes_from_BT,
     routes_to_BT,
 )
-from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, response_logprobs
+from gspo_cli.rollout import RolloutBatch, RolloutEngine, logprob_mismatch, make_engine, response_logprobs
 from gspo_cli.tasks import Task
 
 
@@ -47,7 +49,7 @@ class Ctx:
     arm: ArmConfig
     task: Task
     model: torch.nn.Module
-    engine: HFRolloutEngine
+    engine: RolloutEngine
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     loss_fn: Callable
@@ -56,15 +58,18 @@ class Ctx:
     ref_model: torch.nn.Module | None
     rng: random.Random  # problem sampling
     shuffle: torch.Generator  # mini-batch split
+    dist: DistInfo = DistInfo()
+    train_model: torch.nn.Module | None = None  # `model`, wrapped in DDP under torchrun
     train_time: float = 0.0  # seconds spent in training steps so far (survives resume)
     skipped: int = 0  # non-finite mini-batches skipped so far (survives resume)
 
 
 def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str,
-           weights: str | None = None) -> Ctx:
+           weights: str | None = None, dist_info: DistInfo = DistInfo()) -> Ctx:
     """Resolve everything a step needs. `weights` (a checkpoint) replaces the initial
-    weights when resuming; the KL reference is always the initial model `source`."""
-    torch.manual_seed(seed)
+    weights when resuming; the KL reference is always the initial model `source`.
+    Under torchrun each rank samples with its own seed; rank 0's is the single-process one."""
+    torch.manual_seed(seed + 1_000_003 * dist_info.rank)
     lm = load_model(weights or source, spec.model)
     model = lm.model
     model.train()
@@ -87,12 +92,12 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     if arm.kl_coef > 0:
         ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
         ref_model = ref.eval().requires_grad_(False)
-    r = spec.rollout
-    engine = HFRolloutEngine(model, lm.tokenizer, max_new_tokens=r.max_new_tokens, temperature=r.temperature)
+    engine = make_engine(spec.rollout, model, lm.tokenizer, model_dir=lm.source, dtype=spec.model.dtype, seed=seed)
     shuffle = torch.Generator().manual_seed(seed)
     return Ctx(spec=spec, arm=arm, task=task, model=model, engine=engine, optimizer=optimizer,
                scheduler=scheduler, loss_fn=get_policy_loss(arm.loss), adv_fn=get_advantage_estimator(arm.advantage),
-               routing=routing, ref_model=ref_model, rng=random.Random(seed), shuffle=shuffle)
+               routing=routing, ref_model=ref_model, rng=random.Random(seed), shuffle=shuffle,
+               dist=dist_info, train_model=distributed.wrap(model, dist_info))
 
 
 def train_step(ctx: Ctx, step: int) -> dict:
@@ -102,7 +107,8 @@ def train_step(ctx: Ctx, step: int) -> dict:
     t0 = time.time()
 
     # 1. Rollout: G samples per prompt from the current policy (= pi_old for this step).
-    problems = ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step)
+    # Every rank draws the same global prompt list and keeps its share (whole groups).
+    problems = distributed.shard(ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step), ctx.dist)
     batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
     t1 = time.time()
 
@@ -126,7 +132,14 @@ def train_step(ctx: Ctx, step: int) -> dict:
         ref_logp = response_logprobs(ctx.ref_model, batch, temp).logp if ctx.ref_model is not None else None
     t3 = time.time()
 
-    if not bool(torch.isfinite(old.logp[mask_BC > 0]).all()):
+    # pi_old: the trainer's log-probs, or the sampler's own (use_engine_logprobs, paper 5.4).
+    old_logp = old.logp
+    engine_stats = {}
+    if batch.engine_logp is not None:
+        engine_stats = logprob_mismatch(batch.engine_logp, old.logp, mask_BC)
+        if spec.rollout.use_engine_logprobs:
+            old_logp = batch.engine_logp
+    if not bool(torch.isfinite(old_logp[mask_BC > 0]).all()):
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
@@ -135,7 +148,7 @@ def train_step(ctx: Ctx, step: int) -> dict:
     for _ in range(arm.epochs):
         order = torch.randperm(B, generator=ctx.shuffle)
         for rows in order.chunk(arm.mini_batches):
-            loss, stats, grad_norm = _update(ctx, batch, rows, old.logp, ref_logp, adv_B, old_routes,
+            loss, stats, grad_norm = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes,
                                              measure_routes=n_updates > 0, step=step)
             if loss is None:
                 acc.skipped += 1
@@ -159,10 +172,12 @@ def train_step(ctx: Ctx, step: int) -> dict:
         "policy/entropy": entropy.item(),
         "policy/lr": ctx.optimizer.param_groups[0]["lr"],
         **acc.result(),
+        **engine_stats,
         "time/rollout_s": t1 - t0, "time/score_s": t2 - t1, "time/old_logp_s": t3 - t2, "time/update_s": t4 - t3,
         "time/step_s": t4 - t0,
         "perf/tokens_per_s": lengths.sum().item() / max(t4 - t0, 1e-9),
     }
+    metrics = distributed.reduce_metrics(metrics, ctx.dist)
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
@@ -207,14 +222,15 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
 def _policy_forward(ctx: Ctx, sub: RolloutBatch, old_routes, rows, temp):
     """Current-policy log-probs for a mini-batch; with routing replay, forced onto pi_old's
     experts. Also returns the experts the current router itself would pick (for volatility)."""
+    model = ctx.train_model or ctx.model  # DDP under torchrun: its backward all-reduces gradients
     if ctx.routing is None:
-        return response_logprobs(ctx.model, sub, temp), None
+        return response_logprobs(model, sub, temp), None
     if ctx.arm.routing_replay == "r2":
         with ctx.routing.replaying(routes_from_BT(old_routes[:, rows])) as rec:
-            out = response_logprobs(ctx.model, sub, temp)
+            out = response_logprobs(model, sub, temp)
         return out, rec.routes
     with ctx.routing.recording() as rec:
-        out = response_logprobs(ctx.model, sub, temp)
+        out = response_logprobs(model, sub, temp)
     return out, rec.routes
 
 

@@ -16,10 +16,15 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+import torch
+
+from gspo_cli import distributed
 from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
 from gspo_cli.config import ArmConfig, ExperimentSpec, dump_spec
+from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import (
     DivergedError,
     GspoError,
@@ -92,14 +97,22 @@ def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, see
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
     task = make_task(spec.task.name, spec.task.params)
-    source = resolve_model_source(spec.model, task, log=reporter.log)  # cold start once, shared
+    info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
+    distributed.check_divisible(spec.rollout.prompts_per_step, spec.rollout.group_size,
+                                [a.mini_batches for a in selected], info)
+    if not info.is_main:
+        reporter = _Silent()
+    # Cold start once, shared by every run; rank 0 builds it while the others wait.
+    source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
+    distributed.barrier(info)
+    source = source or resolve_model_source(spec.model, task, log=reporter.log)
     results = []
     with stop_on_signals() as stop:
         for arm in selected:
             for seed in seed_list:
                 try:
                     results.append(train_run(spec, arm, seed, task, source, reporter=reporter, force=force,
-                                             stop=stop))
+                                             stop=stop, dist_info=info))
                 except (DivergedError, RunError, RunLockedError) as err:
                     status = ("diverged" if isinstance(err, DivergedError)
                               else "in use" if isinstance(err, RunLockedError) else "failed")
@@ -141,26 +154,74 @@ def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
 
 
 def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str, *,
-              reporter: Reporter, force: bool = False, stop: "StopFlag | None" = None) -> RunResult:
+              reporter: Reporter, force: bool = False, stop: "StopFlag | None" = None,
+              dist_info: DistInfo = DistInfo()) -> RunResult:
     """Train one arm x seed into its run directory.
 
     A completed run is skipped (unless `force`); a run with a checkpoint is resumed from it
     with its optimizer and RNG state, metrics rewound to that step; anything else starts
     afresh. The model is loaded before any file is touched, so a bad model name costs nothing.
     """
-    rd = RunDir(run_path(spec.output_dir, spec.name, arm.name, seed))
-    with run_lock(rd.path):
-        return _train_locked(spec, arm, seed, task, source, rd, reporter=reporter, force=force, stop=stop)
+    path = run_path(spec.output_dir, spec.name, arm.name, seed)
+    # Only rank 0 writes the run directory (and holds its lock); the others read it.
+    if not dist_info.is_main:
+        return _train_locked(spec, arm, seed, task, source, _ReadOnlyRunDir(path), reporter=reporter,
+                             force=force, stop=stop, info=dist_info)
+    with run_lock(path):
+        return _train_locked(spec, arm, seed, task, source, RunDir(path), reporter=reporter, force=force,
+                             stop=stop, info=dist_info)
 
 
-def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force, stop) -> RunResult:
+class _ReadOnlyRunDir(RunDir):
+    """What ranks other than 0 see: reads go to disk, writes go nowhere."""
+
+    def update_info(self, **fields):
+        return {**self.info(), **fields}
+
+    def log_metrics(self, record):
+        pass
+
+    def log_eval(self, record):
+        pass
+
+    def reset(self):
+        pass
+
+
+class _Silent:
+    def log(self, msg): pass
+    def run_started(self, name, total_steps): pass
+    def step_done(self, name, metrics): pass
+    def run_finished(self, name, status, summary): pass
+
+
+def _decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistInfo):
+    """'skip', or the checkpoint to resume from (None: from scratch), agreed by all ranks."""
+    decision: tuple = ("fresh", None)
+    if info.is_main:
+        try:
+            if rd.status() == "completed" and not force:
+                decision = ("skip", None)
+            else:
+                ckpt = None if force else _resumable_checkpoint(rd, own_spec)
+                decision = ("resume", str(ckpt)) if ckpt else ("fresh", None)
+        except SpecError as err:
+            decision = ("error", str(err))
+    decision = distributed.broadcast_object(decision, info)
+    if decision[0] == "error":
+        raise SpecError(decision[1])
+    return decision
+
+
+def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force, stop, info) -> RunResult:
     name = f"{arm.name}/seed{seed}"
     own_spec = run_spec(spec, arm, seed)
-    if rd.status() == "completed" and not force:
+    kind, ckpt_path = _decide_start(rd, own_spec, force, info)
+    if kind == "skip":
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
-    ckpt = None if force else _resumable_checkpoint(rd, own_spec)
-    ctx = setup(spec, arm, seed, task, source, weights=str(ckpt) if ckpt else None)
+    ckpt = Path(ckpt_path) if ckpt_path else None
+    ctx = setup(spec, arm, seed, task, source, weights=ckpt_path, dist_info=info)
     t_start = time.time()
     if ckpt is not None:
         start_step = _restore(ctx, rd, ckpt)
@@ -169,9 +230,10 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
                        resumes=rd.info().get("resumes", 0) + 1, ended_at=None)
     else:
         start_step = 0
-        rd.reset()
-        rd.path.mkdir(parents=True)
-        rd.spec_file.write_text(dump_spec(own_spec))
+        if info.is_main:
+            rd.reset()
+            rd.path.mkdir(parents=True)
+            rd.spec_file.write_text(dump_spec(own_spec))
         rd.update_info(status="running", experiment=spec.name, arm=arm.name, seed=seed, step=0,
                        total_steps=spec.train.steps, started_at=now_iso(), host=socket.gethostname(),
                        git_commit=git_commit(), versions=versions(), model_source=source)
@@ -221,11 +283,14 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
     step = int(state["step"])
     ctx.train_time = float(state.get("train_time", 0.0))
     ctx.skipped = int(state.get("skipped", 0))
-    truncate_jsonl(rd.metrics_file, step)
-    truncate_jsonl(rd.eval_file, step)
-    for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
-        if later.name > ckpt.name:
-            shutil.rmtree(later, ignore_errors=True)
+    if ctx.dist.rank:  # the checkpoint holds rank 0's sampling RNG; others derive their own
+        torch.manual_seed(1_000_003 * ctx.dist.rank + step)
+    if ctx.dist.is_main:
+        truncate_jsonl(rd.metrics_file, step)
+        truncate_jsonl(rd.eval_file, step)
+        for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
+            if later.name > ckpt.name:
+                shutil.rmtree(later, ignore_errors=True)
     return step
 
 
@@ -247,7 +312,8 @@ def _loop(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, 
     steps = spec.train.steps
     eval_problems = ctx.task.eval_problems(spec.task.eval_size)
     reporter.run_started(name, steps)
-    sinks = make_sinks(list(spec.train.sinks), rd.path, spec.to_dict())  # metrics.jsonl stays the truth
+    # metrics.jsonl stays the truth; sinks are views, written by rank 0 like everything else
+    sinks = make_sinks(list(spec.train.sinks) if ctx.dist.is_main else [], rd.path, spec.to_dict())
     try:
         if start_step == 0:
             _evaluate(ctx, rd, eval_problems, step=0, sinks=sinks)
@@ -275,14 +341,16 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
         rd.update_info(step=step)
         reporter.step_done(name, metrics)
         is_last = step == steps
+        stopping = distributed.broadcast_object(bool(stop), ctx.dist)  # every rank stops at the same step
         if is_last or (spec.train.eval_every and step % spec.train.eval_every == 0):
             _evaluate(ctx, rd, eval_problems, step=step, sinks=sinks)
-        if is_last or stop or (spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0):
+        due = spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0
+        if ctx.dist.is_main and (is_last or stopping or due):
             save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
                             rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints,
                             extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
-        if stop and not is_last:
-            raise InterruptedRun(f"{name}: stopped by {stop.signal_name} after step {step}; "
+        if stopping and not is_last:
+            raise InterruptedRun(f"{name}: stopped by {stop.signal_name or 'a signal to rank 0'} after step {step}; "
                                  f"checkpoint written, rerun the same command to resume")
 
 
@@ -333,7 +401,7 @@ def _check_finite(metrics: dict, step: int) -> None:
 
 
 def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
-    if not problems:
+    if not problems or not ctx.dist.is_main:
         return
     t = time.time()
     scores = evaluate_policy(ctx.engine, ctx.task, problems, ctx.spec.train.eval_samples)

@@ -18,7 +18,13 @@ import pytest
 from gspo_cli.errors import SpecError
 from gspo_cli.tasks import Problem, make_task
 from gspo_cli.tasks.base import in_eval_split
-from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many, outputs_match
+from gspo_cli.tasks.code_judge import (
+    JudgeSpec,
+    TestCase,
+    extract_code,
+    judge_many,
+    outputs_match,
+)
 from gspo_cli.tasks.lcb import UnsafePickle, decode_tests, load_lcb, safe_unpickle
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lcb_sample.jsonl"

@@ -155,8 +155,8 @@ def test_bad_targets_and_inputs_are_one_line(tmp_path):
     assert "no such directory" in one_error_line(gspo("eval", tmp_path / "nope", "--task", "math"))
     assert "is a file" in one_error_line(gspo("eval", comp, "--task", "math"))
     assert "neither a run directory" in one_error_line(gspo("eval", tmp_path, "--task", "math"))
-    assert "not both" in one_error_line(gspo("eval"))
-    assert "not both" in one_error_line(gspo("eval", tmp_path, "-c", comp))
+    assert "or --completions FILE" in one_error_line(gspo("eval"))
+    assert "TARGET must be a run directory" in one_error_line(gspo("eval", tmp_path, "-c", comp))
     assert "--task: needed" in one_error_line(gspo("eval", "-c", comp))
     assert "unknown task 'algebra'" in one_error_line(gspo("eval", "-c", comp, "-t", "algebra"))
     assert "no such file" in one_error_line(gspo("eval", "-c", tmp_path / "none.jsonl", "-t", "math", "-d", H4))
@@ -237,3 +237,19 @@ def test_eval_of_a_run_on_another_dataset(tiny_run, tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "eval_problems.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["2024-I-1", "2024-I-2", "2024-II-1"]
+
+
+@pytest.mark.slow
+def test_completions_for_a_run_use_its_task_and_directory(tiny_run):
+    # The run's task is synthetic math with its own knobs; its held-out ids are expressions.
+    from gspo_cli.config import load_spec
+    from gspo_cli.tasks import make_task
+
+    spec = load_spec(tiny_run / "spec.yaml")
+    probs = make_task(spec.task.name, spec.task.params).eval_problems(80)  # more than the default 64
+    comp = write_jsonl(tiny_run / "vllm.jsonl", [{"id": p.id, "completion": rf"\boxed{{{p.answer}}}"} for p in probs])
+    result = gspo("eval", tiny_run, "-c", comp)
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr  # every id matched
+    summary = json.loads((tiny_run / "eval_summary.json").read_text())
+    assert summary["problems"] == 80 and summary["scores"]["avg@1"] == 1.0

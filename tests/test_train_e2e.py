@@ -141,7 +141,7 @@ def test_dense_model_trains_and_refuses_routing_replay(tmp_path):
     bad = {**raw, "arms": [TINY["arms"][1]]}
     with pytest.raises(SpecError, match="routing_replay: r2 needs an MoE model"):
         train_experiment(spec_from_dict(bad), reporter=Quiet())
-    assert not (tmp_path / "e2e/grpo_rr").exists()  # refused before any run directory was made
+    assert not (tmp_path / "e2e/grpo_rr/seed0").exists()  # refused before any run directory was made
 
 
 def test_builtin_model_is_cached_by_its_settings():

@@ -1,6 +1,25 @@
 """Rollout engines behind one interface: `engine.generate(prompts) -> RolloutBatch`."""
 
-from gspo_cli.rollout.base import RolloutBatch, response_logprobs
+from __future__ import annotations
+
+from gspo_cli.errors import SpecError
+from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, logprob_mismatch, response_logprobs
 from gspo_cli.rollout.hf import HFRolloutEngine
 
-__all__ = ["HFRolloutEngine", "RolloutBatch", "response_logprobs"]
+__all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch", "make_engine",
+           "response_logprobs"]
+
+
+def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0) -> RolloutEngine:
+    """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
+    `model_dir` is the HF directory `model` was loaded from (vLLM starts from it)."""
+    if cfg.engine == "hf":
+        return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise SpecError("rollout.engine: vllm runs in-process with one trainer; under torchrun use engine: hf")
+    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine  # imports vllm itself, only now
+
+    return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
+                             temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -17,6 +18,9 @@ class RolloutBatch:
     prompt_len: int  # P
     completions: list[str]  # decoded responses, special tokens removed
     truncated: torch.Tensor  # (B,) bool, True where no EOS was produced
+    # (B, C) float32: the sampler's own log-prob of each response token (temperature applied),
+    # 0 on padding; None for engines that sample with the trainer's model (hf).
+    engine_logp: torch.Tensor | None = None
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -32,7 +36,16 @@ class RolloutBatch:
             input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],
             response_mask=self.response_mask[idx], prompt_len=self.prompt_len,
             completions=[self.completions[i] for i in idx.tolist()], truncated=self.truncated[idx],
+            engine_logp=None if self.engine_logp is None else self.engine_logp[idx],
         )
+
+
+class RolloutEngine(Protocol):
+    """What the trainer and evaluation need from a sampler."""
+
+    tokenizer: object
+
+    def generate(self, prompts: list[str]) -> RolloutBatch: ...
 
 
 @dataclass
@@ -56,3 +69,14 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with
     logp_BC = logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     ent_BC = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
     return LogProbs(logp=logp_BC, entropy=ent_BC, aux_loss=getattr(out, "aux_loss", None))
+
+
+def logprob_mismatch(engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor,
+                     mask_BC: torch.Tensor) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the trainer's for the same tokens:
+    mean and max of |engine - trainer| over response tokens (nats). Both (B, C); an
+    empty mask gives zeros. A gap here biases every importance ratio before any update."""
+    diff = (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+    if diff.numel() == 0:
+        return {"rollout/logprob_diff_mean": 0.0, "rollout/logprob_diff_max": 0.0}
+    return {"rollout/logprob_diff_mean": diff.mean().item(), "rollout/logprob_diff_max": diff.max().item()}

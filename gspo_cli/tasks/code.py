@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import random
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -106,7 +107,7 @@ _SAFE_BUILTINS = {"max": max, "min": min, "sum": sum, "len": len, "sorted": sort
 
 def _stdout_of(expr: str, env: dict) -> str:
     """What `print(expr)` writes, computed here (the expression is ours, not a model's)."""
-    values = eval(f"({expr},)", {"__builtins__": _SAFE_BUILTINS}, env)  # noqa: S307
+    values = eval(f"({expr},)", {"__builtins__": _SAFE_BUILTINS}, env)
     return " ".join(str(v) for v in values) + "\n"
 
 

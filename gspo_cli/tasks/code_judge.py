@@ -23,9 +23,10 @@ import secrets
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Literal, Sequence
+from typing import Literal
 
 from gspo_cli.tasks.sandbox import Job, RunResult, detect_isolation, run_many
 

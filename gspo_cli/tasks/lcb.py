@@ -21,10 +21,11 @@ import io
 import json
 import pickle
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from gspo_cli.tasks.code_judge import TestCase
 
@@ -37,10 +38,10 @@ class UnsafePickle(ValueError):
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # noqa: D102 - the whole point
+    def find_class(self, module: str, name: str):
         raise UnsafePickle(f"refused global {module}.{name}")
 
-    def persistent_load(self, pid):  # noqa: D102
+    def persistent_load(self, pid):
         raise UnsafePickle("refused persistent id")
 
 

@@ -52,11 +52,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 Status = Literal["ok", "timeout", "runtime_error", "memory", "output_limit", "killed"]
 
