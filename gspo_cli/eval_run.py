@@ -15,13 +15,19 @@ import json
 import re
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gspo_cli.config import ExperimentSpec, ModelConfig, TaskConfig, load_spec
 from gspo_cli.errors import SpecError
-from gspo_cli.evaluate import ProblemResult, sample_completions, score_problems, summarize
+from gspo_cli.evaluate import (
+    ProblemResult,
+    sample_completions,
+    score_problems,
+    summarize,
+)
 from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
 from gspo_cli.tasks import TASKS, Task, make_task
 

@@ -16,9 +16,10 @@ Torch is imported only to sample: scoring a file of completions needs no model.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import comb
-from typing import Any, Callable
+from typing import Any
 
 from gspo_cli.tasks import Problem, Score, Task
 
@@ -73,17 +74,29 @@ class ProblemResult:
         if self.extracted is not None:
             out["extracted"] = self.extracted
             out["majority_correct"] = self.majority_correct()
-        if self.problem.meta:
-            out["meta"] = self.problem.meta
+        rating = problem_rating(self.problem)  # not all of meta: code problems keep their tests there
+        if rating is not None:
+            out["rating"] = rating
         return out
 
 
 def score_problems(task: Task, problems: list[Problem], completions: list[list[str]]) -> list[ProblemResult]:
-    """Verdicts for `completions[i]` (K samples) of `problems[i]`."""
+    """Verdicts for `completions[i]` (K samples) of `problems[i]`.
+
+    Tasks with a `score_batch(problems, completions)` (code: programs judged in parallel) get
+    every sample in one call; the others are scored one completion at a time.
+    """
+    flat_p = [p for p, cs in zip(problems, completions) for _ in cs]
+    flat_c = [c for cs in completions for c in cs]
+    batch = getattr(task, "score_batch", None)
+    flat_s = list(batch(flat_p, flat_c)) if batch else [task.score(p, c) for p, c in zip(flat_p, flat_c)]
     extract: Callable[[str], str | None] | None = getattr(task, "extract_answer", None)
-    return [ProblemResult(problem=p, completions=list(cs), scores=[task.score(p, c) for c in cs],
-                          extracted=[extract(c) for c in cs] if extract else None)
-            for p, cs in zip(problems, completions)]
+    out, i = [], 0
+    for p, cs in zip(problems, completions):
+        out.append(ProblemResult(problem=p, completions=list(cs), scores=flat_s[i:i + len(cs)],
+                                 extracted=[extract(c) for c in cs] if extract else None))
+        i += len(cs)
+    return out
 
 
 def summarize(results: list[ProblemResult]) -> dict[str, float]:
