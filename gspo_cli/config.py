@@ -17,51 +17,29 @@ from gspo_cli.errors import SpecError
 # ---------------------------------------------------------------------------------------
 # Presets: the paper's settings (arXiv:2507.18071, section 5.1). An arm extends one and
 # may override any field.
+_PAPER_GRPO: dict[str, Any] = {
+    "loss": "grpo",
+    "clip_low": 0.2,
+    "clip_high": 0.27,
+    "aggregation": "seq_mean_token_mean",
+    "mini_batches": 4,
+    "epochs": 1,
+    "routing_replay": "off",
+    "kl_coef": 0.0,
+    "advantage": "grpo",
+}
+_PAPER_GSPO: dict[str, Any] = {
+    **_PAPER_GRPO,
+    "loss": "gspo",
+    "clip_low": 3e-4,
+    "clip_high": 4e-4,
+    "aggregation": "seq_mean_token_mean",  # = plain mean over sequences for GSPO
+}
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper-grpo": {
-        "loss": "grpo",
-        "clip_low": 0.2,
-        "clip_high": 0.27,
-        "aggregation": "seq_mean_token_mean",
-        "mini_batches": 4,
-        "epochs": 1,
-        "routing_replay": "off",
-        "kl_coef": 0.0,
-        "advantage": "grpo",
-    },
-    "paper-grpo-rr": {
-        "loss": "grpo",
-        "clip_low": 0.2,
-        "clip_high": 0.27,
-        "aggregation": "seq_mean_token_mean",
-        "mini_batches": 4,
-        "epochs": 1,
-        "routing_replay": "r2",
-        "kl_coef": 0.0,
-        "advantage": "grpo",
-    },
-    "paper-gspo": {
-        "loss": "gspo",
-        "clip_low": 3e-4,
-        "clip_high": 4e-4,
-        "aggregation": "seq_mean_token_mean",  # = plain mean over sequences for GSPO
-        "mini_batches": 4,
-        "epochs": 1,
-        "routing_replay": "off",
-        "kl_coef": 0.0,
-        "advantage": "grpo",
-    },
-    "paper-gspo-token": {
-        "loss": "gspo_token",
-        "clip_low": 3e-4,
-        "clip_high": 4e-4,
-        "aggregation": "seq_mean_token_mean",
-        "mini_batches": 4,
-        "epochs": 1,
-        "routing_replay": "off",
-        "kl_coef": 0.0,
-        "advantage": "grpo",
-    },
+    "paper-grpo": _PAPER_GRPO,
+    "paper-grpo-rr": {**_PAPER_GRPO, "routing_replay": "r2"},
+    "paper-gspo": _PAPER_GSPO,
+    "paper-gspo-token": {**_PAPER_GSPO, "loss": "gspo_token"},
 }
 
 LOSS_NAMES = ("grpo", "gspo", "gspo_token")

@@ -179,16 +179,9 @@ def test_bad_completion_files_are_one_line(tmp_path):
 
 # --- a real run: sampling from a tiny trained model ------------------------------------
 
-class Quiet:
-    def log(self, msg): pass
-    def run_started(self, name, total): pass
-    def step_done(self, name, m): pass
-    def run_finished(self, name, status, summary): pass
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from test_train_e2e import TINY
+    from test_train_e2e import TINY, Quiet
 
     from gspo_cli.config import spec_from_dict
     from gspo_cli.train import train_experiment
