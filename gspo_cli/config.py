@@ -157,6 +157,8 @@ class RolloutConfig(_Strict):
                 problems.append("use_engine_logprobs: needs engine: vllm (the hf engine returns no log-probs)")
             if self.vllm:
                 problems.append("vllm: engine arguments given but engine is not vllm")
+        elif self.temperature > 2:
+            problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
         for key in self.vllm:
             if key in VLLM_RESERVED_KWARGS:
                 problems.append(f"vllm.{key}: set by gspo-cli itself (from the model and rollout settings)")

@@ -34,6 +34,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "share of (token, layer, slot) expert choices that differ between pi_old and the current "
         "policy on the same rollout, over forwards after at least one update", "fraction"),
     "moe/aux_loss": ("router load-balancing loss (only when router_aux_loss_coef > 0)", "loss"),
+    "rollout/logprob_diff_mean": ("|engine - trainer| log-prob of the sampled tokens, mean over response tokens "
+                                  "(vLLM engine only)", "nats"),
+    "rollout/logprob_diff_max": ("|engine - trainer| log-prob of the sampled tokens, max (vLLM engine only)", "nats"),
+    "policy/skipped_minibatches": ("non-finite mini-batches dropped this step (divergence.skip_bad_batches)", "count"),
     "time/rollout_s": ("generation time", "s"),
     "time/score_s": ("verifier time", "s"),
     "time/old_logp_s": ("old-policy log-prob pass (and route recording)", "s"),

@@ -37,7 +37,13 @@ from gspo_cli.models.routing import (
     routes_from_BT,
     routes_to_BT,
 )
-from gspo_cli.rollout import RolloutBatch, RolloutEngine, logprob_mismatch, make_engine, response_logprobs
+from gspo_cli.rollout import (
+    RolloutBatch,
+    RolloutEngine,
+    logprob_mismatch,
+    make_engine,
+    response_logprobs,
+)
 from gspo_cli.tasks import Task
 
 

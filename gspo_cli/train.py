@@ -260,6 +260,10 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
     except Exception as err:  # a bug: keep the traceback in run.json, then let it surface
         finish("failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
         raise
+    finally:
+        close = getattr(ctx.engine, "close", None)  # a vLLM engine holds memory until closed
+        if close is not None:
+            close()
     finish("completed", summary=summary)
     reporter.run_finished(name, "completed", summary)
     return RunResult(arm.name, seed, str(rd.path), "completed", summary)

@@ -245,16 +245,22 @@ def test_partial_reward_and_format_weight():
     assert strict.score(prob, fence("a,b=map(int,input().split())\nprint(2*b)")).reward == 0.0
 
 
-def test_splits_are_disjoint_by_program_and_eval_is_fixed():
+def test_splits_are_disjoint_and_eval_is_fixed():
     task = make_task("code", {})
     ev = task.eval_problems(64)
     assert len(ev) == 64 and len({p.id for p in ev}) == 64
     assert [p.id for p in ev] == [p.id for p in task.eval_problems(64)]
-    assert all(in_eval_split(p.answer, 0.1) for p in ev)  # the answer is the reference program
-    train_programs = {p.answer for p in task.train_problems(random.Random(3), 3000)}
-    assert not train_programs & {p.answer for p in ev}
+    assert all(in_eval_split(p.id, 0.1) for p in ev)
+    assert not {p.id for p in task.train_problems(random.Random(3), 3000)} & {p.id for p in ev}
     a = task.train_problems(random.Random(7), 10)
     assert [p.id for p in a] == [p.id for p in task.train_problems(random.Random(7), 10)]
+
+
+def test_heldout_programs_are_never_trained_on():
+    task = make_task("code", {"heldout": "program", "eval_fraction": 0.2})
+    ev = task.eval_problems(64)
+    assert all(in_eval_split(p.answer, 0.2) for p in ev)  # the answer is the reference program
+    assert not {p.answer for p in task.train_problems(random.Random(3), 3000)} & {p.answer for p in ev}
 
 
 def test_score_never_raises_on_garbage():

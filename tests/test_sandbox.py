@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gspo_cli.errors import RunError
 from gspo_cli.tasks import sandbox
 from gspo_cli.tasks.sandbox import Job, detect_isolation, run_many, run_program
 
@@ -280,3 +281,13 @@ class TestBasicIsolation:
     def test_plain_program(self):
         res, _, _ = _run("print(input()[::-1])", "abc\n")
         assert (res.status, res.stdout) == ("ok", "cba\n")
+
+
+def test_an_unusable_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("GSPO_SANDBOX_PYTHON", "/nonexistent/python3")
+    try:
+        with pytest.raises(RunError, match="GSPO_SANDBOX_PYTHON"):
+            sandbox.reset_isolation()
+    finally:
+        monkeypatch.delenv("GSPO_SANDBOX_PYTHON")
+        sandbox.reset_isolation()

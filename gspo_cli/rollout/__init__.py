@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from gspo_cli.errors import SpecError
-from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, logprob_mismatch, response_logprobs
+from gspo_cli.rollout.base import (
+    RolloutBatch,
+    RolloutEngine,
+    logprob_mismatch,
+    response_logprobs,
+)
 from gspo_cli.rollout.hf import HFRolloutEngine
 
 __all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch", "make_engine",
@@ -19,7 +24,9 @@ def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32"
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         raise SpecError("rollout.engine: vllm runs in-process with one trainer; under torchrun use engine: hf")
-    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine  # imports vllm itself, only now
+    from gspo_cli.rollout.vllm_engine import (
+        VLLMRolloutEngine,  # imports vllm itself, only now
+    )
 
     return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
                              temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm)

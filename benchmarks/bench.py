@@ -1,0 +1,704 @@
+"""`make bench`: one RL step of gspo-cli next to the same step in TRL's GRPOTrainer.
+
+Equal work on both sides: the built-in tiny MoE of the quickstart (its cold-started
+checkpoint, eager experts), the quickstart task's prompts in the same order, G samples per
+prompt, the same max new tokens, pure sampling (temperature 1, no top-k, top-p 1), the same
+number of optimizer steps per rollout (our `mini_batches` = TRL's `steps_per_generation`,
+one epoch = `num_iterations=1`), GSPO's sequence ratio with the paper's clip range and
+aggregation (TRL: `importance_sampling_level="sequence"`, `loss_type="grpo"`), no KL, no
+router load-balancing loss, fp32, no gradient checkpointing, no logging, no saving, the
+same optimizer (AdamW, constant lr, grad clip 1) and a reward that is our task's scorer.
+
+Each side runs in its own process (so its peak RSS is its own), the two alternating over
+several repetitions so that load from other users of the box hits both alike; times are
+medians over the measured steps of every repetition, after warm-up steps. Other parts
+(arm overheads, scaling with group size and response length) run our trainer only, with
+the variants interleaved step by step in one process for the same reason.
+
+    python benchmarks/bench.py                 # everything below, ~5-10 min on 2 cores
+    python benchmarks/bench.py --quick         # a smoke run: 1 repetition, tiny sizes
+    python benchmarks/bench.py --quickstart-full   # only: time the whole quickstart from a cold cache
+                                                   # (-> quickstart.json, shown in later reports)
+
+Results: benchmarks/results/bench.md (the table, also printed) and bench.json (every
+measurement), profile_<arm>.txt (cProfile of a few of our steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import random
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
+RESULT_TAG = "BENCH_RESULT "
+SHARED_LOAD = 2.5  # 1-minute load average above which the box counts as shared (2 cores)
+
+
+# ---------------------------------------------------------------------------------------
+# Sizes and specs
+
+
+def base_raw(*, prompts: int, group: int, max_new: int, mini_batches: int, steps: int, preset: str) -> dict:
+    """The quickstart spec (model, task, optimizer) with the benchmark's rollout sizes and one arm."""
+    import yaml
+
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["rollout"].update(prompts_per_step=prompts, group_size=group, max_new_tokens=max_new, temperature=1.0)
+    raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0)
+    raw["arms"] = [{"name": preset, "preset": preset, "mini_batches": mini_batches, "epochs": 1}]
+    return raw
+
+
+def load_spec_and_task(raw: dict):
+    from gspo_cli.config import spec_from_dict
+    from gspo_cli.tasks import make_task
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = spec_from_dict(raw)
+    return spec, make_task(spec.task.name, spec.task.params)
+
+
+def model_source(spec, task) -> str:
+    from gspo_cli.models import resolve_model_source
+
+    return resolve_model_source(spec.model, task, log=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# ---------------------------------------------------------------------------------------
+# Workers (each runs in its own process; the last stdout line is its JSON result)
+
+
+def worker_ours(cfg: dict) -> dict:
+    """Our trainer: setup() once, then train_step() for warm-up + measured steps."""
+    import torch
+
+    from gspo_cli.step import setup, train_step
+
+    raw = base_raw(prompts=cfg["prompts"], group=cfg["group"], max_new=cfg["max_new"],
+                   mini_batches=cfg["mini_batches"], steps=cfg["warmup"] + cfg["steps"], preset=cfg["preset"])
+    spec, task = load_spec_and_task(raw)
+    source = model_source(spec, task)
+    t0 = time.perf_counter()
+    ctx = setup(spec, spec.arms[0], cfg["seed"], task, source)
+    setup_s = time.perf_counter() - t0
+    B = cfg["prompts"] * cfg["group"]
+    steps = []
+    for i in range(1, cfg["warmup"] + cfg["steps"] + 1):
+        m = train_step(ctx, i)
+        if i > cfg["warmup"]:
+            steps.append(_our_step_record(m, B))
+    return {"side": "ours", "preset": cfg["preset"], "setup_s": setup_s, "steps": steps,
+            "peak_rss_mb": peak_rss_mb(), "torch_threads": torch.get_num_threads()}
+
+
+def _our_step_record(m: dict, B: int) -> dict:
+    gen_tokens = m["response/length_mean"] * B
+    return {
+        "step_s": m["time/step_s"], "rollout_s": m["time/rollout_s"], "score_s": m["time/score_s"],
+        "old_logp_s": m["time/old_logp_s"], "update_s": m["time/update_s"],
+        "gen_tokens": gen_tokens, "gen_tok_per_s": gen_tokens / max(m["time/rollout_s"], 1e-9),
+        "length_mean": m["response/length_mean"], "reward_mean": m["reward/mean"],
+    }
+
+
+def worker_trl(cfg: dict) -> dict:
+    """TRL's GRPOTrainer doing the same GSPO step; one "round" = one generation + its updates."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOConfig, GRPOTrainer
+
+    hf_logging.set_verbosity_error()
+    raw = base_raw(prompts=cfg["prompts"], group=cfg["group"], max_new=cfg["max_new"],
+                   mini_batches=cfg["mini_batches"], steps=cfg["warmup"] + cfg["steps"], preset=cfg["preset"])
+    spec, task = load_spec_and_task(raw)
+    source = model_source(spec, task)
+    arm = spec.arms[0]
+    rounds = cfg["warmup"] + cfg["steps"]
+    mb = cfg["mini_batches"]
+
+    torch.manual_seed(cfg["seed"])
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(source, experts_implementation="eager", dtype=torch.float32)
+    model.config.router_aux_loss_coef = 0.0
+    model.config.output_router_logits = False
+    tok = AutoTokenizer.from_pretrained(source)
+    tok.padding_side = "left"
+
+    # The prompts our trainer draws: train_problems(Random(seed), prompts) once per step, in order.
+    rng = random.Random(cfg["seed"])
+    problems = [p for _ in range(rounds + 1) for p in task.train_problems(rng, cfg["prompts"])]
+    dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "pid": list(range(len(problems)))})
+
+    def task_reward(prompts, completions, pid, **_):
+        return [task.score(problems[i], c).reward for i, c in zip(pid, completions)]
+
+    out_dir = tempfile.mkdtemp(prefix="gspo-bench-trl-")
+    opt = spec.optimizer
+    args = GRPOConfig(
+        output_dir=out_dir, seed=cfg["seed"], use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, report_to="none", logging_strategy="no", save_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=False,
+        max_steps=mb * rounds,
+        # one rollout = prompts x group completions, split into `mb` optimizer steps, one epoch
+        per_device_train_batch_size=cfg["prompts"] * cfg["group"] // mb, gradient_accumulation_steps=1,
+        steps_per_generation=mb, num_iterations=arm.epochs, num_generations=cfg["group"],
+        max_completion_length=cfg["max_new"], temperature=1.0, top_k=0, top_p=1.0, min_p=None,
+        repetition_penalty=1.0,
+        loss_type="grpo", importance_sampling_level="sequence" if arm.loss == "gspo" else "token",
+        epsilon=arm.clip_low, epsilon_high=arm.clip_high, beta=0.0, router_aux_loss_coef=0.0,
+        learning_rate=opt.lr, weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2,
+        max_grad_norm=opt.grad_clip, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=task_reward, args=args, train_dataset=dataset,
+                          processing_class=tok)
+    setup_s = time.perf_counter() - t0
+
+    # Phase timers: wrap the trainer's own methods (instance attributes shadow the class's).
+    phases: dict[str, list[float]] = {"prep": [], "gen": [], "reward": []}
+    gen_tokens: list[int] = []
+
+    def timed(name, fn, count_tokens=False):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            phases[name].append(time.perf_counter() - t)
+            if count_tokens:
+                gen_tokens.append(sum(len(c) for c in out[1]))  # completion ids up to and incl. EOS
+            return out
+        return wrapper
+
+    trainer._generate_and_score_completions = timed("prep", trainer._generate_and_score_completions)
+    trainer._generate = timed("gen", trainer._generate, count_tokens=True)
+    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
+
+    marks: list[float] = []
+
+    class Marks(TrainerCallback):
+        def on_train_begin(self, *a, **kw):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, *a, **kw):
+            marks.append(time.perf_counter())
+
+    trainer.add_callback(Marks())
+    trainer.train()
+    shutil.rmtree(out_dir, ignore_errors=True)
+
+    steps = []
+    B = cfg["prompts"] * cfg["group"]
+    for r in range(cfg["warmup"], rounds):
+        step_s = marks[(r + 1) * mb] - marks[r * mb]
+        gen, reward, prep = phases["gen"][r], phases["reward"][r], phases["prep"][r]
+        steps.append({
+            "step_s": step_s, "rollout_s": gen, "score_s": reward, "old_logp_s": prep - gen - reward,
+            "update_s": step_s - prep, "gen_tokens": gen_tokens[r], "gen_tok_per_s": gen_tokens[r] / max(gen, 1e-9),
+            "length_mean": gen_tokens[r] / B,
+        })
+    import trl
+
+    return {"side": "trl", "preset": cfg["preset"], "trl_version": trl.__version__, "setup_s": setup_s,
+            "steps": steps, "peak_rss_mb": peak_rss_mb(), "torch_threads": torch.get_num_threads()}
+
+
+def worker_variants(cfg: dict) -> dict:
+    """Several of our configurations in one process, stepped round-robin (rotating order),
+    so that load changes on the box affect them alike. Variant keys: label, preset, group,
+    max_new, ignore_eos (sample exactly max_new tokens: only the rollout's stopping rule
+    changes; rewards and the loss still end at the first EOS)."""
+    from gspo_cli.step import setup, train_step
+
+    ctxs = []
+    for v in cfg["variants"]:
+        raw = base_raw(prompts=cfg["prompts"], group=v["group"], max_new=v["max_new"],
+                       mini_batches=cfg["mini_batches"], steps=cfg["rounds"], preset=v["preset"])
+        spec, task = load_spec_and_task(raw)
+        ctx = setup(spec, spec.arms[0], cfg["seed"], task, model_source(spec, task))
+        if v.get("ignore_eos"):
+            # an id no sampled token can equal: generate() then never stops early
+            ctx.engine.gen_config.eos_token_id = len(ctx.engine.tokenizer) + 1000
+        ctxs.append(ctx)
+    records: dict[str, list[dict]] = {v["label"]: [] for v in cfg["variants"]}
+    n = len(ctxs)
+    for r in range(cfg["rounds"]):
+        for j in range(n):
+            k = (j + r) % n
+            v = cfg["variants"][k]
+            m = train_step(ctxs[k], r + 1)
+            if r >= cfg["warmup"]:
+                rec = _our_step_record(m, cfg["prompts"] * v["group"])
+                rec["round"] = r
+                records[v["label"]].append(rec)
+    return {"side": "ours-variants", "records": records, "peak_rss_mb": peak_rss_mb()}
+
+
+def worker_profile(cfg: dict) -> dict:
+    """cProfile of a few of our steps (after warm-up) for one arm; writes profile_<preset>.txt."""
+    from gspo_cli.step import setup, train_step
+
+    raw = base_raw(prompts=cfg["prompts"], group=cfg["group"], max_new=cfg["max_new"],
+                   mini_batches=cfg["mini_batches"], steps=cfg["warmup"] + cfg["steps"], preset=cfg["preset"])
+    spec, task = load_spec_and_task(raw)
+    ctx = setup(spec, spec.arms[0], cfg["seed"], task, model_source(spec, task))
+    for i in range(1, cfg["warmup"] + 1):
+        train_step(ctx, i)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for i in range(cfg["warmup"] + 1, cfg["warmup"] + cfg["steps"] + 1):
+        train_step(ctx, i)
+    prof.disable()
+    total = time.perf_counter() - t0
+    stats = pstats.Stats(prof)
+    buckets = profile_buckets(stats, total)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+    text2 = io.StringIO()
+    pstats.Stats(prof, stream=text2).sort_stats("tottime").print_stats(30)
+    path = Path(cfg["out_dir"]) / f"profile_{cfg['preset']}.txt"
+    lines = [(f"cProfile of {cfg['steps']} steps of {cfg['preset']} after {cfg['warmup']} warm-up "
+             f"({cfg['prompts']} prompts x {cfg['group']}, max_new_tokens {cfg['max_new']}, "
+             f"{cfg['mini_batches']} mini-batches); profiled wall time {total:.2f} s "
+             "(cProfile inflates Python-heavy code)."), "", "Buckets (cumulative time, share of profiled time):"]
+    lines += [f"  {b['share']:6.1%}  {b['seconds']:7.3f} s  {b['label']}  [{b['where']}]" for b in buckets]
+    lines += ["", "Top by cumulative time:", text.getvalue(), "Top by own time:", text2.getvalue()]
+    path.write_text("\n".join(lines))
+    return {"side": "profile", "preset": cfg["preset"], "total_s": total, "buckets": buckets, "file": str(path)}
+
+
+# (label, filename suffix, function name): cumulative times out of cProfile, nested ones included.
+PROFILE_BUCKETS = [
+    ("rollout: HFRolloutEngine.generate", "gspo_cli/rollout/hf.py", "generate"),
+    ("  transformers generate() sampling loop", "transformers/generation/utils.py", "_sample"),
+    ("  tokenizer encode/decode (batch_decode)", "transformers/tokenization_utils_base.py", "batch_decode"),
+    ("scoring: task.score", "gspo_cli/tasks/math.py", "score"),
+    ("log-prob forwards: response_logprobs (old + every mini-batch)", "gspo_cli/rollout/base.py", "response_logprobs"),
+    ("  model forward: Qwen3MoeForCausalLM.forward", "qwen3_moe/modeling_qwen3_moe.py", "forward"),
+    ("  eager experts loop (Qwen3MoeExperts.forward)", "transformers/integrations/moe.py", "forward"),
+    ("routing hooks (record / replay)", "gspo_cli/models/routing.py", "hook"),
+    ("  replay rescoring (_rescore)", "gspo_cli/models/routing.py", "_rescore"),
+    ("expert_change_frac (volatility metric)", "gspo_cli/models/routing.py", "expert_change_frac"),
+    ("policy loss function", "gspo_cli/algorithms/losses.py", None),
+    ("backward (loss.backward)", "torch/_tensor.py", "backward"),
+    ("clip_grad_norm_", "torch/nn/utils/clip_grad.py", "clip_grad_norm_"),
+    ("optimizer.step (AdamW)", "torch/optim/optimizer.py", "wrapper"),
+    ("mini-batch update (_update, all of it)", "gspo_cli/step.py", "_update"),
+    ("_StatAccumulator.add (stat .item() syncs)", "gspo_cli/step.py", "add"),
+]
+
+
+def profile_buckets(stats: pstats.Stats, total: float) -> list[dict]:
+    out = []
+    for label, suffix, func in PROFILE_BUCKETS:
+        best = None
+        for (fname, line, name), (cc, nc, tt, ct, callers) in stats.stats.items():
+            if not fname.replace("\\", "/").endswith(suffix):
+                continue
+            if func is not None and name != func:
+                continue
+            if func is None and name.startswith("_"):
+                continue
+            # the outermost matching entry (largest cumulative time) stands for the bucket,
+            # except for loss functions (several registered functions, one used): take the max too
+            if best is None or ct > best[1]:
+                best = (f"{Path(fname).name}:{line} {name}", ct)
+        if best is not None:
+            out.append({"label": label, "where": best[0], "seconds": round(best[1], 4),
+                        "share": round(best[1] / total, 4) if total else None})
+    return out
+
+
+WORKERS = {"ours": worker_ours, "trl": worker_trl, "variants": worker_variants, "profile": worker_profile}
+
+
+# ---------------------------------------------------------------------------------------
+# The orchestrator
+
+
+def run_worker(kind: str, cfg: dict, log) -> dict:
+    env = dict(os.environ)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONWARNINGS"] = "ignore"
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--worker", kind, json.dumps(cfg)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise SystemExit(f"bench: worker {kind} {cfg.get('preset', '')} failed (exit {proc.returncode})")
+    res = json.loads(lines[-1][len(RESULT_TAG):])
+    res["process_wall_s"] = wall
+    res["loadavg_after"] = loadavg()
+    log(f"  {kind:8s} {cfg.get('preset', ''):14s} done in {wall:5.1f} s (load {res['loadavg_after']:.2f})")
+    return res
+
+
+def summarize_side(runs: list[dict]) -> dict:
+    steps = [s for r in runs for s in r["steps"]]
+    keys = ("step_s", "rollout_s", "score_s", "old_logp_s", "update_s", "gen_tok_per_s", "length_mean")
+    out = {k: median([s[k] for s in steps]) for k in keys}
+    out["per_rep_step_s"] = [median([s["step_s"] for s in r["steps"]]) for r in runs]
+    out["peak_rss_mb"] = median([r["peak_rss_mb"] for r in runs])
+    out["peak_rss_mb_max"] = max(r["peak_rss_mb"] for r in runs)
+    out["setup_s"] = median([r["setup_s"] for r in runs])
+    out["n_steps"] = len(steps)
+    return out
+
+
+def paired_ratio(records: dict, a: str, b: str, key: str = "step_s"):
+    """Median over rounds of a/b, the two measured in the same round (adjacent in time)."""
+    by_round = {r["round"]: r[key] for r in records[b]}
+    ratios = [r[key] / by_round[r["round"]] for r in records[a] if by_round.get(r["round"])]
+    return median(ratios)
+
+
+def quickstart_memory(steps: int, log) -> dict:
+    """Peak RSS (and wall time) of `gspo train experiments/quickstart.yaml --set train.steps=N`."""
+    gspo = Path(sys.executable).parent / "gspo"
+    with tempfile.TemporaryDirectory(prefix="gspo-bench-qs-") as out:
+        cmd = ["/usr/bin/time", "-v", str(gspo), "train", str(QUICKSTART), "--set", f"train.steps={steps}",
+               "-o", out]
+        return _timed_command(cmd, log, label=f"quickstart train, {steps} steps (cached cold start)")
+
+
+def _timed_command(cmd: list[str], log, label: str, env=None) -> dict:
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"bench: {' '.join(cmd)} failed (exit {proc.returncode})")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    res = {"command": " ".join(cmd[2:]) if cmd[0].endswith("time") else " ".join(cmd), "wall_s": wall,
+           "max_rss_mb": int(rss.group(1)) / 1024 if rss else None, "loadavg_after": loadavg()}
+    log(f"  {label}: {wall:.1f} s, max RSS {res['max_rss_mb'] or float('nan'):.0f} MB")
+    return res
+
+
+def quickstart_full(log) -> dict:
+    """What `make run` does after setup, from an empty model cache (cold start included)."""
+    gspo = str(Path(sys.executable).parent / "gspo")
+    load0 = loadavg()
+    with tempfile.TemporaryDirectory(prefix="gspo-bench-qsfull-") as tmp:
+        env = {**os.environ, "GSPO_CACHE_DIR": str(Path(tmp) / "cache")}
+        out = Path(tmp) / "results"
+        t = time.perf_counter()
+        train = _timed_command(["/usr/bin/time", "-v", gspo, "train", str(QUICKSTART), "-o", str(out)], log,
+                               label="quickstart train, full, cold cache", env=env)
+        _timed_command([gspo, "compare", str(out / "quickstart")], log, label="compare", env=env)
+        _timed_command([gspo, "plot", str(out / "quickstart")], log, label="plot", env=env)
+        total = time.perf_counter() - t
+        cold = json.loads(next((Path(tmp) / "cache" / "models").glob("*/cold_start.json")).read_text())
+    load1 = loadavg()
+    return {"when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "train": train, "total_s": total,
+            "cold_start_s": cold.get("seconds"), "load": {"start": load0, "end": load1},
+            "shared": max(load0, load1) > SHARED_LOAD}
+
+
+def orchestrate(a) -> dict:
+    a.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    loads = [loadavg()]
+
+    def log(msg):
+        print(msg, flush=True)
+        loads.append(loadavg())
+
+    common = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new_tokens, "mini_batches": a.mini_batches,
+              "seed": a.seed}
+    log(f"gspo bench: {a.prompts} prompts x {a.group} samples, max {a.max_new_tokens} new tokens, "
+        f"{a.mini_batches} mini-batches, {a.warmup} warm-up + {a.steps} measured steps, {a.reps} repetitions; "
+        f"load average {loads[0]:.2f} on {os.cpu_count()} cores")
+
+    # The model (cold start on first use, cached afterwards) is built once, before any timing.
+    t = time.perf_counter()
+    raw = base_raw(prompts=a.prompts, group=a.group, max_new=a.max_new_tokens, mini_batches=a.mini_batches,
+                   steps=1, preset="paper-gspo")
+    spec, task = load_spec_and_task(raw)
+    source = model_source(spec, task)
+    log(f"model: {source} ({time.perf_counter() - t:.1f} s to resolve)")
+
+    # 1. Ours vs TRL, one process each, alternating which goes first.
+    log("1/5 ours vs TRL (GSPO), alternating processes")
+    side_cfg = {**common, "preset": "paper-gspo", "warmup": a.warmup, "steps": a.steps}
+    runs = {"ours": [], "trl": []}
+    for rep in range(a.reps):
+        for side in (("ours", "trl") if rep % 2 == 0 else ("trl", "ours")):
+            runs[side].append(run_worker(side, side_cfg, log))
+    ours, trl = summarize_side(runs["ours"]), summarize_side(runs["trl"])
+
+    # 2. Arm overheads, 3. scaling: our trainer, variants round-robin in one process each.
+    log("2/5 arm overheads (routing replay, GSPO vs GRPO), round-robin in one process")
+    rounds = a.warmup + a.steps * a.reps
+    arm_variants = [{"label": p, "preset": p, "group": a.group, "max_new": a.max_new_tokens}
+                    for p in ("paper-grpo", "paper-grpo-rr", "paper-gspo")]
+    arms = run_worker("variants", {**common, "variants": arm_variants, "warmup": a.warmup, "rounds": rounds}, log)
+    log("3/5 scaling with group size and response length, round-robin in one process")
+    g_sizes = sorted({max(2, a.group // 2), a.group, a.group * 2})
+    t_sizes = sorted({max(4, a.max_new_tokens // 3), 2 * a.max_new_tokens // 3, 4 * a.max_new_tokens // 3})
+    scale_variants = [{"label": f"G={g}", "preset": "paper-gspo", "group": g, "max_new": a.max_new_tokens}
+                      for g in g_sizes]
+    scale_variants += [{"label": f"T={t}", "preset": "paper-gspo", "group": a.group, "max_new": t, "ignore_eos": True}
+                       for t in t_sizes]
+    scale_rounds = a.warmup + max(2, a.steps * a.reps // 2)
+    scaling = run_worker("variants", {**common, "variants": scale_variants, "warmup": a.warmup,
+                                      "rounds": scale_rounds}, log)
+
+    # 4. Quickstart memory (and optionally the whole quickstart from a cold cache).
+    log("4/5 quickstart peak memory")
+    qs_mem = quickstart_memory(a.quickstart_steps, log) if a.quickstart_steps else None
+    qs_file = a.out / "quickstart.json"  # from `bench.py --quickstart-full`, run separately (it takes minutes)
+    qs_full = json.loads(qs_file.read_text()) if qs_file.is_file() else None
+
+    # 5. Profiles of our step.
+    log("5/5 profiles (cProfile) of our step")
+    profiles = [run_worker("profile", {**common, "preset": p, "warmup": a.warmup, "steps": a.profile_steps,
+                                       "out_dir": str(a.out)}, log)
+                for p in ("paper-gspo", "paper-grpo-rr")] if a.profile_steps else []
+
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                 "versions": _versions()},
+        "config": {**common, "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "model_source": source},
+        "load": {"start": loads[0], "max": max(loads), "median": median(loads), "shared": max(loads) > SHARED_LOAD},
+        "ours": ours, "trl": trl,
+        "ratio_ours_over_trl": ours["step_s"] / trl["step_s"],
+        "arms": {lab: _summ(recs) for lab, recs in arms["records"].items()},
+        "rr_overhead": paired_ratio(arms["records"], "paper-grpo-rr", "paper-grpo") - 1,
+        "rr_overhead_update": paired_ratio(arms["records"], "paper-grpo-rr", "paper-grpo", "update_s") - 1,
+        "gspo_vs_grpo": paired_ratio(arms["records"], "paper-gspo", "paper-grpo") - 1,
+        "gspo_vs_grpo_update": paired_ratio(arms["records"], "paper-gspo", "paper-grpo", "update_s") - 1,
+        "scaling": {v["label"]: {**_summ(scaling["records"][v["label"]]), "group": v["group"],
+                                 "max_new": v["max_new"], "ignore_eos": bool(v.get("ignore_eos"))}
+                    for v in scale_variants},
+        "quickstart_memory": qs_mem, "quickstart_full": qs_full,
+        "profiles": profiles,
+        "raw": {"ours": runs["ours"], "trl": runs["trl"], "arms": arms, "scaling": scaling},
+        "bench_wall_s": time.time() - started,
+    }
+    result["load"]["max"] = max(result["load"]["max"], loadavg())
+    result["load"]["shared"] = result["load"]["max"] > SHARED_LOAD
+    return result
+
+
+def _summ(recs: list[dict]) -> dict:
+    keys = ("step_s", "rollout_s", "score_s", "old_logp_s", "update_s", "gen_tok_per_s", "length_mean")
+    return {**{k: median([r[k] for r in recs]) for k in keys}, "n_steps": len(recs)}
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("torch", "transformers", "trl", "accelerate", "gspo-cli"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def fmt_s(x):
+    return "—" if x is None else f"{x:.3f} s"
+
+
+def pct(x):
+    return "—" if x is None else f"{x:+.1%}"
+
+
+def render(r: dict) -> str:
+    c, o, t = r["config"], r["ours"], r["trl"]
+    load = r["load"]
+    lines = [
+        "# gspo-cli vs TRL: one RL step on the built-in tiny MoE",
+        "",
+        (f"{r['when']}; {r['host']['cores']} cores; torch {r['host']['versions']['torch']}, "
+        f"transformers {r['host']['versions']['transformers']}, trl {r['host']['versions']['trl']}. "
+        f"Load average {load['start']:.2f} at start, {load['max']:.2f} at most."),
+        "",
+    ]
+    if load["shared"]:
+        lines += [(f"**The box was shared** (load average up to {load['max']:.2f} > {SHARED_LOAD}): absolute times "
+                  "are inflated; both sides ran interleaved, so ratios are the numbers to read."), ""]
+    lines += [
+        (f"Work per RL step: {c['prompts']} prompts x {c['group']} samples, at most {c['max_new']} new tokens, "
+        f"{c['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip 3e-4/4e-4, "
+        f"seq-mean-token-mean), fp32, eager experts. Medians of {o['n_steps']} (ours) / {t['n_steps']} (TRL) "
+        f"measured steps over {c['reps']} alternating repetitions, after {c['warmup']} warm-up step(s) each."),
+        "",
+        "| | gspo-cli | TRL GRPOTrainer | ours / TRL |",
+        "|---|---:|---:|---:|",
+        f"| wall time per RL step | {fmt_s(o['step_s'])} | {fmt_s(t['step_s'])} | **{r['ratio_ours_over_trl']:.2f}x** |",
+    ]
+    for key, name in (("rollout_s", "generation"), ("score_s", "scoring"),
+                      ("old_logp_s", "old log-probs (+ advantages, TRL: + batch stats)"),
+                      ("update_s", "updates (all mini-batches)")):
+        lines.append(f"| {name} | {fmt_s(o[key])} ({o[key] / o['step_s']:.0%}) | "
+                     f"{fmt_s(t[key])} ({t[key] / t['step_s']:.0%}) | {o[key] / t[key]:.2f}x |")
+    lines += [
+        (f"| generation tokens/s | {o['gen_tok_per_s']:.0f} | {t['gen_tok_per_s']:.0f} | "
+        f"{o['gen_tok_per_s'] / t['gen_tok_per_s']:.2f}x |"),
+        f"| mean response length (tokens) | {o['length_mean']:.1f} | {t['length_mean']:.1f} | |",
+        (f"| peak RSS of the process | {o['peak_rss_mb']:.0f} MB | {t['peak_rss_mb']:.0f} MB | "
+        f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x |"),
+        (f"| per-repetition median step | {', '.join(f'{x:.3f}' for x in o['per_rep_step_s'])} | "
+        f"{', '.join(f'{x:.3f}' for x in t['per_rep_step_s'])} | |"),
+        "",
+        ("Phase shares are of the step's wall time; TRL's phases come from timing its own methods "
+        "(`_generate`, `_calculate_rewards`, `_generate_and_score_completions`) inside each round."),
+        "",
+        "## Our arms (same process, stepped round-robin)",
+        "",
+        "| arm | step | generation | old log-probs | updates | vs paper-grpo (step, paired) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for lab, s in r["arms"].items():
+        vs = {"paper-grpo": "—", "paper-grpo-rr": pct(r["rr_overhead"]), "paper-gspo": pct(r["gspo_vs_grpo"])}[lab]
+        lines.append(f"| {lab} | {fmt_s(s['step_s'])} | {fmt_s(s['rollout_s'])} | {fmt_s(s['old_logp_s'])} | "
+                     f"{fmt_s(s['update_s'])} | {vs} |")
+    lines += [
+        "",
+        (f"Routing replay (paper-grpo-rr vs paper-grpo): {pct(r['rr_overhead'])} step time, "
+        f"{pct(r['rr_overhead_update'])} update time. GSPO vs GRPO loss: {pct(r['gspo_vs_grpo'])} step time, "
+        f"{pct(r['gspo_vs_grpo_update'])} update time. (Medians of per-round ratios; paper-grpo already records "
+        "routes to measure expert volatility, so the difference is the replay itself.)"),
+        "",
+        "## Scaling (paper-gspo, our trainer)",
+        "",
+        ("| group size G | max new tokens T | rollouts | tokens generated per sequence | step | generation | updates "
+        "| step / base |"),
+        "|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    base = r["scaling"].get(f"G={c['group']}", {}).get("step_s")
+    for lab, s in r["scaling"].items():
+        per_seq = f"exactly {s['max_new']} (EOS ignored)" if s["ignore_eos"] else f"{s['length_mean']:.1f} (to EOS)"
+        rel = f"{s['step_s'] / base:.2f}x" if base else "—"
+        lines.append(f"| {s['group']} | {s['max_new']} | {c['prompts'] * s['group']} | {per_seq} | "
+                     f"{fmt_s(s['step_s'])} | {fmt_s(s['rollout_s'])} | {fmt_s(s['update_s'])} | {rel} |")
+    lines += ["", ("The responses of the cold-started model end at EOS after ~20 tokens, so the response-length rows "
+              "sample a fixed number of tokens (EOS ignored while sampling; rewards and the loss still stop at "
+              "the first EOS, but every forward and backward runs over the full width)."), ""]
+    qs = r.get("quickstart_memory")
+    qf = r.get("quickstart_full")
+    if qs or qf:
+        lines += ["## Quickstart", "", "| measurement | wall time | max RSS |", "|---|---:|---:|"]
+        if qs:
+            lines.append(f"| `{qs['command']}` | {qs['wall_s']:.0f} s | {qs['max_rss_mb']:.0f} MB |")
+        if qf:
+            lines.append(f"| quickstart train + compare + plot, empty model cache (cold start "
+                         f"{qf['cold_start_s']:.0f} s included; {qf['when']}, load {qf['load']['start']:.1f}"
+                         f"→{qf['load']['end']:.1f}{', box shared' if qf['shared'] else ''}) | "
+                         f"{qf['total_s']:.0f} s ({qf['total_s'] / 60:.1f} min) | {qf['train']['max_rss_mb']:.0f} MB |")
+        lines.append("")
+    if r.get("profiles"):
+        lines += ["## Where our step's time goes (cProfile, share of profiled time)", ""]
+        for p in r["profiles"]:
+            lines += [f"{p['preset']} ({p['total_s']:.2f} s profiled; details in `{Path(p['file']).name}`):", ""]
+            lines += [f"- {b['share']:.1%} {b['label'].strip()} (`{b['where']}`)" for b in p["buckets"]]
+            lines.append("")
+    lines += ["## Targets", ""]
+    lines += [(f"- ours ≤ 0.5x TRL per RL step: {r['ratio_ours_over_trl']:.2f}x — "
+              f"{'met' if r['ratio_ours_over_trl'] <= 0.5 else 'missed'}"),
+              (f"- routing replay ≤ +10% step time: {pct(r['rr_overhead'])} — "
+              f"{'met' if r['rr_overhead'] <= 0.10 else 'missed'}")]
+    if qs:
+        lines.append(f"- quickstart peak memory ≤ 4 GB: {qs['max_rss_mb']:.0f} MB ({qs['command']}) — "
+                     f"{'met' if qs['max_rss_mb'] <= 4096 else 'missed'}")
+    if qf:
+        lines.append(f"- quickstart ≤ 5 min with cold start: {qf['total_s'] / 60:.1f} min — "
+                     f"{'met' if qf['total_s'] <= 300 else 'missed'}"
+                     + (" (box shared)" if qf["shared"] else ""))
+    lines += ["", (f"Benchmark wall time: {r['bench_wall_s']:.0f} s. Reproduce: `make bench` "
+              "(or `.venv/bin/python benchmarks/bench.py --help`).")]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mini-batches", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps per process, not measured")
+    p.add_argument("--steps", type=int, default=4, help="measured steps per process")
+    p.add_argument("--reps", type=int, default=3, help="alternating repetitions of ours / TRL")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quickstart-steps", type=int, default=20,
+                   help="steps of the quickstart run whose peak RSS is measured (0: skip)")
+    p.add_argument("--quickstart-full", action="store_true",
+                   help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
+                        "quickstart.json, which later bench reports include")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps under cProfile per profiled arm (0: skip)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 1 repetition, small sizes, no quickstart")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for bench.md / bench.json")
+    p.add_argument("--worker", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+
+    if a.worker:
+        kind, cfg = a.worker
+        res = WORKERS[kind](json.loads(cfg))
+        print(RESULT_TAG + json.dumps(res), flush=True)
+        return
+    if a.quickstart_full:
+        a.out.mkdir(parents=True, exist_ok=True)
+        res = quickstart_full(lambda m: print(m, flush=True))
+        (a.out / "quickstart.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps(res, indent=1))
+        return
+    if a.quick:
+        a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
+        a.quickstart_steps, a.profile_steps = 0, 1
+    result = orchestrate(a)
+    text = render(result)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "bench.md").write_text(text)
+    (a.out / "bench.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print()
+    print(text)
+    print(f"wrote {a.out / 'bench.md'} and {a.out / 'bench.json'}")
+
+
+if __name__ == "__main__":
+    main()
