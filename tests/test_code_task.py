@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import random
+import warnings
 import zlib
 from datetime import date
 from pathlib import Path
@@ -101,6 +102,13 @@ def test_syntax_errors_and_missing_code_fail_without_running():
     bad, none = judge_many([("print(", STDIN_SPEC), (None, STDIN_SPEC)])
     assert bad.runtime_error and bad.passed == 0 and not bad.no_code
     assert none.no_code and none.passed == 0
+
+
+def test_the_compile_check_shows_no_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (v,) = judge_many([("a,b=map(int,input().split())\nprint(a+b if 1else 0)", STDIN_SPEC)])
+    assert v.correct and not caught  # "invalid decimal literal" is the model's business
 
 
 def test_timeouts_are_reported_and_not_repeated_per_test():

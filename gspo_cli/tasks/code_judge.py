@@ -22,6 +22,7 @@ import json
 import secrets
 import sys
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,7 +155,10 @@ def compiles(code: str) -> bool:
     if version != sys.version_info[:2]:
         return True
     try:
-        compile(code, "<completion>", "exec", dont_inherit=True)
+        with warnings.catch_warnings():
+            # SyntaxWarnings about a model's code ("invalid decimal literal") are not ours to show.
+            warnings.simplefilter("ignore")
+            compile(code, "<completion>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return False
     return True
