@@ -174,7 +174,9 @@ def _our_step_record(m: dict, B: int) -> dict:
         "step_s": m["time/step_s"], "rollout_s": m["time/rollout_s"], "score_s": m["time/score_s"],
         "old_logp_s": m["time/old_logp_s"], "update_s": m["time/update_s"],
         "gen_tokens": gen_tokens, "gen_tok_per_s": gen_tokens / max(m["time/rollout_s"], 1e-9),
-        "length_mean": m["response/length_mean"], "reward_mean": m["reward/mean"],
+        "length_mean": m["response/length_mean"], "length_max": m["response/length_max"],
+        "gen_ms_per_token_step": 1000 * m["time/rollout_s"] / max(m["response/length_max"], 1),
+        "reward_mean": m["reward/mean"],
     }
 
 
@@ -235,6 +237,7 @@ def worker_trl(cfg: dict) -> None:
     # Phase timers: wrap the trainer's own methods (instance attributes shadow the class's).
     phases: dict[str, list[float]] = {"prep": [], "gen": [], "reward": []}
     gen_tokens: list[int] = []
+    gen_longest: list[int] = []
 
     def timed(name, fn, count_tokens=False):
         def wrapper(*a, **kw):
@@ -243,6 +246,7 @@ def worker_trl(cfg: dict) -> None:
             phases[name].append(time.perf_counter() - t)
             if count_tokens:
                 gen_tokens.append(sum(len(c) for c in out[1]))  # completion ids up to and incl. EOS
+                gen_longest.append(max(len(c) for c in out[1]))
             return out
         return wrapper
 
@@ -271,7 +275,8 @@ def worker_trl(cfg: dict) -> None:
             gen, reward, prep = phases["gen"][r], phases["reward"][r], phases["prep"][r]
             emit({"step_s": step_s, "cpu_s": time.process_time() - self.c0, "rollout_s": gen, "score_s": reward,
                   "old_logp_s": prep - gen - reward, "update_s": step_s - prep, "gen_tokens": gen_tokens[r],
-                  "gen_tok_per_s": gen_tokens[r] / max(gen, 1e-9), "length_mean": gen_tokens[r] / B})
+                  "gen_tok_per_s": gen_tokens[r] / max(gen, 1e-9), "length_mean": gen_tokens[r] / B,
+                  "length_max": gen_longest[r], "gen_ms_per_token_step": 1000 * gen / max(gen_longest[r], 1)})
             if state.global_step < args.max_steps:
                 self._go()
 
@@ -355,45 +360,80 @@ def worker_profile(cfg: dict) -> dict:
     emit({"side": "profile", "preset": cfg["preset"], "total_s": total, "buckets": buckets, "file": str(path)})
 
 
-# (label, filename suffix, function name): cumulative times out of cProfile, nested ones included.
+# (label, filename suffix, function or Class.method): cumulative CPU times out of cProfile.
+# An indented label is part of the row above it.
 PROFILE_BUCKETS = [
-    ("rollout: HFRolloutEngine.generate", "gspo_cli/rollout/hf.py", "generate"),
+    ("rollout: HFRolloutEngine.generate", "gspo_cli/rollout/hf.py", "HFRolloutEngine.generate"),
     ("  transformers generate() sampling loop", "transformers/generation/utils.py", "_sample"),
-    ("  tokenizer encode/decode (batch_decode)", "transformers/tokenization_utils_base.py", "batch_decode"),
-    ("scoring: task.score", "gspo_cli/tasks/math.py", "score"),
-    ("log-prob forwards: response_logprobs (old + every mini-batch)", "gspo_cli/rollout/base.py", "response_logprobs"),
-    ("  model forward: Qwen3MoeForCausalLM.forward", "qwen3_moe/modeling_qwen3_moe.py", "forward"),
-    ("  eager experts loop (Qwen3MoeExperts.forward)", "transformers/integrations/moe.py", "forward"),
-    ("routing hooks (record / replay)", "gspo_cli/models/routing.py", "hook"),
-    ("  replay rescoring (_rescore)", "gspo_cli/models/routing.py", "_rescore"),
-    ("expert_change_frac (volatility metric)", "gspo_cli/models/routing.py", "expert_change_frac"),
-    ("policy loss function", "gspo_cli/algorithms/losses.py", None),
+    ("  KV-cache updates (DynamicCache)", "transformers/cache_utils.py", "update"),
+    ("  decoding completions (batch_decode)", "transformers/tokenization_utils_base.py", "batch_decode"),
+    ("scoring: task.score", "gspo_cli/tasks/math.py", "MathTask.score"),
+    ("log-prob passes: response_logprobs (old-policy pass + one per mini-batch)", "gspo_cli/rollout/base.py",
+     "response_logprobs"),
     ("backward (loss.backward)", "torch/_tensor.py", "backward"),
     ("clip_grad_norm_", "torch/nn/utils/clip_grad.py", "clip_grad_norm_"),
-    ("optimizer.step (AdamW)", "torch/optim/optimizer.py", "wrapper"),
-    ("mini-batch update (_update, all of it)", "gspo_cli/step.py", "_update"),
-    ("_StatAccumulator.add (stat .item() syncs)", "gspo_cli/step.py", "add"),
+    ("optimizer.step (AdamW, single-tensor path on CPU)", "torch/optim/adam.py", "adam"),
+    ("policy loss function", "gspo_cli/algorithms/losses.py", "*_loss"),
+    ("routing hooks (record / replay)", "gspo_cli/models/routing.py", "RoutingController.hook"),
+    ("  replay rescoring (_rescore)", "gspo_cli/models/routing.py", "_rescore"),
+    ("expert_change_frac (volatility metric)", "gspo_cli/models/routing.py", "expert_change_frac"),
+    ("every model forward (generation and log-prob passes)", "qwen3_moe/modeling_qwen3_moe.py",
+     "Qwen3MoeForCausalLM.forward"),
+    ("  decoder layers", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeDecoderLayer.forward"),
+    ("  attention (Qwen3MoeAttention.forward, SDPA + rotary)", "qwen3_moe/modeling_qwen3_moe.py",
+     "Qwen3MoeAttention.forward"),
+    ("  MoE block (router + experts)", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
+    ("  experts, eager loop over experts (Qwen3MoeExperts.forward)", "qwen3_moe/modeling_qwen3_moe.py",
+     "Qwen3MoeExperts.forward"),
+    ("  RMSNorm", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeRMSNorm.forward"),
+    ("our code outside the model and torch: _StatAccumulator.add", "gspo_cli/step.py", "_StatAccumulator.add"),
 ]
 
 
+def _qualname(fname: str, line: int, name: str) -> str:
+    """Class.method for a method defined in a class body (nearest `class` line above), else name."""
+    import linecache
+
+    indent = None
+    for n in range(line, 0, -1):
+        text = linecache.getline(fname, n)
+        if not text.strip():
+            continue
+        if indent is None:
+            indent = len(text) - len(text.lstrip())
+            if indent == 0:
+                return name
+            continue
+        stripped = text.lstrip()
+        if stripped.startswith("class ") and len(text) - len(stripped) < indent:
+            return stripped[6:].split("(")[0].split(":")[0].strip() + "." + name
+    return name
+
+
 def profile_buckets(stats: pstats.Stats, total: float) -> list[dict]:
+    import fnmatch
+
     out = []
     for label, suffix, func in PROFILE_BUCKETS:
         best = None
         for (fname, line, name), (cc, nc, tt, ct, callers) in stats.stats.items():
             if not fname.replace("\\", "/").endswith(suffix):
                 continue
-            if func is not None and name != func:
+            qual = _qualname(fname, line, name) if "." in func else name
+            if not fnmatch.fnmatchcase(qual, func):
                 continue
-            if func is None and name.startswith("_"):
-                continue
-            # the outermost matching entry (largest cumulative time) stands for the bucket,
-            # except for loss functions (several registered functions, one used): take the max too
-            if best is None or ct > best[1]:
-                best = (f"{Path(fname).name}:{line} {name}", ct)
+            if best is None or ct > best[1]:  # the outermost entry stands for the bucket
+                best = (f"{Path(fname).name}:{line} {qual}", ct)
         if best is not None:
             out.append({"label": label, "where": best[0], "seconds": round(best[1], 4),
                         "share": round(best[1] / total, 4) if total else None})
+    # What is not the model's forward, backward or optimizer: our step's own code, generate()'s
+    # bookkeeping, tokenization, scoring, statistics.
+    core = sum(b["seconds"] for b in out if b["label"].startswith(("every model forward", "backward", "clip_grad",
+                                                                   "optimizer")))
+    out.append({"label": "everything else (our code, generate() bookkeeping, tokenizer, scorer, stats)",
+                "where": "total minus forwards, backward, clip, optimizer", "seconds": round(total - core, 4),
+                "share": round((total - core) / total, 4) if total else None})
     return out
 
 
@@ -472,7 +512,8 @@ def ours_vs_trl(cfg: dict, reps: int, warmup: int, steps: int, log) -> dict:
     return {"records": records, "finals": finals}
 
 
-STEP_KEYS = ("step_s", "cpu_s", "rollout_s", "score_s", "old_logp_s", "update_s", "gen_tok_per_s", "length_mean")
+STEP_KEYS = ("step_s", "cpu_s", "rollout_s", "score_s", "old_logp_s", "update_s", "gen_tok_per_s", "length_mean",
+             "length_max", "gen_ms_per_token_step")
 
 
 def summarize_side(recs: list[dict], finals: list[dict]) -> dict:
@@ -620,7 +661,8 @@ def orchestrate(a) -> dict:
             "step_paired": paired(rec_o, rec_t),  # the target's number: robust to load drifts
             "step_of_medians": ours["step_s"] / trl["step_s"],
             "cpu_paired": paired(rec_o, rec_t, "cpu_s"),
-            **{k: paired(rec_o, rec_t, k) for k in ("rollout_s", "old_logp_s", "update_s", "gen_tok_per_s")},
+            **{k: paired(rec_o, rec_t, k) for k in ("rollout_s", "old_logp_s", "update_s", "gen_tok_per_s",
+                                                    "gen_ms_per_token_step")},
         },
         "arms": {lab: _summ(recs) for lab, recs in ar.items()},
         "rr_overhead": paired(ar["paper-grpo-rr"], ar["paper-grpo"], id_keys=("round",)) - 1,
@@ -706,7 +748,10 @@ def render(r: dict) -> str:
     lines += [
         (f"| generation tokens/s | {o['gen_tok_per_s']:.0f} | {t['gen_tok_per_s']:.0f} | "
          f"{q['gen_tok_per_s']:.2f}x |"),
-        f"| mean response length (tokens, incl. EOS) | {o['length_mean']:.1f} | {t['length_mean']:.1f} | |",
+        (f"| generation time per sampling step (÷ longest response) | {o['gen_ms_per_token_step']:.1f} ms | "
+         f"{t['gen_ms_per_token_step']:.1f} ms | {q['gen_ms_per_token_step']:.2f}x |"),
+        (f"| response length, mean / longest (tokens, incl. EOS) | {o['length_mean']:.1f} / {o['length_max']:.0f} | "
+         f"{t['length_mean']:.1f} / {t['length_max']:.0f} | |"),
         (f"| peak RSS of the process | {o['peak_rss_mb']:.0f} MB | {t['peak_rss_mb']:.0f} MB | "
          f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x |"),
         (f"| median step per repetition | {', '.join(f'{x:.3f}' for x in o['per_rep_step_s'])} | "
@@ -768,7 +813,7 @@ def render(r: dict) -> str:
         lines += ["## Where our step's CPU time goes (cProfile; nested rows are part of the row above)", ""]
         for p in r["profiles"]:
             lines += [f"{p['preset']} ({p['total_s']:.2f} s CPU profiled; details in `{Path(p['file']).name}`):", ""]
-            lines += [f"- {'  ' if b['label'].startswith(' ') else ''}{b['share']:.1%} {b['label'].strip()} "
+            lines += [f"{'  - ' if b['label'].startswith(' ') else '- '}{b['share']:.1%} {b['label'].strip()} "
                       f"(`{b['where']}`)" for b in p["buckets"]]
             lines.append("")
     lines += ["## Targets", ""]
