@@ -9,19 +9,21 @@ aggregation (TRL: `importance_sampling_level="sequence"`, `loss_type="grpo"`), n
 router load-balancing loss, fp32, no gradient checkpointing, no logging, no saving, the
 same optimizer (AdamW, constant lr, grad clip 1) and a reward that is our task's scorer.
 
-Each side runs in its own process (so its peak RSS is its own), the two alternating over
-several repetitions so that load from other users of the box hits both alike; times are
-medians over the measured steps of every repetition, after warm-up steps. Other parts
-(arm overheads, scaling with group size and response length) run our trainer only, with
-the variants interleaved step by step in one process for the same reason.
+Each side runs in its own process (so its peak RSS is its own). The two processes run in
+lockstep, one RL step on one side then one on the other, alternating who goes first, over
+several pairs of fresh processes (one seed each). The headline ratio is the median over
+steps of ours/TRL measured back to back, so other work on a shared box hits both alike.
+Arm overheads and scaling run our trainer only, with the variants stepped round-robin in
+one process for the same reason. On a busy box each process gets one torch thread
+(`--threads auto`): with one thread per core, OpenMP spin-waits stall steps for seconds.
 
-    python benchmarks/bench.py                 # everything below, ~5-10 min on 2 cores
-    python benchmarks/bench.py --quick         # a smoke run: 1 repetition, tiny sizes
+    python benchmarks/bench.py                     # everything, ~3-4 min on 2 cores (model cached)
+    python benchmarks/bench.py --quick             # a smoke run, ~30 s
     python benchmarks/bench.py --quickstart-full   # only: time the whole quickstart from a cold cache
                                                    # (-> quickstart.json, shown in later reports)
 
-Results: benchmarks/results/bench.md (the table, also printed) and bench.json (every
-measurement), profile_<arm>.txt (cProfile of a few of our steps).
+Results: benchmarks/results/bench.md (the report, also printed), bench.json (every
+measurement), profile_<arm>.txt (cProfile, CPU time, of a few of our steps).
 """
 
 from __future__ import annotations
@@ -386,7 +388,6 @@ PROFILE_BUCKETS = [
     ("  experts, eager loop over experts (Qwen3MoeExperts.forward)", "qwen3_moe/modeling_qwen3_moe.py",
      "Qwen3MoeExperts.forward"),
     ("  RMSNorm", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeRMSNorm.forward"),
-    ("our code outside the model and torch: _StatAccumulator.add", "gspo_cli/step.py", "_StatAccumulator.add"),
 ]
 
 
@@ -494,7 +495,9 @@ def ours_vs_trl(cfg: dict, reps: int, warmup: int, steps: int, log) -> dict:
     records = {"ours": [], "trl": []}
     finals = {"ours": [], "trl": []}
     for rep in range(reps):
-        workers = {side: Worker(side, {**cfg, "rounds": warmup + steps}) for side in ("ours", "trl")}
+        # a new seed per repetition (the same for both sides: same prompts), so the samples differ
+        rep_cfg = {**cfg, "rounds": warmup + steps, "seed": cfg["seed"] + rep}
+        workers = {side: Worker(side, rep_cfg) for side in ("ours", "trl")}
         ready = {side: w.recv() for side, w in workers.items()}
         for i in range(warmup + steps):
             order = ("ours", "trl") if (i + rep) % 2 == 0 else ("trl", "ours")
@@ -731,8 +734,8 @@ def render(r: dict) -> str:
         (f"Work per RL step: {c['prompts']} prompts x {c['group']} samples, at most {c['max_new']} new tokens, "
          f"{c['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip 3e-4/4e-4, "
          f"seq-mean-token-mean), fp32, eager experts. Medians of {o['n_steps']} measured steps per side: "
-         f"{c['reps']} pairs of fresh processes x {c['steps']} steps, after {c['warmup']} warm-up step(s) each, "
-         "the two processes stepped alternately."),
+         f"{c['reps']} pairs of fresh processes (seeds {c['seed']}..{c['seed'] + c['reps'] - 1}) x {c['steps']} "
+         f"steps, after {c['warmup']} warm-up step(s) each, the two processes stepped alternately."),
         "",
         "| | gspo-cli | TRL GRPOTrainer | ours / TRL (paired) |",
         "|---|---:|---:|---:|",
@@ -806,7 +809,7 @@ def render(r: dict) -> str:
             lines.append(f"| `make run` equivalent (train + compare + plot) from an empty model cache, cold start "
                          f"{qf['cold_start_s']:.0f} s included ({qf['when']}, load {qf['load']['start']:.1f}"
                          f"→{qf['load']['end']:.1f}{', box shared' if qf['shared'] else ''}; torch threads: "
-                         f"{qf.get('threads', 'default')}) | "
+                         f"{qf.get('threads', 'default').split(' (')[0]}) | "
                          f"{qf['total_s']:.0f} s ({qf['total_s'] / 60:.1f} min) | {qf['train']['max_rss_mb']:.0f} MB |")
         lines.append("")
     if r.get("profiles"):
@@ -852,7 +855,8 @@ def main(argv=None):
                    help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
                         "quickstart.json, which later bench reports include")
     p.add_argument("--profile-steps", type=int, default=3, help="steps under cProfile per profiled arm (0: skip)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 1 repetition, small sizes, no quickstart")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 1 repetition, small sizes, no quickstart; writes to $TMPDIR/gspo-bench-quick")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for bench.md / bench.json")
     p.add_argument("--worker", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -870,6 +874,8 @@ def main(argv=None):
     if a.quick:
         a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
         a.quickstart_steps, a.profile_steps = 0, 1
+        if a.out == RESULTS:  # a smoke run never replaces the real results
+            a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"
     result = orchestrate(a)
     text = render(result)
     a.out.mkdir(parents=True, exist_ok=True)
