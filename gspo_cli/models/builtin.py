@@ -4,6 +4,7 @@ reference solutions. Nothing here touches the network."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -91,6 +92,16 @@ def builtin_model_dir(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel jobs (a sweep's first runs) wait for one builder instead of each spending the
+    # cold start; the lock is advisory and released by the OS if the builder dies.
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():
+            return target
+        return _build_into(target, kind, size, cold, task, log)
+
+
+def _build_into(target: Path, kind, size, cold, task, log) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
         t0 = time.time()

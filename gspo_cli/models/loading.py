@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +63,21 @@ def load_model(source: str, cfg: ModelConfig) -> LoadedModel:
         raise SpecError(f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}") from None
     kwargs = {"dtype": DTYPES[cfg.dtype]}
     if hasattr(config, "num_experts") or hasattr(config, "num_local_experts"):
-        # batched_mm exhausted 24 GB on CPU for the tiny MoE; eager is fine and exact.
-        kwargs["experts_implementation"] = "eager"
+        kwargs["experts_implementation"] = cfg.experts_implementation
     if hasattr(config, "router_aux_loss_coef"):
         config.router_aux_loss_coef = cfg.router_aux_loss_coef
         config.output_router_logits = cfg.router_aux_loss_coef > 0
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
+        except (ValueError, NotImplementedError) as err:
+            if kwargs.get("experts_implementation", "eager") == "eager":
+                raise
+            # An architecture without grouped experts: its own loop is the only choice.
+            print(f"warning: model: {source} does not support experts_implementation="
+                     f"{kwargs['experts_implementation']} ({str(err).splitlines()[0]}); using eager", file=sys.stderr)
+            kwargs["experts_implementation"] = "eager"
+            model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         raise SpecError(f"model.name: cannot load {source!r}: {str(err).splitlines()[0]}") from None
