@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run test test-fast clean reproduce
 
 setup: $(STAMP)
 
@@ -39,7 +39,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: test-vllm
+.PHONY: test-vllm reproduce
 
 $(VLLM_STAMP): pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
@@ -56,7 +56,13 @@ test-vllm: $(VLLM_STAMP)
 
 # `make bench`: our RL step side by side with TRL's GRPOTrainer (benchmarks/README.md). TRL is a
 # benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
-.PHONY: bench
+.PHONY: bench reproduce
+# The GSPO paper's findings at tiny scale: 4 arms x 3 seeds, two processes at a time;
+# resumable (rerun after an interruption), then results/paper_tiny/REPORT.md.
+reproduce: setup
+	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2
+	$(BIN)/gspo report results/paper_tiny
+
 bench: setup
 	$(BIN)/pip show -q trl >/dev/null 2>&1 || $(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/bench.py

@@ -315,6 +315,25 @@ def plot(
         typer.echo(str(path))
 
 
+@app.command()
+def report(
+    experiment: Annotated[Path, typer.Argument(help="an experiment directory, e.g. results/paper_tiny")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Markdown file (default: <experiment>/REPORT.md); "
+                                                "figures go to figures/ beside it")] = None,
+    last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps")] = 25,
+    smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
+) -> None:
+    """The GSPO paper's four findings checked on an experiment's runs: compare's table, plot's
+    figures, and per finding a difference of arm means with a 95% CI and a verdict."""
+    from gspo_cli.report import write_report
+
+    try:
+        path = write_report(experiment, out, last=last, smooth=smooth)
+    except GspoError as err:
+        _fail(err)
+    typer.echo(str(path))
+
+
 @app.command(name="eval")
 def eval_(
     target: Annotated[Optional[str], typer.Argument(help="run directory, checkpoint or model directory, hub id, or "

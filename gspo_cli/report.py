@@ -1,0 +1,293 @@
+"""`gspo report`: the GSPO paper's four findings, checked on an experiment's run directories.
+
+The report is built from the same numbers `gspo compare` prints and the same figures `gspo
+plot` draws; it adds, for each finding, a difference of means between two arms with a
+Welch 95% CI and a verdict by rules fixed in advance (RULES below, printed in the report).
+Arms are recognised by their settings, not their names: GRPO is `loss: grpo` without routing
+replay, GRPO+RR the same with it, GSPO `loss: gspo`, GSPO-token `loss: gspo_token`.
+Like compare and plot, it reads files only and imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gspo_cli.compare import Comparison, compare_runs, render
+from gspo_cli.errors import SpecError
+from gspo_cli.plot import plot_runs
+from gspo_cli.rundata import Group, Run, group_runs, load_runs, t975
+
+ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
+ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
+TABLE_METRICS = ["steps", "reward", "reward/mean", "eval_final", "eval_best", "clip", "clip_seq",
+                 "expert_change", "kl", "step_time", "wall"]
+FIGURES = ["reward", "reward_time", "eval", "clip", "expert_change"]
+# Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
+PAPER_EXPERT_CHANGE = 0.10
+
+RULES = """\
+Verdict rules (fixed before the runs; n = seeds per arm):
+- A difference between two arms is **significant** when the 95% Welch CI of the difference of
+  their seed means excludes 0. "Not resolved" means the CI includes 0: the point estimate is
+  given, but these seeds cannot tell the arms apart.
+- Finding 1 (GSPO learns more per step than GRPO) holds if GSPO − GRPO is significantly > 0 for
+  the final train reward or the final held-out score, and significantly < 0 for neither; it is
+  reversed if GRPO is significantly better on one and GSPO on neither.
+- Finding 2 (GSPO clips far more tokens than GRPO, yet learns better): the clipping part holds if
+  GSPO's mean token clip fraction is at least 10x GRPO's (the paper: about 100x); "yet learns
+  better" is finding 1's verdict.
+- Finding 3 (GRPO needs routing replay on a MoE, GSPO does not) holds if GRPO+RR − GRPO is
+  significantly > 0 on the final train reward (or some GRPO seeds diverge and no GRPO+RR seed
+  does), and GSPO − GRPO+RR is not significantly < 0.
+- Finding 4 (about 10% of the experts chosen for a rollout change after each update): holds if
+  the mean expert change fraction (pi_old vs pi_theta, after each mini-batch, same tokens) is
+  between 5% and 20%; otherwise the measured value is given against the paper's ~10%.
+"""
+
+
+@dataclass(frozen=True)
+class Diff:
+    """mean(a) - mean(b) over seeds with a Welch 95% CI half-width (NaN when a side has < 2)."""
+
+    a: str
+    b: str
+    delta: float
+    ci95: float
+    n_a: int
+    n_b: int
+
+    @property
+    def significant(self) -> int:
+        """+1 / -1 when the CI lies above / below 0, 0 when it includes 0 (or is unknown)."""
+        if not (math.isfinite(self.delta) and math.isfinite(self.ci95)):
+            return 0
+        if self.delta - self.ci95 > 0:
+            return 1
+        if self.delta + self.ci95 < 0:
+            return -1
+        return 0
+
+    def text(self, fmt: str = "+.3f") -> str:
+        if not math.isfinite(self.delta):
+            return "n/a"
+        ci = f" ± {self.ci95:.3f}" if math.isfinite(self.ci95) else " (no CI)"
+        word = {1: "significant", -1: "significant", 0: "not resolved"}[self.significant]
+        return f"{self.delta:{fmt}}{ci} ({word})"
+
+
+def welch_diff(a: list[float], b: list[float], name_a: str = "a", name_b: str = "b") -> Diff:
+    """Difference of means with the Welch-Satterthwaite t interval (df rounded down)."""
+    x = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
+    y = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    if len(x) == 0 or len(y) == 0:
+        return Diff(name_a, name_b, math.nan, math.nan, len(x), len(y))
+    delta = float(x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return Diff(name_a, name_b, delta, math.nan, len(x), len(y))
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se2 = va + vb
+    if se2 == 0:
+        return Diff(name_a, name_b, delta, 0.0, len(x), len(y))
+    df = se2**2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
+    return Diff(name_a, name_b, delta, t975(max(1, int(math.floor(df)))) * math.sqrt(se2), len(x), len(y))
+
+
+def arm_role(run: Run) -> str | None:
+    arms = run.spec.get("arms") or []
+    arm = next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else {})
+    loss = arm.get("loss")
+    replay = str(arm.get("routing_replay", "off")) not in ("off", "False", "None")
+    if loss == "grpo":
+        return "grpo_rr" if replay else "grpo"
+    if loss in ("gspo", "gspo_token") and not replay:
+        return loss
+    return None
+
+
+def _roles(groups: list[Group]) -> dict[str, Group]:
+    found: dict[str, Group] = {}
+    for g in groups:
+        roles = {arm_role(r) for r in g.runs}
+        if len(roles) == 1 and (role := roles.pop()) is not None and role not in found:
+            found[role] = g
+    return found
+
+
+def _values(group: Group, comp: Comparison, col: str) -> list[float]:
+    """The per-seed values behind one compare cell (recomputed with the column's function)."""
+    column = next(c for c in comp.columns if c.id == col)
+    return [column.value(r) for r in group.runs]
+
+
+def _mean(vals: list[float]) -> float:
+    v = [x for x in vals if math.isfinite(x)]
+    return float(np.mean(v)) if v else math.nan
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%" if math.isfinite(x) else "n/a"
+
+
+def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.9) -> str:
+    """Write figures next to `out` and return the report's Markdown text."""
+    paths = [str(exp_dir)]
+    runs = load_runs(paths)
+    groups = group_runs(runs, "arm")
+    comp = compare_runs(paths, metrics=TABLE_METRICS, last=last)
+    roles = _roles(groups)
+    fig_dir = out.parent / "figures"
+    written, _ = plot_runs(paths, out=fig_dir, metrics=FIGURES, smooth=smooth)
+    rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
+    eval_col = next((c.id for c in comp.columns if c.id.startswith("eval_final:")), None)
+    eval_label = next((c.label for c in comp.columns if c.id == eval_col), "held-out score")
+
+    def vals(role: str, col: str) -> list[float]:
+        return _values(roles[role], comp, col) if role in roles else []
+
+    def diff(a: str, b: str, col: str) -> Diff:
+        return welch_diff(vals(a, col), vals(b, col), a, b)
+
+    exp = sorted({r.experiment for r in runs})
+    seeds = sorted({r.seed for r in runs})
+    lines = [f"# {', '.join(exp)}: the GSPO paper's findings at tiny scale", ""]
+    lines += _setup_lines(runs, seeds)
+    lines += ["## Results", "",
+              f"Mean ± 95% CI over seeds. Reward (last {last}): train reward over the last {last} steps; "
+              "`reward/mean`: train reward averaged over all steps (area under the curve); clip columns, "
+              "expert change, KL and s/step: means over all steps.", ""]
+    lines += render(comp, "markdown").rstrip("\n").splitlines()
+    lines += [""]
+    lines += _ratio_lines(roles, comp)
+    lines += ["## Findings", ""]
+    lines += _findings(roles, comp, diff, vals, eval_col, eval_label, runs)
+    lines += ["", RULES]
+    lines += ["## Figures", ""]
+    for p in written:
+        if p.stem != "panel":
+            lines += [f"![{p.stem}]({rel(p)})", ""]
+    cmd_dir = exp_dir.as_posix()
+    lines += ["## Regenerate", "",
+              "Everything above comes from the run directories:", "", "```",
+              f"gspo report {cmd_dir}                      # this file and figures/",
+              f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
+              f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(FIGURES)}",
+              "```", ""]
+    return "\n".join(lines)
+
+
+def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
+    spec = runs[0].spec
+    m, t, r, tr = spec.get("model", {}), spec.get("task", {}), spec.get("rollout", {}), spec.get("train", {})
+    b = m.get("builtin", {})
+    arm = (spec.get("arms") or [{}])[0]
+    walls = [float(x.info.get("wall_s") or 0) for x in runs]
+    n_eval = next((e.get("n") for x in runs for e in x.evals if e.get("n")), t.get("eval_size"))
+    lines = ["## Setup", "",
+             f"- Model: `{m.get('name')}`"
+             + (f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, {b.get('num_experts')} experts "
+                f"(top-{b.get('experts_per_token')})" if str(m.get("name", "")).startswith("builtin:") else ""),
+             f"- Task: `{t.get('name')}` {t.get('params')}, {n_eval} held-out problems, "
+             f"avg@{tr.get('eval_samples')} every {tr.get('eval_every')} steps",
+             f"- Per step: {r.get('prompts_per_step')} prompts x {r.get('group_size')} samples, up to "
+             f"{r.get('max_new_tokens')} new tokens, temperature {r.get('temperature')}; "
+             f"{arm.get('mini_batches')} mini-batches per rollout batch (off-policy after the first); "
+             f"lr {spec.get('optimizer', {}).get('lr')}; {tr.get('steps')} steps",
+             f"- Seeds: {', '.join(map(str, seeds))}; runs: {len(runs)}; summed run wall time "
+             f"{sum(walls) / 60:.1f} min",
+             ""]
+    return lines
+
+
+def _ratio_lines(roles: dict[str, Group], comp: Comparison) -> list[str]:
+    if "grpo" not in roles:
+        return []
+    base = _mean(_values(roles["grpo"], comp, "clip"))
+    out = ["Token clip fraction relative to GRPO's (ratio of seed means):", ""]
+    for role in ROLES:
+        if role in roles and role != "grpo":
+            v = _mean(_values(roles[role], comp, "clip"))
+            out.append(f"- {ROLE_NAMES[role]} (`{roles[role].name}`): {v:.4g} / {base:.4g} = "
+                       + (f"{v / base:.0f}x" if base > 0 else "n/a"))
+    return out + [""]
+
+
+def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
+    out: list[str] = []
+    has = lambda *rs: all(r in roles for r in rs)  # noqa: E731
+
+    # 1. efficiency
+    if has("gspo", "grpo"):
+        d_rew, d_auc = diff("gspo", "grpo", "reward"), diff("gspo", "grpo", "reward/mean")
+        d_ev = diff("gspo", "grpo", eval_col) if eval_col else None
+        signs = [d_rew.significant] + ([d_ev.significant] if d_ev else [])
+        verdict = ("holds" if 1 in signs and -1 not in signs else
+                   "reversed (GRPO better)" if -1 in signs and 1 not in signs else "not resolved")
+        out += [f"**1. GSPO learns more per step than GRPO — {verdict}.** GSPO − GRPO: final train reward "
+                f"{d_rew.text()}; mean train reward over the run {d_auc.text()}"
+                + (f"; final {eval_label} {d_ev.text()}" if d_ev else "") + ".", ""]
+        v1 = verdict
+    else:
+        out += ["**1.** not testable: needs a GRPO and a GSPO arm.", ""]
+        v1 = "not testable"
+
+    # 2. clipping
+    if has("gspo", "grpo"):
+        g, s = _mean(vals("grpo", "clip")), _mean(vals("gspo", "clip"))
+        ratio = s / g if g > 0 else math.inf
+        part = "holds" if ratio >= 10 else "does not hold"
+        out += [f"**2. GSPO clips far more tokens than GRPO, yet learns better — clipping part {part}; "
+                f"\"learns better\": {v1}.** Mean token clip fraction GSPO {s:.4g} vs GRPO {g:.4g}: "
+                f"{ratio:.0f}x (paper: about two orders of magnitude).", ""]
+    else:
+        out += ["**2.** not testable: needs a GRPO and a GSPO arm.", ""]
+
+    # 3. routing replay
+    if has("grpo", "grpo_rr", "gspo"):
+        d_rr = diff("grpo_rr", "grpo", "reward")
+        d_g = diff("gspo", "grpo_rr", "reward")
+        bad = {"diverged", "failed"}
+        div = {role: sum(r.status in bad for r in roles[role].runs) for role in ("grpo", "grpo_rr")}
+        needs = d_rr.significant == 1 or (div["grpo"] > 0 and div["grpo_rr"] == 0)
+        verdict = "holds" if needs and d_g.significant != -1 else "does not hold at this scale"
+        d_ev = diff("grpo_rr", "grpo", eval_col) if eval_col else None
+        out += [f"**3. GRPO needs routing replay on a MoE, GSPO does not — {verdict}.** GRPO+RR − GRPO: final "
+                f"train reward {d_rr.text()}" + (f", final {eval_label} {d_ev.text()}" if d_ev else "")
+                + f"; GSPO (no replay) − GRPO+RR: final train reward {d_g.text()}. Diverged/failed runs: GRPO "
+                f"{div['grpo']}/{len(roles['grpo'].runs)}, GRPO+RR {div['grpo_rr']}/{len(roles['grpo_rr'].runs)}.", ""]
+    else:
+        out += ["**3.** not testable: needs GRPO, GRPO+RR and GSPO arms.", ""]
+
+    # 4. expert volatility
+    per_role = {role: _mean(vals(role, "expert_change")) for role in ROLES if role in roles}
+    per_role = {k: v for k, v in per_role.items() if math.isfinite(v)}
+    if per_role:
+        overall = float(np.mean(list(per_role.values())))
+        layers = (runs[0].spec.get("model", {}).get("builtin", {}) or {}).get("num_layers")
+        verdict = "holds" if 0.05 <= overall <= 0.20 else (
+            "lower at this scale" if overall < 0.05 else "higher at this scale")
+        per = ", ".join(f"{ROLE_NAMES[k]} {_pct(v)}" for k, v in per_role.items())
+        out += [f"**4. About 10% of the routed experts change after each update — {verdict}.** Mean expert "
+                f"change fraction {_pct(overall)} ({per})"
+                + (f" on {layers} layers" if layers else "") + f"; the paper: ~{PAPER_EXPERT_CHANGE:.0%} on 48 layers.", ""]
+    else:
+        out += ["**4.** not testable: no run logs `moe/expert_change_frac` (a dense model?).", ""]
+    return out
+
+
+def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: int = 25, smooth: float = 0.9) -> Path:
+    exp_dir = Path(exp_dir)
+    if not exp_dir.exists():
+        raise SpecError(f"{exp_dir}: no such directory")
+    out = Path(out) if out is not None else exp_dir / "REPORT.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = build_report(exp_dir, out=out, last=last, smooth=smooth)
+    out.write_text(text)
+    return out
+
+
+__all__ = ["Diff", "RULES", "arm_role", "build_report", "welch_diff", "write_report"]

@@ -1,0 +1,135 @@
+"""`gspo report`: Welch differences against hand-computed values, arm roles read from the
+spec, and verdicts on hand-written run directories with known per-seed rewards."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gspo_cli.cli import app
+from gspo_cli.errors import SpecError
+from gspo_cli.report import arm_role, welch_diff, write_report
+from gspo_cli.rundata import load_runs
+
+STEPS = 30
+
+
+def _write(root: Path, arm: str, loss: str, replay: str, seed: int, reward: float, clip: float,
+           change: float, status: str = "completed", evals: tuple[float, float] | None = None) -> None:
+    d = root / "paper" / arm / f"seed{seed}"
+    d.mkdir(parents=True)
+    spec = {"name": "paper", "model": {"name": "builtin:tiny-moe", "builtin": {"num_layers": 8}},
+            "rollout": {"prompts_per_step": 4, "group_size": 2},
+            "arms": [{"name": arm, "loss": loss, "routing_replay": replay, "mini_batches": 4}], "seeds": [seed]}
+    (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+    recs = [{"step": t, "reward/mean": reward, "policy/clip_frac_token": clip, "policy/clip_frac_seq": clip,
+             "moe/expert_change_frac": change, "time/step_s": 1.0, "time/elapsed_s": float(t)}
+            for t in range(1, STEPS + 1)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    ev = evals or (0.1, reward / 2)
+    (d / "eval.jsonl").write_text("".join(
+        json.dumps({"step": s, "task": "math", "n": 10, "samples": 4, "scores": {"avg@4": v}}) + "\n"
+        for s, v in ((0, ev[0]), (STEPS, ev[1]))))
+    (d / "run.json").write_text(json.dumps({"status": status, "experiment": "paper", "arm": arm, "seed": seed,
+                                            "step": STEPS, "total_steps": STEPS, "wall_s": 60.0}))
+
+
+def _experiment(root: Path, rewards: dict[str, tuple[float, ...]], clips: dict[str, float],
+                status: dict[str, tuple[str, ...]] | None = None) -> Path:
+    roles = {"grpo": ("grpo", "off"), "grpo_rr": ("grpo", "r2"), "gspo": ("gspo", "off"),
+             "gspo_token": ("gspo_token", "off")}
+    for arm, values in rewards.items():
+        loss, replay = roles[arm]
+        for seed, r in enumerate(values):
+            st = (status or {}).get(arm, ("completed",) * 3)[seed]
+            _write(root, arm, loss, replay, seed, r, clips[arm], 0.004 if arm != "gspo" else 0.002, st)
+    return root / "paper"
+
+
+def test_welch_matches_hand_computed_values():
+    # equal variances: std 0.02 each, n 3 => se^2 = 2 * 0.0004 / 3, df = 4, t = 2.776
+    d = welch_diff([0.40, 0.42, 0.44], [0.20, 0.22, 0.24])
+    assert d.delta == pytest.approx(0.20)
+    assert d.ci95 == pytest.approx(2.776 * math.sqrt(2 * 0.0004 / 3), rel=1e-3)
+    assert d.significant == 1
+    # unequal: a = [1, 2, 3] (var 1), b = [0, 0, 0, 4] (var 4): se^2 = 1/3 + 1, df = (4/3)^2 /
+    # ((1/3)^2/2 + 1/3) = 4.57 -> 4
+    d = welch_diff([1, 2, 3], [0, 0, 0, 4])
+    assert d.delta == pytest.approx(1.0)
+    assert d.ci95 == pytest.approx(2.776 * math.sqrt(4 / 3), rel=1e-3)
+    assert d.significant == 0
+    assert welch_diff([0.1, 0.2], [0.5, 0.6]).significant == -1
+    # too few seeds: a point estimate, no interval, never significant
+    one = welch_diff([0.5], [0.1, 0.2])
+    assert one.delta == pytest.approx(0.35) and math.isnan(one.ci95) and one.significant == 0
+    assert math.isnan(welch_diff([], [0.1]).delta)
+    assert "not resolved" in welch_diff([1, 2, 3], [0, 0, 0, 4]).text()
+
+
+def test_roles_come_from_the_spec_not_the_arm_name(tmp_path):
+    _write(tmp_path, "whatever", "grpo", "r2", 0, 0.3, 0.001, 0.01)
+    _write(tmp_path, "baseline", "grpo", "off", 0, 0.3, 0.001, 0.01)
+    _write(tmp_path, "seq", "gspo", "off", 0, 0.3, 0.2, 0.01)
+    roles = {r.arm: arm_role(r) for r in load_runs([str(tmp_path / "paper")])}
+    assert roles == {"whatever": "grpo_rr", "baseline": "grpo", "seq": "gspo"}
+
+
+def test_report_verdicts_when_the_findings_hold(tmp_path):
+    exp = _experiment(tmp_path, {"grpo": (0.20, 0.22, 0.24), "grpo_rr": (0.30, 0.32, 0.34),
+                                 "gspo": (0.40, 0.42, 0.44), "gspo_token": (0.40, 0.41, 0.45)},
+                      {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2, "gspo_token": 0.2})
+    out = write_report(exp)
+    text = out.read_text()
+    assert out == exp / "REPORT.md"
+    assert "**1. GSPO learns more per step than GRPO — holds.**" in text
+    # the hand-computed difference and CI of finding 1 (see the Welch test)
+    assert f"+0.200 ± {2.776 * math.sqrt(2 * 0.0004 / 3):.3f} (significant)" in text
+    assert "clipping part holds" in text and "200x" in text
+    assert "**3. GRPO needs routing replay on a MoE, GSPO does not — holds.**" in text
+    # expert change: mean over roles of 0.004, 0.004, 0.002, 0.004 = 0.35%
+    assert "lower at this scale" in text and "0.35%" in text and "on 8 layers" in text
+    assert "| grpo_rr | 3 | completed |" in text
+    for fig in ("reward", "reward_time", "eval_math", "clip", "expert_change"):
+        assert f"![{fig}](figures/{fig}.png)" in text
+        assert (exp / "figures" / f"{fig}.png").stat().st_size > 1000
+    # regenerating gives the same text
+    assert write_report(exp).read_text() == text
+
+
+def test_report_verdicts_when_they_do_not(tmp_path):
+    exp = _experiment(tmp_path, {"grpo": (0.40, 0.30, 0.50), "grpo_rr": (0.35, 0.45, 0.30),
+                                 "gspo": (0.20, 0.22, 0.24)},
+                      {"grpo": 0.01, "grpo_rr": 0.01, "gspo": 0.05})
+    text = write_report(exp, tmp_path / "out" / "R.md").read_text()
+    assert "— not resolved.**" in text  # GSPO lower, but grpo's seeds are too spread to tell
+    assert "clipping part does not hold" in text and "5x" in text
+    assert "— does not hold at this scale.**" in text
+    assert (tmp_path / "out" / "figures" / "reward.png").exists()
+
+
+def test_diverged_grpo_without_replay_counts_for_finding_3(tmp_path):
+    exp = _experiment(tmp_path, {"grpo": (0.30, 0.31, 0.05), "grpo_rr": (0.31, 0.32, 0.30),
+                                 "gspo": (0.31, 0.30, 0.32)},
+                      {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2},
+                      status={"grpo": ("completed", "completed", "diverged")})
+    text = write_report(exp).read_text()
+    assert "— holds.** GRPO+RR − GRPO" in text
+    assert "Diverged/failed runs: GRPO 1/3, GRPO+RR 0/3" in text
+
+
+def test_cli_report_and_bad_input(tmp_path):
+    exp = _experiment(tmp_path, {"grpo": (0.2, 0.3, 0.25), "gspo": (0.3, 0.35, 0.4)},
+                      {"grpo": 0.001, "gspo": 0.1})
+    res = CliRunner().invoke(app, ["report", str(exp)])
+    assert res.exit_code == 0, res.output
+    assert (exp / "REPORT.md").exists()
+    assert "**3.** not testable" in (exp / "REPORT.md").read_text()
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "no such directory" in res.output
+    with pytest.raises(SpecError):
+        write_report(tmp_path / "missing")
