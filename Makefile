@@ -39,7 +39,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: test-vllm reproduce
+.PHONY: test-vllm
 
 $(VLLM_STAMP): pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
@@ -56,7 +56,7 @@ test-vllm: $(VLLM_STAMP)
 
 # `make bench`: our RL step side by side with TRL's GRPOTrainer (benchmarks/README.md). TRL is a
 # benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
-.PHONY: bench reproduce
+.PHONY: bench
 # The GSPO paper's findings at tiny scale: 4 arms x 3 seeds, two processes at a time;
 # resumable (rerun after an interruption), then results/paper_tiny/REPORT.md.
 reproduce: setup
