@@ -150,6 +150,10 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     use_engine_logprobs: bool = Field(False, description="vllm only: take pi_old's log-probs from the engine "
                                                          "instead of a trainer forward (paper section 5.4)")
+    sampler_logprobs: bool = Field(True, description="hf only: take pi_old's log-probs, entropy and MoE routes "
+                                                      "from generate's own forward passes instead of a second "
+                                                      "no-grad pass (~13% less per step; they differ from a full "
+                                                      "forward by ~1e-5 nats at most)")
     vllm: dict[str, Any] = Field(default_factory=dict, description="extra vllm.LLM(...) arguments, e.g. "
                                                                    "gpu_memory_utilization")
 

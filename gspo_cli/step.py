@@ -37,6 +37,7 @@ from gspo_cli.models.routing import (
     routes_from_BT,
     routes_to_BT,
 )
+from gspo_cli.rollout.base import LogProbs
 from gspo_cli.rollout import (
     RolloutBatch,
     RolloutEngine,
@@ -98,7 +99,8 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     if arm.kl_coef > 0:
         ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
         ref_model = ref.eval().requires_grad_(False)
-    engine = make_engine(spec.rollout, model, lm.tokenizer, model_dir=lm.source, dtype=spec.model.dtype, seed=seed)
+    engine = make_engine(spec.rollout, model, lm.tokenizer, model_dir=lm.source, dtype=spec.model.dtype, seed=seed,
+                         routing=routing)
     shuffle = torch.Generator().manual_seed(seed)
     return Ctx(spec=spec, arm=arm, task=task, model=model, engine=engine, optimizer=optimizer,
                scheduler=scheduler, loss_fn=get_policy_loss(arm.loss), adv_fn=get_advantage_estimator(arm.advantage),
@@ -127,8 +129,14 @@ def train_step(ctx: Ctx, step: int) -> dict:
     # 3. Old log-probs, entropy and (MoE) the routes pi_old took, in one no-grad pass.
     mask_BC = batch.response_mask
     B, T = batch.input_ids.shape
+    # With the hf engine these came from generate's own forwards already (sampler_logprobs).
+    from_sampler = batch.engine_entropy is not None and (ctx.routing is None or batch.engine_routes is not None)
+    route_mask_BT = _route_token_mask(batch, skip_last=from_sampler)
     with torch.no_grad():
-        if ctx.routing is not None:
+        if from_sampler:
+            old = LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy)
+            old_routes = batch.engine_routes  # (L, B, T, k)
+        elif ctx.routing is not None:
             with ctx.routing.recording() as rec:
                 old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
             old_routes = routes_to_BT(rec.routes, B, T)  # (L, B, T, k)
@@ -141,7 +149,7 @@ def train_step(ctx: Ctx, step: int) -> dict:
     # pi_old: the trainer's log-probs, or the sampler's own (use_engine_logprobs, paper 5.4).
     old_logp = old.logp
     engine_stats = {}
-    if batch.engine_logp is not None:
+    if batch.engine_logp is not None and not from_sampler:
         engine_stats = logprob_mismatch(batch.engine_logp, old.logp, mask_BC)
         if spec.rollout.use_engine_logprobs:
             old_logp = batch.engine_logp
@@ -155,7 +163,7 @@ def train_step(ctx: Ctx, step: int) -> dict:
         order = torch.randperm(B, generator=ctx.shuffle)
         for rows in order.chunk(arm.mini_batches):
             loss, stats, grad_norm = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes,
-                                             measure_routes=n_updates > 0, step=step)
+                                             measure_routes=n_updates > 0, step=step, route_mask_BT=route_mask_BT)
             if loss is None:
                 acc.skipped += 1
                 continue
@@ -188,7 +196,7 @@ def train_step(ctx: Ctx, step: int) -> dict:
 
 
 def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B, old_routes, *,
-            measure_routes: bool, step: int):
+            measure_routes: bool, step: int, route_mask_BT: torch.Tensor):
     """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step.
     Returns (loss, stats, grad_norm), or (None, None, None) for a skipped non-finite batch."""
     arm, spec = ctx.arm, ctx.spec
@@ -221,7 +229,7 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
     ctx.scheduler.step()
     if routes_now is not None and measure_routes:
         stats["expert_change"] = torch.tensor(expert_change_frac(
-            routes_from_BT(old_routes[:, rows]), routes_now, _route_token_mask(batch, rows)))
+            routes_from_BT(old_routes[:, rows]), routes_now, route_mask_BT[rows].reshape(-1)))
     return loss.detach(), stats, grad_norm
 
 
@@ -240,11 +248,14 @@ def _policy_forward(ctx: Ctx, sub: RolloutBatch, old_routes, rows, temp):
     return out, rec.routes
 
 
-def _route_token_mask(batch: RolloutBatch, rows) -> torch.Tensor:
-    """(b*T,) mask of response-token positions, matching the router's flattened order."""
-    m = torch.zeros(len(rows), batch.input_ids.shape[1], dtype=torch.bool)
-    m[:, batch.prompt_len:] = batch.response_mask[rows] > 0
-    return m.reshape(-1)
+def _route_token_mask(batch: RolloutBatch, skip_last: bool = False) -> torch.Tensor:
+    """(B, T) mask of response-token positions, where expert volatility is measured.
+    `skip_last`: leave out column T-1, which routes recorded during generate lack."""
+    m = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+    m[:, batch.prompt_len:] = batch.response_mask > 0
+    if skip_last:
+        m[:, -1] = False
+    return m
 
 
 class _StatAccumulator:

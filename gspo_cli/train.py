@@ -408,7 +408,14 @@ def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
     if not problems or not ctx.dist.is_main:
         return
     t = time.time()
-    scores = evaluate_policy(ctx.engine, ctx.task, problems, ctx.spec.train.eval_samples)
+    stats = getattr(ctx.engine, "sampler_logprobs", False)  # evaluation needs only the texts
+    if stats:
+        ctx.engine.sampler_logprobs = False
+    try:
+        scores = evaluate_policy(ctx.engine, ctx.task, problems, ctx.spec.train.eval_samples)
+    finally:
+        if stats:
+            ctx.engine.sampler_logprobs = True
     rd.log_eval({"step": step, "task": ctx.task.name, "n": len(problems), "samples": ctx.spec.train.eval_samples,
                  "scores": scores, "time_s": round(time.time() - t, 3)})
     for sink in sinks:

@@ -80,3 +80,74 @@ def test_tokenizer_round_trips_text():
     ids = tok(text, add_special_tokens=False).input_ids
     assert len(ids) == len(text)  # one token per character
     assert tok.decode(ids) == text
+
+
+@pytest.fixture(scope="module")
+def tiny_moe():
+    from gspo_cli.models.routing import RoutingController
+
+    tok = build_tokenizer("0123456789+-=?\n")
+    size = BuiltinModelConfig(hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                              moe_intermediate_size=32, num_experts=6, experts_per_token=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(build_config("tiny-moe", size, tok), experts_implementation="eager")
+    model.train()
+    return model, tok, RoutingController(model)
+
+
+def test_sampler_logprobs_entropy_and_routes_match_a_full_forward(tiny_moe):
+    """pi_old taken from generate's own forwards must be what a separate no-grad pass gives:
+    same samples, log-probs and entropies to float32 rounding, the same experts everywhere."""
+    from gspo_cli.models.routing import routes_to_BT
+
+    model, tok, routing = tiny_moe
+    prompts = ["1+2=?\n", "31+4=?\n", "5=?\n"] * 6
+    plain = HFRolloutEngine(model, tok, max_new_tokens=10, temperature=0.7)
+    rich = HFRolloutEngine(model, tok, max_new_tokens=10, temperature=0.7, sampler_logprobs=True, routing=routing)
+    torch.manual_seed(3)
+    a = plain.generate(prompts)
+    torch.manual_seed(3)
+    b = rich.generate(prompts)
+    assert torch.equal(a.input_ids, b.input_ids)  # asking for logits and routes changes no sample
+    assert a.engine_logp is None and b.engine_logp is not None
+    assert model.training  # generate's eval() is undone
+    with torch.no_grad(), routing.recording() as rec:
+        ref = response_logprobs(model, b, 0.7, with_entropy=True)
+    mask = b.response_mask > 0
+    assert mask.sum() > 20
+    assert (b.engine_logp - ref.logp).abs()[mask].max() < 1e-4
+    assert (b.engine_entropy - ref.entropy).abs()[mask].max() < 1e-4
+    assert (b.engine_logp[~mask] == 0).all() and (b.engine_logp[mask] < 0).all()
+    B, T = b.input_ids.shape
+    full = routes_to_BT(rec.routes, B, T)
+    assert b.engine_routes.shape == full.shape == (3, B, T, 2)
+    same = (full.sort(-1).values == b.engine_routes.sort(-1).values).all(-1)  # (L, B, T)
+    assert same[:, :, :-1].all()  # every routed position; column T-1 is never fed back
+    # rows() carries the sampler's tensors along
+    sub = b.rows(torch.tensor([2, 0]))
+    assert torch.equal(sub.engine_routes, b.engine_routes[:, [2, 0]])
+    assert torch.equal(sub.engine_entropy, b.engine_entropy[[2, 0]])
+
+
+def test_sampler_logprobs_fall_back_over_the_logits_budget(tiny_moe, monkeypatch):
+    import gspo_cli.rollout.hf as hf
+
+    model, tok, routing = tiny_moe
+    monkeypatch.setattr(hf, "LOGITS_BUDGET", 100)
+    eng = HFRolloutEngine(model, tok, max_new_tokens=6, temperature=1.0, sampler_logprobs=True, routing=routing)
+    b = eng.generate(["1+2=?\n"] * 4)
+    assert b.engine_logp is None and b.engine_entropy is None and b.engine_routes is None
+
+
+def test_routes_from_generate_layout():
+    from gspo_cli.models.routing import routes_from_generate
+
+    B, P, T, k = 2, 3, 6, 1
+    # prefill: positions 0..2 of both rows, then 2 decode steps (positions 3, 4); none for 5
+    pre = torch.tensor([[[0], [1], [2]], [[10], [11], [12]]]).reshape(B * P, k)
+    steps = [[pre, torch.tensor([[3], [13]]), torch.tensor([[4], [14]])]]
+    r = routes_from_generate(steps, B, P, T)
+    assert r.shape == (1, B, T, k)
+    assert r[0, :, :, 0].tolist() == [[0, 1, 2, 3, 4, 4], [10, 11, 12, 13, 14, 14]]
+    with pytest.raises(RuntimeError, match="expected 1 prefill"):
+        routes_from_generate(steps, B, P, T + 1)

@@ -175,3 +175,33 @@ def test_cli_train_end_to_end(tmp_path):
     assert rd.status() == "completed"
     assert load_spec(rd.spec_file).arms[0].clip_high == 5e-4
     assert "[gspo/seed0] step 1" in res.output
+
+
+def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
+    """rollout.sampler_logprobs (default) and a separate old-log-prob pass train the same run:
+    same samples and rewards, ratios and losses equal to float rounding, one forward fewer
+    per step; with routing replay too."""
+    import gspo_cli.step as step_mod
+
+    calls = []
+    real = step_mod.response_logprobs
+    monkeypatch.setattr(step_mod, "response_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    arms = [TINY["arms"][1], TINY["arms"][2]]
+    runs, forwards = {}, {}
+    for flag in (True, False):
+        calls.clear()
+        out = tmp_path / str(flag)
+        raw = {**TINY, "output_dir": str(out), "arms": arms, "train": {"steps": 1},
+               "rollout": {**TINY["rollout"], "sampler_logprobs": flag}}
+        train_experiment(spec_from_dict(raw), reporter=Quiet())
+        runs[flag] = {a["name"]: RunDir(out / f"e2e/{a['name']}/seed0").metrics()[0] for a in arms}
+        forwards[flag] = len(calls)
+    # 2 arms x 1 step x (2 mini-batch forwards + the old-log-prob pass unless from the sampler)
+    assert forwards == {True: 4, False: 6}
+    for arm in ("grpo_rr", "gspo"):
+        fast, slow = runs[True][arm], runs[False][arm]
+        assert fast["reward/mean"] == slow["reward/mean"]
+        assert fast["response/length_mean"] == slow["response/length_mean"]
+        for key in ("policy/loss", "policy/ratio_mean", "policy/entropy"):
+            assert fast[key] == pytest.approx(slow[key], rel=1e-3, abs=1e-5), (arm, key)
+    assert "moe/expert_change_frac" in runs[True]["grpo_rr"]

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 __all__ = ["UnsupportedRoutingError", "Routes", "RoutingController", "routes_to_BT",
-           "routes_from_BT", "expert_change_frac"]
+           "routes_from_BT", "routes_from_generate", "expert_change_frac"]
 
 # (activation, renormalise over the k slots); the router's routed_scaling_factor (default 1)
 # is tried on top.  Order = preference when several rules fit the probe equally well.
@@ -95,6 +95,7 @@ class RoutingController:
         self._record: Routes | None = None
         self._replay: torch.Tensor | None = None
         self._natural: Routes | None = None
+        self._steps: list[list[torch.Tensor]] | None = None
         self._handles = [r.register_forward_hook(self._make_hook(i)) for i, r in enumerate(self.routers)]
 
     @staticmethod
@@ -141,6 +142,8 @@ class RoutingController:
 
     def _make_hook(self, layer: int):
         def hook(module, args, out):
+            if self._steps is not None:
+                self._steps[layer].append(out[2].detach().long().clone())
             if self._record is None and self._replay is None:
                 return None
             logits, scores, idx = out
@@ -193,6 +196,18 @@ class RoutingController:
             self._natural = None
         holder.routes = _stack(holder._per_layer)
 
+    @contextmanager
+    def recording_steps(self):
+        """Yield one list per layer that collects the (N, k) indices of EVERY forward inside,
+        in call order: a prefill and each decode step of `generate`. Not with replay."""
+        if self._steps is not None or self._replay is not None:
+            raise RuntimeError("RoutingController.recording_steps(): already recording or replaying")
+        self._steps = [[] for _ in range(self.num_layers)]
+        try:
+            yield self._steps
+        finally:
+            self._steps = None
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
@@ -214,6 +229,29 @@ def routes_to_BT(routes_LNk: torch.Tensor, B: int, T: int) -> torch.Tensor:
     if N != B * T:
         raise ValueError(f"routes have N={N} tokens, expected B*T={B}*{T}={B * T}")
     return routes_LNk.reshape(L, B, T, k)
+
+
+def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int) -> torch.Tensor:
+    """Routes of one `generate` call, recorded with `recording_steps`, as (L, B, T, k).
+
+    The prefill routes the B x P prompt tokens (batch-major), then decode step j routes the
+    j-th sampled token of every row: positions 0 .. T-2. The last sampled token is never fed
+    back, so column T-1 has no route; it is filled with the route of column T-2 (any valid
+    experts do: position T-1 only produces logits no log-prob uses). Callers measuring
+    volatility should leave that column out.
+    """
+    L = len(steps)
+    n_decode = T - 1 - P
+    out = []
+    for layer, calls in enumerate(steps):
+        if len(calls) != 1 + n_decode:
+            raise RuntimeError(f"routing recording: layer {layer} saw {len(calls)} forwards, expected "
+                               f"1 prefill + {n_decode} decode steps")
+        pre = calls[0].reshape(B, P, -1)
+        dec = [c.reshape(B, 1, -1) for c in calls[1:]]
+        cols = torch.cat([pre, *dec], dim=1)  # (B, T-1, k)
+        out.append(torch.cat([cols, cols[:, -1:]], dim=1))
+    return torch.stack(out) if L else torch.empty(0)
 
 
 def routes_from_BT(routes_LBTk: torch.Tensor) -> torch.Tensor:

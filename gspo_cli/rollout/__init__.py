@@ -15,11 +15,14 @@ __all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch
            "response_logprobs"]
 
 
-def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0) -> RolloutEngine:
+def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0,
+                routing=None) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
-    `model_dir` is the HF directory `model` was loaded from (vLLM starts from it)."""
+    `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
+    (a RoutingController) lets the hf engine record the routes it samples with."""
     if cfg.engine == "hf":
-        return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                               sampler_logprobs=cfg.sampler_logprobs, routing=routing)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

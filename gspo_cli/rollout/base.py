@@ -21,6 +21,10 @@ class RolloutBatch:
     # (B, C) float32: the sampler's own log-prob of each response token (temperature applied),
     # 0 on padding; None for engines that sample with the trainer's model (hf).
     engine_logp: torch.Tensor | None = None
+    # hf with sampler_logprobs only: (B, C) per-token entropy and (L, B, P+C, k) MoE routes
+    # of the sampling forward passes (column P+C-1 has none: see routes_from_generate).
+    engine_entropy: torch.Tensor | None = None
+    engine_routes: torch.Tensor | None = None
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -37,6 +41,8 @@ class RolloutBatch:
             response_mask=self.response_mask[idx], prompt_len=self.prompt_len,
             completions=[self.completions[i] for i in idx.tolist()], truncated=self.truncated[idx],
             engine_logp=None if self.engine_logp is None else self.engine_logp[idx],
+            engine_entropy=None if self.engine_entropy is None else self.engine_entropy[idx],
+            engine_routes=None if self.engine_routes is None else self.engine_routes[:, idx],
         )
 
 

@@ -5,17 +5,31 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
+from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
+
+# Largest (B, max_new_tokens, vocab) float32 logits kept for sampler log-probs (1 GiB): a
+# big-vocabulary hub model falls back to the trainer's own forward pass.
+LOGITS_BUDGET = 1 << 30
 
 
 class HFRolloutEngine:
     """Samples with the trainer's own model: always the current policy, no weight sync."""
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float = 1.0):
+    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
+                 sampler_logprobs: bool = False, routing=None):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
-        the policy, and training's importance ratios would be biased."""
+        the policy, and training's importance ratios would be biased.
+
+        `sampler_logprobs`: also return, from generate's own forward passes, each response
+        token's log-prob and entropy (temperature applied) and, given a RoutingController,
+        the experts every position was routed to: pi_old without a second forward pass.
+        Skipped (None) for a batch whose logits would exceed LOGITS_BUDGET bytes."""
         self.model = model
         self.tokenizer = tokenizer
+        self.sampler_logprobs = sampler_logprobs
+        self.routing = routing
+        self.temperature = temperature
         # Spelled out in full: generate() otherwise applies the model's generation-config
         # defaults (top_k=50, top_p, repetition penalties...) and the sampler silently
         # differs from the policy whose ratios we compute.
@@ -34,9 +48,24 @@ class HFRolloutEngine:
         ids, attn = enc.input_ids.to(device), enc.attention_mask.to(device)
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config)
-        self.model.train(was_training)
         P = ids.shape[1]
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        want = self.sampler_logprobs and ids.shape[0] * self.gen_config.max_new_tokens * vocab * 4 <= LOGITS_BUDGET
+        steps = None
+        try:
+            if not want:
+                out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config)
+            elif self.routing is None:
+                res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
+                                          output_logits=True, return_dict_in_generate=True)
+            else:
+                with self.routing.recording_steps() as steps:
+                    res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
+                                              output_logits=True, return_dict_in_generate=True)
+        finally:
+            self.model.train(was_training)
+        if want:
+            out = res.sequences
         resp = out[:, P:]
         eos = tok.eos_token_id
         is_eos = resp == eos
@@ -46,5 +75,14 @@ class HFRolloutEngine:
         truncated = ~is_eos.any(-1)
         full_attn = torch.cat([attn, resp_mask.long()], dim=1)
         texts = tok.batch_decode(resp.masked_fill(after_eos, tok.pad_token_id), skip_special_tokens=True)
-        return RolloutBatch(input_ids=out, attention_mask=full_attn, response_mask=resp_mask,
-                            prompt_len=P, completions=texts, truncated=truncated)
+        batch = RolloutBatch(input_ids=out, attention_mask=full_attn, response_mask=resp_mask,
+                             prompt_len=P, completions=texts, truncated=truncated)
+        if want:
+            # logits[j] (B, V) are the raw logits that sampled response token j.
+            logits = torch.stack(res.logits, dim=1).float() / self.temperature  # (B, C, V)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            batch.engine_logp = logprobs.gather(-1, resp.unsqueeze(-1)).squeeze(-1) * resp_mask
+            batch.engine_entropy = -(logprobs.exp() * logprobs).sum(-1) * resp_mask
+            if steps is not None:
+                batch.engine_routes = routes_from_generate(steps, out.shape[0], P, out.shape[1])
+        return batch

@@ -10,7 +10,7 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.config import spec_from_dict
 from gspo_cli.rollout import RolloutBatch, response_logprobs
-from gspo_cli.step import _update, setup
+from gspo_cli.step import _route_token_mask, _update, setup
 from gspo_cli.tasks import make_task
 
 
@@ -48,7 +48,8 @@ def main(spec_yaml: str, source: str, out: str) -> None:
         old = response_logprobs(ctx.model, batch).logp
     # a perturbed "old" policy (the same on every rank) so ratios differ from 1 and some clip
     old = (old + 0.05 * torch.sin(torch.arange(old.numel(), dtype=torch.float32)).reshape(old.shape))[rows]
-    loss, stats, _ = _update(ctx, local, torch.arange(n), old, None, adv[rows], None, measure_routes=False, step=1)
+    loss, stats, _ = _update(ctx, local, torch.arange(n), old, None, adv[rows], None, measure_routes=False, step=1,
+                             route_mask_BT=_route_token_mask(local))
     if info.is_main:
         grads = {k: p.grad.detach().clone() for k, p in ctx.model.named_parameters() if p.grad is not None}
         torch.save({"grads": grads, "clip_frac": float(stats["clip_frac_token"])}, out)
