@@ -1,7 +1,7 @@
 """`make bench`: one RL step of gspo-cli next to the same step in TRL's GRPOTrainer.
 
 Equal work on both sides: the built-in tiny MoE of the quickstart (its cold-started
-checkpoint, eager experts), the quickstart task's prompts in the same order, G samples per
+checkpoint, grouped_mm experts on both sides), the quickstart task's prompts in the same order, G samples per
 prompt, the same max new tokens, pure sampling (temperature 1, no top-k, top-p 1), the same
 number of optimizer steps per rollout (our `mini_batches` = TRL's `steps_per_generation`,
 one epoch = `num_iterations=1`), GSPO's sequence ratio with the paper's clip range and
@@ -201,7 +201,9 @@ def worker_trl(cfg: dict) -> None:
 
     torch.manual_seed(cfg["seed"])
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(source, experts_implementation="eager", dtype=torch.float32)
+    # The same expert kernels as our trainer (transformers' own default is grouped_mm too).
+    model = AutoModelForCausalLM.from_pretrained(source, experts_implementation=spec.model.experts_implementation,
+                                                 dtype=torch.float32)
     model.config.router_aux_loss_coef = 0.0  # TRL would add the load-balancing loss (DESIGN: TRL facts)
     model.config.output_router_logits = False
     tok = AutoTokenizer.from_pretrained(source)
@@ -385,7 +387,7 @@ PROFILE_BUCKETS = [
     ("  attention (Qwen3MoeAttention.forward, SDPA + rotary)", "qwen3_moe/modeling_qwen3_moe.py",
      "Qwen3MoeAttention.forward"),
     ("  MoE block (router + experts)", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
-    ("  experts, eager loop over experts (Qwen3MoeExperts.forward)", "qwen3_moe/modeling_qwen3_moe.py",
+    ("  experts (Qwen3MoeExperts.forward)", "qwen3_moe/modeling_qwen3_moe.py",
      "Qwen3MoeExperts.forward"),
     ("  RMSNorm", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeRMSNorm.forward"),
 ]
@@ -733,7 +735,7 @@ def render(r: dict) -> str:
     lines += [
         (f"Work per RL step: {c['prompts']} prompts x {c['group']} samples, at most {c['max_new']} new tokens, "
          f"{c['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip 3e-4/4e-4, "
-         f"seq-mean-token-mean), fp32, eager experts. Medians of {o['n_steps']} measured steps per side: "
+         f"seq-mean-token-mean), fp32, grouped_mm experts on both sides. Medians of {o['n_steps']} measured steps per side: "
          f"{c['reps']} pairs of fresh processes (seeds {c['seed']}..{c['seed'] + c['reps'] - 1}) x {c['steps']} "
          f"steps, after {c['warmup']} warm-up step(s) each, the two processes stepped alternately."),
         "",

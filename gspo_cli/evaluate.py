@@ -83,13 +83,11 @@ class ProblemResult:
 def score_problems(task: Task, problems: list[Problem], completions: list[list[str]]) -> list[ProblemResult]:
     """Verdicts for `completions[i]` (K samples) of `problems[i]`.
 
-    Tasks with a `score_batch(problems, completions)` (code: programs judged in parallel) get
-    every sample in one call; the others are scored one completion at a time.
+    Every sample goes to the task in one `score_batch` call (code: programs judged in parallel).
     """
     flat_p = [p for p, cs in zip(problems, completions) for _ in cs]
     flat_c = [c for cs in completions for c in cs]
-    batch = getattr(task, "score_batch", None)
-    flat_s = list(batch(flat_p, flat_c)) if batch else [task.score(p, c) for p, c in zip(flat_p, flat_c)]
+    flat_s = list(task.score_batch(flat_p, flat_c))
     extract: Callable[[str], str | None] | None = getattr(task, "extract_answer", None)
     out, i = [], 0
     for p, cs in zip(problems, completions):

@@ -121,7 +121,7 @@ def train_step(ctx: Ctx, step: int) -> dict:
     t1 = time.time()
 
     # 2. Reward and group advantages.
-    scores = [ctx.task.score(problems[i // G], c) for i, c in enumerate(batch.completions)]
+    scores = ctx.task.score_batch([problems[i // G] for i in range(len(batch.completions))], batch.completions)
     rewards_B = torch.tensor([s.reward for s in scores], dtype=torch.float32)
     adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps)
     t2 = time.time()

@@ -59,3 +59,23 @@ def test_unknown_task_and_bad_params_are_spec_errors():
         make_task("arithmetic", {"num_operandz": 2})
     with pytest.raises(SpecError, match=r"task.params.num_operands"):
         make_task("arithmetic", {"num_operands": 1})
+
+
+def test_problems_with_meta_are_hashable_and_compare_without_it():
+    from gspo_cli.tasks.base import Problem
+
+    a = Problem("p1", "1+1=?", "2", meta={"tests": [{"input": "", "output": "2"}]})
+    b = Problem("p1", "1+1=?", "2", meta=None)
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b, Problem("p2", "1+2=?", "3")}) == 2
+
+
+def test_default_score_batch_is_score_for_each_pair():
+    from gspo_cli.tasks import make_task
+
+    task = make_task("math", {"source": "synthetic", "num_operands": 2, "max_operand": 9})
+    probs = task.eval_problems(4)
+    comps = [f"so \\boxed{{{p.answer}}}" if i % 2 == 0 else "\\boxed{999}" for i, p in enumerate(probs)]
+    batch = task.score_batch(probs, comps)
+    assert batch == [task.score(p, c) for p, c in zip(probs, comps)]
+    assert [s.correct for s in batch] == [True, False, True, False][:len(probs)]

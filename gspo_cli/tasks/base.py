@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -14,7 +15,8 @@ class Problem:
     prompt: str
     answer: str
     solution: str | None = None  # a reference completion (used by the cold start)
-    meta: dict | None = None
+    # Task-specific data (a code problem's tests...); not part of equality or the hash.
+    meta: dict | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,11 @@ class Task(ABC):
     @abstractmethod
     def score(self, problem: Problem, completion: str) -> Score:
         """Judge one completion; never raises on garbage, gives reward 0 instead."""
+
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Score]:
+        """Scores of completions[i] for problems[i]. The trainer and evaluation call this for a
+        whole batch; tasks whose judging is slow (code) override it to judge in parallel."""
+        return [self.score(p, c) for p, c in zip(problems, completions)]
 
     def corpus_text(self, rng: random.Random, n: int = 256) -> str:
         """Text the built-in tokenizer is trained on."""
