@@ -156,6 +156,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     seeds = sorted({r.seed for r in runs})
     lines = [f"# {', '.join(exp)}: the GSPO paper's findings at tiny scale", ""]
     lines += _setup_lines(runs, seeds)
+    lines += _regime_lines(runs, last)
     lines += ["## Results", "",
               f"Mean ± 95% CI over seeds. Reward (last {last}): train reward over the last {last} steps; "
               "`reward/mean`: train reward averaged over all steps (area under the curve); clip columns, "
@@ -185,7 +186,7 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
     m, t, r, tr = spec.get("model", {}), spec.get("task", {}), spec.get("rollout", {}), spec.get("train", {})
     b = m.get("builtin", {})
     arm = (spec.get("arms") or [{}])[0]
-    walls = [float(x.info.get("wall_s") or 0) for x in runs]
+    walls = [float(x.info.get("wall_s") or (x.series("time/elapsed_s").dropna().iloc[-1:].sum())) for x in runs]
     n_eval = next((e.get("n") for x in runs for e in x.evals if e.get("n")), t.get("eval_size"))
     lines = ["## Setup", "",
              f"- Model: `{m.get('name')}`"
@@ -198,13 +199,37 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
              f"{arm.get('mini_batches')} mini-batches per rollout batch (off-policy after the first); "
              f"lr {spec.get('optimizer', {}).get('lr')}; {tr.get('steps')} steps",
              f"- Seeds: {', '.join(map(str, seeds))}; runs: {len(runs)}; summed run wall time "
-             f"{sum(walls) / 60:.1f} min",
+             f"{sum(walls) / 60:.1f} min (runs in parallel overlap)",
              ""]
     return lines
 
 
+def _regime_lines(runs: list[Run], last: int) -> list[str]:
+    """Whether the question is meaningful here: rewards neither saturated nor zero, groups that
+    carry a learning signal, and mini-batches that are really off-policy."""
+    def pooled(key: str, head: bool) -> float:
+        vals = []
+        for r in runs:
+            s = r.series(key).dropna()
+            if len(s):
+                vals.append(float((s.iloc[:last] if head else s).mean()))
+        return float(np.mean(vals)) if vals else math.nan
+
+    ev0 = [float(x.score) for r in runs for x in r.eval_scores.itertuples() if x.step == 0]
+    items = [
+        ("train reward over the first %d steps (all runs)" % last, pooled("reward/mean", True), ".3f"),
+        ("held-out score at step 0", float(np.mean(ev0)) if ev0 else math.nan, ".3f"),
+        ("share of groups with no reward variance (no signal), whole runs", pooled("reward/zero_var_group_frac", False), ".3f"),
+        ("KL(pi_old || pi_theta) per mini-batch, k3, whole runs", pooled("policy/kl_old_k3", False), ".2e"),
+        ("share of sequences clipped (any arm's rule), whole runs", pooled("policy/clip_frac_seq", False), ".3f"),
+    ]
+    out = ["Regime (means over every run; is the comparison meaningful here?):", ""]
+    out += [f"- {name}: {v:{fmt}}" for name, v, fmt in items if math.isfinite(v)]
+    return out + [""]
+
+
 def _ratio_lines(roles: dict[str, Group], comp: Comparison) -> list[str]:
-    if "grpo" not in roles:
+    if "grpo" not in roles or len(roles) < 2:
         return []
     base = _mean(_values(roles["grpo"], comp, "clip"))
     out = ["Token clip fraction relative to GRPO's (ratio of seed means):", ""]
