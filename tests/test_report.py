@@ -94,6 +94,9 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
     # expert change: mean over roles of 0.004, 0.004, 0.002, 0.004 = 0.35%
     assert "lower at this scale" in text and "0.35%" in text and "on 8 layers" in text
     assert "| grpo_rr | 3 | completed |" in text
+    # regime: first-25-step reward pooled over the 12 runs = (0.66 + 0.96 + 1.26 + 1.26) / 12
+    assert "train reward over the first 25 steps (all runs): 0.345" in text
+    assert "held-out score at step 0: 0.100" in text
     for fig in ("reward", "reward_time", "eval_math", "clip", "expert_change"):
         assert f"![{fig}](figures/{fig}.png)" in text
         assert (exp / "figures" / f"{fig}.png").stat().st_size > 1000
