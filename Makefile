@@ -57,11 +57,14 @@ test-vllm: $(VLLM_STAMP)
 # `make bench`: our RL step side by side with TRL's GRPOTrainer (benchmarks/README.md). TRL is a
 # benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
 .PHONY: bench
-# The GSPO paper's findings at tiny scale: 4 arms x 3 seeds, two processes at a time;
-# resumable (rerun after an interruption), then results/paper_tiny/REPORT.md.
+# The GSPO paper's findings at tiny scale: 4 arms x 3 seeds, two processes at a time, then the
+# same at a 4x learning rate; resumable (rerun after an interruption); writes
+# results/paper_tiny/REPORT.md and results/paper_tiny_offpolicy/REPORT.md.
 reproduce: setup
 	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_tiny_offpolicy.yaml --jobs 2
 	$(BIN)/gspo report results/paper_tiny
+	$(BIN)/gspo report results/paper_tiny_offpolicy
 
 bench: setup
 	$(BIN)/pip show -q trl >/dev/null 2>&1 || $(BIN)/pip install --quiet -e ".[bench]"

@@ -129,6 +129,10 @@ def _mean(vals: list[float]) -> float:
     return float(np.mean(v)) if v else math.nan
 
 
+def _times(x: float) -> str:
+    return f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}%" if math.isfinite(x) else "n/a"
 
@@ -144,7 +148,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     written, _ = plot_runs(paths, out=fig_dir, metrics=FIGURES, smooth=smooth)
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     eval_col = next((c.id for c in comp.columns if c.id.startswith("eval_final:")), None)
-    eval_label = next((c.label for c in comp.columns if c.id == eval_col), "held-out score")
+    eval_label = next((c.label.removesuffix(" final") for c in comp.columns if c.id == eval_col), "held-out score")
 
     def vals(role: str, col: str) -> list[float]:
         return _values(roles[role], comp, col) if role in roles else []
@@ -237,7 +241,7 @@ def _ratio_lines(roles: dict[str, Group], comp: Comparison) -> list[str]:
         if role in roles and role != "grpo":
             v = _mean(_values(roles[role], comp, "clip"))
             out.append(f"- {ROLE_NAMES[role]} (`{roles[role].name}`): {v:.4g} / {base:.4g} = "
-                       + (f"{v / base:.0f}x" if base > 0 else "n/a"))
+                       + (_times(v / base) if base > 0 else "n/a"))
     return out + [""]
 
 
@@ -267,7 +271,7 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
         part = "holds" if ratio >= 10 else "does not hold"
         out += [f"**2. GSPO clips far more tokens than GRPO, yet learns better — clipping part {part}; "
                 f"\"learns better\": {v1}.** Mean token clip fraction GSPO {s:.4g} vs GRPO {g:.4g}: "
-                f"{ratio:.0f}x (paper: about two orders of magnitude).", ""]
+                f"{_times(ratio)} (paper: about two orders of magnitude).", ""]
     else:
         out += ["**2.** not testable: needs a GRPO and a GSPO arm.", ""]
 
