@@ -131,6 +131,29 @@ def parse_shard(text: str) -> tuple[int, int]:
 # Running a plan with N local processes
 
 
+def prebuild_models(runs: list[PlannedRun], log) -> int:
+    """Cold-start the built-in models the runs need once, here, with every core, before any
+    job starts: otherwise the first job builds it on its share of the cores while the others
+    wait for it. Returns how many distinct models were checked. A model that cannot be built
+    is left for its runs to report."""
+    from gspo_cli.errors import GspoError
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.tasks import make_task
+
+    seen = set()
+    for r in runs:
+        m, t = r.spec.model, r.spec.task
+        key = (m.model_dump_json(), t.model_dump_json())
+        if not m.name.startswith("builtin:") or key in seen:
+            continue
+        seen.add(key)
+        try:
+            resolve_model_source(m, make_task(t.name, t.params), log=log)
+        except GspoError:
+            pass
+    return len(seen)
+
+
 def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dict[str, Any]]:
     """Train each planned run in its own `gspo train` process, `jobs` at a time, each with
     its share of the cores. Completed runs are skipped, interrupted ones resume (the
@@ -142,6 +165,8 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
              "wall_s": 0.0, "skipped": True} for r in runs if r not in todo]
     for r in done:
         log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
+    if jobs > 1:
+        prebuild_models(todo, log)
     tmpdir = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
     pending, active, records = list(todo), {}, list(done)
     while pending or active:

@@ -112,3 +112,30 @@ def test_list_shows_runs_and_json(tmp_path):
     assert (row["status"], row["step"], row["reward_last"]) == ("interrupted", 3, 0.25)
     empty = CliRunner().invoke(app, ["list", str(tmp_path / "nothing")])
     assert empty.exit_code == 2 and "no run directories" in empty.stderr
+
+
+def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypatch):
+    """A sweep builds each distinct built-in model once, before its jobs start; hub/local
+    models are left alone, and a model that cannot be built is left for its runs."""
+    import gspo_cli.models as models
+    from gspo_cli.errors import SpecError as Err
+    from gspo_cli.sweep import prebuild_models
+
+    built = []
+
+    def fake(cfg, task, log=print):
+        built.append((cfg.builtin.num_layers, task.name))
+        if cfg.builtin.num_layers == 3:
+            raise Err("model: cannot build")
+        return "/nowhere"
+
+    monkeypatch.setattr(models, "resolve_model_source", fake)
+    raw = {**BASE, "output_dir": str(tmp_path / "out"),
+           "sweep": {"grid": {"model.builtin.num_layers": [2, 3], "arms[*].clip_high": [0.3, 0.5]}}}
+    runs = plan(write(tmp_path, raw))  # 2 x 2 points x 2 arms x 2 seeds = 16 runs, 2 models
+    assert len(runs) == 16
+    assert prebuild_models(runs, log=lambda m: None) == 2
+    assert sorted(built) == [(2, "arithmetic"), (3, "arithmetic")]
+    hub = plan(write(tmp_path, {**raw, "model": {"name": "some/hub-model"}, "sweep": None}))
+    built.clear()
+    assert prebuild_models(hub, log=lambda m: None) == 0 and built == []
