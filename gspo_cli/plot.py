@@ -276,9 +276,9 @@ def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, path: Path, fmt: str) -> Path:
+def save_figure(fig: Figure, path: Path, fmt: str, dpi: int = DPI) -> Path:
     with matplotlib.rc_context(_RC):
-        fig.savefig(path, format=fmt, dpi=DPI, metadata=_METADATA[fmt])
+        fig.savefig(path, format=fmt, dpi=dpi, metadata=_METADATA[fmt])
     return path
 
 
@@ -288,8 +288,9 @@ def default_out(runs: list[Run]) -> Path:
 
 
 def plot_runs(paths: list[str], *, out: Path | None = None, fmt: str = "png", metrics: list[str] | None = None,
-              x: str = "step", smooth: float = 0.0, group_by: str = "arm") -> tuple[list[Path], list[str]]:
-    """Write one file per figure plus `panel.<fmt>`; returns (files written, figures skipped)."""
+              x: str = "step", smooth: float = 0.0, group_by: str = "arm", panel: bool = True,
+              dpi: int = DPI) -> tuple[list[Path], list[str]]:
+    """Write one file per figure plus (`panel`) `panel.<fmt>`; returns (files written, figures skipped)."""
     if fmt not in FORMATS:
         raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     runs = load_runs(paths)
@@ -297,8 +298,10 @@ def plot_runs(paths: list[str], *, out: Path | None = None, fmt: str = "png", me
     plot = build_plot(groups, metrics, x, smooth)
     out = Path(out) if out is not None else default_out(runs)
     out.mkdir(parents=True, exist_ok=True)
-    written = [save_figure(f, out / f"{name}.{fmt}", fmt) for name, f in make_figures(plot).items()]
+    written = [save_figure(f, out / f"{name}.{fmt}", fmt, dpi) for name, f in make_figures(plot).items()]
+    if not panel:
+        return written, plot.skipped
     experiments = sorted({r.experiment for r in runs})
     title = f"{', '.join(experiments)}: mean over seeds" + (f", EMA {smooth:g}" if smooth else "")
-    written.append(save_figure(make_panel(plot, title), out / f"panel.{fmt}", fmt))
+    written.append(save_figure(make_panel(plot, title), out / f"panel.{fmt}", fmt, dpi))
     return written, plot.skipped

@@ -27,6 +27,7 @@ ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO"
 TABLE_METRICS = ["steps", "reward", "reward/mean", "eval_final", "eval_best", "clip", "clip_seq",
                  "expert_change", "kl", "step_time", "wall"]
 FIGURES = ["reward", "reward_time", "eval", "clip", "expert_change"]
+FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
 PAPER_EXPERT_CHANGE = 0.10
 
@@ -145,7 +146,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     comp = compare_runs(paths, metrics=TABLE_METRICS, last=last)
     roles = _roles(groups)
     fig_dir = out.parent / "figures"
-    written, _ = plot_runs(paths, out=fig_dir, metrics=FIGURES, smooth=smooth)
+    written, _ = plot_runs(paths, out=fig_dir, metrics=FIGURES, smooth=smooth, panel=False, dpi=FIGURE_DPI)
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     eval_col = next((c.id for c in comp.columns if c.id.startswith("eval_final:")), None)
     eval_label = next((c.label.removesuffix(" final") for c in comp.columns if c.id == eval_col), "held-out score")
@@ -180,7 +181,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
               "Everything above comes from the run directories:", "", "```",
               f"gspo report {cmd_dir}                      # this file and figures/",
               f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
-              f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(FIGURES)}",
+              f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(FIGURES)}   # at 150 dpi, + panel",
               "```", ""]
     return "\n".join(lines)
 

@@ -100,6 +100,7 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
     for fig in ("reward", "reward_time", "eval_math", "clip", "expert_change"):
         assert f"![{fig}](figures/{fig}.png)" in text
         assert (exp / "figures" / f"{fig}.png").stat().st_size > 1000
+    assert not (exp / "figures" / "panel.png").exists()  # the report embeds single figures only
     # regenerating gives the same text
     assert write_report(exp).read_text() == text
 
