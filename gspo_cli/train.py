@@ -15,15 +15,17 @@ import socket
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
+import yaml
 
 from gspo_cli import distributed
 from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
-from gspo_cli.config import ArmConfig, ExperimentSpec, dump_spec
+from gspo_cli.config import ArmConfig, ExperimentSpec, dump_spec, spec_from_dict
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import (
     DivergedError,
@@ -269,6 +271,22 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
     return RunResult(arm.name, seed, str(rd.path), "completed", summary)
 
 
+def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:
+    """Whether a run directory's spec.yaml describes `spec`. Compared after resolving the
+    stored text with today's defaults, so a field added in a later gspo-cli version (with a
+    default) does not make an older unfinished run look different."""
+    own = dump_spec(spec)
+    if stored_text == own:
+        return True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stored = spec_from_dict(yaml.safe_load(stored_text))
+    except Exception:  # noqa: BLE001 - unreadable or no longer valid: not the same spec
+        return False
+    return dump_spec(stored) == own
+
+
 def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
     """The latest complete checkpoint of an unfinished run with the same spec, else None."""
     if not rd.exists():
@@ -276,7 +294,7 @@ def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
     ckpts = valid_checkpoints(rd)
     if not ckpts:
         return None
-    if rd.spec_file.is_file() and rd.spec_file.read_text() != dump_spec(own_spec):
+    if rd.spec_file.is_file() and not same_spec(rd.spec_file.read_text(), own_spec):
         raise SpecError(f"{rd.path}: holds an unfinished run of a different spec; "
                         "use --force to start it again or choose another --output-dir")
     return ckpts[-1]

@@ -150,3 +150,20 @@ def test_nan_loss_marks_run_diverged_and_exits_3(tmp_path, monkeypatch):
     info = rd.info()
     assert info["status"] == "diverged" and "step 2: policy/loss is nan" in info["error"]
     assert len(rd.metrics()) == 1  # the bad step is not logged as if it were fine
+
+
+def test_spec_written_by_an_older_version_still_resumes(tmp_path):
+    """A spec.yaml without fields added later (they take their defaults) is the same spec;
+    a real difference or an unreadable file is not."""
+    from gspo_cli.config import dump_spec
+    from gspo_cli.train import same_spec
+
+    spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
+    old = yaml.safe_load(dump_spec(spec))
+    del old["rollout"]["sampler_logprobs"], old["model"]["experts_implementation"]
+    text = yaml.safe_dump(old, sort_keys=False)
+    assert text != dump_spec(spec)
+    assert same_spec(text, spec)
+    old["optimizer"]["lr"] = 1e-2
+    assert not same_spec(yaml.safe_dump(old), spec)
+    assert not same_spec("arms: [", spec)
