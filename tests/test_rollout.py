@@ -9,14 +9,20 @@ from gspo_cli.models.builtin import build_config, build_tokenizer
 from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, response_logprobs
 
 
+def build_tiny(kind: str, num_layers: int, num_experts: int, **from_config):
+    """A randomly initialised (seed 0) built-in model and its character tokenizer."""
+    tok = build_tokenizer("0123456789+-=?\n")
+    size = BuiltinModelConfig(hidden_size=32, num_layers=num_layers, num_heads=2, num_kv_heads=1,
+                              intermediate_size=64, moe_intermediate_size=32, num_experts=num_experts,
+                              experts_per_token=2)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(build_config(kind, size, tok), **from_config), tok
+
+
 @pytest.fixture(scope="module")
 def tiny():
-    tok = build_tokenizer("0123456789+-=?\n")
-    size = BuiltinModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                              moe_intermediate_size=32, num_experts=4, experts_per_token=2)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(build_config("tiny-dense", size, tok)).eval()
-    return model, tok
+    model, tok = build_tiny("tiny-dense", num_layers=2, num_experts=4)
+    return model.eval(), tok
 
 
 def test_sampler_keeps_the_tail_of_the_distribution(tiny):
@@ -86,11 +92,7 @@ def test_tokenizer_round_trips_text():
 def tiny_moe():
     from gspo_cli.models.routing import RoutingController
 
-    tok = build_tokenizer("0123456789+-=?\n")
-    size = BuiltinModelConfig(hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                              moe_intermediate_size=32, num_experts=6, experts_per_token=2)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(build_config("tiny-moe", size, tok), experts_implementation="eager")
+    model, tok = build_tiny("tiny-moe", num_layers=3, num_experts=6, experts_implementation="eager")
     model.train()
     return model, tok, RoutingController(model)
 
