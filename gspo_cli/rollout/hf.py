@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import GenerationConfig
 
@@ -51,21 +53,15 @@ class HFRolloutEngine:
         P = ids.shape[1]
         vocab = self.model.get_output_embeddings().weight.shape[0]
         want = self.sampler_logprobs and ids.shape[0] * self.gen_config.max_new_tokens * vocab * 4 <= LOGITS_BUDGET
-        steps = None
+        extra = {"output_logits": True, "return_dict_in_generate": True} if want else {}
+        record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
         try:
-            if not want:
-                out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config)
-            elif self.routing is None:
+            with record as steps:  # None unless routes are recorded
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
-                                          output_logits=True, return_dict_in_generate=True)
-            else:
-                with self.routing.recording_steps() as steps:
-                    res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
-                                              output_logits=True, return_dict_in_generate=True)
+                                          **extra)
         finally:
             self.model.train(was_training)
-        if want:
-            out = res.sequences
+        out = res.sequences if want else res
         resp = out[:, P:]
         eos = tok.eos_token_id
         is_eos = resp == eos
