@@ -174,8 +174,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += ["", RULES]
     lines += ["## Figures", ""]
     for p in written:
-        if p.stem != "panel":
-            lines += [f"![{p.stem}]({rel(p)})", ""]
+        lines += [f"![{p.stem}]({rel(p)})", ""]
     cmd_dir = exp_dir.as_posix()
     lines += ["## Regenerate", "",
               "Everything above comes from the run directories:", "", "```",
@@ -313,10 +312,15 @@ def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: in
     exp_dir = Path(exp_dir)
     if not exp_dir.exists():
         raise SpecError(f"{exp_dir}: no such directory")
+    if not exp_dir.is_dir():
+        raise SpecError(f"{exp_dir}: not a directory (give an experiment directory, e.g. results/paper_tiny)")
     out = Path(out) if out is not None else exp_dir / "REPORT.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = build_report(exp_dir, out=out, last=last, smooth=smooth)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = build_report(exp_dir, out=out, last=last, smooth=smooth)
+        out.write_text(text)
+    except OSError as err:
+        raise SpecError(f"--out: cannot write the report beside {out}: {err.strerror or err}") from None
     return out
 
 

@@ -137,3 +137,7 @@ def test_cli_report_and_bad_input(tmp_path):
     assert res.exit_code == 2 and "no such directory" in res.output
     with pytest.raises(SpecError):
         write_report(tmp_path / "missing")
+    res = CliRunner().invoke(app, ["report", str(exp / "REPORT.md")])  # a file, not a directory
+    assert res.exit_code == 2 and "not a directory" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["report", str(exp), "-o", str(exp / "REPORT.md" / "R.md")])  # parent is a file
+    assert res.exit_code == 2 and "cannot write" in res.output and "Traceback" not in res.output
