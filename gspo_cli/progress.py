@@ -8,41 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-
-def _fmt(m: dict) -> str:
-    parts = [f"reward {m['reward/mean']:.3f}", f"acc {m['reward/accuracy']:.2f}",
-             f"clip {m['policy/clip_frac_token']:.2e}"]
-    if "moe/expert_change_frac" in m:
-        parts.append(f"experts Δ {m['moe/expert_change_frac']:.3f}")
-    parts.append(f"{m['time/step_s']:.1f}s/step")
-    return "  ".join(parts)
-
-
-class PlainReporter:
-    """One line per step on stdout; for pipes, logs and job arrays."""
-
-    def __init__(self, quiet: bool = False, stream=None):
-        self.quiet = quiet
-        self.out = stream or sys.stdout
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def log(self, msg: str) -> None:
-        if not self.quiet:
-            print(msg, file=self.out, flush=True)
-
-    def run_started(self, name: str, total_steps: int) -> None:
-        self.log(f"[{name}] training {total_steps} steps")
-
-    def step_done(self, name: str, m: dict) -> None:
-        self.log(f"[{name}] step {m['step']}  {_fmt(m)}")
-
-    def run_finished(self, name: str, status: str, summary: dict) -> None:
-        self.log(f"[{name}] {status}: reward {summary.get('reward_first')} -> {summary.get('reward_last')}")
+from gspo_cli.reporting import PlainReporter, format_step
 
 
 class RichReporter(PlainReporter):
@@ -74,7 +40,7 @@ class RichReporter(PlainReporter):
         self.tasks[name] = self.progress.add_task("", total=total_steps, name=name, info="")
 
     def step_done(self, name, m):
-        self.progress.update(self.tasks[name], completed=m["step"], info=_fmt(m))
+        self.progress.update(self.tasks[name], completed=m["step"], info=format_step(m))
 
     def run_finished(self, name, status, summary):
         pass

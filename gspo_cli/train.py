@@ -18,7 +18,6 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 import yaml
@@ -46,33 +45,10 @@ from gspo_cli.runs import (
     truncate_jsonl,
     versions,
 )
+from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.sinks import make_sinks
 from gspo_cli.step import Ctx, setup, train_step
 from gspo_cli.tasks import Task, make_task
-
-
-class Reporter(Protocol):
-    """How the trainer talks to a user interface (the CLI renders it with Rich)."""
-
-    def log(self, msg: str) -> None: ...
-    def run_started(self, name: str, total_steps: int) -> None: ...
-    def step_done(self, name: str, metrics: dict) -> None: ...
-    def run_finished(self, name: str, status: str, summary: dict) -> None: ...
-
-
-class PrintReporter:  # used when no reporter is given (library use)
-    def log(self, msg: str) -> None:
-        print(msg, flush=True)
-
-    def run_started(self, name, total_steps):
-        self.log(f"[{name}] start: {total_steps} steps")
-
-    def step_done(self, name, m):
-        self.log(f"[{name}] step {m['step']}: reward {m['reward/mean']:.3f} "
-                 f"clip {m['policy/clip_frac_token']:.2e} ({m['time/step_s']:.1f}s)")
-
-    def run_finished(self, name, status, summary):
-        self.log(f"[{name}] {status}: {summary}")
 
 
 @dataclass
@@ -95,7 +71,7 @@ def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, see
     A run that fails or diverges is recorded and the next one starts; a bad spec or model
     (SpecError) or a stop signal (InterruptedRun) ends the whole call.
     """
-    reporter = reporter or PrintReporter()
+    reporter = reporter or PlainReporter()
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
     task = make_task(spec.task.name, spec.task.params)
@@ -103,7 +79,7 @@ def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, see
     distributed.check_divisible(spec.rollout.prompts_per_step, spec.rollout.group_size,
                                 [a.mini_batches for a in selected], info)
     if not info.is_main:
-        reporter = _Silent()
+        reporter = quiet_reporter()
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
     source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
     distributed.barrier(info)
@@ -188,13 +164,6 @@ class _ReadOnlyRunDir(RunDir):
 
     def reset(self):
         pass
-
-
-class _Silent:
-    def log(self, msg): pass
-    def run_started(self, name, total_steps): pass
-    def step_done(self, name, metrics): pass
-    def run_finished(self, name, status, summary): pass
 
 
 def _decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistInfo):

@@ -36,15 +36,15 @@ def run_loss(name, logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2, aggre
     return loss.detach(), stats, logp.grad
 
 
-def random_batch(seed, B=8, T=7, dtype=torch.float64):
+def random_batch(seed, B=8, C=7, dtype=torch.float64):
     """Random logp, old_logp (per-sequence offset ±0.1 plus noise), ragged mask, adv (B,)."""
     g = torch.Generator().manual_seed(seed)
-    logp = -torch.rand(B, T, generator=g, dtype=dtype) * 3.0
+    logp = -torch.rand(B, C, generator=g, dtype=dtype) * 3.0
     offset = (torch.rand(B, 1, generator=g, dtype=dtype) * 2 - 1) * 0.1
-    noise = (torch.rand(B, T, generator=g, dtype=dtype) * 2 - 1) * 0.02
+    noise = (torch.rand(B, C, generator=g, dtype=dtype) * 2 - 1) * 0.02
     old = logp - offset - noise
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(dtype)
+    lengths = torch.randint(1, C + 1, (B,), generator=g)
+    mask = (torch.arange(C)[None, :] < lengths[:, None]).to(dtype)
     adv = torch.randn(B, generator=g, dtype=dtype)
     return logp, old, mask, adv
 
@@ -201,10 +201,10 @@ def test_masked_positions_never_leak(name, aggregation):
 @pytest.mark.parametrize("name", ["grpo", "gspo_token"])
 def test_masked_token_advantages_never_leak(name):
     logp, old, mask, adv = random_batch(6)
-    adv_BT = adv[:, None].expand_as(mask).clone()
-    dirty = adv_BT.clone()
+    adv_BC = adv[:, None].expand_as(mask).clone()
+    dirty = adv_BC.clone()
     dirty[mask == 0] = float("nan")
-    l_clean, _, g_clean = run_loss(name, logp, old, adv_BT, mask)
+    l_clean, _, g_clean = run_loss(name, logp, old, adv_BC, mask)
     l_dirty, _, g_dirty = run_loss(name, logp, old, dirty, mask)
     assert l_dirty.item() == l_clean.item()
     torch.testing.assert_close(g_dirty, g_clean)
@@ -217,11 +217,11 @@ def test_masked_token_advantages_never_leak(name):
 def test_one_token_responses_grpo_equals_gspo(aggregation):
     # Each response has exactly one token, so token ratio == sequence ratio.
     g = torch.Generator().manual_seed(7)
-    B, T = 8, 3
-    logp = -torch.rand(B, T, generator=g, dtype=torch.float64)
-    old = logp + (torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 1) * 0.5
-    mask = torch.zeros(B, T, dtype=torch.float64)
-    mask[torch.arange(B), torch.arange(B) % T] = 1.0
+    B, C = 8, 3
+    logp = -torch.rand(B, C, generator=g, dtype=torch.float64)
+    old = logp + (torch.rand(B, C, generator=g, dtype=torch.float64) * 2 - 1) * 0.5
+    mask = torch.zeros(B, C, dtype=torch.float64)
+    mask[torch.arange(B), torch.arange(B) % C] = 1.0
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     kw = dict(clip_low=0.1, clip_high=0.1, aggregation=aggregation)
     l_grpo, s_grpo, g_grpo = run_loss("grpo", logp, old, adv, mask, **kw)
@@ -328,10 +328,10 @@ def test_unknown_aggregation_and_registries():
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_descent_step_raises_logp_with_positive_advantage(name):
     torch.manual_seed(0)
-    B, T, V = 3, 5, 7
-    logits = torch.randn(B, T, V, requires_grad=True)
-    tokens = torch.randint(0, V, (B, T))
-    mask = torch.ones(B, T)
+    B, C, V = 3, 5, 7
+    logits = torch.randn(B, C, V, requires_grad=True)
+    tokens = torch.randint(0, V, (B, C))
+    mask = torch.ones(B, C)
     mask[0, 3:] = 0
 
     def logp_of(lg):
@@ -374,9 +374,9 @@ def test_stats_are_detached_scalars():
 
 def test_gspo_rejects_token_advantages_and_gspo_token_accepts_them():
     logp, old, mask, adv = random_batch(9)
-    adv_BT = adv[:, None].expand_as(mask)
+    adv_BC = adv[:, None].expand_as(mask)
     with pytest.raises(ValueError, match="per-sequence"):
-        get_policy_loss("gspo")(logp, old, adv_BT, mask, clip_low=0.2, clip_high=0.2)
-    l_tok, _ = get_policy_loss("gspo_token")(logp, old, adv_BT, mask, clip_low=0.2, clip_high=0.2)
+        get_policy_loss("gspo")(logp, old, adv_BC, mask, clip_low=0.2, clip_high=0.2)
+    l_tok, _ = get_policy_loss("gspo_token")(logp, old, adv_BC, mask, clip_low=0.2, clip_high=0.2)
     l_seq, _ = get_policy_loss("gspo")(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
     torch.testing.assert_close(l_tok, l_seq)

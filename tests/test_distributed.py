@@ -16,7 +16,7 @@ from gspo_cli.config import ModelConfig
 from gspo_cli.models import resolve_model_source
 from gspo_cli.runs import RunDir
 from gspo_cli.tasks import make_task
-from test_train_e2e import TINY
+from helpers import TINY
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]

@@ -181,16 +181,17 @@ def test_bad_completion_files_are_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from test_train_e2e import TINY, Quiet
+    from helpers import TINY
 
     from gspo_cli.config import spec_from_dict
+    from gspo_cli.reporting import quiet_reporter
     from gspo_cli.train import train_experiment
 
     out = tmp_path_factory.mktemp("runs")
     raw = {**TINY, "output_dir": str(out), "train": {"steps": 1},
            "task": {**TINY["task"], "name": "math", "params": {**TINY["task"]["params"], "source": "synthetic"}},
            "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}]}
-    (result,) = train_experiment(spec_from_dict(raw), reporter=Quiet())
+    (result,) = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     assert result.status == "completed"
     return Path(result.path)
 

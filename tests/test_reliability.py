@@ -19,7 +19,7 @@ from gspo_cli.cli import app
 from gspo_cli.config import ExperimentSpec, spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, RunLockedError, read_jsonl, run_lock
-from test_train_e2e import TINY
+from helpers import TINY
 
 RAW = {**TINY, "arms": [TINY["arms"][2]], "train": {"steps": 5, "checkpoint_every": 1, "eval_every": 2}}
 RUN = "e2e/gspo/seed0"
@@ -123,18 +123,18 @@ def _poison_loss(monkeypatch, bad_calls):
 
 @pytest.mark.slow
 def test_isolated_bad_batch_is_skipped_when_asked(tmp_path, monkeypatch):
+    from gspo_cli.reporting import quiet_reporter
     from gspo_cli.train import train_experiment
-    from test_train_e2e import Quiet
 
     _poison_loss(monkeypatch, bad_calls={3})
     raw = {**RAW, "output_dir": str(tmp_path), "train": {"steps": 2, "divergence": {"skip_bad_batches": True}}}
-    (res,) = train_experiment(spec_from_dict(raw), reporter=Quiet())
+    (res,) = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     assert res.status == "completed"
     ms = RunDir(tmp_path / RUN).metrics()
     assert ms[1]["policy/skipped_minibatches"] == 1 and "policy/skipped_minibatches" not in ms[0]
 
     _poison_loss(monkeypatch, bad_calls={1})
-    (res,) = train_experiment(spec_from_dict({**raw, "train": {"steps": 2}}), reporter=Quiet(), force=True)
+    (res,) = train_experiment(spec_from_dict({**raw, "train": {"steps": 2}}), reporter=quiet_reporter(), force=True)
     assert res.status == "diverged"
     info = RunDir(tmp_path / RUN).info()
     assert info["status"] == "diverged" and "step 1: non-finite loss" in info["error"]

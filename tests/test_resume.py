@@ -17,8 +17,9 @@ from gspo_cli.errors import InterruptedRun
 from gspo_cli.runs import RunDir
 from gspo_cli.tasks import make_task
 from gspo_cli.models import resolve_model_source
+from gspo_cli.reporting import quiet_reporter
 from gspo_cli.train import StopFlag, train_experiment, train_run
-from test_train_e2e import TINY, Quiet
+from helpers import TINY
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def strip(records):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("ref")
-    train_experiment(spec_from_dict({**RAW, "output_dir": str(out)}), reporter=Quiet())
+    train_experiment(spec_from_dict({**RAW, "output_dir": str(out)}), reporter=quiet_reporter())
     rd = RunDir(out / "e2e/grpo_rr/seed0")
     return strip(rd.metrics()), [e["scores"] for e in rd.evals()]
 
@@ -57,12 +58,12 @@ def test_stop_then_resume_matches_uninterrupted(tmp_path, reference):
     source = resolve_model_source(spec.model, task, log=lambda m: None)
     rd = RunDir(tmp_path / "e2e/grpo_rr/seed0")
     with pytest.raises(InterruptedRun, match="stopped by SIGTERM after step 2"):
-        train_run(spec, arm, 0, task, source, reporter=Quiet(), stop=TripAfter(rd, 2))
+        train_run(spec, arm, 0, task, source, reporter=quiet_reporter(), stop=TripAfter(rd, 2))
     assert rd.status() == "interrupted" and rd.latest_checkpoint().name == "step_000002"
     # A torn line from a crash mid-write is dropped on resume.
     with open(rd.metrics_file, "a") as f:
         f.write('{"step": 3, "reward/me')
-    (res,) = train_experiment(spec, reporter=Quiet())
+    (res,) = train_experiment(spec, reporter=quiet_reporter())
     assert res.status == "completed" and rd.info()["resumes"] == 1
     assert strip(rd.metrics()) == reference[0]
     assert [e["scores"] for e in rd.evals()] == reference[1]
@@ -117,14 +118,14 @@ def test_changed_spec_refuses_to_resume(tmp_path):
     source = resolve_model_source(spec.model, task, log=lambda m: None)
     rd = RunDir(tmp_path / "e2e/grpo_rr/seed0")
     with pytest.raises(InterruptedRun):
-        train_run(spec, spec.arms[0], 0, task, source, reporter=Quiet(), stop=TripAfter(rd, 1))
+        train_run(spec, spec.arms[0], 0, task, source, reporter=quiet_reporter(), stop=TripAfter(rd, 1))
     other = spec_from_dict({**raw, "optimizer": {"lr": 1e-2}})
     from gspo_cli.errors import SpecError
 
     with pytest.raises(SpecError, match="different spec"):
-        train_experiment(other, reporter=Quiet())
+        train_experiment(other, reporter=quiet_reporter())
     assert rd.status() == "interrupted"
-    train_experiment(other, reporter=Quiet(), force=True)
+    train_experiment(other, reporter=quiet_reporter(), force=True)
     assert rd.status() == "completed" and len(rd.metrics()) == 3
 
 

@@ -9,47 +9,17 @@ from safetensors.torch import load_file
 
 from gspo_cli.config import load_spec, spec_from_dict
 from gspo_cli.runs import RunDir
+from gspo_cli.reporting import quiet_reporter
 from gspo_cli.train import train_experiment
+from helpers import TINY
 
 pytestmark = pytest.mark.slow
-
-TINY = {
-    "name": "e2e",
-    "seeds": [0],
-    "model": {
-        "name": "builtin:tiny-moe",
-        "builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-                    "intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4, "experts_per_token": 2},
-        "cold_start": {"steps": 120, "batch_size": 32, "lr": 1e-2},
-    },
-    # One-digit sums and a format reward: even a barely trained model gets mixed rewards.
-    "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 4, "operators": "+",
-                                              "format_weight": 0.5}, "eval_size": 4},
-    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
-    "optimizer": {"lr": 1e-3},
-    "train": {"steps": 2},
-    "arms": [
-        {"name": "grpo", "preset": "paper-grpo", "mini_batches": 2},
-        {"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2},
-        {"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
-        {"name": "gspo_token", "preset": "paper-gspo-token", "mini_batches": 2},
-        {"name": "grpo_kl", "preset": "paper-grpo", "mini_batches": 2, "kl_coef": 0.1, "epochs": 2},
-    ],
-}
-
-
-class Quiet:
-    def log(self, msg): pass
-    def run_started(self, name, total): pass
-    def step_done(self, name, m): pass
-    def run_finished(self, name, status, summary): pass
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     spec = spec_from_dict({**TINY, "output_dir": str(out)})
-    results = train_experiment(spec, reporter=Quiet())
+    results = train_experiment(spec, reporter=quiet_reporter())
     return spec, results
 
 
@@ -104,9 +74,9 @@ def test_metrics_carry_the_losses_statistics(trained):
 
 def test_same_seed_same_run(tmp_path):
     raw = {**TINY, "output_dir": str(tmp_path / "a"), "arms": [TINY["arms"][2]]}
-    train_experiment(spec_from_dict(raw), reporter=Quiet())
+    train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     raw_b = {**raw, "output_dir": str(tmp_path / "b")}
-    train_experiment(spec_from_dict(raw_b), reporter=Quiet())
+    train_experiment(spec_from_dict(raw_b), reporter=quiet_reporter())
 
     def strip(ms):
         return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in ms]
@@ -119,13 +89,13 @@ def test_same_seed_same_run(tmp_path):
 def test_completed_run_is_skipped_and_force_reruns(tmp_path):
     raw = {**TINY, "output_dir": str(tmp_path), "arms": [TINY["arms"][0]], "train": {"steps": 1}}
     spec = spec_from_dict(raw)
-    train_experiment(spec, reporter=Quiet())
+    train_experiment(spec, reporter=quiet_reporter())
     rd = RunDir(tmp_path / "e2e/grpo/seed0")
     first_start = rd.info()["started_at"]
     (rd.path / "marker").write_text("x")
-    train_experiment(spec, reporter=Quiet())
+    train_experiment(spec, reporter=quiet_reporter())
     assert (rd.path / "marker").exists() and rd.info()["started_at"] == first_start  # untouched
-    train_experiment(spec, reporter=Quiet(), force=True)
+    train_experiment(spec, reporter=quiet_reporter(), force=True)
     assert not (rd.path / "marker").exists() and rd.status() == "completed"
     assert len(rd.metrics()) == 1
 
@@ -135,12 +105,12 @@ def test_dense_model_trains_and_refuses_routing_replay(tmp_path):
 
     model = {**TINY["model"], "name": "builtin:tiny-dense"}
     raw = {**TINY, "model": model, "output_dir": str(tmp_path), "arms": [TINY["arms"][2]], "train": {"steps": 1}}
-    (res,) = train_experiment(spec_from_dict(raw), reporter=Quiet())
+    (res,) = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     ms = RunDir(res.path).metrics()
     assert res.status == "completed" and "moe/expert_change_frac" not in ms[0]
     bad = {**raw, "arms": [TINY["arms"][1]]}
     with pytest.raises(SpecError, match="routing_replay: r2 needs an MoE model"):
-        train_experiment(spec_from_dict(bad), reporter=Quiet())
+        train_experiment(spec_from_dict(bad), reporter=quiet_reporter())
     assert not (tmp_path / "e2e/grpo_rr/seed0").exists()  # refused before any run directory was made
 
 
@@ -193,7 +163,7 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
         out = tmp_path / str(flag)
         raw = {**TINY, "output_dir": str(out), "arms": arms, "train": {"steps": 1},
                "rollout": {**TINY["rollout"], "sampler_logprobs": flag}}
-        train_experiment(spec_from_dict(raw), reporter=Quiet())
+        train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
         runs[flag] = {a["name"]: RunDir(out / f"e2e/{a['name']}/seed0").metrics()[0] for a in arms}
         forwards[flag] = len(calls)
     # 2 arms x 1 step x (2 mini-batch forwards + the old-log-prob pass unless from the sampler)

@@ -1,4 +1,4 @@
-"""Reduce a (B, T) tensor of per-token values to a scalar under a response mask.
+"""Reduce a (B, C) tensor of per-token values to a scalar under a response mask.
 
 The choice of reduction changes how much each response (and each token) weighs in
 the loss, which is one of the knobs that differ between GRPO variants:
@@ -35,10 +35,10 @@ def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
     return deco
 
 
-def _masked_zero(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (values with masked positions set to 0, boolean mask), both (B, T)."""
-    keep_BT = mask_BT > 0
-    return torch.where(keep_BT, values_BT, torch.zeros_like(values_BT)), keep_BT
+def _masked_zero(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (values with masked positions set to 0, boolean mask), both (B, C)."""
+    keep_BC = mask_BC > 0
+    return torch.where(keep_BC, values_BC, torch.zeros_like(values_BC)), keep_BC
 
 
 def _mean_over_nonempty(per_seq_B: torch.Tensor, n_tok_B: torch.Tensor) -> torch.Tensor:
@@ -54,39 +54,39 @@ def _mean_over_nonempty(per_seq_B: torch.Tensor, n_tok_B: torch.Tensor) -> torch
 
 
 @register_aggregation("seq_mean_token_mean")
-def seq_mean_token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """(B, T), (B, T) -> scalar: mean over tokens of each response, then over responses."""
-    vals_BT, keep_BT = _masked_zero(values_BT, mask_BT)
-    n_tok_B = keep_BT.sum(dim=-1)
-    per_seq_B = vals_BT.sum(dim=-1) / n_tok_B.clamp(min=1).to(vals_BT.dtype)
+def seq_mean_token_mean(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C), (B, C) -> scalar: mean over tokens of each response, then over responses."""
+    vals_BC, keep_BC = _masked_zero(values_BC, mask_BC)
+    n_tok_B = keep_BC.sum(dim=-1)
+    per_seq_B = vals_BC.sum(dim=-1) / n_tok_B.clamp(min=1).to(vals_BC.dtype)
     return _mean_over_nonempty(per_seq_B, n_tok_B)
 
 
 @register_aggregation("token_mean")
-def token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """(B, T), (B, T) -> scalar: sum(values * mask) / sum(mask) over the whole batch."""
-    vals_BT, keep_BT = _masked_zero(values_BT, mask_BT)
-    return vals_BT.sum() / keep_BT.sum().clamp(min=1).to(vals_BT.dtype)
+def token_mean(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C), (B, C) -> scalar: sum(values * mask) / sum(mask) over the whole batch."""
+    vals_BC, keep_BC = _masked_zero(values_BC, mask_BC)
+    return vals_BC.sum() / keep_BC.sum().clamp(min=1).to(vals_BC.dtype)
 
 
 @register_aggregation("seq_mean_token_sum")
-def seq_mean_token_sum(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """(B, T), (B, T) -> scalar: token sum per response, mean over non-empty responses.
+def seq_mean_token_sum(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C), (B, C) -> scalar: token sum per response, mean over non-empty responses.
 
     Empty responses are excluded from the mean, as in ``seq_mean_token_mean``.
     """
-    vals_BT, keep_BT = _masked_zero(values_BT, mask_BT)
-    return _mean_over_nonempty(vals_BT.sum(dim=-1), keep_BT.sum(dim=-1))
+    vals_BC, keep_BC = _masked_zero(values_BC, mask_BC)
+    return _mean_over_nonempty(vals_BC.sum(dim=-1), keep_BC.sum(dim=-1))
 
 
-def aggregate(values_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce ``values_BT`` (B, T) under ``mask_BT`` (B, T; >0 = response token) to a 0-d tensor."""
+def aggregate(values_BC: torch.Tensor, mask_BC: torch.Tensor, mode: str) -> torch.Tensor:
+    """Reduce ``values_BC`` (B, C) under ``mask_BC`` (B, C; >0 = response token) to a 0-d tensor."""
     try:
         fn = AGGREGATIONS[mode]
     except KeyError:
         raise ValueError(
             f"unknown aggregation {mode!r}; valid modes: {sorted(AGGREGATIONS)}"
         ) from None
-    if values_BT.shape != mask_BT.shape:
-        raise ValueError(f"values shape {tuple(values_BT.shape)} != mask shape {tuple(mask_BT.shape)}")
-    return fn(values_BT, mask_BT)
+    if values_BC.shape != mask_BC.shape:
+        raise ValueError(f"values shape {tuple(values_BC.shape)} != mask shape {tuple(mask_BC.shape)}")
+    return fn(values_BC, mask_BC)

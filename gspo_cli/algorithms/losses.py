@@ -2,12 +2,12 @@
 
 Every loss is called as::
 
-    loss, stats = fn(logp_BT, old_logp_BT, adv, mask_BT, *, clip_low, clip_high,
+    loss, stats = fn(logp_BC, old_logp_BC, adv, mask_BC, *, clip_low, clip_high,
                      aggregation="seq_mean_token_mean")
 
-with ``logp_BT`` / ``old_logp_BT`` the (B, T) log-probs of the sampled tokens
-under the current / behaviour policy, ``mask_BT`` (B, T) 1.0 on response tokens,
-and ``adv`` either (B,) or (B, T). ``loss`` is minus the clipped objective,
+with ``logp_BC`` / ``old_logp_BC`` the (B, C) log-probs of the sampled tokens
+under the current / behaviour policy, ``mask_BC`` (B, C) 1.0 on response tokens,
+and ``adv`` either (B,) or (B, C). ``loss`` is minus the clipped objective,
 aggregated over response tokens; ``stats`` holds detached 0-d diagnostics.
 
 Log-ratios are formed inside ``torch.where(mask, ..., 0)`` so NaN or garbage at
@@ -55,37 +55,37 @@ def get_policy_loss(name: str) -> PolicyLossFn:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _masked_log_ratio(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
-    """(B, T) log(pi/pi_old) on response tokens, exactly 0 elsewhere (unclamped)."""
-    if logp_BT.shape != old_logp_BT.shape or logp_BT.shape != keep_BT.shape:
+def _masked_log_ratio(logp_BC: torch.Tensor, old_logp_BC: torch.Tensor, keep_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C) log(pi/pi_old) on response tokens, exactly 0 elsewhere (unclamped)."""
+    if logp_BC.shape != old_logp_BC.shape or logp_BC.shape != keep_BC.shape:
         raise ValueError(
-            f"shape mismatch: logp {tuple(logp_BT.shape)}, old_logp {tuple(old_logp_BT.shape)}, "
-            f"mask {tuple(keep_BT.shape)}"
+            f"shape mismatch: logp {tuple(logp_BC.shape)}, old_logp {tuple(old_logp_BC.shape)}, "
+            f"mask {tuple(keep_BC.shape)}"
         )
-    return torch.where(keep_BT, logp_BT - old_logp_BT, torch.zeros_like(logp_BT))
+    return torch.where(keep_BC, logp_BC - old_logp_BC, torch.zeros_like(logp_BC))
 
 
-def _seq_log_ratio(log_ratio_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
-    """(B, T) masked log-ratio -> (B,) length-normalised sequence log-ratio, clamped.
+def _seq_log_ratio(log_ratio_BC: torch.Tensor, keep_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C) masked log-ratio -> (B,) length-normalised sequence log-ratio, clamped.
 
     Empty responses get 0 (ratio 1) via the max(|y|, 1) guard.
     """
-    n_tok_B = keep_BT.sum(dim=-1).clamp(min=1).to(log_ratio_BT.dtype)
-    seq_B = log_ratio_BT.sum(dim=-1) / n_tok_B
+    n_tok_B = keep_BC.sum(dim=-1).clamp(min=1).to(log_ratio_BC.dtype)
+    seq_B = log_ratio_BC.sum(dim=-1) / n_tok_B
     return seq_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-def _advantages_BT(advantages: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
-    """(B,) or (B, T) advantages -> (B, T), zeroed at masked positions."""
-    if advantages.dim() == 1 and advantages.shape[0] == keep_BT.shape[0]:
-        adv_BT = advantages.unsqueeze(1).expand_as(keep_BT)
-    elif advantages.shape == keep_BT.shape:
-        adv_BT = advantages
+def _advantages_BC(advantages: torch.Tensor, keep_BC: torch.Tensor) -> torch.Tensor:
+    """(B,) or (B, C) advantages -> (B, C), zeroed at masked positions."""
+    if advantages.dim() == 1 and advantages.shape[0] == keep_BC.shape[0]:
+        adv_BC = advantages.unsqueeze(1).expand_as(keep_BC)
+    elif advantages.shape == keep_BC.shape:
+        adv_BC = advantages
     else:
         raise ValueError(
-            f"advantages must be (B,) or (B, T) = {tuple(keep_BT.shape)}, got {tuple(advantages.shape)}"
+            f"advantages must be (B,) or (B, C) = {tuple(keep_BC.shape)}, got {tuple(advantages.shape)}"
         )
-    return torch.where(keep_BT, adv_BT, torch.zeros_like(adv_BT))
+    return torch.where(keep_BC, adv_BC, torch.zeros_like(adv_BC))
 
 
 def _clipped_surrogate_loss(
@@ -97,49 +97,49 @@ def _clipped_surrogate_loss(
 
 
 def _stats(
-    ratio_BT: torch.Tensor,
+    ratio_BC: torch.Tensor,
     seq_log_ratio_B: torch.Tensor,
-    log_ratio_BT: torch.Tensor,
-    adv_BT: torch.Tensor,
-    keep_BT: torch.Tensor,
+    log_ratio_BC: torch.Tensor,
+    adv_BC: torch.Tensor,
+    keep_BC: torch.Tensor,
     clip_low: float,
     clip_high: float,
 ) -> dict[str, torch.Tensor]:
-    """Detached 0-d diagnostics; ``ratio_BT`` is the ratio the loss clips on."""
+    """Detached 0-d diagnostics; ``ratio_BC`` is the ratio the loss clips on."""
     with torch.no_grad():
-        ratio_BT = ratio_BT.detach()
-        dtype = ratio_BT.dtype
-        zeros_BT = torch.zeros_like(ratio_BT)
-        n_tok = keep_BT.sum().clamp(min=1).to(dtype)
-        zero = torch.zeros((), dtype=dtype, device=ratio_BT.device)
+        ratio_BC = ratio_BC.detach()
+        dtype = ratio_BC.dtype
+        zeros_BC = torch.zeros_like(ratio_BC)
+        n_tok = keep_BC.sum().clamp(min=1).to(dtype)
+        zero = torch.zeros((), dtype=dtype, device=ratio_BC.device)
 
         # A token counts as clipped only when clipping actually zeroes its gradient,
         # i.e. the ratio left the trust region on the side the advantage pushes to.
-        high_BT = keep_BT & (ratio_BT > 1.0 + clip_high) & (adv_BT > 0)
-        low_BT = keep_BT & (ratio_BT < 1.0 - clip_low) & (adv_BT < 0)
-        any_BT = (high_BT | low_BT).to(dtype)
-        mask_f = keep_BT.to(dtype)
+        high_BC = keep_BC & (ratio_BC > 1.0 + clip_high) & (adv_BC > 0)
+        low_BC = keep_BC & (ratio_BC < 1.0 - clip_low) & (adv_BC < 0)
+        any_BC = (high_BC | low_BC).to(dtype)
+        mask_f = keep_BC.to(dtype)
 
-        resp_ratio = ratio_BT[keep_BT]
-        lr_BT = log_ratio_BT.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        resp_ratio = ratio_BC[keep_BC]
+        lr_BC = log_ratio_BC.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         # k3 estimator of KL(old || new): r - 1 - log r, r = pi/pi_old; expm1 for precision.
-        k3_BT = torch.where(keep_BT, torch.expm1(lr_BT) - lr_BT, zeros_BT)
-        nonempty_B = keep_BT.any(dim=-1)
+        k3_BC = torch.where(keep_BC, torch.expm1(lr_BC) - lr_BC, zeros_BC)
+        nonempty_B = keep_BC.any(dim=-1)
         seq_ratio_B = seq_log_ratio_B.detach().exp()
         n_seq = nonempty_B.sum().clamp(min=1).to(dtype)
 
         has_tok = resp_ratio.numel() > 0
         return {
-            "clip_frac_token": any_BT.sum() / n_tok,
-            "clip_frac_token_low": low_BT.to(dtype).sum() / n_tok,
-            "clip_frac_token_high": high_BT.to(dtype).sum() / n_tok,
-            "clip_frac_seq": aggregate(any_BT, mask_f, "seq_mean_token_mean"),
-            "ratio_mean": torch.where(keep_BT, ratio_BT, zeros_BT).sum() / n_tok,
+            "clip_frac_token": any_BC.sum() / n_tok,
+            "clip_frac_token_low": low_BC.to(dtype).sum() / n_tok,
+            "clip_frac_token_high": high_BC.to(dtype).sum() / n_tok,
+            "clip_frac_seq": aggregate(any_BC, mask_f, "seq_mean_token_mean"),
+            "ratio_mean": torch.where(keep_BC, ratio_BC, zeros_BC).sum() / n_tok,
             "ratio_min": resp_ratio.min() if has_tok else zero.clone(),
             "ratio_max": resp_ratio.max() if has_tok else zero.clone(),
             "seq_ratio_mean": torch.where(nonempty_B, seq_ratio_B, torch.zeros_like(seq_ratio_B)).sum()
             / n_seq,
-            "approx_kl": k3_BT.sum() / n_tok,
+            "approx_kl": k3_BC.sum() / n_tok,
         }
 
 
@@ -148,10 +148,10 @@ def _stats(
 
 @register_policy_loss("grpo")
 def grpo_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
+    logp_BC: torch.Tensor,
+    old_logp_BC: torch.Tensor,
     advantages: torch.Tensor,
-    mask_BT: torch.Tensor,
+    mask_BC: torch.Tensor,
     *,
     clip_low: float,
     clip_high: float,
@@ -159,25 +159,25 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO: token ratio w_{i,t} = exp(logp - old_logp), PPO-clipped per token.
 
-    Shapes: logp_BT, old_logp_BT, mask_BT (B, T); advantages (B,) or (B, T).
+    Shapes: logp_BC, old_logp_BC, mask_BC (B, C); advantages (B,) or (B, C).
     """
-    keep_BT = mask_BT > 0
-    log_ratio_BT = _masked_log_ratio(logp_BT, old_logp_BT, keep_BT)
-    ratio_BT = log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    adv_BT = _advantages_BT(advantages, keep_BT)
-    loss_BT = _clipped_surrogate_loss(ratio_BT, adv_BT, clip_low, clip_high)
-    loss = aggregate(loss_BT, mask_BT, aggregation)
+    keep_BC = mask_BC > 0
+    log_ratio_BC = _masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    ratio_BC = log_ratio_BC.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    adv_BC = _advantages_BC(advantages, keep_BC)
+    loss_BC = _clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
+    loss = aggregate(loss_BC, mask_BC, aggregation)
     # Sequence ratio is not used by GRPO but is logged to compare with GSPO runs.
-    seq_lr_B = _seq_log_ratio(log_ratio_BT, keep_BT)
-    return loss, _stats(ratio_BT, seq_lr_B, log_ratio_BT, adv_BT, keep_BT, clip_low, clip_high)
+    seq_lr_B = _seq_log_ratio(log_ratio_BC, keep_BC)
+    return loss, _stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, keep_BC, clip_low, clip_high)
 
 
 @register_policy_loss("gspo")
 def gspo_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
+    logp_BC: torch.Tensor,
+    old_logp_BC: torch.Tensor,
     advantages_B: torch.Tensor,
-    mask_BT: torch.Tensor,
+    mask_BC: torch.Tensor,
     *,
     clip_low: float,
     clip_high: float,
@@ -185,7 +185,7 @@ def gspo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: sequence ratio s_i = exp(mean_t log(pi/pi_old)), PPO-clipped per sequence.
 
-    Shapes: logp_BT, old_logp_BT, mask_BT (B, T); advantages_B (B,) only, since the
+    Shapes: logp_BC, old_logp_BC, mask_BC (B, C); advantages_B (B,) only, since the
     objective is defined per sequence. The per-sequence loss is broadcast to every
     response token and then aggregated, so the default aggregation gives the
     paper's (1/G) sum_i, and other modes weight sequences like their tokens.
@@ -195,24 +195,24 @@ def gspo_loss(
             f"gspo needs per-sequence advantages of shape (B,), got {tuple(advantages_B.shape)}; "
             "use 'gspo_token' for per-token advantages"
         )
-    keep_BT = mask_BT > 0
-    log_ratio_BT = _masked_log_ratio(logp_BT, old_logp_BT, keep_BT)
-    seq_lr_B = _seq_log_ratio(log_ratio_BT, keep_BT)
+    keep_BC = mask_BC > 0
+    log_ratio_BC = _masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    seq_lr_B = _seq_log_ratio(log_ratio_BC, keep_BC)
     seq_ratio_B = seq_lr_B.exp()
-    adv_BT = _advantages_BT(advantages_B, keep_BT)  # validates B; used for stats
+    adv_BC = _advantages_BC(advantages_B, keep_BC)  # validates B; used for stats
     loss_B = _clipped_surrogate_loss(seq_ratio_B, advantages_B, clip_low, clip_high)
-    loss_BT = loss_B.unsqueeze(1).expand_as(logp_BT)
-    loss = aggregate(loss_BT, mask_BT, aggregation)
-    ratio_BT = seq_ratio_B.detach().unsqueeze(1).expand_as(logp_BT)
-    return loss, _stats(ratio_BT, seq_lr_B, log_ratio_BT, adv_BT, keep_BT, clip_low, clip_high)
+    loss_BC = loss_B.unsqueeze(1).expand_as(logp_BC)
+    loss = aggregate(loss_BC, mask_BC, aggregation)
+    ratio_BC = seq_ratio_B.detach().unsqueeze(1).expand_as(logp_BC)
+    return loss, _stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, keep_BC, clip_low, clip_high)
 
 
 @register_policy_loss("gspo_token")
 def gspo_token_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
+    logp_BC: torch.Tensor,
+    old_logp_BC: torch.Tensor,
     advantages: torch.Tensor,
-    mask_BT: torch.Tensor,
+    mask_BC: torch.Tensor,
     *,
     clip_low: float,
     clip_high: float,
@@ -222,15 +222,15 @@ def gspo_token_loss(
 
     Value of s_{i,t} equals s_i and its gradient is s_i * grad(logp_{i,t}), so with
     (B,) advantages this matches ``gspo`` in value, clipping and gradient while
-    also allowing (B, T) per-token advantages.
+    also allowing (B, C) per-token advantages.
     """
-    keep_BT = mask_BT > 0
-    log_ratio_BT = _masked_log_ratio(logp_BT, old_logp_BT, keep_BT)
-    seq_lr_B = _seq_log_ratio(log_ratio_BT, keep_BT)
+    keep_BC = mask_BC > 0
+    log_ratio_BC = _masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    seq_lr_B = _seq_log_ratio(log_ratio_BC, keep_BC)
     # logp - sg[logp] is 0 in value but carries d logp; masked via where for NaN safety.
-    grad_carrier_BT = _masked_log_ratio(logp_BT, logp_BT.detach(), keep_BT)
-    ratio_BT = seq_lr_B.detach().exp().unsqueeze(1) * grad_carrier_BT.exp()
-    adv_BT = _advantages_BT(advantages, keep_BT)
-    loss_BT = _clipped_surrogate_loss(ratio_BT, adv_BT, clip_low, clip_high)
-    loss = aggregate(loss_BT, mask_BT, aggregation)
-    return loss, _stats(ratio_BT, seq_lr_B, log_ratio_BT, adv_BT, keep_BT, clip_low, clip_high)
+    grad_carrier_BC = _masked_log_ratio(logp_BC, logp_BC.detach(), keep_BC)
+    ratio_BC = seq_lr_B.detach().exp().unsqueeze(1) * grad_carrier_BC.exp()
+    adv_BC = _advantages_BC(advantages, keep_BC)
+    loss_BC = _clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
+    loss = aggregate(loss_BC, mask_BC, aggregation)
+    return loss, _stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, keep_BC, clip_low, clip_high)

@@ -8,19 +8,15 @@ from vllm_tiny import TINY, tiny_spec
 
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir
+from gspo_cli.reporting import quiet_reporter
 from gspo_cli.train import train_experiment
 
 
-class Quiet:
-    def log(self, msg): pass
-    def run_started(self, name, total): pass
-    def step_done(self, name, m): pass
-    def run_finished(self, name, status, summary): pass
 
 
 def _run(tmp_path, tiny_source, **rollout):
     spec = tiny_spec(output_dir=str(tmp_path), rollout={**TINY["rollout"], **rollout})
-    (res,) = train_experiment(spec, reporter=Quiet())
+    (res,) = train_experiment(spec, reporter=quiet_reporter())
     return res, RunDir(res.path)
 
 

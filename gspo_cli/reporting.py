@@ -1,0 +1,55 @@
+"""How the trainer talks to a user interface: the Reporter protocol and the plain-line
+reporter (library use, pipes, logs, job arrays). The live Rich view is in progress.py."""
+
+from __future__ import annotations
+
+import sys
+from typing import Protocol
+
+
+class Reporter(Protocol):
+    def log(self, msg: str) -> None: ...
+    def run_started(self, name: str, total_steps: int) -> None: ...
+    def step_done(self, name: str, metrics: dict) -> None: ...
+    def run_finished(self, name: str, status: str, summary: dict) -> None: ...
+
+
+def format_step(m: dict) -> str:
+    parts = [f"reward {m['reward/mean']:.3f}", f"acc {m['reward/accuracy']:.2f}",
+             f"clip {m['policy/clip_frac_token']:.2e}"]
+    if "moe/expert_change_frac" in m:
+        parts.append(f"experts Δ {m['moe/expert_change_frac']:.3f}")
+    parts.append(f"{m['time/step_s']:.1f}s/step")
+    return "  ".join(parts)
+
+
+class PlainReporter:
+    """One line per step on `stream` (stdout by default); `quiet` prints nothing at all."""
+
+    def __init__(self, quiet: bool = False, stream=None):
+        self.quiet = quiet
+        self.out = stream or sys.stdout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=self.out, flush=True)
+
+    def run_started(self, name: str, total_steps: int) -> None:
+        self.log(f"[{name}] training {total_steps} steps")
+
+    def step_done(self, name: str, m: dict) -> None:
+        self.log(f"[{name}] step {m['step']}  {format_step(m)}")
+
+    def run_finished(self, name: str, status: str, summary: dict) -> None:
+        self.log(f"[{name}] {status}: reward {summary.get('reward_first')} -> {summary.get('reward_last')}")
+
+
+def quiet_reporter() -> PlainReporter:
+    """A reporter that shows nothing (ranks other than 0, tests)."""
+    return PlainReporter(quiet=True)

@@ -1,0 +1,27 @@
+"""Shared test helpers: the tiny end-to-end spec. Test modules import
+these from here, never from each other."""
+
+TINY = {
+    "name": "e2e",
+    "seeds": [0],
+    "model": {
+        "name": "builtin:tiny-moe",
+        "builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+                    "intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4, "experts_per_token": 2},
+        "cold_start": {"steps": 120, "batch_size": 32, "lr": 1e-2},
+    },
+    # One-digit sums and a format reward: even a barely trained model gets mixed rewards.
+    "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 4, "operators": "+",
+                                              "format_weight": 0.5}, "eval_size": 4},
+    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
+    "optimizer": {"lr": 1e-3},
+    "train": {"steps": 2},
+    "arms": [
+        {"name": "grpo", "preset": "paper-grpo", "mini_batches": 2},
+        {"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2},
+        {"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
+        {"name": "gspo_token", "preset": "paper-gspo-token", "mini_batches": 2},
+        {"name": "grpo_kl", "preset": "paper-grpo", "mini_batches": 2, "kl_coef": 0.1, "epochs": 2},
+    ],
+}
+
