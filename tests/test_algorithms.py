@@ -12,6 +12,8 @@ from gspo_cli.algorithms import (
     AGGREGATIONS,
     POLICY_LOSSES,
     aggregate,
+    aggregation_count,
+    grpo_loss,
     get_advantage_estimator,
     get_policy_loss,
     zero_variance_group_frac,
@@ -380,3 +382,40 @@ def test_gspo_rejects_token_advantages_and_gspo_token_accepts_them():
     l_tok, _ = get_policy_loss("gspo_token")(logp, old, adv_BC, mask, clip_low=0.2, clip_high=0.2)
     l_seq, _ = get_policy_loss("gspo")(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
     torch.testing.assert_close(l_tok, l_seq)
+
+
+# ----------------------------------------------------------------------------- 10. split batches
+
+
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_split_batch_with_global_denominator_averages_to_the_whole(mode):
+    """Two halves of a batch (as on two processes), each divided by the global count / 2:
+    their mean is the whole batch's value, in value and gradient, for every mode. The halves'
+    own means are not (uneven lengths, and an empty response in one half)."""
+    logp, old, mask, adv = random_batch(3, B=8, C=7)
+    mask[1] = 0.0  # an empty response in the first half
+    mask[5, 2:] = 0.0
+    whole = logp.clone().requires_grad_(True)
+    loss_whole, _ = grpo_loss(whole, old, adv, mask, clip_low=0.2, clip_high=0.27, aggregation=mode)
+    loss_whole.backward()
+    count = aggregation_count(mask, mode)
+    halves = logp.clone().requires_grad_(True)
+    parts, own = [], []
+    for rows in (slice(0, 4), slice(4, 8)):
+        part, _ = grpo_loss(halves[rows], old[rows], adv[rows], mask[rows], clip_low=0.2, clip_high=0.27,
+                            aggregation=mode, denominator=count / 2)
+        parts.append(part)
+        own.append(grpo_loss(logp[rows], old[rows], adv[rows], mask[rows], clip_low=0.2, clip_high=0.27,
+                             aggregation=mode)[0])
+    split = (parts[0] + parts[1]) / 2
+    split.backward()
+    assert torch.allclose(split, loss_whole, rtol=0, atol=1e-12)
+    assert torch.allclose(halves.grad, whole.grad, rtol=0, atol=1e-12)
+    assert abs(float((own[0] + own[1]) / 2 - loss_whole)) > 1e-4  # what a per-process mean would give
+
+
+def test_aggregation_count_by_hand():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert float(aggregation_count(mask, "token_mean")) == 3.0
+    assert float(aggregation_count(mask, "seq_mean_token_mean")) == 2.0  # the empty response does not count
+    assert float(aggregation_count(mask, "seq_mean_token_sum")) == 2.0

@@ -8,7 +8,7 @@ from .advantages import (
     register_advantage,
     zero_variance_group_frac,
 )
-from .aggregation import AGGREGATIONS, aggregate, register_aggregation
+from .aggregation import AGGREGATIONS, aggregate, aggregation_count, register_aggregation
 from .losses import (
     LOG_RATIO_CLAMP,
     POLICY_LOSSES,
@@ -25,6 +25,7 @@ __all__ = [
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
     "aggregate",
+    "aggregation_count",
     "get_advantage_estimator",
     "get_policy_loss",
     "grpo_advantages",

@@ -18,7 +18,10 @@ from typing import Callable
 
 import torch
 
-AggregationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (values_BC, mask_BC) -> (total, count): the loss is total / count. Both are sums over
+# responses or tokens, so a batch split across processes adds up exactly: each process
+# divides its own total by the global count (see `aggregate`'s `denominator`).
+AggregationFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 AGGREGATIONS: dict[str, AggregationFn] = {}
 
@@ -41,52 +44,65 @@ def _masked_zero(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[torch.
     return torch.where(keep_BC, values_BC, torch.zeros_like(values_BC)), keep_BC
 
 
-def _mean_over_nonempty(per_seq_B: torch.Tensor, n_tok_B: torch.Tensor) -> torch.Tensor:
-    """Mean of per_seq_B over responses that have at least one token.
+def _over_nonempty(per_seq_B: torch.Tensor, n_tok_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of per_seq_B over responses with at least one token, their number).
 
     An empty response carries no tokens, so letting it count in the denominator
-    would silently shrink the loss of every other response. If all responses are
-    empty the result is an exact 0 that is still attached to the graph.
+    would silently shrink the loss of every other response.
     """
     nonempty_B = n_tok_B > 0
     total = torch.where(nonempty_B, per_seq_B, torch.zeros_like(per_seq_B)).sum()
-    return total / nonempty_B.sum().clamp(min=1).to(per_seq_B.dtype)
+    return total, nonempty_B.sum().to(per_seq_B.dtype)
 
 
 @register_aggregation("seq_mean_token_mean")
-def seq_mean_token_mean(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
-    """(B, C), (B, C) -> scalar: mean over tokens of each response, then over responses."""
+def seq_mean_token_mean(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over tokens of each response, then over responses: (sum of response means, responses)."""
     vals_BC, keep_BC = _masked_zero(values_BC, mask_BC)
     n_tok_B = keep_BC.sum(dim=-1)
     per_seq_B = vals_BC.sum(dim=-1) / n_tok_B.clamp(min=1).to(vals_BC.dtype)
-    return _mean_over_nonempty(per_seq_B, n_tok_B)
+    return _over_nonempty(per_seq_B, n_tok_B)
 
 
 @register_aggregation("token_mean")
-def token_mean(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
-    """(B, C), (B, C) -> scalar: sum(values * mask) / sum(mask) over the whole batch."""
+def token_mean(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every response token of the batch weighs the same: (sum over tokens, tokens)."""
     vals_BC, keep_BC = _masked_zero(values_BC, mask_BC)
-    return vals_BC.sum() / keep_BC.sum().clamp(min=1).to(vals_BC.dtype)
+    return vals_BC.sum(), keep_BC.sum().to(vals_BC.dtype)
 
 
 @register_aggregation("seq_mean_token_sum")
-def seq_mean_token_sum(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
-    """(B, C), (B, C) -> scalar: token sum per response, mean over non-empty responses.
-
-    Empty responses are excluded from the mean, as in ``seq_mean_token_mean``.
-    """
+def seq_mean_token_sum(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sum per response, mean over non-empty responses: (sum of sums, responses)."""
     vals_BC, keep_BC = _masked_zero(values_BC, mask_BC)
-    return _mean_over_nonempty(vals_BC.sum(dim=-1), keep_BC.sum(dim=-1))
+    return _over_nonempty(vals_BC.sum(dim=-1), keep_BC.sum(dim=-1))
 
 
-def aggregate(values_BC: torch.Tensor, mask_BC: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce ``values_BC`` (B, C) under ``mask_BC`` (B, C; >0 = response token) to a 0-d tensor."""
+def _lookup(mode: str) -> AggregationFn:
     try:
-        fn = AGGREGATIONS[mode]
+        return AGGREGATIONS[mode]
     except KeyError:
-        raise ValueError(
-            f"unknown aggregation {mode!r}; valid modes: {sorted(AGGREGATIONS)}"
-        ) from None
+        raise ValueError(f"unknown aggregation {mode!r}; valid modes: {sorted(AGGREGATIONS)}") from None
+
+
+def aggregate(values_BC: torch.Tensor, mask_BC: torch.Tensor, mode: str,
+              denominator: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Reduce ``values_BC`` (B, C) under ``mask_BC`` (B, C; >0 = response token) to a 0-d tensor.
+
+    ``denominator``: what to divide this batch's total by instead of its own count (tokens
+    or non-empty responses, as ``mode`` counts them). A batch split across W processes whose
+    gradients are averaged passes the global count / W, so the average is the single-process
+    value; it must be > 0. With no count at all (every response empty) the result is an exact 0
+    that is still attached to the graph.
+    """
+    fn = _lookup(mode)
     if values_BC.shape != mask_BC.shape:
         raise ValueError(f"values shape {tuple(values_BC.shape)} != mask shape {tuple(mask_BC.shape)}")
-    return fn(values_BC, mask_BC)
+    total, count = fn(values_BC, mask_BC)
+    return total / (count.clamp(min=1) if denominator is None else denominator)
+
+
+def aggregation_count(mask_BC: torch.Tensor, mode: str) -> torch.Tensor:
+    """The count ``aggregate`` divides by for ``mode`` (tokens or non-empty responses), 0-d float."""
+    mask_f = (mask_BC > 0).to(torch.float64)
+    return _lookup(mode)(torch.zeros_like(mask_f), mask_f)[1]
