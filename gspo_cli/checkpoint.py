@@ -3,6 +3,7 @@ under a temporary name and renamed, so a crash never leaves a half-written check
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -17,13 +18,19 @@ STATE_FILE = "trainer_state.pt"
 
 
 def save_checkpoint(rd: RunDir, step: int, model, tokenizer, optimizer, scheduler, *,
-                    rng: random.Random, shuffle: torch.Generator, keep: int, extra: dict | None = None) -> Path:
+                    rng: random.Random, shuffle: torch.Generator, keep: int, dtype: str | None = None,
+                    extra: dict | None = None) -> Path:
+    """Write step `step`'s checkpoint: `model` (float32 master weights, saved as they are so a
+    resume continues exactly) with `dtype` recorded in its config.json, so that transformers
+    loads it in the dtype the run computed in; tokenizer; optimizer, scheduler and RNG state."""
     rd.checkpoints.mkdir(parents=True, exist_ok=True)
     final = rd.checkpoints / f"step_{step:06d}"
     tmp = rd.checkpoints / f".tmp-step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
+        if dtype is not None:
+            _set_config_dtype(tmp / "config.json", dtype)
         tokenizer.save_pretrained(tmp)
         torch.save({
             "step": step,
@@ -45,6 +52,12 @@ def save_checkpoint(rd: RunDir, step: int, model, tokenizer, optimizer, schedule
     for old in valid_checkpoints(rd)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _set_config_dtype(config_json: Path, dtype: str) -> None:
+    config = json.loads(config_json.read_text())
+    config["dtype"] = dtype
+    config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -156,6 +156,9 @@ class RolloutConfig(_Strict):
                                                       "forward by ~1e-5 nats at most)")
     vllm: dict[str, Any] = Field(default_factory=dict, description="extra vllm.LLM(...) arguments, e.g. "
                                                                    "gpu_memory_utilization")
+    logprob_check_every: int = Field(10, ge=0, description="hf engine with sampler_logprobs: every N steps (and at "
+                                                           "step 1) compare the sampler's log-probs with one full "
+                                                           "trainer forward (rollout/logprob_diff_*); 0: never")
 
     @model_validator(mode="after")
     def _check(self):
@@ -290,6 +293,9 @@ class ExperimentSpec(_Strict):
                     f"arms[{i}].routing_replay: r3 (replaying the rollout engine's routes) is not supported: "
                     f"vLLM 0.32 returns routed experts only with its GPU model runner (V2, Triton), not on CPU, "
                     f"and gspo-cli does not read them yet; use r2")
+        if self.model.dtype == "float16":
+            problems.append("model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
+                            "(small gradients underflow); use bfloat16")
         names = [a.name for a in self.arms]
         for i, n in enumerate(names):
             if n in names[:i]:

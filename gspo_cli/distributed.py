@@ -2,8 +2,10 @@
 prompts by rank (whole groups stay on one rank), and reducing metrics.
 
 With one process everything here is a no-op, so the single-process path pays nothing.
-Gradients are averaged by DDP; since every rank holds the same number of equal-sized
-groups, the average of the ranks' sequence-mean losses is the global sequence mean.
+Gradients are averaged by DDP, so each rank divides its share of the loss by the global
+count (tokens or responses) / world size: the average is then the single-process loss
+for every aggregation (`algorithms.aggregate`). Metrics are combined exactly by
+`stepstats.StepStats`.
 """
 
 from __future__ import annotations
@@ -64,31 +66,32 @@ def shard(items: list, info: DistInfo) -> list:
     return items[info.rank * n:(info.rank + 1) * n]
 
 
-_MAX_KEYS = ("response/length_max", "policy/ratio_max")
-_MIN_KEYS = ("policy/ratio_min",)
-
-
-def reduce_metrics(metrics: dict, info: DistInfo) -> dict:
-    """Combine one step's metrics from every rank: extremes for min/max keys, the slowest
-    rank for time/*, sums for counts, means for the rest (equal shards make them global)."""
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order (a list of one without torchrun)."""
     if not info.enabled:
-        return metrics
-    gathered: list[dict] = [None] * info.world_size  # type: ignore[list-item]
-    dist.all_gather_object(gathered, metrics)
-    out = {}
-    for key in dict.fromkeys(k for m in gathered for k in m):
-        vals = [m[key] for m in gathered if key in m]
-        if key == "step":
-            out[key] = vals[0]
-        elif key in _MAX_KEYS or key.startswith("time/"):
-            out[key] = max(vals)
-        elif key in _MIN_KEYS:
-            out[key] = min(vals)
-        elif key in ("policy/skipped_minibatches", "perf/tokens_per_s"):
-            out[key] = sum(vals)
-        else:
-            out[key] = sum(vals) / len(vals)
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj)
     return out
+
+
+def total(value: float, info: DistInfo) -> float:
+    """The sum of `value` over all ranks (e.g. a global token count)."""
+    if not info.enabled:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when `flag` is true on any rank: a decision to stop, skip or
+    diverge must be taken by all ranks together, or the others wait in the next collective."""
+    if not info.enabled:
+        return bool(flag)
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
 
 
 def broadcast_object(obj, info: DistInfo):

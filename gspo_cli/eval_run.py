@@ -149,7 +149,7 @@ def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | 
     if source.startswith("builtin:"):
         source = resolve_model_source(cfg.model_copy(update={"name": source}), task, log=log)
     t0 = time.time()
-    lm = load_model(source, cfg)
+    lm = load_model(source, cfg, training=False)  # sampling only: weights in the dtype asked for
     torch.manual_seed(sampling.seed)
     engine = HFRolloutEngine(lm.model, lm.tokenizer, max_new_tokens=max_tokens, temperature=temperature,
                              top_p=sampling.top_p)

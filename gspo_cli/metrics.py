@@ -26,17 +26,20 @@ METRICS: dict[str, tuple[str, str]] = {
     "policy/ratio_max": ("largest importance ratio", "ratio"),
     "policy/seq_ratio_mean": ("mean length-normalised sequence ratio", "ratio"),
     "policy/kl_old_k3": ("k3 estimate of KL(pi_old || pi_theta) per token", "nats"),
-    "policy/kl_ref_k3": ("k3 estimate of KL to the reference (initial) policy, when kl_coef > 0", "nats"),
+    "policy/kl_ref_k3": ("k3 estimate of KL to the reference (initial) policy per token, when kl_coef > 0",
+                         "nats"),
     "policy/entropy": ("mean per-token entropy of the sampling distribution (pi_old)", "nats"),
     "policy/grad_norm": ("gradient norm before clipping, mean over mini-batches", "norm"),
     "policy/lr": ("learning rate", "lr"),
     "moe/expert_change_frac": (
         "share of (token, layer, slot) expert choices that differ between pi_old and the current "
         "policy on the same rollout, over forwards after at least one update", "fraction"),
-    "moe/aux_loss": ("router load-balancing loss (only when router_aux_loss_coef > 0)", "loss"),
-    "rollout/logprob_diff_mean": ("|engine - trainer| log-prob of the sampled tokens, mean over response tokens "
-                                  "(vLLM engine only)", "nats"),
-    "rollout/logprob_diff_max": ("|engine - trainer| log-prob of the sampled tokens, max (vLLM engine only)", "nats"),
+    "moe/aux_loss": ("router load-balancing loss, mean over mini-batches (only when router_aux_loss_coef > 0)",
+                     "loss"),
+    "rollout/logprob_diff_mean": ("|sampler - trainer| log-prob of the sampled tokens, mean over response tokens "
+                                  "(vLLM: every step; hf: every rollout.logprob_check_every steps)", "nats"),
+    "rollout/logprob_diff_max": ("|sampler - trainer| log-prob of the sampled tokens, max over response tokens",
+                                 "nats"),
     "policy/skipped_minibatches": ("non-finite mini-batches dropped this step (divergence.skip_bad_batches)", "count"),
     "time/rollout_s": ("generation time", "s"),
     "time/score_s": ("verifier time", "s"),
@@ -44,18 +47,21 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/update_s": ("forward/backward/optimizer time over all mini-batches", "s"),
     "time/step_s": ("wall time of the whole step", "s"),
     "time/elapsed_s": ("wall time since the run started (training only)", "s"),
-    "perf/tokens_per_s": ("response tokens generated per second of step time", "tokens/s"),
+    "perf/tokens_per_s": ("response tokens of all processes per second of the slowest process's step time",
+                          "tokens/s"),
 }
 
-# Statistics returned by every policy loss, and how mini-batch values combine into a step's.
+# Statistics returned by every policy loss: the metric each becomes and what its mean is
+# over (response tokens or non-empty responses), so that mini-batches and processes combine
+# into the step's value with the right weights.
 LOSS_STAT_KEYS = {
-    "clip_frac_token": "policy/clip_frac_token",
-    "clip_frac_token_low": "policy/clip_frac_token_low",
-    "clip_frac_token_high": "policy/clip_frac_token_high",
-    "clip_frac_seq": "policy/clip_frac_seq",
-    "ratio_mean": "policy/ratio_mean",
-    "seq_ratio_mean": "policy/seq_ratio_mean",
-    "approx_kl": "policy/kl_old_k3",
+    "clip_frac_token": ("policy/clip_frac_token", "tokens"),
+    "clip_frac_token_low": ("policy/clip_frac_token_low", "tokens"),
+    "clip_frac_token_high": ("policy/clip_frac_token_high", "tokens"),
+    "clip_frac_seq": ("policy/clip_frac_seq", "responses"),
+    "ratio_mean": ("policy/ratio_mean", "tokens"),
+    "seq_ratio_mean": ("policy/seq_ratio_mean", "responses"),
+    "approx_kl": ("policy/kl_old_k3", "tokens"),
 }
 
 

@@ -9,8 +9,9 @@ branches on an algorithm's name.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import math
+import functools
 import random
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.algorithms import (
     aggregate,
+    aggregation_count,
     get_advantage_estimator,
     get_policy_loss,
     zero_variance_group_frac,
@@ -29,7 +31,7 @@ from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.metrics import LOSS_STAT_KEYS
-from gspo_cli.models import load_model
+from gspo_cli.models import compute_context, load_model
 from gspo_cli.models.routing import (
     RoutingController,
     UnsupportedRoutingError,
@@ -41,10 +43,10 @@ from gspo_cli.rollout.base import LogProbs
 from gspo_cli.rollout import (
     RolloutBatch,
     RolloutEngine,
-    logprob_mismatch,
     make_engine,
     response_logprobs,
 )
+from gspo_cli.stepstats import StepStats
 from gspo_cli.tasks import Task
 
 
@@ -69,6 +71,8 @@ class Ctx:
     train_model: torch.nn.Module | None = None  # `model`, wrapped in DDP under torchrun
     train_time: float = 0.0  # seconds spent in training steps so far (survives resume)
     skipped: int = 0  # non-finite mini-batches skipped so far (survives resume)
+    # Forward passes run inside compute(): autocast to model.dtype over float32 master weights.
+    compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str,
@@ -105,132 +109,203 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     return Ctx(spec=spec, arm=arm, task=task, model=model, engine=engine, optimizer=optimizer,
                scheduler=scheduler, loss_fn=get_policy_loss(arm.loss), adv_fn=get_advantage_estimator(arm.advantage),
                routing=routing, ref_model=ref_model, rng=random.Random(seed), shuffle=shuffle,
-               dist=dist_info, train_model=distributed.wrap(model, dist_info))
+               dist=dist_info, train_model=distributed.wrap(model, dist_info),
+               compute=functools.partial(compute_context, spec.model.dtype, spec.model.device))
 
 
 def train_step(ctx: Ctx, step: int) -> dict:
-    spec, arm = ctx.spec, ctx.arm
+    spec = ctx.spec
     G = spec.rollout.group_size
-    temp = spec.rollout.temperature
     t0 = time.time()
 
     # 1. Rollout: G samples per prompt from the current policy (= pi_old for this step).
     # Every rank draws the same global prompt list and keeps its share (whole groups).
     problems = distributed.shard(ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step), ctx.dist)
-    batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
+    with ctx.compute():
+        batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
     t1 = time.time()
 
-    # 2. Reward and group advantages.
+    # 2. Reward.
     scores = ctx.task.score_batch([problems[i // G] for i in range(len(batch.completions))], batch.completions)
+    t2 = time.time()
+    return learn(ctx, batch, scores, step, times={"time/rollout_s": t1 - t0, "time/score_s": t2 - t1}, t0=t0)
+
+
+def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | None = None,
+          t0: float | None = None) -> dict:
+    """Everything after sampling and scoring: advantages, pi_old, the mini-batch updates and
+    the step's metrics, reduced over all processes (each rank passes its own share of the
+    global batch, whole groups)."""
+    spec, arm = ctx.spec, ctx.arm
+    G = spec.rollout.group_size
+    t2 = time.time()
+    t0 = t2 if t0 is None else t0
     rewards_B = torch.tensor([s.reward for s in scores], dtype=torch.float32)
     adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps)
-    t2 = time.time()
+    stats = StepStats()
 
-    # 3. Old log-probs, entropy and (MoE) the routes pi_old took, in one no-grad pass.
+    # 3. Old log-probs, entropy and (MoE) the routes pi_old took.
     mask_BC = batch.response_mask
-    B, T = batch.input_ids.shape
-    # With the hf engine these came from generate's own forwards already (sampler_logprobs).
-    from_sampler = batch.engine_entropy is not None and (ctx.routing is None or batch.engine_routes is not None)
-    route_mask_BT = _route_token_mask(batch, skip_last=from_sampler)
-    with torch.no_grad():
-        if from_sampler:
-            old = LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy)
-            old_routes = batch.engine_routes  # (L, B, T, k)
-        elif ctx.routing is not None:
-            with ctx.routing.recording() as rec:
-                old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
-            old_routes = routes_to_BT(rec.routes, B, T)  # (L, B, T, k)
-        else:
-            old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
-            old_routes = None
-        ref_logp = response_logprobs(ctx.ref_model, batch, temp).logp if ctx.ref_model is not None else None
-    t3 = time.time()
-
+    old, old_routes, from_sampler = _old_policy(ctx, batch)
+    with torch.no_grad(), ctx.compute():
+        ref_logp = response_logprobs(ctx.ref_model, batch, spec.rollout.temperature).logp \
+            if ctx.ref_model is not None else None
     # pi_old: the trainer's log-probs, or the sampler's own (use_engine_logprobs, paper 5.4).
     old_logp = old.logp
-    engine_stats = {}
     if batch.engine_logp is not None and not from_sampler:
-        engine_stats = logprob_mismatch(batch.engine_logp, old.logp, mask_BC)
+        _record_gap(stats, batch.engine_logp, old.logp, mask_BC)
         if spec.rollout.use_engine_logprobs:
             old_logp = batch.engine_logp
-    if not bool(torch.isfinite(old_logp[mask_BC > 0]).all()):
+    elif from_sampler and _check_due(spec.rollout.logprob_check_every, step):
+        # The sampler's log-probs are pi_old here; compare them with one full trainer forward.
+        with torch.no_grad(), ctx.compute():
+            _record_gap(stats, batch.engine_logp, response_logprobs(ctx.model, batch, spec.rollout.temperature).logp,
+                        mask_BC)
+    bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
+    if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
+    t3 = time.time()
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
-    acc = _StatAccumulator()
-    n_updates = 0
+    route_mask_BT = _route_token_mask(batch, skip_last=from_sampler)
+    n_updates = skipped = 0
     for _ in range(arm.epochs):
-        order = torch.randperm(B, generator=ctx.shuffle)
+        order = torch.randperm(len(rewards_B), generator=ctx.shuffle)
         for rows in order.chunk(arm.mini_batches):
-            loss, stats, grad_norm = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes,
-                                             measure_routes=n_updates > 0, step=step, route_mask_BT=route_mask_BT)
-            if loss is None:
-                acc.skipped += 1
-                continue
-            n_updates += 1
-            acc.add(loss, stats, grad_norm, int(mask_BC[rows].sum()))
+            done = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes, stats,
+                           measure_routes=n_updates > 0, step=step, route_mask_BT=route_mask_BT)
+            n_updates += done
+            skipped += not done
     t4 = time.time()
 
-    lengths = mask_BC.sum(-1)
-    entropy = (old.entropy * mask_BC).sum() / mask_BC.sum().clamp(min=1)
-    metrics = {
-        "step": step,
-        "reward/mean": rewards_B.mean().item(),
-        "reward/std": rewards_B.std().item() if len(rewards_B) > 1 else 0.0,
-        "reward/accuracy": sum(s.correct for s in scores) / len(scores),
-        **{f"reward/{k}": sum(s.components.get(k, 0.0) for s in scores) / len(scores) for k in scores[0].components},
-        "reward/zero_var_group_frac": zero_variance_group_frac(rewards_B, G),
-        "response/length_mean": lengths.mean().item(),
-        "response/length_max": lengths.max().item(),
-        "response/truncated_frac": batch.truncated.float().mean().item(),
-        "policy/entropy": entropy.item(),
-        "policy/lr": ctx.optimizer.param_groups[0]["lr"],
-        **acc.result(),
-        **engine_stats,
-        "time/rollout_s": t1 - t0, "time/score_s": t2 - t1, "time/old_logp_s": t3 - t2, "time/update_s": t4 - t3,
-        "time/step_s": t4 - t0,
-        "perf/tokens_per_s": lengths.sum().item() / max(t4 - t0, 1e-9),
-    }
-    metrics = distributed.reduce_metrics(metrics, ctx.dist)
+    _batch_stats(stats, ctx, batch, scores, rewards_B, old.entropy)
+    if skipped:
+        stats.same("policy/skipped_minibatches", skipped)  # decided together: equal on every rank
+    for key, seconds in {**(times or {}), "time/old_logp_s": t3 - t2, "time/update_s": t4 - t3,
+                         "time/step_s": t4 - t0}.items():
+        stats.max(key, seconds)  # the slowest rank sets the pace
+    metrics = {"step": step, **stats.reduce(ctx.dist)}
+    metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / max(metrics["time/step_s"], 1e-9)
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
-def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B, old_routes, *,
-            measure_routes: bool, step: int, route_mask_BT: torch.Tensor):
-    """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step.
-    Returns (loss, stats, grad_norm), or (None, None, None) for a skipped non-finite batch."""
+def _old_policy(ctx: Ctx, batch: RolloutBatch):
+    """(pi_old's LogProbs with entropy, its routes (L, B, T, k) or None, whether both came
+    from the sampler). With the hf engine they came from generate's own forwards already
+    (rollout.sampler_logprobs); otherwise one no-grad pass records them."""
+    if batch.engine_entropy is not None and (ctx.routing is None or batch.engine_routes is not None):
+        return LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy), batch.engine_routes, True
+    temp = ctx.spec.rollout.temperature
+    B, T = batch.input_ids.shape
+    with torch.no_grad(), ctx.compute():
+        if ctx.routing is None:
+            return response_logprobs(ctx.model, batch, temp, with_entropy=True), None, False
+        with ctx.routing.recording() as rec:
+            old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
+    return old, routes_to_BT(rec.routes, B, T), False
+
+
+def _check_due(every: int, step: int) -> bool:
+    return every > 0 and (step == 1 or step % every == 0)
+
+
+def _record_gap(stats: StepStats, engine_logp_BC, trainer_logp_BC, mask_BC) -> None:
+    """|sampler - trainer| log-prob over response tokens: token-weighted mean and max."""
+    diff = (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+    stats.mean("rollout/logprob_diff_mean", diff.sum().item(), diff.numel())
+    stats.max("rollout/logprob_diff_max", diff.max().item() if diff.numel() else 0.0)
+
+
+def _batch_stats(stats: StepStats, ctx: Ctx, batch: RolloutBatch, scores, rewards_B, entropy_BC) -> None:
+    """The rollout batch's own metrics (rewards, lengths, entropy), as exact parts."""
+    G = ctx.spec.rollout.group_size
+    mask_BC = batch.response_mask
+    n = len(scores)
+    lengths_B = mask_BC.sum(-1)
+    stats.mean("reward/mean", rewards_B.sum().item(), n)
+    stats.std("reward/std", rewards_B.tolist())
+    stats.mean("reward/accuracy", sum(s.correct for s in scores), n)
+    for k in scores[0].components:
+        stats.mean(f"reward/{k}", sum(s.components.get(k, 0.0) for s in scores), n)
+    stats.mean("reward/zero_var_group_frac", zero_variance_group_frac(rewards_B, G) * (n // G), n // G)
+    stats.mean("response/length_mean", lengths_B.sum().item(), n)
+    stats.max("response/length_max", lengths_B.max().item())
+    stats.mean("response/truncated_frac", batch.truncated.float().sum().item(), n)
+    stats.mean("policy/entropy", (entropy_BC * mask_BC).sum().item(), mask_BC.sum().item())
+    stats.same("policy/lr", ctx.optimizer.param_groups[0]["lr"])
+    stats.sum("perf/tokens", lengths_B.sum().item())
+
+
+def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
+    """What this rank divides its share of the mini-batch loss by: the global count (tokens
+    or responses, by the arm's aggregation) / world size, since DDP averages gradients."""
+    if not ctx.dist.enabled:
+        return None
+    count = distributed.total(float(aggregation_count(mask_BC, ctx.arm.aggregation)), ctx.dist)
+    return torch.tensor(max(count, 1.0) / ctx.dist.world_size)
+
+
+def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B, old_routes, stats: StepStats, *,
+            measure_routes: bool, step: int, route_mask_BT: torch.Tensor) -> bool:
+    """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
+    its statistics go into `stats`. Returns False for a skipped non-finite mini-batch (a
+    decision all ranks take together)."""
     arm, spec = ctx.arm, ctx.spec
     sub = batch.rows(rows)
     m_bc = batch.response_mask[rows]
-    new, routes_now = _policy_forward(ctx, sub, old_routes, rows, spec.rollout.temperature)
-    loss, stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc,
-                              clip_low=arm.clip_low, clip_high=arm.clip_high, aggregation=arm.aggregation)
+    denominator = _denominator(ctx, m_bc)
+    with ctx.compute():
+        new, routes_now = _policy_forward(ctx, sub, old_routes, rows, spec.rollout.temperature)
+    loss, loss_stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc, clip_low=arm.clip_low,
+                                   clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator)
+    extra = {}
     if ref_logp_BC is not None:
         log_r = (ref_logp_BC[rows] - new.logp).clamp(-20, 20)
-        kl_ref = aggregate(torch.exp(log_r) - 1 - log_r, m_bc, arm.aggregation)
-        loss = loss + arm.kl_coef * kl_ref
-        stats["kl_ref_k3"] = kl_ref.detach()
+        k3_BC = torch.exp(log_r) - 1 - log_r
+        loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
+        extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
     if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
         loss = loss + spec.model.router_aux_loss_coef * new.aux_loss
-        stats["aux_loss"] = new.aux_loss.detach()
+        extra["aux_loss"] = new.aux_loss.detach()
     ctx.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.backward()  # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip)
-    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        what = "loss" if not torch.isfinite(loss) else "gradient norm"
+    bad = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
+    if distributed.any_rank(bad, ctx.dist):
         div = spec.train.divergence
         if not div.skip_bad_batches or ctx.skipped >= div.max_skipped:
-            raise DivergedError(f"step {step}: non-finite {what}"
+            raise DivergedError(f"step {step}: non-finite loss or gradient norm"
                                 + (f" (after {ctx.skipped} skipped mini-batches)" if ctx.skipped else ""))
         ctx.optimizer.zero_grad(set_to_none=True)  # an isolated bad batch: drop it, keep going
         ctx.skipped += 1
-        return None, None, None
+        return False
     ctx.optimizer.step()
     ctx.scheduler.step()
+    _update_stats(stats, loss, loss_stats, extra, grad_norm, m_bc)
     if routes_now is not None and measure_routes:
-        stats["expert_change"] = torch.tensor(expert_change_frac(
-            routes_from_BT(old_routes[:, rows]), routes_now, route_mask_BT[rows].reshape(-1)))
-    return loss.detach(), stats, grad_norm
+        tokens_N = route_mask_BT[rows].reshape(-1)
+        frac = expert_change_frac(routes_from_BT(old_routes[:, rows]), routes_now, tokens_N)
+        stats.mean("moe/expert_change_frac", frac * tokens_N.sum().item(), tokens_N.sum().item())
+    return True
+
+
+def _update_stats(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_norm, mask_BC) -> None:
+    """One mini-batch's statistics, weighted by what each is a mean over (metrics.LOSS_STAT_KEYS)."""
+    weights = {"tokens": float(mask_BC.sum()), "responses": float((mask_BC.sum(-1) > 0).sum())}
+    # This rank's loss is its share of the mini-batch loss times world size (see _denominator),
+    # so the mean over ranks and mini-batches is the mean of the mini-batches' global losses.
+    stats.mean("policy/loss", float(loss.detach()), 1.0)
+    stats.mean("policy/grad_norm", float(grad_norm), 1.0)  # equal on every rank after the all-reduce
+    for k, (key, unit) in LOSS_STAT_KEYS.items():
+        if k in loss_stats:
+            stats.mean(key, float(loss_stats[k]) * weights[unit], weights[unit])
+    if "kl_ref" in extra:
+        stats.mean("policy/kl_ref_k3", float(extra["kl_ref"]), weights["tokens"])
+    if "aux_loss" in extra:
+        stats.mean("moe/aux_loss", float(extra["aux_loss"]), 1.0)
+    if weights["tokens"] > 0:
+        stats.min("policy/ratio_min", float(loss_stats["ratio_min"]))
+        stats.max("policy/ratio_max", float(loss_stats["ratio_max"]))
 
 
 def _policy_forward(ctx: Ctx, sub: RolloutBatch, old_routes, rows, temp):
@@ -256,41 +331,3 @@ def _route_token_mask(batch: RolloutBatch, skip_last: bool = False) -> torch.Ten
     if skip_last:
         m[:, -1] = False
     return m
-
-
-class _StatAccumulator:
-    """Combines per-mini-batch loss statistics into one value per step: token-weighted
-    means (min/max for the ratio extremes), reduced once at the end."""
-
-    def __init__(self):
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self.ratio_min = math.inf
-        self.ratio_max = -math.inf
-        self.skipped = 0  # non-finite mini-batches dropped this step
-
-    def _add(self, key, value, w):
-        self.sums[key] = self.sums.get(key, 0.0) + float(value) * w
-        self.weights[key] = self.weights.get(key, 0.0) + w
-
-    def add(self, loss, stats, grad_norm, n_tokens):
-        self._add("policy/loss", loss, 1.0)
-        self._add("policy/grad_norm", grad_norm, 1.0)
-        for k, key in LOSS_STAT_KEYS.items():
-            if k in stats:
-                self._add(key, stats[k], n_tokens)
-        for k, key in (("kl_ref_k3", "policy/kl_ref_k3"), ("aux_loss", "moe/aux_loss"),
-                       ("expert_change", "moe/expert_change_frac")):
-            if k in stats:
-                self._add(key, stats[k], 1.0)
-        self.ratio_min = min(self.ratio_min, float(stats["ratio_min"]))
-        self.ratio_max = max(self.ratio_max, float(stats["ratio_max"]))
-
-    def result(self) -> dict:
-        out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
-        if self.sums:  # every mini-batch may have been skipped
-            out["policy/ratio_min"] = self.ratio_min
-            out["policy/ratio_max"] = self.ratio_max
-        if self.skipped:
-            out["policy/skipped_minibatches"] = self.skipped
-        return out

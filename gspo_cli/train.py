@@ -320,6 +320,7 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
     spec = ctx.spec
     steps = spec.train.steps
     watch = CollapseWatch(spec.train.divergence, rd.metrics())
+    gap_warning = GapWarning(name, ctx.arm.clip_low, ctx.arm.clip_high)
     for step in range(start_step + 1, steps + 1):
         metrics = train_step(ctx, step)
         ctx.train_time += metrics["time/step_s"]
@@ -331,6 +332,7 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
             sink.log(metrics, step)
         rd.update_info(step=step)
         reporter.step_done(name, metrics)
+        gap_warning.check(metrics, reporter)
         is_last = step == steps
         stopping = distributed.broadcast_object(bool(stop), ctx.dist)  # every rank stops at the same step
         if is_last or (spec.train.eval_every and step % spec.train.eval_every == 0):
@@ -338,11 +340,28 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
         due = spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0
         if ctx.dist.is_main and (is_last or stopping or due):
             save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
-                            rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints,
+                            rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints, dtype=spec.model.dtype,
                             extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
         if stopping and not is_last:
             raise InterruptedRun(f"{name}: stopped by {stop.signal_name or 'a signal to rank 0'} after step {step}; "
                                  f"checkpoint written, rerun the same command to resume")
+
+
+class GapWarning:
+    """Warns once per run when the sampler's log-probs are far from the trainer's: a mean
+    per-token gap above half the arm's narrower clip range shifts every ratio by about as
+    much as the clip band allows (GSPO's 3e-4 is crossed by bf16 gaps of 1e-3)."""
+
+    def __init__(self, name: str, clip_low: float, clip_high: float):
+        self.name, self.limit, self.warned = name, 0.5 * min(clip_low, clip_high), False
+
+    def check(self, metrics: dict, reporter: Reporter) -> None:
+        gap = metrics.get("rollout/logprob_diff_mean")
+        if gap is not None and gap > self.limit and not self.warned:
+            self.warned = True
+            reporter.log(f"[{self.name}] warning: sampler and trainer log-probs differ by {gap:.2e} nats per token "
+                         f"on average (step {metrics['step']}), more than half the clip range ({self.limit:.1e}): "
+                         "importance ratios are biased before any update (see rollout/logprob_diff_*)")
 
 
 class CollapseWatch:
@@ -399,7 +418,8 @@ def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
     if stats:
         ctx.engine.sampler_logprobs = False
     try:
-        scores = evaluate_policy(ctx.engine, ctx.task, problems, ctx.spec.train.eval_samples)
+        with ctx.compute():
+            scores = evaluate_policy(ctx.engine, ctx.task, problems, ctx.spec.train.eval_samples)
     finally:
         if stats:
             ctx.engine.sampler_logprobs = True

@@ -162,7 +162,7 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
         calls.clear()
         out = tmp_path / str(flag)
         raw = {**TINY, "output_dir": str(out), "arms": arms, "train": {"steps": 1},
-               "rollout": {**TINY["rollout"], "sampler_logprobs": flag}}
+               "rollout": {**TINY["rollout"], "sampler_logprobs": flag, "logprob_check_every": 0}}
         train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
         runs[flag] = {a["name"]: RunDir(out / f"e2e/{a['name']}/seed0").metrics()[0] for a in arms}
         forwards[flag] = len(calls)
@@ -175,3 +175,17 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
         for key in ("policy/loss", "policy/ratio_mean", "policy/entropy"):
             assert fast[key] == pytest.approx(slow[key], rel=1e-3, abs=1e-5), (arm, key)
     assert "moe/expert_change_frac" in runs[True]["grpo_rr"]
+
+
+def test_sampler_logprob_check_logs_the_gap(tmp_path):
+    """On the sampler path a full trainer forward checks the sampler's log-probs at step 1 and
+    every N steps: the gap is logged (fp32: float rounding only) and nowhere else."""
+    raw = {**TINY, "output_dir": str(tmp_path), "arms": [TINY["arms"][2]], "train": {"steps": 3},
+           "rollout": {**TINY["rollout"], "logprob_check_every": 2}}
+    train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
+    ms = RunDir(tmp_path / "e2e/gspo/seed0").metrics()
+    checked = [m["step"] for m in ms if "rollout/logprob_diff_mean" in m]
+    assert checked == [1, 2]
+    for m in ms:
+        if m["step"] in checked:
+            assert 0 <= m["rollout/logprob_diff_mean"] <= m["rollout/logprob_diff_max"] < 1e-4

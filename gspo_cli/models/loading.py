@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,14 @@ class LoadedModel:
     is_moe: bool
 
 
+def compute_context(dtype: str, device: str):
+    """The context forward passes run in: `torch.autocast` to `dtype` ("bfloat16") over float32
+    master weights, or nothing for "float32". Backward passes run outside it."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
+
+
 def quiet_transformers() -> None:
     """Our own progress display owns the terminal: no per-load bars or advisory warnings."""
     from transformers.utils import logging as hf_logging
@@ -44,8 +53,14 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
     return cfg.name
 
 
-def load_model(source: str, cfg: ModelConfig) -> LoadedModel:
+def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer from a directory or hub id (cache only if offline).
+
+    For training (the default) the weights are float32 whatever `cfg.dtype` says: they are
+    the master weights the optimizer updates, and forwards run in `cfg.dtype` under
+    `compute_context`. An AdamW step of lr 1e-5 on a bf16 weight near 0.02 is below bf16's
+    spacing there (~1.2e-4) and would be lost. With `training=False` (evaluation only) the
+    weights load in `cfg.dtype`.
 
     Bad input (a path that is not a model, an id not reachable) is a SpecError naming it.
     """
@@ -61,7 +76,7 @@ def load_model(source: str, cfg: ModelConfig) -> LoadedModel:
     except Exception as err:  # hub/network/parse failures all mean "cannot use this name"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SpecError(f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}") from None
-    kwargs = {"dtype": DTYPES[cfg.dtype]}
+    kwargs = {"dtype": torch.float32 if training else DTYPES[cfg.dtype]}
     if hasattr(config, "num_experts") or hasattr(config, "num_local_experts"):
         kwargs["experts_implementation"] = cfg.experts_implementation
     if hasattr(config, "router_aux_loss_coef"):
