@@ -37,22 +37,69 @@ def source():
     return resolve_model_source(ModelConfig(**TINY["model"]), task, log=lambda m: None)
 
 
-def test_two_processes_update_like_one(tmp_path, source):
-    """The same global batch, split into whole groups across 2 ranks, gives the same
-    parameters after one optimizer step as 1 process (gradients averaged by DDP)."""
-    spec = spec_file(tmp_path)
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    script = str(HERE / "dist/update_check.py")
-    r1 = subprocess.run([sys.executable, script, str(spec), source, str(one)], capture_output=True, text=True)
-    assert r1.returncode == 0, r1.stderr
-    r2 = subprocess.run(TORCHRUN + [script, str(spec), source, str(two)], capture_output=True, text=True)
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    a, b = torch.load(one)["grads"], torch.load(two)["grads"]
+def _run_update_check(tmp_path, source, aggregation, loss, world):
+    raw = {**TINY, "output_dir": str(tmp_path / "out"), "train": {"steps": 1},
+           "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
+           "arms": [{"name": "a", "preset": "paper-grpo", "loss": loss, "aggregation": aggregation,
+                     "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2}]}
+    spec = tmp_path / f"{aggregation}-{loss}.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    out = tmp_path / f"{aggregation}-{loss}-{world}.pt"
+    cmd = ([sys.executable] if world == 1 else TORCHRUN) + [str(HERE / "dist/update_check.py"), str(spec), source,
+                                                             str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+def test_two_processes_update_and_log_like_one(tmp_path, source, aggregation):
+    """The same global batch, split into whole groups across 2 ranks (uneven response lengths,
+    an empty response on rank 0), gives the gradient and the step metrics of 1 process, for
+    every aggregation. Per-rank denominators and plain means of per-rank metrics fail this:
+    token_mean's gradient norm was 0.099 on 2 ranks against 0.126 on 1."""
+    one = _run_update_check(tmp_path, source, aggregation, "grpo", 1)
+    two = _run_update_check(tmp_path, source, aggregation, "grpo", 2)
+    a, b = one["grads"], two["grads"]
     assert set(a) == set(b) and len(a) > 10
     scale = max(g.abs().max().item() for g in a.values())
     assert scale > 0
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     assert diff <= 1e-5 * scale, (diff, scale)  # float reduction order only
+    m1, m2 = one["metrics"], two["metrics"]
+    assert 0 < m1["policy/clip_frac_token"] < 1  # the perturbed pi_old makes some tokens clip
+    skip = ("time/", "perf/")
+    assert {k for k in m1 if not k.startswith(skip)} == {k for k in m2 if not k.startswith(skip)}
+    for key, v in m1.items():
+        if not key.startswith(skip):
+            assert m2[key] == pytest.approx(v, rel=1e-4, abs=1e-6), key
+
+
+def test_a_nan_on_one_rank_ends_the_run_on_both(tmp_path, source):
+    """Rank 1's loss turns NaN at one mini-batch: both ranks decide together. Without
+    skipping the run is `diverged` on both ranks (no hang); with skip_bad_batches both skip
+    that mini-batch and it counts once, not once per rank."""
+    for skip, status in ((False, "diverged"), (True, "completed")):
+        out = tmp_path / f"skip{skip}"
+        raw = {**TINY, "output_dir": str(out), "train": {"steps": 2, "divergence": {"skip_bad_batches": skip}},
+               "task": {**TINY["task"], "eval_size": 0},
+               "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}]}
+        spec = tmp_path / f"nan{skip}.yaml"
+        spec.write_text(yaml.safe_dump(raw))
+        t0 = time.time()
+        res = subprocess.run(TORCHRUN + [str(HERE / "dist/nan_check.py"), str(spec)], capture_output=True,
+                             text=True, timeout=240)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert sorted(line for line in res.stdout.splitlines() if line.startswith("rank")) == [
+            f"rank 0: {status}", f"rank 1: {status}"], res.stdout
+        assert time.time() - t0 < 120
+        rd = RunDir(out / "e2e/gspo/seed0")
+        assert rd.status() == status
+        ms = rd.metrics()
+        if skip:
+            assert [m.get("policy/skipped_minibatches") for m in ms] == [1, None]
+        else:
+            assert ms == [] and "step 1: non-finite" in rd.info()["error"]
 
 
 def test_torchrun_trains_writes_once_and_resumes_with_one_process(tmp_path, source):

@@ -1,58 +1,69 @@
-"""One optimizer update on a fixed batch, in 1 process or under torchrun; rank 0 saves the
-gradients (all-reduced by DDP) and the loss so the test can compare world sizes. Not a
-pytest module. Gradients, not parameters: Adam's first step is ~lr*sign(g), so parameters
-whose gradient is float noise around 0 would differ by 2*lr without anything being wrong."""
+"""One RL update on a fixed global batch, in 1 process or under torchrun; rank 0 saves the
+gradients (all-reduced by DDP) and the step's metrics so the test can compare world sizes.
+Not a pytest module.
 
+The batch is built to make per-rank shortcuts visible: responses of uneven length (rank 0's
+half shorter than rank 1's), one empty response, and a pi_old perturbed so that ratios move
+away from 1 and some clip. Gradients, not parameters: Adam's first step is ~lr*sign(g), so
+parameters whose gradient is float noise around 0 would differ by 2*lr without anything
+being wrong.
+
+usage: update_check.py SPEC_YAML MODEL_DIR OUT_PT
+"""
+
+import random
 import sys
 
 import torch
+import yaml
 
+import gspo_cli.step as step_mod
 from gspo_cli import distributed
 from gspo_cli.config import spec_from_dict
 from gspo_cli.rollout import RolloutBatch, response_logprobs
-from gspo_cli.step import _route_token_mask, _update, setup
 from gspo_cli.tasks import make_task
+from gspo_cli.tasks.base import Score
 
 
 def fixed_batch(tok, task, n):
     """Prompts and their reference solutions, left-padded prompts + right-padded responses."""
-    import random
-
     probs = task.train_problems(random.Random(0), n)
     p_ids = [tok(p.prompt, add_special_tokens=False).input_ids for p in probs]
     r_ids = [tok(p.solution, add_special_tokens=False).input_ids + [tok.eos_token_id] for p in probs]
     P, C = max(map(len, p_ids)), max(map(len, r_ids))
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (P - len(a)) + a + b + [pad] * (C - len(b)) for a, b in zip(p_ids, r_ids)])
-    attn = torch.tensor([[0] * (P - len(a)) + [1] * (len(a) + len(b)) + [0] * (C - len(b)) for a, b in zip(p_ids, r_ids)])
+    attn = torch.tensor([[0] * (P - len(a)) + [1] * (len(a) + len(b)) + [0] * (C - len(b))
+                         for a, b in zip(p_ids, r_ids)])
     rmask = torch.tensor([[1.0] * len(b) + [0.0] * (C - len(b)) for b in r_ids])
+    for i in range(n // 2):  # the first half (rank 0's) keeps 2..9 tokens
+        rmask[i, 2 + i:] = 0.0
+    rmask[1] = 0.0  # an empty response
     return RolloutBatch(ids, attn, rmask, P, [""] * n, torch.zeros(n, dtype=torch.bool))
 
 
 def main(spec_yaml: str, source: str, out: str) -> None:
-    import yaml
-
     spec = spec_from_dict(yaml.safe_load(open(spec_yaml)))
     info = distributed.setup()
     task = make_task(spec.task.name, spec.task.params)
-    ctx = setup(spec, spec.arms[0], 0, task, source, dist_info=info)
-    G = spec.rollout.group_size
-    B = 16
+    ctx = step_mod.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
+    G, B = spec.rollout.group_size, 16
     batch = fixed_batch(ctx.engine.tokenizer, task, B)
-    rewards = torch.tensor([float(i % 3 == 0) for i in range(B)])
-    adv = ctx.adv_fn(rewards, G, eps=1e-6)
+    rewards = [float(i % 3 == 0) for i in range(B)]
     n = B // info.world_size  # whole groups per rank
     rows = torch.arange(info.rank * n, (info.rank + 1) * n)
-    local = batch.rows(rows)
     with torch.no_grad():
-        old = response_logprobs(ctx.model, batch).logp
-    # a perturbed "old" policy (the same on every rank) so ratios differ from 1 and some clip
-    old = (old + 0.05 * torch.sin(torch.arange(old.numel(), dtype=torch.float32)).reshape(old.shape))[rows]
-    loss, stats, _ = _update(ctx, local, torch.arange(n), old, None, adv[rows], None, measure_routes=False, step=1,
-                             route_mask_BT=_route_token_mask(local))
+        full = response_logprobs(ctx.model, batch, with_entropy=True)
+    wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float32)).reshape(full.logp.shape)
+    old = step_mod.LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
+    # pi_old is the perturbed policy, the same rows on every world size
+    step_mod._old_policy = lambda ctx, b: (old, None, False)
+    scores = [Score(reward=rewards[i], correct=rewards[i] > 0) for i in rows.tolist()]
+    assert len(scores) % G == 0
+    metrics = step_mod.learn(ctx, batch.rows(rows), scores, step=1)
     if info.is_main:
         grads = {k: p.grad.detach().clone() for k, p in ctx.model.named_parameters() if p.grad is not None}
-        torch.save({"grads": grads, "clip_frac": float(stats["clip_frac_token"])}, out)
+        torch.save({"grads": grads, "metrics": metrics}, out)
 
 
 if __name__ == "__main__":

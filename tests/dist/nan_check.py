@@ -1,0 +1,43 @@
+"""A training run where rank 1's policy loss turns NaN at its second mini-batch (step 1),
+and only there. Prints `rank R: STATUS` for each rank. Not a pytest module.
+
+usage: nan_check.py SPEC_YAML
+"""
+
+import os
+import sys
+
+import yaml
+
+import gspo_cli.step as step_mod
+from gspo_cli.config import spec_from_dict
+from gspo_cli.reporting import quiet_reporter
+from gspo_cli.train import train_experiment
+
+
+def poison(get_loss):
+    calls = {"n": 0}
+
+    def get(name):
+        real = get_loss(name)
+
+        def loss(*args, **kwargs):
+            value, stats = real(*args, **kwargs)
+            calls["n"] += 1
+            if os.environ.get("RANK") == "1" and calls["n"] == 2:
+                value = value * float("nan")
+            return value, stats
+
+        return loss
+
+    return get
+
+
+def main(spec_yaml: str) -> None:
+    step_mod.get_policy_loss = poison(step_mod.get_policy_loss)
+    (res,) = train_experiment(spec_from_dict(yaml.safe_load(open(spec_yaml))), reporter=quiet_reporter())
+    print(f"rank {os.environ.get('RANK', '0')}: {res.status}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
