@@ -186,7 +186,8 @@ def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | 
         stats.max(key, seconds)  # the slowest rank sets the pace
     metrics = {"step": step, **stats.reduce(ctx.dist)}
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / max(metrics["time/step_s"], 1e-9)
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+    # 6 significant digits: small quantities (KL ~1e-4, log-prob gaps ~1e-6) keep their value
+    return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
 def _old_policy(ctx: Ctx, batch: RolloutBatch):
