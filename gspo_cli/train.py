@@ -338,13 +338,26 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
         if is_last or (spec.train.eval_every and step % spec.train.eval_every == 0):
             _evaluate(ctx, rd, eval_problems, step=step, sinks=sinks)
         due = spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0
-        if ctx.dist.is_main and (is_last or stopping or due):
-            save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
-                            rng=ctx.rng, shuffle=ctx.shuffle, keep=spec.train.keep_checkpoints, dtype=spec.model.dtype,
-                            extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
+        if is_last or stopping or due:
+            _checkpoint(ctx, rd, step)
         if stopping and not is_last:
             raise InterruptedRun(f"{name}: stopped by {stop.signal_name or 'a signal to rank 0'} after step {step}; "
                                  f"checkpoint written, rerun the same command to resume")
+
+
+def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
+    """Rank 0 writes the checkpoint; a failure (disk full...) fails the run on every rank."""
+    failure = None
+    if ctx.dist.is_main:
+        try:
+            save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
+                            rng=ctx.rng, shuffle=ctx.shuffle, keep=ctx.spec.train.keep_checkpoints,
+                            dtype=ctx.spec.model.dtype, extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
+        except RunError as err:
+            failure = str(err)
+    failure = distributed.broadcast_object(failure, ctx.dist)
+    if failure is not None:
+        raise RunError(failure)
 
 
 class GapWarning:
