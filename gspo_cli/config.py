@@ -2,7 +2,8 @@
 
 Everything a run depends on lives here, so the resolved spec written into each run
 directory is enough to reproduce it. Every axis on which GRPO and GSPO differ is an
-explicit field of each arm; presets only fill those fields in.
+explicit field of each arm; presets only fill those fields in. Reading YAML, `--set`
+overrides and error messages live one layer up, in `gspo_cli.spec_loading`.
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper-gspo": _PAPER_GSPO,
     "paper-gspo-token": {**_PAPER_GSPO, "loss": "gspo_token"},
 }
-
-LOSS_NAMES = ("grpo", "gspo", "gspo_token")
-AGGREGATION_NAMES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum")
-ADVANTAGE_NAMES = ("grpo", "mean_only")
 
 
 class _Problems(ValueError):
@@ -216,21 +213,36 @@ class ArmConfig(_Strict):
 
     name: str
     preset: str | None = None
-    loss: Literal["grpo", "gspo", "gspo_token"]
+    loss: str = Field(description="a policy loss registered in gspo_cli.algorithms.POLICY_LOSSES")
     clip_low: float = Field(gt=0, lt=1)
     clip_high: float = Field(gt=0)
-    aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"] = "seq_mean_token_mean"
+    aggregation: str = Field("seq_mean_token_mean", description="registered in gspo_cli.algorithms.AGGREGATIONS")
     mini_batches: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)
     routing_replay: Literal["off", "r2", "r3"] = "off"  # r3: refused for now (ExperimentSpec._check)
     kl_coef: float = Field(0.0, ge=0)
-    advantage: Literal["grpo", "mean_only"] = "grpo"
+    advantage: str = Field("grpo", description="registered in gspo_cli.algorithms.ADVANTAGE_ESTIMATORS")
     adv_eps: float = Field(1e-6, ge=0)
 
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
         return _check_dir_name(v, "arm names")
+
+    @field_validator("loss", "aggregation", "advantage")
+    @classmethod
+    def _registered(cls, v: str, info: ValidationInfo) -> str:
+        # The registries are the one list of names: registering a loss makes it selectable.
+        # Imported here, not at the top: they live beside their torch code, and importing
+        # this module (compare, plot, eval --completions) must not cost a torch import.
+        from gspo_cli import algorithms
+
+        registry, what = {"loss": (algorithms.POLICY_LOSSES, "policy loss"),
+                          "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
+                          "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator")}[info.field_name]
+        if v not in registry:
+            raise ValueError(f"unknown {what} {v!r}{_did_you_mean(v, registry)}; registered: {', '.join(registry)}")
+        return v
 
 
 def _check_dir_name(v: str, what: str) -> str:
@@ -323,9 +335,3 @@ def _did_you_mean(word: Any, choices) -> str:
 class OnPolicyWarning(UserWarning):
     """A comparison whose arms cannot differ."""
 
-
-# Loading (YAML, overrides, error messages) lives in spec_loading; re-exported here.
-from gspo_cli.spec_loading import apply_override, dump_spec, load_spec, spec_from_dict  # noqa: E402
-
-__all__ = ["PRESETS", "ExperimentSpec", "ArmConfig", "ModelConfig", "OnPolicyWarning", "apply_override",
-           "dump_spec", "load_spec", "spec_from_dict"]

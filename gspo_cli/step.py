@@ -76,7 +76,7 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     """Resolve everything a step needs. `weights` (a checkpoint) replaces the initial
     weights when resuming; the KL reference is always the initial model `source`.
     Under torchrun each rank samples with its own seed; rank 0's is the single-process one."""
-    torch.manual_seed(seed + 1_000_003 * dist_info.rank)
+    torch.manual_seed(distributed.rank_seed(seed, dist_info.rank))
     lm = load_model(weights or source, spec.model)
     model = lm.model
     model.train()

@@ -8,7 +8,7 @@ import sys
 import torch
 
 from gspo_cli import distributed
-from gspo_cli.config import spec_from_dict
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.rollout import RolloutBatch, response_logprobs
 from gspo_cli.step import _route_token_mask, _update, setup
 from gspo_cli.tasks import make_task
