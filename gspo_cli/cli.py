@@ -27,8 +27,23 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from gspo_cli.runs import versions
+
+    # Read from the installed packages' metadata: importing torch to ask it would take seconds.
+    v = versions()
+    typer.echo(f"gspo-cli {v.get('gspo-cli', 'unknown')} (torch {v.get('torch', 'not installed')}, "
+               f"transformers {v.get('transformers', 'not installed')}, python {v['python']})")
+    raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the gspo-cli, torch and transformers versions and exit")] = False,
+) -> None:
     """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot."""
 
 

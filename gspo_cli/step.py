@@ -23,6 +23,7 @@ from gspo_cli.algorithms import (
     aggregate,
     get_advantage_estimator,
     get_policy_loss,
+    kl_k3_BC,
     zero_variance_group_frac,
 )
 from gspo_cli.config import ArmConfig, ExperimentSpec
@@ -206,8 +207,7 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
     loss, stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc,
                               clip_low=arm.clip_low, clip_high=arm.clip_high, aggregation=arm.aggregation)
     if ref_logp_BC is not None:
-        log_r = (ref_logp_BC[rows] - new.logp).clamp(-20, 20)
-        kl_ref = aggregate(torch.exp(log_r) - 1 - log_r, m_bc, arm.aggregation)
+        kl_ref = aggregate(kl_k3_BC(new.logp, ref_logp_BC[rows]), m_bc, arm.aggregation)
         loss = loss + arm.kl_coef * kl_ref
         stats["kl_ref_k3"] = kl_ref.detach()
     if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
