@@ -1,11 +1,11 @@
 """Held-out evaluation: per-problem verdicts and the scores made from them.
 
-Scores over N problems, problem i with its own number n_i >= 1 of samples (files of
+Scores over the problems, problem i with its own number n_i >= 1 of samples (files of
 completions made elsewhere are uneven: failed generations, deduplication, merged shards);
 K is the largest n_i, and every n_i = K when we sample ourselves:
 
 - ``avg@K``  the mean over problems of each problem's share of correct samples (with equal
-  n_i: mean correctness over all N x K samples, the mean of pass@1 estimates);
+  n_i: mean correctness over all samples, the mean of pass@1 estimates);
 - ``pass@k`` the unbiased estimator (Chen et al., 2021) of each problem with its own n_i,
   averaged over the problems with n_i >= k, for k = 1, 2, 4, ... <= K, and K; problems with
   fewer than k samples cannot estimate pass@k and are left out of it (`pass_k_problems`
