@@ -114,8 +114,9 @@ def train(
 ) -> None:
     """Train every arm x seed of an experiment; each run gets its own run directory.
 
-    Runs already completed are skipped; a run with a checkpoint resumes from it.
-    Exit codes: 0 done, 1 a run failed, 2 bad usage/spec, 3 a run diverged,
+    Runs already completed with the same spec are skipped (a completed run of another spec
+    is refused: --force or another -o); a run with a checkpoint resumes from it.
+    Exit codes: 0 done, 1 a run failed, 2 bad usage/spec/file, 3 a run diverged,
     4 stopped by SIGINT/SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
     """
     from gspo_cli.spec_loading import load_spec
@@ -169,7 +170,8 @@ def sweep(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
 ) -> None:
     """Expand the spec's sweep x arms x seeds into named runs and train them (idempotent:
-    completed runs are skipped, interrupted ones resume). Exit codes as for `train`."""
+    completed runs of the same spec are skipped, of another spec refused, interrupted ones
+    resume). Exit codes as for `train`."""
     from gspo_cli import sweep as sw
 
     warnings.showwarning = _show_warning

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from gspo_cli import distributed
 from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
 from gspo_cli.config import ArmConfig, ExperimentSpec
@@ -44,7 +45,7 @@ from gspo_cli.runs import (
 )
 from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.sinks import make_sinks
-from gspo_cli.spec_loading import check_stored_spec, dump_spec, same_spec  # noqa: F401 - same_spec re-exported
+from gspo_cli.spec_loading import check_stored_spec, dump_spec
 from gspo_cli.step import Ctx, setup, train_step
 from gspo_cli.tasks import Task, make_task
 

@@ -169,7 +169,7 @@ def test_spec_written_by_an_older_version_still_resumes(tmp_path):
     """A spec.yaml without fields added later (they take their defaults) is the same spec;
     a real difference or an unreadable file is not."""
     from gspo_cli.spec_loading import dump_spec
-    from gspo_cli.train import same_spec
+    from gspo_cli.spec_loading import same_spec
 
     spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
     old = yaml.safe_load(dump_spec(spec))
