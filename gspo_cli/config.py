@@ -229,20 +229,6 @@ class ArmConfig(_Strict):
     def _name_ok(cls, v: str) -> str:
         return _check_dir_name(v, "arm names")
 
-    @field_validator("loss", "aggregation", "advantage")
-    @classmethod
-    def _registered(cls, v: str, info: ValidationInfo) -> str:
-        # The registries are the one list of names: registering a loss makes it selectable.
-        # Imported here, not at the top: they live beside their torch code, and importing
-        # this module (compare, plot, eval --completions) must not cost a torch import.
-        from gspo_cli import algorithms
-
-        registry, what = {"loss": (algorithms.POLICY_LOSSES, "policy loss"),
-                          "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
-                          "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator")}[info.field_name]
-        if v not in registry:
-            raise ValueError(f"unknown {what} {v!r}{_did_you_mean(v, registry)}; registered: {', '.join(registry)}")
-        return v
 
 
 def _check_dir_name(v: str, what: str) -> str:
@@ -290,7 +276,7 @@ class ExperimentSpec(_Strict):
     @model_validator(mode="after")
     def _check(self):
         b = self.rollout.batch_size
-        problems = []
+        problems = _unregistered_names(self.arms)
         for i, arm in enumerate(self.arms):
             if b % arm.mini_batches:
                 problems.append(
@@ -325,6 +311,29 @@ class ExperimentSpec(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
+    """One `arms[i].field: ...` line per loss, aggregation or advantage name that its registry
+    lacks. The registries are the one list of names: registering a loss makes it selectable.
+
+    Checked here, after every field validated, not in ArmConfig's field validators: the
+    registries live beside their torch code, and importing them costs ~2 s of torch import
+    that a spec with a typo elsewhere should not wait for. Importing this module stays
+    torch-free (compare, plot, eval --completions)."""
+    from gspo_cli import algorithms
+
+    registries = {"loss": (algorithms.POLICY_LOSSES, "policy loss"),
+                  "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
+                  "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator")}
+    problems = []
+    for i, arm in enumerate(arms):
+        for field, (registry, what) in registries.items():
+            name = getattr(arm, field)
+            if name not in registry:
+                problems.append(f"arms[{i}].{field}: unknown {what} {name!r}{_did_you_mean(name, registry)}; "
+                                f"registered: {', '.join(registry)}")
+    return problems
 
 
 def _did_you_mean(word: Any, choices) -> str:
