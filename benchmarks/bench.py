@@ -70,7 +70,7 @@ def base_raw(*, prompts: int, group: int, max_new: int, mini_batches: int, steps
 
 
 def load_spec_and_task(raw: dict):
-    from gspo_cli.config import spec_from_dict
+    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.tasks import make_task
 
     with warnings.catch_warnings():

@@ -27,8 +27,23 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from gspo_cli.runs import versions
+
+    # Read from the installed packages' metadata: importing torch to ask it would take seconds.
+    v = versions()
+    typer.echo(f"gspo-cli {v.get('gspo-cli', 'unknown')} (torch {v.get('torch', 'not installed')}, "
+               f"transformers {v.get('transformers', 'not installed')}, python {v['python']})")
+    raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the gspo-cli, torch and transformers versions and exit")] = False,
+) -> None:
     """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot."""
 
 
@@ -99,11 +114,12 @@ def train(
 ) -> None:
     """Train every arm x seed of an experiment; each run gets its own run directory.
 
-    Runs already completed are skipped; a run with a checkpoint resumes from it.
-    Exit codes: 0 done, 1 a run failed, 2 bad usage/spec, 3 a run diverged,
+    Runs already completed with the same spec are skipped (a completed run of another spec
+    is refused: --force or another -o); a run with a checkpoint resumes from it.
+    Exit codes: 0 done, 1 a run failed, 2 bad usage/spec/file, 3 a run diverged,
     4 stopped by SIGINT/SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
     """
-    from gspo_cli.config import load_spec
+    from gspo_cli.spec_loading import load_spec
 
     warnings.showwarning = _show_warning
     try:
@@ -154,7 +170,8 @@ def sweep(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
 ) -> None:
     """Expand the spec's sweep x arms x seeds into named runs and train them (idempotent:
-    completed runs are skipped, interrupted ones resume). Exit codes as for `train`."""
+    completed runs of the same spec are skipped, of another spec refused, interrupted ones
+    resume). Exit codes as for `train`."""
     from gspo_cli import sweep as sw
 
     warnings.showwarning = _show_warning
@@ -167,7 +184,6 @@ def sweep(
             _show_plan(runs, as_json)
             return
         log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
-        _prepare_models([r for r in runs if force or r.status() != "completed"], log)
         records = sw.run_plan(runs, jobs=jobs, force=force, log=log)
     except GspoError as err:
         _fail(err)
@@ -179,19 +195,6 @@ def sweep(
                        r["wall_s"], r["path"]] for r in records])
     interrupted = any(r["exit"] == 4 for r in records)
     raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
-
-
-def _prepare_models(runs, log) -> None:
-    """Build each distinct built-in model once, here, before N processes would race to."""
-    from gspo_cli.models import resolve_model_source
-    from gspo_cli.tasks import make_task
-
-    seen = set()
-    for r in runs:
-        key = (r.spec.model.model_dump_json(), r.spec.task.model_dump_json())
-        if key not in seen:
-            seen.add(key)
-            resolve_model_source(r.spec.model, make_task(r.spec.task.name, r.spec.task.params), log=log)
 
 
 def _show_plan(runs, as_json: bool) -> None:
@@ -215,12 +218,15 @@ def list_runs(
     from gspo_cli.runs import find_runs
 
     rows = []
-    for rd in find_runs(paths):
-        info, metrics = rd.info(), rd.metrics()
-        last = metrics[-1] if metrics else {}
-        rows.append({"path": str(rd.path), "status": info.get("status"), "step": info.get("step", 0),
-                     "total_steps": info.get("total_steps"), "reward_last": last.get("reward/mean"),
-                     "wall_s": info.get("wall_s")})
+    try:
+        for rd in find_runs(paths):
+            info, metrics = rd.info(), rd.metrics()
+            last = metrics[-1] if metrics else {}
+            rows.append({"path": str(rd.path), "status": info.get("status"), "step": info.get("step", 0),
+                         "total_steps": info.get("total_steps"), "reward_last": last.get("reward/mean"),
+                         "wall_s": info.get("wall_s")})
+    except GspoError as err:
+        _fail(err)
     if not rows:
         _fail(SpecError(f"no run directories (with run.json) under {', '.join(map(str, paths))}"))
     if as_json:

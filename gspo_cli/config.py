@@ -2,7 +2,8 @@
 
 Everything a run depends on lives here, so the resolved spec written into each run
 directory is enough to reproduce it. Every axis on which GRPO and GSPO differ is an
-explicit field of each arm; presets only fill those fields in.
+explicit field of each arm; presets only fill those fields in. Reading YAML, `--set`
+overrides and error messages live one layer up, in `gspo_cli.spec_loading`.
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper-gspo": _PAPER_GSPO,
     "paper-gspo-token": {**_PAPER_GSPO, "loss": "gspo_token"},
 }
-
-LOSS_NAMES = ("grpo", "gspo", "gspo_token")
-AGGREGATION_NAMES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum")
-ADVANTAGE_NAMES = ("grpo", "mean_only")
 
 
 class _Problems(ValueError):
@@ -219,21 +216,22 @@ class ArmConfig(_Strict):
 
     name: str
     preset: str | None = None
-    loss: Literal["grpo", "gspo", "gspo_token"]
+    loss: str = Field(description="a policy loss registered in gspo_cli.algorithms.POLICY_LOSSES")
     clip_low: float = Field(gt=0, lt=1)
     clip_high: float = Field(gt=0)
-    aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"] = "seq_mean_token_mean"
+    aggregation: str = Field("seq_mean_token_mean", description="registered in gspo_cli.algorithms.AGGREGATIONS")
     mini_batches: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)
     routing_replay: Literal["off", "r2", "r3"] = "off"  # r3: refused for now (ExperimentSpec._check)
     kl_coef: float = Field(0.0, ge=0)
-    advantage: Literal["grpo", "mean_only"] = "grpo"
+    advantage: str = Field("grpo", description="registered in gspo_cli.algorithms.ADVANTAGE_ESTIMATORS")
     adv_eps: float = Field(1e-6, ge=0)
 
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
         return _check_dir_name(v, "arm names")
+
 
 
 def _check_dir_name(v: str, what: str) -> str:
@@ -281,7 +279,7 @@ class ExperimentSpec(_Strict):
     @model_validator(mode="after")
     def _check(self):
         b = self.rollout.batch_size
-        problems = []
+        problems = _unregistered_names(self.arms)
         for i, arm in enumerate(self.arms):
             if b % arm.mini_batches:
                 problems.append(
@@ -321,6 +319,29 @@ class ExperimentSpec(_Strict):
         return self.model_dump(mode="json")
 
 
+def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
+    """One `arms[i].field: ...` line per loss, aggregation or advantage name that its registry
+    lacks. The registries are the one list of names: registering a loss makes it selectable.
+
+    Checked here, after every field validated, not in ArmConfig's field validators: the
+    registries live beside their torch code, and importing them costs ~2 s of torch import
+    that a spec with a typo elsewhere should not wait for. Importing this module stays
+    torch-free (compare, plot, eval --completions)."""
+    from gspo_cli import algorithms
+
+    registries = {"loss": (algorithms.POLICY_LOSSES, "policy loss"),
+                  "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
+                  "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator")}
+    problems = []
+    for i, arm in enumerate(arms):
+        for field, (registry, what) in registries.items():
+            name = getattr(arm, field)
+            if name not in registry:
+                problems.append(f"arms[{i}].{field}: unknown {what} {name!r}{_did_you_mean(name, registry)}; "
+                                f"registered: {', '.join(registry)}")
+    return problems
+
+
 def _did_you_mean(word: Any, choices) -> str:
     hint = difflib.get_close_matches(str(word), list(choices), n=1)
     return f" (did you mean {hint[0]!r}?)" if hint else ""
@@ -329,9 +350,3 @@ def _did_you_mean(word: Any, choices) -> str:
 class OnPolicyWarning(UserWarning):
     """A comparison whose arms cannot differ."""
 
-
-# Loading (YAML, overrides, error messages) lives in spec_loading; re-exported here.
-from gspo_cli.spec_loading import apply_override, dump_spec, load_spec, spec_from_dict  # noqa: E402
-
-__all__ = ["PRESETS", "ExperimentSpec", "ArmConfig", "ModelConfig", "OnPolicyWarning", "apply_override",
-           "dump_spec", "load_spec", "spec_from_dict"]

@@ -45,6 +45,15 @@ def setup(device: str = "cpu") -> DistInfo:
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
+RANK_SEED_STRIDE = 1_000_003  # a prime far above any seed or step count: ranks' seeds never meet
+
+
+def rank_seed(base: int, rank: int) -> int:
+    """The torch seed of `rank` for a given base (a run's seed, a resumed step): rank 0 keeps
+    `base`, so one process samples exactly as rank 0 of several does."""
+    return base + RANK_SEED_STRIDE * rank
+
+
 def check_divisible(prompts_per_step: int, group_size: int, mini_batches: list[int], info: DistInfo) -> None:
     if not info.enabled:
         return

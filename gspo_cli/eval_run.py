@@ -20,15 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.config import ExperimentSpec, ModelConfig, TaskConfig, load_spec
+from gspo_cli.config import ExperimentSpec, ModelConfig, TaskConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.evaluate import (
     ProblemResult,
     sample_completions,
+    sample_counts,
     score_problems,
     summarize,
 )
+from gspo_cli.files import iter_lines
 from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
+from gspo_cli.spec_loading import load_spec
 from gspo_cli.tasks import TASKS, Task, make_task
 
 SUMMARY_FILE = "eval_summary.json"
@@ -166,10 +169,11 @@ def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | 
 def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[list[ProblemResult], dict[str, Any]]:
     """Score a JSONL file of completions made elsewhere against the task's problems.
 
-    Each line: {"id": ..., "completion": "..."} (several lines per problem give K samples) or
-    {"id": ..., "completions": [...]}. Every scored problem must end up with the same K.
-    Ids the task does not know, and problems without completions, are warned about and left
-    out. SpecError when the file is unreadable or nothing matches.
+    Each line: {"id": ..., "completion": "..."} (several lines per problem give several
+    samples) or {"id": ..., "completions": [...]}. Problems may have different numbers of
+    samples (see `gspo_cli.evaluate`: avg@K is a mean of per-problem means, pass@k uses each
+    problem's own count). Ids the task does not know, and problems without completions, are
+    warned about and left out. SpecError when the file is unreadable or nothing matches.
     """
     _check_sampling(Sampling(), limit)
     by_id = load_completions(path)
@@ -190,10 +194,6 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
     if missing:
         warnings.warn(f"--completions: {missing} of {len(problems)} problems have no completions in {path}; left out")
     chosen = chosen[:limit] if limit else chosen
-    counts = {len(by_id[p.id]) for p in chosen}
-    if len(counts) > 1:
-        raise SpecError(f"--completions: {path}: problems have different numbers of completions "
-                        f"({', '.join(map(str, sorted(counts)))}); every problem needs the same K")
     t0 = time.time()
     results = score_problems(task, chosen, [by_id[p.id] for p in chosen])
     info = {"completions_file": str(path), "problems_without_completions": missing, "unknown_ids": len(unknown)}
@@ -202,23 +202,22 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
 
 def load_completions(path: Path) -> dict[str, list[str]]:
     """Completions by problem id (ids as strings, file order kept)."""
-    if not path.is_file():
+    if not path.exists():
         raise SpecError(f"--completions: no such file {path}")
     out: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SpecError(f"--completions: {path}:{lineno}: not JSON ({err.msg})") from None
-            texts = obj.get("completions", [obj.get("completion")]) if isinstance(obj, dict) else None
-            if not isinstance(obj, dict) or obj.get("id") is None or not isinstance(texts, list) \
-                    or not all(isinstance(t, str) for t in texts):
-                raise SpecError(f'--completions: {path}:{lineno}: expected {{"id": ..., "completion": "..."}} '
-                                'or {"id": ..., "completions": [...]}')
-            out.setdefault(str(obj["id"]), []).extend(texts)
+    for lineno, line in enumerate(iter_lines(path, "--completions"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SpecError(f"--completions: {path}:{lineno}: not JSON ({err.msg})") from None
+        texts = obj.get("completions", [obj.get("completion")]) if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or obj.get("id") is None or not isinstance(texts, list) \
+                or not all(isinstance(t, str) for t in texts):
+            raise SpecError(f'--completions: {path}:{lineno}: expected {{"id": ..., "completion": "..."}} '
+                            'or {"id": ..., "completions": [...]}')
+        out.setdefault(str(obj["id"]), []).extend(texts)
     if not out:
         raise SpecError(f"--completions: {path} holds no completions")
     return out
@@ -239,8 +238,8 @@ def _check_sampling(s: Sampling, limit: int | None) -> None:
 def _summary(task: Task, results: list[ProblemResult], info: dict[str, Any], seconds: float) -> dict[str, Any]:
     scores = summarize(results)
     return {"task": task.name, "fingerprint": task.fingerprint(), "problems": len(results),
-            "samples": len(results[0].completions), "scores": scores, "rating": scores.get("rating"),
-            **info, "created_at": now_iso(), "time_s": round(seconds, 3)}
+            "samples": max(len(r.completions) for r in results), **sample_counts(results), "scores": scores,
+            "rating": scores.get("rating"), **info, "created_at": now_iso(), "time_s": round(seconds, 3)}
 
 
 def default_out_dir(target: Target | None, completions: Path | None) -> Path:
@@ -272,11 +271,17 @@ def render(summary: dict[str, Any], console) -> None:
     what = summary.get("completions_file") or summary.get("model")
     if summary.get("checkpoint"):
         what = f"{summary.get('run_dir') or what} @ {summary['checkpoint']}"
-    console.print(f"{summary['task']}: {summary['problems']} problems x {summary['samples']} samples, {what}",
+    per = summary.get("samples_per_problem") or {str(summary["samples"]): summary["problems"]}
+    samples = (f"{summary['samples']} samples" if len(per) == 1 else
+               "uneven samples (" + ", ".join(f"{c} with {n}" for n, c in per.items()) + ")")
+    console.print(f"{summary['task']}: {summary['problems']} problems x {samples}, {what}",
                   markup=False, highlight=False, soft_wrap=True)
+    entered = summary.get("pass_k_problems") or {}
     table = Table()
     table.add_column("score")
     table.add_column("value", justify="right")
+    table.add_column("problems", justify="right")
     for key, value in summary["scores"].items():
-        table.add_row(key, f"{value:.1f}" if key == "rating" else f"{value:.4f}")
+        table.add_row(key, f"{value:.1f}" if key == "rating" else f"{value:.4f}",
+                      str(entered.get(key, summary["problems"])))
     console.print(table)

@@ -1,12 +1,18 @@
 """Held-out evaluation: per-problem verdicts and the scores made from them.
 
-Scores over N problems with K samples each:
+Scores over the problems, problem i with its own number n_i >= 1 of samples (files of
+completions made elsewhere are uneven: failed generations, deduplication, merged shards);
+K is the largest n_i, and every n_i = K when we sample ourselves:
 
-- ``avg@K``  mean correctness over all N x K samples (the mean of pass@1 estimates);
-- ``pass@k`` the unbiased estimator (Chen et al., 2021) for k = 1, 2, 4, ... <= K, and K;
+- ``avg@K``  the mean over problems of each problem's share of correct samples (with equal
+  n_i: mean correctness over all samples, the mean of pass@1 estimates);
+- ``pass@k`` the unbiased estimator (Chen et al., 2021) of each problem with its own n_i,
+  averaged over the problems with n_i >= k, for k = 1, 2, 4, ... <= K, and K; problems with
+  fewer than k samples cannot estimate pass@k and are left out of it (`pass_k_problems`
+  counts who entered each k);
 - ``maj@K``  share of problems whose most common final answer is correct (tasks that can
   extract one, e.g. math; answers are normalised first, ties go to the earliest);
-- ``timeout_frac`` / ``runtime_error_frac`` share of samples with that failure, for tasks
+- ``timeout_frac`` / ``runtime_error_frac`` share of all samples with that failure, for tasks
   whose verdicts record it (code);
 - ``rating`` an Elo-style estimate when problems carry a numeric rating/difficulty.
 
@@ -48,7 +54,7 @@ def pass_ks(samples: int) -> list[int]:
 
 @dataclass
 class ProblemResult:
-    """One problem's K completions and their verdicts."""
+    """One problem's completions and their verdicts."""
 
     problem: Problem
     completions: list[str]
@@ -81,7 +87,7 @@ class ProblemResult:
 
 
 def score_problems(task: Task, problems: list[Problem], completions: list[list[str]]) -> list[ProblemResult]:
-    """Verdicts for `completions[i]` (K samples) of `problems[i]`.
+    """Verdicts for `completions[i]` (n_i >= 1 samples) of `problems[i]`.
 
     Every sample goes to the task in one `score_batch` call (code: programs judged in parallel).
     """
@@ -98,29 +104,40 @@ def score_problems(task: Task, problems: list[Problem], completions: list[list[s
 
 
 def summarize(results: list[ProblemResult]) -> dict[str, float]:
-    """The scores of the module docstring. Every problem must have the same number K >= 1 of
-    samples (a ValueError otherwise); no problems gives {}."""
+    """The scores of the module docstring. Each problem needs >= 1 sample (a ValueError
+    otherwise); the counts may differ between problems. No problems gives {}."""
     if not results:
         return {}
-    K = len(results[0].completions)
-    if K < 1 or any(len(r.completions) != K for r in results):
-        raise ValueError("every problem needs the same number (>= 1) of samples")
+    counts = [len(r.completions) for r in results]
+    if min(counts) < 1:
+        raise ValueError("every problem needs at least one sample")
+    K = max(counts)
     n = len(results)
     correct = [sum(r.correct) for r in results]
-    out: dict[str, float] = {f"avg@{K}": sum(correct) / (n * K)}
+    out: dict[str, float] = {f"avg@{K}": sum(c / m for c, m in zip(correct, counts)) / n}
     for k in pass_ks(K):
-        out[f"pass@{k}"] = sum(pass_at_k(K, c, k) for c in correct) / n
+        entered = [(m, c) for m, c in zip(counts, correct) if m >= k]
+        out[f"pass@{k}"] = sum(pass_at_k(m, c, k) for m, c in entered) / len(entered)
     if results[0].extracted is not None:
         out[f"maj@{K}"] = sum(r.majority_correct() for r in results) / n
     for name in FAILURE_COMPONENTS:
         if any(name in s.components for r in results for s in r.scores):
-            out[f"{name}_frac"] = sum(s.components.get(name, 0.0) > 0 for r in results for s in r.scores) / (n * K)
-    rated = [(d, c / K) for r, c in zip(results, correct) if (d := problem_rating(r.problem)) is not None]
+            out[f"{name}_frac"] = sum(s.components.get(name, 0.0) > 0 for r in results for s in r.scores) / sum(counts)
+    rated = [(d, c / m) for r, c, m in zip(results, correct, counts) if (d := problem_rating(r.problem)) is not None]
     if rated:
         rating = elo_rating([d for d, _ in rated], sum(s for _, s in rated))
         if rating is not None:
             out["rating"] = rating
     return out
+
+
+def sample_counts(results: list[ProblemResult]) -> dict[str, dict[str, int]]:
+    """How many samples the scores rest on: `samples_per_problem` {n: problems with n
+    samples} and `pass_k_problems` {"pass@k": problems with >= k samples, which entered it}."""
+    counts = [len(r.completions) for r in results]
+    per = {str(m): counts.count(m) for m in sorted(set(counts))}
+    entered = {f"pass@{k}": sum(m >= k for m in counts) for k in pass_ks(max(counts))} if counts else {}
+    return {"samples_per_problem": per, "pass_k_problems": entered}
 
 
 def problem_rating(problem: Problem) -> float | None:
@@ -155,7 +172,7 @@ def elo_rating(difficulties: list[float], solved: float, lo: float = RATING_RANG
 
 
 def evaluate_samples(task: Task, problems: list[Problem], completions: list[list[str]]) -> dict[str, float]:
-    """Scores for `completions[i]` (K samples) of `problems[i]` (see `summarize`)."""
+    """Scores for `completions[i]` (n_i samples) of `problems[i]` (see `summarize`)."""
     return summarize(score_problems(task, problems, completions))
 
 

@@ -18,7 +18,8 @@ import pandas as pd
 import yaml
 
 from gspo_cli.errors import SpecError
-from gspo_cli.runs import RunDir, find_runs
+from gspo_cli.files import read_text
+from gspo_cli.runs import RunDir, find_runs, format_setting
 
 
 @dataclass
@@ -113,9 +114,9 @@ def load_runs(paths: list[str]) -> list[Run]:
 def load_run(rd: RunDir) -> Run:
     info = rd.info()
     spec: dict[str, Any] = {}
-    if rd.spec_file.is_file():
+    if rd.spec_file.exists():
         try:
-            spec = yaml.safe_load(rd.spec_file.read_text()) or {}
+            spec = yaml.safe_load(read_text(rd.spec_file)) or {}
         except yaml.YAMLError as err:
             raise SpecError(f"{rd.spec_file}: not valid YAML ({str(err).splitlines()[0]})") from None
     seed = info.get("seed")
@@ -154,7 +155,7 @@ def group_runs(runs: list[Run], group_by: str = "arm") -> list[Group]:
             name = f"{r.experiment}/{r.arm}" if group_by == "arm" and several else value
         else:
             value = spec_field(r, group_by)
-            name = f"{group_by.split('.')[-1]}={_fmt_value(value)}"
+            name = f"{group_by.split('.')[-1]}={format_setting(value)}"
         keyed.setdefault(name, (value, []))[1].append(r)
     order = sorted(keyed, key=lambda n: (_sort_key(keyed[n][0]), n))
     return [Group(n, sorted(keyed[n][1], key=lambda r: (r.experiment, r.seed))) for n in order]
@@ -174,10 +175,6 @@ def spec_field(run: Run, path: str) -> Any:
             raise SpecError(f"--group-by: {path!r} is not a field of {run.path / 'spec.yaml'} "
                             "(e.g. arm, clip_high, arms.0.loss, rollout.group_size)")
     return node
-
-
-def _fmt_value(v: Any) -> str:
-    return format(v, "g") if isinstance(v, float) else str(v)
 
 
 def _sort_key(v: Any) -> tuple:

@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gspo_cli.errors import GspoError
+from gspo_cli.files import iter_lines, read_text
 
-STATUSES = ("running", "completed", "failed", "collapsed", "diverged", "interrupted")
+# What run.json's `status` holds (a collapse is recorded as "diverged", with its reason), and
+# "in use": what `gspo train` / `gspo sweep` report for a run another process holds locked.
+STATUSES = ("running", "completed", "failed", "diverged", "interrupted", "in use")
 
 
 def now_iso() -> str:
@@ -34,6 +37,14 @@ def now_iso() -> str:
 
 def run_path(output_dir: str | Path, experiment: str, arm: str, seed: int) -> Path:
     return Path(output_dir) / experiment / arm / f"seed{seed}"
+
+
+def format_setting(value: Any) -> str:
+    """A setting's value as run names (`gspo,clip_high=0.0002`) and group labels write it:
+    floats in shortest form, lists and mappings as JSON, anything else as str."""
+    if isinstance(value, float):
+        return format(value, "g")
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -55,18 +66,19 @@ def append_jsonl(path: Path, obj: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete records; a torn last line (crash mid-write) is skipped, not an error."""
-    if not path.is_file():
+    """All complete records; a torn last line (crash mid-write) is skipped, not an error.
+    A missing file has none; a file that cannot be read (not UTF-8, no permission) is a
+    SpecError naming it."""
+    if not path.exists():
         return []
     out = []
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break  # torn final line
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in iter_lines(path):
+        if not line.endswith("\n"):
+            break  # torn final line
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return out
 
 
@@ -119,10 +131,15 @@ class RunDir:
         return self.info_file.is_file()
 
     def info(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.info_file.read_text())
-        except (OSError, json.JSONDecodeError):
+        """run.json's fields; {} while there is none (or it is not JSON). A run.json that
+        cannot be read (not UTF-8, a directory, no permission) is a SpecError naming it."""
+        if not self.info_file.exists():
             return {}
+        try:
+            info = json.loads(read_text(self.info_file))
+        except json.JSONDecodeError:
+            return {}
+        return info if isinstance(info, dict) else {}
 
     def status(self) -> str | None:
         return self.info().get("status")

@@ -13,8 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from gspo_cli.config import PRESETS, ExperimentSpec, OnPolicyWarning, _did_you_mean, _Problems
 from gspo_cli.errors import SpecError
-
-
+from gspo_cli.files import read_text
 
 
 def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +187,6 @@ def spec_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentSp
     return spec
 
 
-
-
 class _SpecLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
 
@@ -224,12 +221,7 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
         raise SpecError(f"{path}: is a directory, not a spec file")
     if not path.is_file():
         raise SpecError(f"{path}: spec file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror or err}") from None
+    text = read_text(path)
     try:
         raw = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
@@ -246,3 +238,55 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
 
 def dump_spec(spec: ExperimentSpec) -> str:
     return yaml.safe_dump(spec.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Is a run directory's spec.yaml this spec? (resume, skip-if-completed, sweeps)
+
+
+def spec_differences(stored_text: str, spec: ExperimentSpec) -> list[str]:
+    """How a run directory's spec.yaml (`stored_text`) differs from `spec`, one
+    `path: stored -> new` item per differing leaf field in spec order; [] when it is the same
+    spec. The stored text is resolved with today's defaults first, so a field added in a later
+    gspo-cli version (at its default) is no difference. Text that is no longer a valid spec
+    gives one item saying so."""
+    own = dump_spec(spec)
+    if stored_text == own:
+        return []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stored = spec_from_dict(yaml.safe_load(stored_text))
+    except (SpecError, yaml.YAMLError) as err:
+        first = (str(err).strip().splitlines() or ["invalid"])[0]
+        return [f"the stored spec.yaml is not a valid spec today ({first})"]
+    return _leaf_differences(stored.to_dict(), spec.to_dict(), "")
+
+
+def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:
+    """Whether a run directory's spec.yaml describes `spec` (see `spec_differences`)."""
+    return not spec_differences(stored_text, spec)
+
+
+def _leaf_differences(old: Any, new: Any, path: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in dict.fromkeys([*old, *new])
+                for d in _leaf_differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _leaf_differences(a, b, f"{path}[{i}]")]
+    return [] if old == new else [f"{path}: {_short_repr(old, 30)} -> {_short_repr(new, 30)}"]
+
+
+def check_stored_spec(run_dir: Path, spec: ExperimentSpec, state: str) -> None:
+    """SpecError (exit 2, one line) when `run_dir` holds a `state` ("completed",
+    "unfinished") run whose spec.yaml is not `spec`: the first differing fields and the
+    two ways out. A run directory without spec.yaml passes (nothing to compare)."""
+    spec_file = Path(run_dir) / "spec.yaml"
+    if not spec_file.is_file():
+        return
+    diffs = spec_differences(read_text(spec_file), spec)
+    if diffs:
+        shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+        raise SpecError(f"{run_dir} holds {'an' if state[0] in 'aeiou' else 'a'} {state} run of a different spec "
+                        f"({shown}); use --force to overwrite it or choose another output directory (-o) "
+                        "or experiment name")

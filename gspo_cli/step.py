@@ -25,6 +25,7 @@ from gspo_cli.algorithms import (
     aggregation_count,
     get_advantage_estimator,
     get_policy_loss,
+    kl_k3_BC,
     zero_variance_group_frac,
 )
 from gspo_cli.config import ArmConfig, ExperimentSpec
@@ -80,7 +81,7 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     """Resolve everything a step needs. `weights` (a checkpoint) replaces the initial
     weights when resuming; the KL reference is always the initial model `source`.
     Under torchrun each rank samples with its own seed; rank 0's is the single-process one."""
-    torch.manual_seed(seed + 1_000_003 * dist_info.rank)
+    torch.manual_seed(distributed.rank_seed(seed, dist_info.rank))
     lm = load_model(weights or source, spec.model)
     model = lm.model
     model.train()
@@ -261,8 +262,7 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
                                    clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator)
     extra = {}
     if ref_logp_BC is not None:
-        log_r = (ref_logp_BC[rows] - new.logp).clamp(-20, 20)
-        k3_BC = torch.exp(log_r) - 1 - log_r
+        k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows])
         loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
         extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
     if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:

@@ -3,13 +3,13 @@ take a stable shard of it, and run it with N local processes.
 
 Each planned run is an ordinary run: its arm is renamed to say its settings
 (`gspo,clip_high=0.0002,group_size=4`), so `results/<experiment>/<that name>/seed<k>/` is a
-normal run directory and compare/plot group by it like any arm. Planning imports no torch.
+normal run directory and compare/plot group by it like any arm. Planning loads no model
+(validating the arms' algorithm names imports the registries, and with them torch).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -21,8 +21,15 @@ from typing import Any
 
 from gspo_cli.config import ExperimentSpec
 from gspo_cli.errors import SpecError
-from gspo_cli.runs import RunDir, run_path
-from gspo_cli.spec_loading import apply_override, dump_spec, read_spec_file, set_path, spec_from_dict
+from gspo_cli.runs import RunDir, format_setting, run_path
+from gspo_cli.spec_loading import (
+    apply_override,
+    check_stored_spec,
+    dump_spec,
+    read_spec_file,
+    set_path,
+    spec_from_dict,
+)
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,6 @@ class PlannedRun:
 
     def status(self) -> str:
         return RunDir(self.path).status() or "planned"
-
-
-def _fmt_value(v: Any) -> str:
-    return format(v, "g") if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
 
 def _short_keys(keys: list[str]) -> dict[str, str]:
@@ -82,9 +85,9 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
         try:
             variant = spec_from_dict(_apply_point(raw, point))
         except SpecError as err:
-            where = ", ".join(f"{k}={_fmt_value(v)}" for k, v in point.items())
+            where = ", ".join(f"{k}={format_setting(v)}" for k, v in point.items())
             raise SpecError(f"sweep point {where}: {err}") from None
-        suffix = "".join(f",{short[k]}={_fmt_value(v)}" for k, v in point.items())
+        suffix = "".join(f",{short[k]}={format_setting(v)}" for k, v in point.items())
         for arm in variant.arms:
             name = f"{arm.name}{suffix}"
             if name in names:
@@ -133,10 +136,11 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def prebuild_models(runs: list[PlannedRun], log) -> int:
     """Cold-start the built-in models the runs need once, here, with every core, before any
-    job starts: otherwise the first job builds it on its share of the cores while the others
-    wait for it. Returns how many distinct models were checked. A model that cannot be built
-    is left for its runs to report."""
-    from gspo_cli.errors import GspoError
+    job starts: otherwise N jobs would race to build the same model, each on its share of
+    the cores. Returns how many distinct built-in models were checked. A bad model name
+    (SpecError) refuses the whole sweep before anything starts; a model that fails to build
+    (RunError) is left for its runs to report."""
+    from gspo_cli.errors import RunError
     from gspo_cli.models import resolve_model_source
     from gspo_cli.tasks import make_task
 
@@ -149,7 +153,7 @@ def prebuild_models(runs: list[PlannedRun], log) -> int:
         seen.add(key)
         try:
             resolve_model_source(m, make_task(t.name, t.params), log=log)
-        except GspoError:
+        except RunError:
             pass
     return len(seen)
 
@@ -157,16 +161,20 @@ def prebuild_models(runs: list[PlannedRun], log) -> int:
 def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dict[str, Any]]:
     """Train each planned run in its own `gspo train` process, `jobs` at a time, each with
     its share of the cores. Completed runs are skipped, interrupted ones resume (the
-    trainer's own rules). Returns one record per run with its exit code and wall time."""
+    trainer's own rules), but a completed run of another spec refuses the whole plan before
+    anything starts (SpecError), as `gspo train` does. Returns one record per run with its
+    exit code and wall time."""
     threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
     todo = [r for r in runs if force or r.status() != "completed"]
+    for r in runs:
+        if r not in todo:
+            check_stored_spec(r.path, r.spec, "completed")
     done = [{"run": r.name, "seed": r.seed, "path": str(r.path), "status": "completed", "exit": 0,
              "wall_s": 0.0, "skipped": True} for r in runs if r not in todo]
     for r in done:
         log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
-    if jobs > 1:
-        prebuild_models(todo, log)
+    prebuild_models(todo, log)
     tmpdir = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
     pending, active, records = list(todo), {}, list(done)
     while pending or active:

@@ -15,16 +15,14 @@ import socket
 import threading
 import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 
 from gspo_cli import distributed
 from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
-from gspo_cli.config import ArmConfig, ExperimentSpec, dump_spec, spec_from_dict
+from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import (
     DivergedError,
@@ -47,6 +45,7 @@ from gspo_cli.runs import (
 )
 from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.sinks import make_sinks
+from gspo_cli.spec_loading import check_stored_spec, dump_spec
 from gspo_cli.step import Ctx, setup, train_step
 from gspo_cli.tasks import Task, make_task
 
@@ -167,11 +166,15 @@ class _ReadOnlyRunDir(RunDir):
 
 
 def _decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistInfo):
-    """'skip', or the checkpoint to resume from (None: from scratch), agreed by all ranks."""
+    """'skip', or the checkpoint to resume from (None: from scratch), agreed by all ranks.
+
+    A completed run is skipped only if its spec.yaml is this spec; a completed or unfinished
+    run of another spec is a SpecError (exit 2) unless `force` (then it starts afresh)."""
     decision: tuple = ("fresh", None)
     if info.is_main:
         try:
             if rd.status() == "completed" and not force:
+                check_stored_spec(rd.path, own_spec, "completed")
                 decision = ("skip", None)
             else:
                 ckpt = None if force else _resumable_checkpoint(rd, own_spec)
@@ -240,22 +243,6 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
     return RunResult(arm.name, seed, str(rd.path), "completed", summary)
 
 
-def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:
-    """Whether a run directory's spec.yaml describes `spec`. Compared after resolving the
-    stored text with today's defaults, so a field added in a later gspo-cli version (with a
-    default) does not make an older unfinished run look different."""
-    own = dump_spec(spec)
-    if stored_text == own:
-        return True
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            stored = spec_from_dict(yaml.safe_load(stored_text))
-    except Exception:  # noqa: BLE001 - unreadable or no longer valid: not the same spec
-        return False
-    return dump_spec(stored) == own
-
-
 def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
     """The latest complete checkpoint of an unfinished run with the same spec, else None."""
     if not rd.exists():
@@ -263,9 +250,7 @@ def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
     ckpts = valid_checkpoints(rd)
     if not ckpts:
         return None
-    if rd.spec_file.is_file() and not same_spec(rd.spec_file.read_text(), own_spec):
-        raise SpecError(f"{rd.path}: holds an unfinished run of a different spec; "
-                        "use --force to start it again or choose another --output-dir")
+    check_stored_spec(rd.path, own_spec, "unfinished")
     return ckpts[-1]
 
 
@@ -275,7 +260,7 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
     ctx.train_time = float(state.get("train_time", 0.0))
     ctx.skipped = int(state.get("skipped", 0))
     if ctx.dist.rank:  # the checkpoint holds rank 0's sampling RNG; others derive their own
-        torch.manual_seed(1_000_003 * ctx.dist.rank + step)
+        torch.manual_seed(distributed.rank_seed(step, ctx.dist.rank))
     if ctx.dist.is_main:
         truncate_jsonl(rd.metrics_file, step)
         truncate_jsonl(rd.eval_file, step)

@@ -411,7 +411,7 @@ def test_split_batch_with_global_denominator_averages_to_the_whole(mode):
     split.backward()
     assert torch.allclose(split, loss_whole, rtol=0, atol=1e-12)
     assert torch.allclose(halves.grad, whole.grad, rtol=0, atol=1e-12)
-    assert abs(float((own[0] + own[1]) / 2 - loss_whole)) > 1e-4  # what a per-process mean would give
+    assert abs(float((own[0] + own[1]).detach() / 2 - loss_whole.detach())) > 1e-4  # what a per-process mean would give
 
 
 def test_aggregation_count_by_hand():

@@ -7,15 +7,8 @@ import warnings
 import pytest
 import yaml
 
-from gspo_cli.config import (
-    PRESETS,
-    ExperimentSpec,
-    OnPolicyWarning,
-    apply_override,
-    dump_spec,
-    load_spec,
-    spec_from_dict,
-)
+from gspo_cli.config import PRESETS, ExperimentSpec, OnPolicyWarning
+from gspo_cli.spec_loading import apply_override, dump_spec, load_spec, spec_from_dict
 from gspo_cli.errors import SpecError
 
 BASE = {
@@ -175,12 +168,22 @@ def test_field_errors_in_different_arms_are_all_listed():
     raw["rollout"]["group_size"] = 1
     raw["arms"].append({"name": "c", "preset": "paper-gspo", "loss": "ppo"})
     lines = spec_error(raw)
-    assert len(lines) == 5, lines
+    assert len(lines) == 4, lines
     assert any(line.startswith("arms[0].clip_low: ") and "greater than 0" in line for line in lines)
     assert any(line.startswith("arms[1].epochs: ") and "'two'" in line for line in lines)
     assert "arms[1].clip_hgh: unknown key (did you mean 'clip_high'?)" in lines
-    assert any(line.startswith("arms[2].loss: ") and "'ppo'" in line for line in lines)
     assert any(line.startswith("rollout.group_size: ") for line in lines)
+    # Algorithm names are checked against the registries once every field is valid (reading
+    # the registries imports torch, which a typo elsewhere should not wait for), beside the
+    # spec's other cross-field problems.
+    raw = base()
+    raw["rollout"]["group_size"] = 3  # 4 prompts x 3 = 12 rollouts: 4 mini-batches divide them, 5 do not
+    raw["arms"][0]["mini_batches"] = 5
+    raw["arms"].append({"name": "c", "preset": "paper-gspo", "loss": "ppo"})
+    lines = spec_error(raw)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("arms[2].loss: unknown policy loss 'ppo'; registered: grpo, gspo, gspo_token")
+    assert lines[1].startswith("arms[0].mini_batches: 5 does not divide the rollout batch")
 
 
 @pytest.mark.parametrize("field,value", [("clip_low", 0), ("clip_low", -0.1), ("clip_high", 0), ("clip_high", -1e-4)])
@@ -601,3 +604,31 @@ def test_arm_lookup_unknown_name():
     with pytest.raises(SpecError) as info:
         spec.arm("gpso")
     assert str(info.value) == "--arm: no arm named 'gpso' (did you mean 'gspo'?); arms: grpo, gspo"
+
+
+# --- is a stored spec.yaml this spec? ---------------------------------------------------
+
+def test_spec_differences_name_each_changed_field_in_order(tmp_path):
+    from gspo_cli.spec_loading import check_stored_spec, spec_differences
+
+    spec = spec_from_dict(BASE)
+    assert spec_differences(dump_spec(spec), spec) == []
+    other = spec_from_dict({**BASE, "optimizer": {"lr": 5e-5}, "arms": [{**BASE["arms"][0], "clip_high": 0.3},
+                                                                        BASE["arms"][1]]})
+    assert spec_differences(dump_spec(other), spec) == ["optimizer.lr: 5e-05 -> 0.0001",
+                                                        "arms[0].clip_high: 0.3 -> 0.27"]
+    assert spec_differences("arms: [", spec)[0].startswith("the stored spec.yaml is not a valid spec today")
+    run = tmp_path / "exp/grpo/seed0"
+    check_stored_spec(run, spec, "completed")  # no spec.yaml: nothing to compare
+    run.mkdir(parents=True)
+    (run / "spec.yaml").write_text(dump_spec(other))
+    with pytest.raises(SpecError) as err:
+        check_stored_spec(run, spec, "completed")
+    assert str(err.value) == (f"{run} holds a completed run of a different spec (optimizer.lr: 5e-05 -> 0.0001; "
+                              "arms[0].clip_high: 0.3 -> 0.27); use --force to overwrite it or choose another "
+                              "output directory (-o) or experiment name")
+    many = spec_from_dict({**BASE, "seeds": [1], "optimizer": {"lr": 1, "weight_decay": 1, "grad_clip": 2}})
+    (run / "spec.yaml").write_text(dump_spec(many))
+    with pytest.raises(SpecError, match=r"an unfinished run of a different spec \(seeds\[0\]: 1 -> 0; .*weight_decay: 1.0 -> 0.0; and 1 more\)"):
+        check_stored_spec(run, spec, "unfinished")
+

@@ -85,6 +85,29 @@ def test_completions_write_one_record_per_problem(scored):
     assert rows[2]["completions"] == [r"\boxed{15}"] * 4
 
 
+def test_uneven_completions_use_each_problems_own_count(tmp_path):
+    """4, 2 and 1 samples: avg@K is the mean of per-problem means, pass@k the unbiased
+    estimator with each problem's own n over the problems with n >= k, counts in the summary."""
+    comp = write_jsonl(tmp_path / "uneven.jsonl", [
+        *COMPLETIONS[:4],  # problem 60: 4 samples, 2 correct, majority 54 (right)
+        {"id": 61, "completions": [r"\boxed{34}", r"\boxed{33}"]},  # 2 samples, 1 correct, tie: 34 (wrong)
+        {"id": 62, "completion": r"\boxed{16}"},  # 1 sample, correct
+    ])
+    result = gspo("eval", "-c", comp, "-t", "math", "-d", H4, "-o", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "o" / "eval_summary.json").read_text())
+    s = summary["scores"]
+    assert s["avg@4"] == pytest.approx((2 / 4 + 1 / 2 + 1 / 1) / 3)
+    assert s["pass@1"] == pytest.approx(2 / 3)
+    assert s["pass@2"] == pytest.approx((5 / 6 + 1) / 2)  # problem 62 (one sample) cannot enter
+    assert s["pass@4"] == pytest.approx(1.0)  # only problem 60: 1 - C(2,4)/C(4,4) = 1
+    assert s["maj@4"] == pytest.approx(2 / 3)
+    assert summary["samples"] == 4
+    assert summary["samples_per_problem"] == {"1": 1, "2": 1, "4": 1}
+    assert summary["pass_k_problems"] == {"pass@1": 3, "pass@2": 2, "pass@4": 1}
+    assert "uneven samples (1 with 1, 1 with 2, 1 with 4)" in result.stdout
+
+
 def test_limit_and_default_output_beside_the_completions(tmp_path):
     comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
     result = gspo("eval", "-c", comp, "-t", "math", "-d", H4, "--limit", 1)
@@ -135,7 +158,10 @@ def test_failure_shares_for_tasks_that_record_them():
     assert s["timeout_frac"] == pytest.approx(0.5) and s["runtime_error_frac"] == pytest.approx(0.25)
     assert "maj@2" not in s  # no extracted answers: no vote
     with pytest.raises(ValueError):
-        summarize([results[0], ProblemResult(p, ["a"], [score(True)])])
+        summarize([results[0], ProblemResult(p, [], [])])
+    # Uneven: 1 of 2 with a timeout, 1 of 1 with one: a share of all 3 samples.
+    uneven = summarize([results[0], ProblemResult(p, ["e"], [score(False, timeout=1.0)])])
+    assert uneven["timeout_frac"] == pytest.approx(2 / 3) and uneven["avg@2"] == pytest.approx(0.25)
 
 
 def test_completions_path_never_imports_torch(tmp_path):
@@ -172,9 +198,6 @@ def test_bad_completion_files_are_one_line(tmp_path):
     assert "bad.jsonl:1: expected" in one_error_line(gspo("eval", "-c", bad, "-t", "math", "-d", H4))
     nomatch = write_jsonl(tmp_path / "n.jsonl", [{"id": "zzz", "completion": "x"}])
     assert "none of the 1 ids" in one_error_line(gspo("eval", "-c", nomatch, "-t", "math", "-d", H4))
-    uneven = write_jsonl(tmp_path / "u.jsonl", [{"id": 60, "completion": "x"}, {"id": 61, "completion": "x"},
-                                               {"id": 61, "completion": "y"}])
-    assert "different numbers of completions" in one_error_line(gspo("eval", "-c", uneven, "-t", "math", "-d", H4))
 
 
 # --- a real run: sampling from a tiny trained model ------------------------------------
@@ -183,7 +206,7 @@ def test_bad_completion_files_are_one_line(tmp_path):
 def tiny_run(tmp_path_factory):
     from helpers import TINY
 
-    from gspo_cli.config import spec_from_dict
+    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.reporting import quiet_reporter
     from gspo_cli.train import train_experiment
 
@@ -236,7 +259,7 @@ def test_eval_of_a_run_on_another_dataset(tiny_run, tmp_path):
 @pytest.mark.slow
 def test_completions_for_a_run_use_its_task_and_directory(tiny_run):
     # The run's task is synthetic math with its own knobs; its held-out ids are expressions.
-    from gspo_cli.config import load_spec
+    from gspo_cli.spec_loading import load_spec
     from gspo_cli.tasks import make_task
 
     spec = load_spec(tiny_run / "spec.yaml")

@@ -8,7 +8,8 @@ import torch
 from helpers import TINY
 from safetensors.torch import load_file
 
-from gspo_cli.config import ModelConfig, spec_from_dict
+from gspo_cli.config import ModelConfig
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.reporting import quiet_reporter

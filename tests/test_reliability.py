@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from gspo_cli.cli import app
-from gspo_cli.config import ExperimentSpec, spec_from_dict
+from gspo_cli.config import ExperimentSpec
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, RunLockedError, read_jsonl, run_lock
 from helpers import TINY
@@ -211,7 +212,7 @@ def test_random_specs_load_or_fail_with_one_clear_error(raw):
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=200))
 def test_random_text_files_never_crash_the_loader(tmp_path_factory, text):
-    from gspo_cli.config import load_spec
+    from gspo_cli.spec_loading import load_spec
 
     p = tmp_path_factory.mktemp("h") / "s.yaml"
     p.write_text(text)

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gspo_cli.cli import app
-from gspo_cli.config import spec_from_dict
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import InterruptedRun
 from gspo_cli.runs import RunDir
 from gspo_cli.tasks import make_task
@@ -102,6 +102,18 @@ def test_completed_run_skips_and_exit_codes(tmp_path):
     again = CliRunner().invoke(app, ["train", str(spec_file), "--json"])
     assert again.exit_code == 0 and "already completed" in again.stderr
     assert json.loads(again.stdout)[0]["status"] == "completed"
+    # The same command with an edited spec is not "already completed": refused, one line.
+    edited = CliRunner().invoke(app, ["train", str(spec_file), "--set", "optimizer.lr=2e-3"])
+    assert edited.exit_code == 2, edited.output
+    (line,) = edited.stderr.strip().splitlines()
+    assert "holds a completed run of a different spec (optimizer.lr: 0.001 -> 0.002)" in line
+    assert "--force" in line and "Traceback" not in edited.output
+    model = CliRunner().invoke(app, ["train", str(spec_file), "--set", "model.name=builtin:tiny-dense"])
+    assert model.exit_code == 2 and "model.name: 'builtin:tiny-moe' -> 'builtin:tiny-dense'" in model.stderr
+    forced = CliRunner().invoke(app, ["train", str(spec_file), "--set", "optimizer.lr=2e-3", "--force", "--json"])
+    assert forced.exit_code == 0 and json.loads(forced.stdout)[0]["status"] == "completed"
+    stored = yaml.safe_load((tmp_path / "o/e2e/grpo_rr/seed0/spec.yaml").read_text())
+    assert stored["optimizer"]["lr"] == 2e-3
     run_dir = tmp_path / "o/e2e/grpo_rr/seed0"
     res = CliRunner().invoke(app, ["train", "--resume", str(run_dir), "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)[0]["path"].endswith("grpo_rr/seed0")
@@ -156,8 +168,8 @@ def test_nan_loss_marks_run_diverged_and_exits_3(tmp_path, monkeypatch):
 def test_spec_written_by_an_older_version_still_resumes(tmp_path):
     """A spec.yaml without fields added later (they take their defaults) is the same spec;
     a real difference or an unreadable file is not."""
-    from gspo_cli.config import dump_spec
-    from gspo_cli.train import same_spec
+    from gspo_cli.spec_loading import dump_spec
+    from gspo_cli.spec_loading import same_spec
 
     spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
     old = yaml.safe_load(dump_spec(spec))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gspo_cli.config import spec_from_dict
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import build_tokenizer
 from gspo_cli.rollout import (

@@ -116,9 +116,10 @@ def test_list_shows_runs_and_json(tmp_path):
 
 def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypatch):
     """A sweep builds each distinct built-in model once, before its jobs start; hub/local
-    models are left alone, and a model that cannot be built is left for its runs."""
+    models are left alone, a model that fails to build is left for its runs, and a bad
+    model name refuses the sweep."""
     import gspo_cli.models as models
-    from gspo_cli.errors import SpecError as Err
+    from gspo_cli.errors import RunError
     from gspo_cli.sweep import prebuild_models
 
     built = []
@@ -126,7 +127,9 @@ def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypat
     def fake(cfg, task, log=print):
         built.append((cfg.builtin.num_layers, task.name))
         if cfg.builtin.num_layers == 3:
-            raise Err("model: cannot build")
+            raise RunError("model: cannot build")
+        if cfg.builtin.num_layers == 5:
+            raise SpecError("model.name: unknown built-in model")
         return "/nowhere"
 
     monkeypatch.setattr(models, "resolve_model_source", fake)
@@ -139,3 +142,44 @@ def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypat
     hub = plan(write(tmp_path, {**raw, "model": {"name": "some/hub-model"}, "sweep": None}))
     built.clear()
     assert prebuild_models(hub, log=lambda m: None) == 0 and built == []
+    bad = plan(write(tmp_path, {**raw, "sweep": {"grid": {"model.builtin.num_layers": [2, 5]}}}))
+    with pytest.raises(SpecError, match="unknown built-in model"):
+        prebuild_models(bad, log=lambda m: None)
+
+
+def _fake_completed(run, spec_text):
+    """A run directory that says it completed, holding `spec_text` as its spec.yaml."""
+    run.path.mkdir(parents=True)
+    (run.path / "run.json").write_text(json.dumps({"status": "completed", "step": 1, "total_steps": 1}))
+    (run.path / "spec.yaml").write_text(spec_text)
+
+
+def test_sweep_skips_completed_runs_of_the_same_spec_only(tmp_path, monkeypatch):
+    """Completed runs of the same spec are skipped (no process started); a completed run of
+    a different spec refuses the whole sweep with exit 2 and one line naming the field,
+    before any model is built or process started."""
+    import subprocess
+
+    from gspo_cli.spec_loading import dump_spec
+
+    def no_process(*a, **k):
+        raise AssertionError("a training process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    raw = {**BASE, "output_dir": str(tmp_path / "out"), "sweep": {"grid": {"arms[*].clip_high": [0.3]}}}
+    runs = plan(write(tmp_path, raw))
+    for r in runs:
+        _fake_completed(r, dump_spec(r.spec))
+    res = CliRunner().invoke(app, ["sweep", str(write(tmp_path, raw)), "--json"])
+    assert res.exit_code == 0, res.output
+    records = json.loads(res.stdout)
+    assert len(records) == 4 and all(r["skipped"] and r["status"] == "completed" for r in records)
+
+    changed = write(tmp_path, {**raw, "optimizer": {"lr": 2e-4}})
+    res = CliRunner().invoke(app, ["sweep", str(changed)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "holds a completed run of a different spec" in line
+    assert "optimizer.lr: 0.0001 -> 0.0002" in line and "--force" in line
+    assert "Traceback" not in res.output
+

@@ -7,7 +7,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from gspo_cli.config import load_spec, spec_from_dict
+from gspo_cli.spec_loading import load_spec, spec_from_dict
 from gspo_cli.runs import RunDir
 from gspo_cli.reporting import quiet_reporter
 from gspo_cli.train import train_experiment

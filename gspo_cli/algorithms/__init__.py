@@ -9,6 +9,7 @@ from .advantages import (
     zero_variance_group_frac,
 )
 from .aggregation import AGGREGATIONS, aggregate, aggregation_count, register_aggregation
+from .kl import kl_k3_BC
 from .losses import (
     LOG_RATIO_CLAMP,
     POLICY_LOSSES,
@@ -28,6 +29,7 @@ __all__ = [
     "aggregation_count",
     "get_advantage_estimator",
     "get_policy_loss",
+    "kl_k3_BC",
     "grpo_advantages",
     "grpo_loss",
     "gspo_loss",

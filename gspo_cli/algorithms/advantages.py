@@ -43,7 +43,7 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
 
 
 def _grouped(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(B,) -> (B // G, G) float view; validates shape and divisibility."""
+    """(B,) -> (Q, G) float view, Q = B // G groups; validates shape and divisibility."""
     if rewards_B.dim() != 1:
         raise ValueError(f"rewards must be 1-D (B,), got shape {tuple(rewards_B.shape)}")
     if group_size < 1:
@@ -56,11 +56,11 @@ def _grouped(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards_B.reshape(-1, group_size)
 
 
-def _group_std(groups_NG: torch.Tensor) -> torch.Tensor:
-    """(N, G) -> (N,) unbiased sample std; 0 for G == 1 (a single sample has no spread)."""
-    if groups_NG.shape[1] == 1:
-        return torch.zeros(groups_NG.shape[0], dtype=groups_NG.dtype, device=groups_NG.device)
-    return groups_NG.std(dim=1, correction=1)
+def _group_std(groups_QG: torch.Tensor) -> torch.Tensor:
+    """(Q, G) -> (Q,) unbiased sample std; 0 for G == 1 (a single sample has no spread)."""
+    if groups_QG.shape[1] == 1:
+        return torch.zeros(groups_QG.shape[0], dtype=groups_QG.dtype, device=groups_QG.device)
+    return groups_QG.std(dim=1, correction=1)
 
 
 @register_advantage("grpo")
@@ -72,14 +72,14 @@ def grpo_advantages(rewards_B: torch.Tensor, group_size: int, *, eps: float = 1e
     ``ZERO_VARIANCE_STD`` (all rewards equal, up to float noise) get exactly 0:
     they carry no learning signal and must never produce NaN.
     """
-    groups_NG = _grouped(rewards_B, group_size)
-    mean_N1 = groups_NG.mean(dim=1, keepdim=True)
-    std_N1 = _group_std(groups_NG).unsqueeze(1)
-    flat_N1 = std_N1 < ZERO_VARIANCE_STD
-    adv_NG = torch.where(
-        flat_N1, torch.zeros_like(groups_NG), (groups_NG - mean_N1) / (std_N1 + eps)
+    groups_QG = _grouped(rewards_B, group_size)
+    mean_Q1 = groups_QG.mean(dim=1, keepdim=True)
+    std_Q1 = _group_std(groups_QG).unsqueeze(1)
+    flat_Q1 = std_Q1 < ZERO_VARIANCE_STD
+    adv_QG = torch.where(
+        flat_Q1, torch.zeros_like(groups_QG), (groups_QG - mean_Q1) / (std_Q1 + eps)
     )
-    return adv_NG.reshape(-1)
+    return adv_QG.reshape(-1)
 
 
 @register_advantage("mean_only")
@@ -90,17 +90,17 @@ def mean_only_advantages(rewards_B: torch.Tensor, group_size: int, *, eps: float
     only so all estimators share one call signature and is unused.
     """
     del eps
-    groups_NG = _grouped(rewards_B, group_size)
-    adv_NG = groups_NG - groups_NG.mean(dim=1, keepdim=True)
+    groups_QG = _grouped(rewards_B, group_size)
+    adv_QG = groups_QG - groups_QG.mean(dim=1, keepdim=True)
     # Identical rewards must give exact zeros even if the mean rounds.
-    flat_N1 = (_group_std(groups_NG) < ZERO_VARIANCE_STD).unsqueeze(1)
-    return torch.where(flat_N1, torch.zeros_like(adv_NG), adv_NG).reshape(-1)
+    flat_Q1 = (_group_std(groups_QG) < ZERO_VARIANCE_STD).unsqueeze(1)
+    return torch.where(flat_Q1, torch.zeros_like(adv_QG), adv_QG).reshape(-1)
 
 
 def zero_variance_group_frac(rewards_B: torch.Tensor, group_size: int) -> float:
     """Share of groups whose rewards are all equal (same tolerance as ``grpo``)."""
-    groups_NG = _grouped(rewards_B, group_size)
-    if groups_NG.shape[0] == 0:
+    groups_QG = _grouped(rewards_B, group_size)
+    if groups_QG.shape[0] == 0:
         return 0.0
-    flat_N = _group_std(groups_NG) < ZERO_VARIANCE_STD
-    return flat_N.float().mean().item()
+    flat_Q = _group_std(groups_QG) < ZERO_VARIANCE_STD
+    return flat_Q.float().mean().item()

@@ -26,8 +26,8 @@ from typing import Callable
 import torch
 
 from .aggregation import aggregate
+from .kl import LOG_RATIO_CLAMP, kl_k3_BC
 
-LOG_RATIO_CLAMP = 20.0
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -123,9 +123,10 @@ def _stats(
         mask_f = keep_BC.to(dtype)
 
         resp_ratio = ratio_BC[keep_BC]
-        lr_BC = log_ratio_BC.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        # k3 estimator of KL(old || new): r - 1 - log r, r = pi/pi_old; expm1 for precision.
-        k3_BC = torch.where(keep_BC, torch.expm1(lr_BC) - lr_BC, zeros_BC)
+        # k3 estimate of KL(pi_old || pi_theta) from pi_old's samples: kl_k3_BC with pi_old in
+        # the first place and pi_theta in the second; only log(pi_theta / pi_old) matters.
+        lr_BC = log_ratio_BC.detach()
+        k3_BC = torch.where(keep_BC, kl_k3_BC(torch.zeros_like(lr_BC), lr_BC), zeros_BC)
         nonempty_B = keep_BC.any(dim=-1)
         seq_ratio_B = seq_log_ratio_B.detach().exp()
         n_seq = nonempty_B.sum().clamp(min=1).to(dtype)

@@ -34,6 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gspo_cli.errors import SpecError
+from gspo_cli.files import unreadable
 from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split
 from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many
 from gspo_cli.tasks.lcb import LoadStats, lcb_prompt, load_lcb
@@ -142,7 +143,7 @@ class CodeTask(Task):
             rows, stats = load_lcb(self.p.source, date_from=self.p.date_from, date_to=self.p.date_to,
                                    difficulties=self.p.difficulties)
         except (OSError, UnicodeDecodeError) as err:
-            raise SpecError(f"task.params.source: cannot read {self.p.source}: {err}") from None
+            raise unreadable(self.p.source, err, "task.params.source") from None
         self.load_stats = stats
         if stats.malformed or stats.unsafe_pickle:
             warnings.warn(f"task.params.source: {self.p.source}: skipped {stats.malformed} malformed and "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo_cli.errors import SpecError
+from gspo_cli.files import iter_lines, read_text
 
 HUB_PREFIX = "hub:"
 
@@ -29,6 +30,8 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
         rows = _load_hub(source[len(HUB_PREFIX):], split, field)
     else:
         path = Path(source).expanduser()
+        if path.is_dir():
+            raise SpecError(f"{field}: {source}: is a directory, not a dataset file")
         if not path.is_file():
             raise SpecError(f"{field}: no such file {source} (use synthetic, a .jsonl/.json/.parquet file or hub:<id>)")
         suffix = path.suffix.lower()
@@ -46,23 +49,22 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
 
 def _load_jsonl(path: Path, field: str) -> list[dict]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SpecError(f"{field}: {path}:{lineno}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise SpecError(f"{field}: {path}:{lineno}: expected a JSON object per line")
-            rows.append(row)
+    for lineno, line in enumerate(iter_lines(path, field), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SpecError(f"{field}: {path}:{lineno}: not JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise SpecError(f"{field}: {path}:{lineno}: expected a JSON object per line")
+        rows.append(row)
     return rows
 
 
 def _load_json(path: Path, field: str) -> list[dict]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, field))
     except json.JSONDecodeError as err:
         raise SpecError(f"{field}: {path}: not JSON ({err.msg}, line {err.lineno})") from None
     if isinstance(data, dict):

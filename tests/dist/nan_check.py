@@ -10,7 +10,7 @@ import sys
 import yaml
 
 import gspo_cli.step as step_mod
-from gspo_cli.config import spec_from_dict
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.reporting import quiet_reporter
 from gspo_cli.train import train_experiment
 

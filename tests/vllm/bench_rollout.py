@@ -20,7 +20,7 @@ def main():
     os.environ.setdefault("GSPO_CACHE_DIR", tempfile.mkdtemp(prefix="gspo-bench-"))
     import torch
 
-    from gspo_cli.config import spec_from_dict
+    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.models import load_model, resolve_model_source
     from gspo_cli.rollout import HFRolloutEngine, logprob_mismatch, response_logprobs
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine

@@ -1,0 +1,50 @@
+"""Reading the text files a user hands us (specs, datasets, completions, run directories).
+
+Every reader goes through here, so a file that is not UTF-8, a directory where a file was
+expected, or a file we may not read ends in the same one-line SpecError naming the file
+(exit code 2), never a UnicodeDecodeError or OSError traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from gspo_cli.errors import SpecError
+
+
+def unreadable(path: str | Path, err: Exception, label: str = "") -> SpecError:
+    """The one-line error for `err` raised while reading `path`; `label` (e.g. a spec field
+    or option, `--completions`) goes first when given."""
+    if isinstance(err, UnicodeDecodeError):
+        why = "not a UTF-8 text file"
+    elif isinstance(err, IsADirectoryError):
+        why = "is a directory, not a file"
+    elif isinstance(err, PermissionError):
+        why = "permission denied"
+    elif isinstance(err, FileNotFoundError):
+        why = "no such file"
+    elif isinstance(err, OSError):
+        why = f"cannot read: {err.strerror or err}"
+    else:
+        raise TypeError(f"not a reading error: {err!r}") from err
+    return SpecError(f"{label}: {path}: {why}" if label else f"{path}: {why}")
+
+
+def read_text(path: str | Path, label: str = "") -> str:
+    """The whole of `path` as UTF-8 text; SpecError (see `unreadable`) if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise unreadable(path, err, label) from None
+
+
+def iter_lines(path: str | Path, label: str = "") -> Iterator[str]:
+    """The lines of `path` as UTF-8 text, read lazily (datasets can be gigabytes), each with
+    its newline; SpecError (see `unreadable`) as soon as the file fails to open or decode."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from f
+    except (OSError, UnicodeDecodeError) as err:
+        raise unreadable(path, err, label) from None
