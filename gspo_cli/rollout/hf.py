@@ -94,7 +94,7 @@ def neutral_generation_config(*, temperature: float, top_p: float, max_new_token
         do_sample=True, temperature=temperature, top_k=0, top_p=top_p, min_p=None, typical_p=1.0,
         epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0, encoder_repetition_penalty=1.0,
         no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, length_penalty=1.0, min_length=0,
-        min_new_tokens=0, max_new_tokens=max_new_tokens, num_beams=1, num_return_sequences=1,
+        max_new_tokens=max_new_tokens, num_beams=1, num_return_sequences=1,
         renormalize_logits=False, remove_invalid_values=False, output_scores=False, output_logits=False,
         return_dict_in_generate=False, use_cache=True, pad_token_id=pad_token_id, eos_token_id=list(stop_ids),
         bos_token_id=None,
