@@ -86,7 +86,7 @@ def measure(source: Path, steps: int, seed: int = 0) -> dict:
 
     ctx.engine.generate = spy
     ms = [train_step(ctx, s) for s in range(1, steps + 1)]
-    mean = lambda k: round(sum(m[k] for m in ms) / len(ms), 4)  # noqa: E731
+    mean = lambda k: round(sum(m[k] for m in ms) / len(ms), 4)
     return {"zero_var_group_frac": mean("reward/zero_var_group_frac"), "length_mean": mean("response/length_mean"),
             "truncated_frac": mean("response/truncated_frac"), "reward_mean": mean("reward/mean"),
             "kl_old_k3_first": ms[0]["policy/kl_old_k3"], "first_prompt": first_batch["prompt"].lstrip("<pad>")}

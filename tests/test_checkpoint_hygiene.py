@@ -55,6 +55,15 @@ def _engine(source, **rollout):
     return make_engine(spec.rollout, lm.model, lm.tokenizer, model_dir=str(source)), lm
 
 
+def _spy_on_generate(model) -> dict:
+    """Records the logits processors and stopping criteria generate builds for `model`."""
+    seen = {}
+    real_proc, real_stop = model._get_logits_processor, model._get_stopping_criteria
+    model._get_logits_processor = lambda *a, **k: seen.setdefault("proc", real_proc(*a, **k))
+    model._get_stopping_criteria = lambda *a, **k: seen.setdefault("stop", real_stop(*a, **k))
+    return seen
+
+
 def test_checkpoint_generation_config_does_not_reach_the_sampler(base_dir, tmp_path):
     """Same weights, same seed: a directory whose generation_config sets every option samples
     exactly the clean directory's tokens with the same log-probs; generate builds no logits
@@ -63,10 +72,7 @@ def test_checkpoint_generation_config_does_not_reach_the_sampler(base_dir, tmp_p
     batches = {}
     for name, source in (("clean", base_dir), ("polluted", polluted)):
         engine, lm = _engine(source, temperature=0.7, max_new_tokens=24)
-        seen = {}
-        real_proc, real_stop = lm.model._get_logits_processor, lm.model._get_stopping_criteria
-        lm.model._get_logits_processor = lambda *a, **k: seen.setdefault("proc", real_proc(*a, **k))
-        lm.model._get_stopping_criteria = lambda *a, **k: seen.setdefault("stop", real_stop(*a, **k))
+        seen = _spy_on_generate(lm.model)
         torch.manual_seed(3)
         batches[name] = engine.generate(PROMPTS)
         assert [type(p).__name__ for p in seen["proc"]] == ["TemperatureLogitsWarper"], name
@@ -153,7 +159,7 @@ def test_stop_ids_read_from_tokenizer_and_generation_config(base_dir, tmp_path):
 
 
 def test_evaluation_formats_prompts_like_training(chat_dir, monkeypatch):
-    import gspo_cli.rollout.hf as hf
+    from gspo_cli.rollout import hf
 
     path, _ = chat_dir
     fed = []

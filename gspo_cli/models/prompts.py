@@ -28,12 +28,12 @@ class PromptFormat:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_rollout(cls, cfg) -> "PromptFormat":
+    def from_rollout(cls, cfg) -> PromptFormat:
         """From a RolloutConfig (or anything with its three prompt fields)."""
         return cls(chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
                    template_kwargs=dict(cfg.chat_template_kwargs))
 
-    def formatter(self, tokenizer) -> "PromptFormatter":
+    def formatter(self, tokenizer) -> PromptFormatter:
         has_template = bool(getattr(tokenizer, "chat_template", None))
         use = self.chat_template == "auto" and has_template
         if not use and (self.system_prompt is not None or self.template_kwargs):
