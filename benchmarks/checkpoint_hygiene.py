@@ -14,6 +14,13 @@ built-in tiny MoE (same weights, one file edited each time), with the public tra
 Run from a checkout (PYTHONPATH at it): `python benchmarks/checkpoint_hygiene.py [--steps 3]`.
 Only public entry points are used, so the same script measures an older checkout too.
 Prints one JSON object per variant.
+
+Measured (3 steps x 32 samples, seed 0, 2-core CPU), before -> after issue 13's fixes:
+  polluted generation_config: zero-variance groups 0.667 -> 0.25, length 14.1 -> 16.4
+    (clean copy: 0.25, 16.4; after, every metric equals the clean copy's);
+  attention_dropout 0.5: first on-policy kl_old_k3 1.07 -> 0.0 nats (clean: 0.0);
+  second stop id: truncated 1.0 -> 0.010, length 32.0 (max_new_tokens) -> 16.4;
+  chat template: prompt "3+3=?\n" -> "Q: 3+3=?\nA: ".
 """
 
 from __future__ import annotations
