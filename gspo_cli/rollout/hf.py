@@ -57,6 +57,7 @@ class HFRolloutEngine:
         extra = {"output_logits": True, "return_dict_in_generate": True} if want else {}
         record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
         try:
+            # steps: None unless routes are recorded
             with record as steps, _only_generation_config(self.model, self.gen_config):
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
                                           **extra)
