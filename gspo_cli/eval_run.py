@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.config import ExperimentSpec, ModelConfig, TaskConfig
+from gspo_cli.config import ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.evaluate import (
     ProblemResult,
@@ -144,6 +144,7 @@ def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | 
     import torch
 
     from gspo_cli.models import load_model, resolve_model_source
+    from gspo_cli.models.prompts import PromptFormat
     from gspo_cli.rollout import HFRolloutEngine
 
     cfg = spec.model if spec else ModelConfig(name=target.source)
@@ -154,8 +155,10 @@ def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | 
     t0 = time.time()
     lm = load_model(source, cfg, training=False)  # sampling only: weights in the dtype asked for
     torch.manual_seed(sampling.seed)
+    # Prompts and stops as in training: the run's prompt fields (defaults for a bare model).
+    prompt_format = PromptFormat.from_rollout(spec.rollout if spec else RolloutConfig()).formatter(lm.tokenizer)
     engine = HFRolloutEngine(lm.model, lm.tokenizer, max_new_tokens=max_tokens, temperature=temperature,
-                             top_p=sampling.top_p)
+                             top_p=sampling.top_p, prompt_format=prompt_format)
     log(f"sampling {len(problems)} problems x {K} from {source}")
     completions = sample_completions(engine, problems, K, sampling.batch_size,
                                      progress=lambda done, total: log(f"  {done}/{total} completions"))

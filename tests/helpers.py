@@ -25,3 +25,32 @@ TINY = {
     ],
 }
 
+
+
+def edited_model_copy(base, dest, *, config=None, generation_config=None, tokenizer_config=None):
+    """An ordinary local HF model directory: `base` (e.g. a built-in model's) copied to
+    `dest`, with the given keys of config.json, generation_config.json (created when
+    missing) and tokenizer_config.json replaced. Returns `dest` as a Path."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    dest = Path(dest)
+    shutil.copytree(base, dest)
+    for name, edits in (("config.json", config), ("generation_config.json", generation_config),
+                        ("tokenizer_config.json", tokenizer_config)):
+        if edits:
+            path = dest / name
+            data = json.loads(path.read_text()) if path.is_file() else {}
+            path.write_text(json.dumps({**data, **edits}, indent=1))
+    return dest
+
+
+def tiny_model_dir():
+    """Directory of TINY's built-in model (built once per cache, ~20 s cold start)."""
+    from gspo_cli.spec_loading import spec_from_dict
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.tasks import make_task
+
+    spec = spec_from_dict(TINY)
+    return resolve_model_source(spec.model, make_task(spec.task.name, spec.task.params), log=lambda m: None)

@@ -96,9 +96,41 @@ def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> Loade
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         raise SpecError(f"model.name: cannot load {source!r}: {str(err).splitlines()[0]}") from None
+    disable_dropout(model)
     model.to(cfg.device)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     is_moe = any(type(m).__name__.endswith("Router") for m in model.modules())
     return LoadedModel(model=model, tokenizer=tokenizer, source=source, is_moe=is_moe)
+
+
+def disable_dropout(model: torch.nn.Module) -> list[str]:
+    """Zero every dropout probability of `model`, whatever its config says, so that train
+    mode (pi_theta's forwards) computes the same function as eval mode (rollout, pi_old,
+    reference): with dropout on, even the first on-policy importance ratio is noise.
+
+    Covers config fields named *dropout* (sub-configs too; modules that read them at forward
+    time, and checkpoints saved later), float module attributes named *dropout* (e.g.
+    Qwen3's `attention_dropout`, copied from the config at construction) and nn.Dropout
+    layers. Returns the names it changed from a non-zero value (for tests and messages)."""
+    changed: list[str] = []
+
+    def zero_config(config, prefix: str) -> None:
+        for key, value in list(vars(config).items()):
+            if "dropout" in key and isinstance(value, float) and not isinstance(value, bool) and value != 0.0:
+                setattr(config, key, 0.0)
+                changed.append(f"{prefix}{key}")
+            elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+                zero_config(value, f"{prefix}{key}.")
+
+    zero_config(model.config, "config.")
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout) and module.p != 0.0:
+            module.p = 0.0
+            changed.append(f"{name}.p")
+        for key, value in list(vars(module).items()):
+            if "dropout" in key and isinstance(value, float) and value != 0.0:
+                setattr(module, key, 0.0)
+                changed.append(f"{name}.{key}")
+    return changed

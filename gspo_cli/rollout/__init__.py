@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gspo_cli.errors import SpecError
+from gspo_cli.models.prompts import PromptFormat, stop_token_ids
 from gspo_cli.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -19,17 +20,22 @@ def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32"
                 routing=None) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
     `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
-    (a RoutingController) lets the hf engine record the routes it samples with."""
+    (a RoutingController) lets the hf engine record the routes it samples with. Both engines
+    stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
+    (SpecError for a system prompt or template kwargs without a template)."""
     if cfg.engine == "hf":
         return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                               sampler_logprobs=cfg.sampler_logprobs, routing=routing)
+                               sampler_logprobs=cfg.sampler_logprobs, routing=routing,
+                               stop_ids=stop_token_ids(model, tokenizer),
+                               prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         raise SpecError("rollout.engine: vllm runs in-process with one trainer; under torchrun use engine: hf")
-    from gspo_cli.rollout.vllm_engine import (
-        VLLMRolloutEngine,  # imports vllm itself, only now
-    )
+    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine, _import_vllm
 
+    _import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
     return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
-                             temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm)
+                             temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm,
+                             stop_ids=stop_token_ids(model, tokenizer),
+                             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))

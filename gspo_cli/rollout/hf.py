@@ -7,6 +7,7 @@ import contextlib
 import torch
 from transformers import GenerationConfig
 
+from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
 
@@ -19,33 +20,33 @@ class HFRolloutEngine:
     """Samples with the trainer's own model: always the current policy, no weight sync."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-                 sampler_logprobs: bool = False, routing=None):
+                 sampler_logprobs: bool = False, routing=None, stop_ids: list[int] | None = None,
+                 prompt_format=None):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
         the policy, and training's importance ratios would be biased.
 
         `sampler_logprobs`: also return, from generate's own forward passes, each response
         token's log-prob and entropy (temperature applied) and, given a RoutingController,
         the experts every position was routed to: pi_old without a second forward pass.
-        Skipped (None) for a batch whose logits would exceed LOGITS_BUDGET bytes."""
+        Skipped (None) for a batch whose logits would exceed LOGITS_BUDGET bytes.
+
+        `stop_ids`: the ids that end a response (None: the checkpoint's, `stop_token_ids`);
+        `prompt_format`: a PromptFormatter turning task prompts into text (None: raw text)."""
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_logprobs = sampler_logprobs
         self.routing = routing
         self.temperature = temperature
-        # Spelled out in full: generate() otherwise applies the model's generation-config
-        # defaults (top_k=50, top_p, repetition penalties...) and the sampler silently
-        # differs from the policy whose ratios we compute.
-        self.gen_config = GenerationConfig(
-            do_sample=True, temperature=temperature, top_k=0, top_p=top_p, min_p=None,
-            repetition_penalty=1.0, max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-        )
+        self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
+        self.format = prompt_format or raw_prompts(tokenizer)
+        self.gen_config = neutral_generation_config(temperature=temperature, top_p=top_p,
+                                                    max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
+                                                    pad_token_id=tokenizer.pad_token_id)
 
     @torch.no_grad()
     def generate(self, prompts: list[str]) -> RolloutBatch:
         tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(self.format(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device
         ids, attn = enc.input_ids.to(device), enc.attention_mask.to(device)
         was_training = self.model.training
@@ -56,16 +57,16 @@ class HFRolloutEngine:
         extra = {"output_logits": True, "return_dict_in_generate": True} if want else {}
         record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
         try:
-            with record as steps:  # None unless routes are recorded
+            # steps: None unless routes are recorded
+            with record as steps, _only_generation_config(self.model, self.gen_config):
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
                                           **extra)
         finally:
             self.model.train(was_training)
         out = res.sequences if want else res
         resp = out[:, P:]
-        eos = tok.eos_token_id
-        is_eos = resp == eos
-        # Response = tokens up to and including the first EOS; everything after is padding.
+        is_eos = torch.isin(resp, torch.tensor(self.stop_ids, device=resp.device))
+        # Response = tokens up to and including the first stop id; everything after is padding.
         after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
         resp_mask = (~after_eos).float()
         truncated = ~is_eos.any(-1)
@@ -82,3 +83,34 @@ class HFRolloutEngine:
             if steps is not None:
                 batch.engine_routes = routes_from_generate(steps, out.shape[0], P, out.shape[1])
         return batch
+
+
+def neutral_generation_config(*, temperature: float, top_p: float, max_new_tokens: int, stop_ids: list[int],
+                              pad_token_id: int | None) -> GenerationConfig:
+    """Plain sampling at `temperature` (and `top_p`), nothing else. Every knob whose neutral
+    value is not None is spelled out; the None ones (min_p, suppress_tokens, bad_words_ids,
+    stop_strings...) transformers would fill from the model's own generation config, which
+    `_only_generation_config` keeps out of the way while generate runs."""
+    return GenerationConfig(
+        do_sample=True, temperature=temperature, top_k=0, top_p=top_p, min_p=None, typical_p=1.0,
+        epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0, encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, length_penalty=1.0, min_length=0,
+        max_new_tokens=max_new_tokens, num_beams=1, num_return_sequences=1,
+        renormalize_logits=False, remove_invalid_values=False, output_scores=False, output_logits=False,
+        return_dict_in_generate=False, use_cache=True, pad_token_id=pad_token_id, eos_token_id=list(stop_ids),
+        bos_token_id=None,
+    )
+
+
+@contextlib.contextmanager
+def _only_generation_config(model, gen_config: GenerationConfig):
+    """generate() fills every option our config leaves None from `model.generation_config`
+    (the checkpoint's generation_config.json, custom entries included). While generate
+    runs, that is our own config, so nothing of the checkpoint's can reach the sampler; the
+    checkpoint's is put back after (checkpoints still save it)."""
+    saved = model.generation_config
+    model.generation_config = gen_config
+    try:
+        yield
+    finally:
+        model.generation_config = saved

