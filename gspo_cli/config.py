@@ -125,6 +125,9 @@ class ModelConfig(_Strict):
     # (same forward as eager, ~16% faster updates on the tiny MoE); eager: a Python loop over
     # experts; batched_mm is not offered (it ran a 24 GB box out of memory on the tiny MoE).
     experts_implementation: Literal["grouped_mm", "eager"] = "grouped_mm"
+    # Under torchrun: ddp keeps a whole copy of the model per process; fsdp (PyTorch FSDP2)
+    # shards parameters, gradients and optimizer state across processes.
+    sharding: Literal["ddp", "fsdp"] = "ddp"
 
 
 class TaskConfig(_Strict):
@@ -223,6 +226,9 @@ class TrainConfig(_Strict):
     sinks: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.sinks)")
     divergence: DivergenceConfig = DivergenceConfig()
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in "
+                                                            "backward instead of keeping them (less memory, "
+                                                            "~1 extra forward per update)")
 
 
 class ArmConfig(_Strict):

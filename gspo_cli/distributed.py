@@ -117,10 +117,73 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
-    """DDP around the policy for training forwards; generation uses the bare module."""
+def wrap(model: torch.nn.Module, info: DistInfo, sharding: str = "ddp") -> torch.nn.Module:
+    """The module training forwards go through. One process: `model` itself. `ddp`: a DDP
+    wrapper (a whole copy per process, gradients all-reduced; generation uses the bare
+    module). `fsdp`: FSDP2 applied in place (`fully_shard`, one unit per decoder layer plus
+    the root), so `model` itself becomes the sharded module: each process keeps 1/world of
+    the parameters, gradients and optimizer state, and gathers a layer's weights only while
+    it runs. Create the optimizer after wrapping (it must see the sharded parameters)."""
     if not info.enabled:
+        return model
+    if sharding == "fsdp":
+        shard_(model)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model)
+
+
+def shard_(model: torch.nn.Module) -> None:
+    """FSDP2 in place: every decoder layer (the classes the model lists as never to be split,
+    `_no_split_modules`) is one unit, the rest (embeddings, norm, head) the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_types = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+    if not layers:
+        raise SpecError(f"model.sharding: fsdp needs decoder layers to shard; {type(model).__name__} lists none "
+                        "(_no_split_modules)")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo):
+    """(model state or None, optimizer state) to write a checkpoint, on every rank together
+    (gathering sharded weights is a collective). The model state is the full state dict on
+    rank 0 when sharded (None: the model's own is whole). The optimizer state is keyed by
+    parameter names, whole, on rank 0: it loads into any number of processes and shardings."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=info.enabled)
+    model_state = get_model_state_dict(model, options=opts) if is_sharded(model) else None
+    return model_state, get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a checkpoint's optimizer state: keyed by parameter names (`full_states`, whatever
+    the number of processes that wrote it), or by parameter index (checkpoints written before
+    gspo-cli 0.1's sharding support)."""
+    if state.get("state") and isinstance(next(iter(state["state"])), int):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def scalar(x) -> torch.Tensor:
+    """A plain tensor from a possibly sharded (DTensor) scalar such as FSDP's gradient norm."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x

@@ -95,22 +95,28 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     elif arm.routing_replay != "off":
         raise SpecError(f"arms.{arm.name}.routing_replay: {arm.routing_replay} needs an MoE model; "
                         f"{spec.model.name} is dense")
+    if spec.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref_model = None
+    if arm.kl_coef > 0:
+        ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
+        ref_model = ref.eval().requires_grad_(False)
+    sharded = dist_info.enabled and spec.model.sharding == "fsdp"
+    if sharded and ref_model is not None:
+        distributed.shard_(ref_model)
+    train_model = distributed.wrap(model, dist_info, spec.model.sharding)  # before the optimizer sees parameters
     opt_cfg = spec.optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=(opt_cfg.beta1, opt_cfg.beta2),
                                   weight_decay=opt_cfg.weight_decay)
     warm = opt_cfg.warmup_steps * arm.mini_batches * arm.epochs  # warmup counted in rollout steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
-    ref_model = None
-    if arm.kl_coef > 0:
-        ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
-        ref_model = ref.eval().requires_grad_(False)
     engine = make_engine(spec.rollout, model, lm.tokenizer, model_dir=lm.source, dtype=spec.model.dtype, seed=seed,
-                         routing=routing)
+                         routing=routing, synced=sharded)
     shuffle = torch.Generator().manual_seed(seed)
     return Ctx(spec=spec, arm=arm, task=task, model=model, engine=engine, optimizer=optimizer,
                scheduler=scheduler, loss_fn=get_policy_loss(arm.loss), adv_fn=get_advantage_estimator(arm.advantage),
                routing=routing, ref_model=ref_model, rng=random.Random(seed), shuffle=shuffle,
-               dist=dist_info, train_model=distributed.wrap(model, dist_info),
+               dist=dist_info, train_model=train_model,
                compute=functools.partial(compute_context, spec.model.dtype, spec.model.device))
 
 
@@ -256,21 +262,25 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
     sub = batch.rows(rows)
     m_bc = batch.response_mask[rows]
     denominator = _denominator(ctx, m_bc)
-    with ctx.compute():
-        new, routes_now = _policy_forward(ctx, sub, old_routes, rows, spec.rollout.temperature)
-    loss, loss_stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc, clip_low=arm.clip_low,
-                                   clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator)
-    extra = {}
-    if ref_logp_BC is not None:
-        k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows])
-        loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
-        extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
-    if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
-        loss = loss + spec.model.router_aux_loss_coef * new.aux_loss
-        extra["aux_loss"] = new.aux_loss.detach()
-    ctx.optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
-    grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip)
+    # Backward inside the routing context: gradient checkpointing recomputes the forward
+    # there, and a replayed forward must be replayed again.
+    with _routing(ctx, old_routes, rows) as rec:
+        with ctx.compute():
+            new = response_logprobs(ctx.train_model or ctx.model, sub, spec.rollout.temperature)
+        loss, loss_stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc, clip_low=arm.clip_low,
+                                       clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator)
+        extra = {}
+        if ref_logp_BC is not None:
+            k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows])
+            loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
+            extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
+        if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
+            loss = loss + spec.model.router_aux_loss_coef * new.aux_loss
+            extra["aux_loss"] = new.aux_loss.detach()
+        ctx.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
+    routes_now = rec.routes if rec is not None else None
+    grad_norm = distributed.scalar(torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip))
     bad = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
     if distributed.any_rank(bad, ctx.dist):
         div = spec.train.divergence
@@ -309,19 +319,20 @@ def _update_stats(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_no
         stats.max("policy/ratio_max", float(loss_stats["ratio_max"]))
 
 
-def _policy_forward(ctx: Ctx, sub: RolloutBatch, old_routes, rows, temp):
-    """Current-policy log-probs for a mini-batch; with routing replay, forced onto pi_old's
-    experts. Also returns the experts the current router itself would pick (for volatility)."""
-    model = ctx.train_model or ctx.model  # DDP under torchrun: its backward all-reduces gradients
+@contextlib.contextmanager
+def _routing(ctx: Ctx, old_routes, rows):
+    """Around a mini-batch's forward and backward: with routing replay (r2), pi_old's experts
+    forced in every router; for any MoE, the experts the current routers choose themselves
+    recorded (for volatility). Yields a Routes holder (`.routes` set on exit), or None for a
+    dense model."""
     if ctx.routing is None:
-        return response_logprobs(model, sub, temp), None
-    if ctx.arm.routing_replay == "r2":
+        yield None
+    elif ctx.arm.routing_replay == "r2":
         with ctx.routing.replaying(routes_from_BT(old_routes[:, rows])) as rec:
-            out = response_logprobs(model, sub, temp)
-        return out, rec.routes
-    with ctx.routing.recording() as rec:
-        out = response_logprobs(model, sub, temp)
-    return out, rec.routes
+            yield rec
+    else:
+        with ctx.routing.recording() as rec:
+            yield rec
 
 
 def _route_token_mask(batch: RolloutBatch, skip_last: bool = False) -> torch.Tensor:

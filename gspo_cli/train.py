@@ -255,7 +255,7 @@ def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
 
 
 def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
-    state = load_trainer_state(ckpt, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
+    state = load_trainer_state(ckpt, ctx.model, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
     step = int(state["step"])
     ctx.train_time = float(state.get("train_time", 0.0))
     ctx.skipped = int(state.get("skipped", 0))
@@ -333,11 +333,13 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
 def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
     """Rank 0 writes the checkpoint; a failure (disk full...) fails the run on every rank."""
     failure = None
+    model_state, optimizer_state = distributed.full_states(ctx.model, ctx.optimizer, ctx.dist)  # every rank
     if ctx.dist.is_main:
         try:
-            save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, ctx.optimizer, ctx.scheduler,
+            save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, optimizer_state, ctx.scheduler,
                             rng=ctx.rng, shuffle=ctx.shuffle, keep=ctx.spec.train.keep_checkpoints,
-                            dtype=ctx.spec.model.dtype, extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
+                            dtype=ctx.spec.model.dtype, model_state=model_state,
+                            extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
         except RunError as err:
             failure = str(err)
     failure = distributed.broadcast_object(failure, ctx.dist)

@@ -244,9 +244,12 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
     n_decode = T - 1 - P
     out = []
     for layer, calls in enumerate(steps):
-        if len(calls) != 1 + n_decode:
+        if len(calls) < 1 + n_decode:
             raise RuntimeError(f"routing recording: layer {layer} saw {len(calls)} forwards, expected "
                                f"1 prefill + {n_decode} decode steps")
+        # With sharded weights (generate's synced_gpus) a process whose rows are all done keeps
+        # running forwards until every process is: those come last and route nothing sampled.
+        calls = calls[:1 + n_decode]
         pre = calls[0].reshape(B, P, -1)
         dec = [c.reshape(B, 1, -1) for c in calls[1:]]
         cols = torch.cat([pre, *dec], dim=1)  # (B, T-1, k)

@@ -17,15 +17,16 @@ __all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch
 
 
 def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0,
-                routing=None) -> RolloutEngine:
+                routing=None, synced: bool = False) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
     `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
     (a RoutingController) lets the hf engine record the routes it samples with. Both engines
     stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
-    (SpecError for a system prompt or template kwargs without a template)."""
+    (SpecError for a system prompt or template kwargs without a template). `synced`: the
+    weights are sharded across processes (see HFRolloutEngine)."""
     if cfg.engine == "hf":
         return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                               sampler_logprobs=cfg.sampler_logprobs, routing=routing,
+                               sampler_logprobs=cfg.sampler_logprobs, routing=routing, synced=synced,
                                stop_ids=stop_token_ids(model, tokenizer),
                                prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))
     import torch.distributed as dist

@@ -21,7 +21,7 @@ class HFRolloutEngine:
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
                  sampler_logprobs: bool = False, routing=None, stop_ids: list[int] | None = None,
-                 prompt_format=None):
+                 prompt_format=None, synced: bool = False):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
         the policy, and training's importance ratios would be biased.
 
@@ -31,12 +31,16 @@ class HFRolloutEngine:
         Skipped (None) for a batch whose logits would exceed LOGITS_BUDGET bytes.
 
         `stop_ids`: the ids that end a response (None: the checkpoint's, `stop_token_ids`);
-        `prompt_format`: a PromptFormatter turning task prompts into text (None: raw text)."""
+        `prompt_format`: a PromptFormatter turning task prompts into text (None: raw text).
+        `synced`: the weights are sharded across processes (FSDP): every process runs forward
+        passes until all are done (generate's synced_gpus), or a process that stops early
+        would leave the others waiting for its shards."""
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_logprobs = sampler_logprobs
         self.routing = routing
         self.temperature = temperature
+        self.synced = synced
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
         self.format = prompt_format or raw_prompts(tokenizer)
         self.gen_config = neutral_generation_config(temperature=temperature, top_p=top_p,
@@ -60,7 +64,7 @@ class HFRolloutEngine:
             # steps: None unless routes are recorded
             with record as steps, _only_generation_config(self.model, self.gen_config):
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
-                                          **extra)
+                                          synced_gpus=self.synced, **extra)
         finally:
             self.model.train(was_training)
         out = res.sequences if want else res

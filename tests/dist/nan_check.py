@@ -1,7 +1,7 @@
 """A training run where rank 1's policy loss turns NaN at its second mini-batch (step 1),
-and only there. Prints `rank R: STATUS` for each rank. Not a pytest module.
+and only there. Each rank writes its run's status to OUT_DIR/rank<R>.txt. Not a pytest module.
 
-usage: nan_check.py SPEC_YAML
+usage: nan_check.py SPEC_YAML OUT_DIR
 """
 
 import os
@@ -33,11 +33,12 @@ def poison(get_loss):
     return get
 
 
-def main(spec_yaml: str) -> None:
+def main(spec_yaml: str, out_dir: str) -> None:
     step_mod.get_policy_loss = poison(step_mod.get_policy_loss)
     (res,) = train_experiment(spec_from_dict(yaml.safe_load(open(spec_yaml))), reporter=quiet_reporter())
-    print(f"rank {os.environ.get('RANK', '0')}: {res.status}", flush=True)
+    with open(os.path.join(out_dir, f"rank{os.environ.get('RANK', '0')}.txt"), "w") as f:
+        f.write(res.status)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
