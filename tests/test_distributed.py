@@ -37,14 +37,16 @@ def source():
     return resolve_model_source(ModelConfig(**TINY["model"]), task, log=lambda m: None)
 
 
-def _run_update_check(tmp_path, source, aggregation, loss, world):
-    raw = {**TINY, "output_dir": str(tmp_path / "out"), "train": {"steps": 1},
+def _run_update_check(tmp_path, source, aggregation, loss, world, sharding="ddp", checkpointing=False):
+    raw = {**TINY, "output_dir": str(tmp_path / "out"), "train": {"steps": 1, "gradient_checkpointing": checkpointing},
+           "model": {**TINY["model"], "sharding": sharding},
            "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
            "arms": [{"name": "a", "preset": "paper-grpo", "loss": loss, "aggregation": aggregation,
                      "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2}]}
-    spec = tmp_path / f"{aggregation}-{loss}.yaml"
+    name = f"{aggregation}-{loss}-{sharding}-{checkpointing}"
+    spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump(raw))
-    out = tmp_path / f"{aggregation}-{loss}-{world}.pt"
+    out = tmp_path / f"{name}-{world}.pt"
     cmd = ([sys.executable] if world == 1 else TORCHRUN) + [str(HERE / "dist/update_check.py"), str(spec), source,
                                                              str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -58,8 +60,21 @@ def test_two_processes_update_and_log_like_one(tmp_path, source, aggregation):
     an empty response on rank 0), gives the gradient and the step metrics of 1 process, for
     every aggregation. Per-rank denominators and plain means of per-rank metrics fail this:
     token_mean's gradient norm was 0.099 on 2 ranks against 0.126 on 1."""
-    one = _run_update_check(tmp_path, source, aggregation, "grpo", 1)
-    two = _run_update_check(tmp_path, source, aggregation, "grpo", 2)
+    _assert_same_update(_run_update_check(tmp_path, source, aggregation, "grpo", 1),
+                        _run_update_check(tmp_path, source, aggregation, "grpo", 2))
+
+
+@pytest.mark.parametrize(("world", "sharding", "checkpointing"),
+                         [(2, "fsdp", False), (2, "fsdp", True), (2, "ddp", True), (1, "ddp", True)])
+def test_fsdp_and_gradient_checkpointing_update_like_one_process(tmp_path, source, world, sharding, checkpointing):
+    """FSDP's first update (sharded parameters, gradients gathered for the comparison) and
+    activation checkpointing (one process, DDP, FSDP) give the single-process gradient and
+    step metrics on the same global batch."""
+    _assert_same_update(_run_update_check(tmp_path, source, "token_mean", "grpo", 1),
+                        _run_update_check(tmp_path, source, "token_mean", "grpo", world, sharding, checkpointing))
+
+
+def _assert_same_update(one, two):
     a, b = one["grads"], two["grads"]
     assert set(a) == set(b) and len(a) > 10
     scale = max(g.abs().max().item() for g in a.values())

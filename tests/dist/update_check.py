@@ -61,8 +61,10 @@ def main(spec_yaml: str, source: str, out: str) -> None:
     scores = [Score(reward=rewards[i], correct=rewards[i] > 0) for i in rows.tolist()]
     assert len(scores) % G == 0
     metrics = step_mod.learn(ctx, batch.rows(rows), scores, step=1)
+    # whole gradients on every rank (gathering FSDP's shards is a collective), saved by rank 0
+    grads = {k: distributed.scalar(p.grad).detach().clone() for k, p in ctx.model.named_parameters()
+             if p.grad is not None}
     if info.is_main:
-        grads = {k: p.grad.detach().clone() for k, p in ctx.model.named_parameters() if p.grad is not None}
         torch.save({"grads": grads, "metrics": metrics}, out)
 
 
