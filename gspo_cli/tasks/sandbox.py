@@ -7,30 +7,44 @@ owns, and resource limits set by a `/bin/sh` wrapper before the interpreter star
 (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, RLIMIT_CORE=0).
 No signal handler, alarm or `preexec_fn` is involved, so it is safe to call from worker threads.
 
-Two isolation levels, chosen once per process by `detect_isolation()`:
+Three isolation levels (see `sandbox_setup`), chosen once per process by `detect_isolation()`:
+the strongest that works here, or the one `GSPO_SANDBOX_ISOLATION` names (root, rootless,
+basic; a named level that does not work here is an error, never a silent fallback).
+`python -m gspo_cli.tasks.sandbox_check` prints the level in use.
 
-* ``namespaces`` (root with util-linux `unshare`, `setpriv` and `mount`): the program runs
-  in fresh PID, network and mount namespaces. `sh` is PID 1 of the PID namespace and the
-  program its child, so when the wrapper dies *every* descendant dies with it, including
-  ones that called `setsid()`; a timeout kills the wrapper and nothing survives. The
-  network namespace has only a loopback that is down: no connection to anything. In the
-  mount namespace the root filesystem is remounted read-only and `/tmp` and `/dev/shm`
-  are fresh size-capped tmpfs (the working directory is that `/tmp`), so the program can
-  write nowhere the host sees. It runs as gid 65534 (nogroup) and a uid of its own from
-  a private range, no supplementary groups, no new privileges. The uid is per sandbox
-  slot, not the shared `nobody`, because RLIMIT_NPROC counts processes per uid: with a
-  shared uid one fork bomb would make every concurrent sandbox's `exec` fail.
-  Not isolated: the program can *read* world-readable host files, and it shares the
-  host kernel (no seccomp filter); CPU time of its processes is bounded only by the
+* ``root`` (the judge is root, with util-linux `unshare`, `setpriv` and `mount`): the
+  program runs in fresh PID, network and mount namespaces. `sh` is PID 1 of the PID
+  namespace and the program its child, so when the wrapper dies *every* descendant dies
+  with it, including ones that called `setsid()`; a timeout kills the wrapper and nothing
+  survives. The network namespace has only a loopback that is down: no connection to
+  anything. In the mount namespace the root filesystem is remounted read-only, `/tmp` and
+  `/dev/shm` are fresh size-capped tmpfs (the working directory is that `/tmp`), and
+  /root, /home, /run and the judge's $HOME are empty: the program can write nowhere the
+  host sees, nor reach a socket under /run. It runs as gid 65534 (nogroup) and a uid of
+  its own from a private range, no supplementary groups, no new privileges. The uid is per
+  sandbox slot, not the shared `nobody`, because RLIMIT_NPROC counts processes per uid:
+  with a shared uid one fork bomb would make every concurrent sandbox's `exec` fail.
+  Not isolated: the program can *read* world-readable host files elsewhere, and it shares
+  the host kernel (no seccomp filter); CPU time of its processes is bounded only by the
   wall-clock timeout and RLIMIT_CPU per process.
-* ``basic`` (no unshare, or not root): a new session (process group) killed as a whole
-  on timeout, the same rlimits, a fresh temporary working directory, and, when root with
-  `setpriv`, the same uid drop, after which every process left with the run's uid is
-  killed. Not isolated: the network, other world-writable directories such as /tmp,
-  and (without the uid drop) descendants that leave the process group.
+* ``rootless`` (any user, where the kernel allows unprivileged user namespaces): the same
+  namespaces, mounts and rlimits, made inside a new user namespace whose uid 0 is the
+  judging user; the program runs as that uid 0 with every capability dropped (bounding
+  set included), so it cannot undo the mounts. Concurrent programs stay apart: each has
+  its own PID namespace (no signal or ptrace reaches another), its own /tmp, and its own
+  RLIMIT_NPROC count (the kernel counts processes per user namespace). What it lacks
+  against ``root``: no uid of its own, so the program can read every file the judging user
+  (and the user's groups) may read outside the hidden directories, not only world-readable
+  ones. A root judge that forces this level (CI) enters it as the slot uid, as a user would.
+* ``basic`` (the kernel refuses user namespaces, or util-linux is missing): a new session
+  (process group) killed as a whole on timeout, the same rlimits, a fresh temporary working
+  directory, and, when root with `setpriv`, the same uid drop, after which every process
+  left with the run's uid is killed. Not isolated: the network, other world-writable
+  directories such as /tmp, the PID space, and (without the uid drop) descendants that
+  leave the process group. Landing here by auto-detection is warned about once.
 
-`GSPO_SANDBOX_ISOLATION=basic` forces the basic level; `GSPO_SANDBOX_PYTHON` picks the
-interpreter (it must be executable by the sandbox uid: a virtualenv under /root is not).
+`GSPO_SANDBOX_PYTHON` picks the interpreter (it must be executable by the sandbox uid: a
+virtualenv under /root is not; nor is one under a hidden directory other than its own).
 
 Exit semantics, decided once: a run is judged on what the process really wrote and how
 it ended. Status "ok" needs exit status 0; `sys.exit(0)` before printing gives empty
@@ -44,7 +58,6 @@ import math
 import os
 import queue
 import select
-import shlex
 import shutil
 import signal
 import subprocess
@@ -52,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -59,13 +73,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gspo_cli.errors import RunError
+from gspo_cli.errors import RunError, SpecError
+from gspo_cli.tasks.sandbox_setup import (
+    ENV_VAR,
+    LEVELS,
+    NOGROUP,
+    Isolation,
+    hidden_dirs,
+    summary,
+    wrapper_argv,
+)
 
 Status = Literal["ok", "timeout", "runtime_error", "memory", "output_limit", "killed"]
 
 MAX_CODE_BYTES = 100_000  # the program travels as one argv string (Linux caps one at 128 KiB)
-_SETUP_FAILED = 125  # the wrapper's own exit code when it cannot set up the sandbox
-_NOGROUP = 65534
 _SLOTS = 64  # concurrent sandboxes per process, each with its own uid
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp"}
 
@@ -90,14 +111,6 @@ class Job:
     output_limit_bytes: int = 1 << 20
 
 
-@dataclass(frozen=True)
-class Isolation:
-    level: Literal["namespaces", "basic"]
-    python: str
-    drop_uid: bool  # run as a private uid + gid 65534 (only possible as root)
-    python_version: tuple[int, int] | None  # of `python`, to know if compile() here agrees
-
-
 def _python() -> str:
     env = os.environ.get("GSPO_SANDBOX_PYTHON")
     if env:
@@ -109,65 +122,71 @@ def _python() -> str:
     return shutil.which("python3") or sys.executable
 
 
-def _wrapper(iso: Isolation, uid: int, workdir: str | None, limits: dict[str, int]) -> list[str]:
-    """argv that sets up the sandbox and runs `python -c "$1"`; the code is passed as $1."""
-    ulimits = " && ".join(f"ulimit -{flag} {value}" for flag, value in limits.items())
-    py = f"{shlex.quote(iso.python)} -I -S -B -X utf8 -c \"$1\""
-    if iso.drop_uid:
-        py = f"setpriv --reuid={uid} --regid={_NOGROUP} --clear-groups --no-new-privs -- {py}"
-    if iso.level == "namespaces":
-        mounts = ("mount -o remount,bind,ro / && "
-                  "mount -t tmpfs -o size=32m,mode=1777,nosuid,nodev tmpfs /tmp && "
-                  "{ [ ! -d /dev/shm ] || mount -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs /dev/shm; }")
-        # `; exit $?` keeps sh from exec-ing the program: sh must stay PID 1 of the
-        # namespace so that killing it takes every descendant down.
-        script = f"{mounts} && cd /tmp && unset OLDPWD && {ulimits} || exit {_SETUP_FAILED}\n{py}; exit $?"
-        ns = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--mount"]
-        return [*ns, "/bin/sh", "-c", script, "sandbox"]
-    script = f"cd {shlex.quote(workdir or '.')} && unset OLDPWD && {ulimits} || exit {_SETUP_FAILED}\nexec {py}"
-    return ["/bin/sh", "-c", script, "sandbox"]
-
-
 _iso_lock = threading.Lock()
 _iso: Isolation | None = None
 
 
 def detect_isolation() -> Isolation:
-    """The strongest isolation level that works here, found once by a smoke run.
-    RunError when no program can run at all (e.g. an interpreter the sandbox uid may not
-    execute)."""
+    """The isolation level in use, found once per process by a smoke run: the one
+    `GSPO_SANDBOX_ISOLATION` names, else the strongest that works here. SpecError for an
+    unknown name; RunError when the named level does not work here, or when no program can
+    run at all (e.g. an interpreter the sandbox uid may not execute)."""
     global _iso
     with _iso_lock:
         if _iso is None:
-            _iso = _detect()
+            _iso = _detect(os.environ.get(ENV_VAR, "auto"))
         return _iso
 
 
-def reset_isolation(level: Literal["namespaces", "basic"] | None = None) -> Isolation:
-    """Forget the detected level (tests); `level="basic"` forces the fallback."""
+def reset_isolation(level: str | None = None) -> Isolation:
+    """Detect again (tests): `level` as if `GSPO_SANDBOX_ISOLATION` named it, None for the
+    environment's choice. Raises as `detect_isolation` does."""
     global _iso
     with _iso_lock:
-        _iso = _detect(force_basic=level == "basic")
+        _iso = None
+        _iso = _detect(level or os.environ.get(ENV_VAR, "auto"))
         return _iso
 
 
-def _detect(force_basic: bool = False) -> Isolation:
+def _unavailable(level: str, root: bool) -> str | None:
+    """Why `level` cannot even be tried here, or None."""
+    if level == "root" and not root:
+        return "needs the judge to run as root"
+    if level != "basic":
+        missing = [t for t in ("unshare", "setpriv", "mount") if shutil.which(t) is None]
+        if missing:
+            return f"{', '.join(missing)} not found on PATH"
+    return None
+
+
+def _detect(requested: str) -> Isolation:
+    requested = requested.strip().lower() or "auto"
+    if requested not in ("auto", *LEVELS):
+        raise SpecError(f"{ENV_VAR}={requested}: unknown sandbox level; use auto, {', '.join(LEVELS)}")
     python = _python()
     root = os.geteuid() == 0
     drop = root and shutil.which("setpriv") is not None
+    hidden = hidden_dirs(python, os.environ.get("HOME"))
     probe = "import sys; print(sys.version_info[0], sys.version_info[1])"
-    force_basic = force_basic or os.environ.get("GSPO_SANDBOX_ISOLATION") == "basic"
-    levels = ["basic"]
-    if root and not force_basic and all(shutil.which(t) for t in ("unshare", "setpriv", "mount")):
-        levels.insert(0, "namespaces")
-    for level in levels:
-        iso = Isolation(level=level, python=python, drop_uid=drop, python_version=None)
+    why = ""
+    for level in LEVELS if requested == "auto" else (requested,):
+        why = _unavailable(level, root) or ""
+        if why:
+            continue
+        iso = Isolation(level, python, drop, None, hidden if level != "basic" else ())
         res = _run(iso, probe, "", 10.0, 256, 4096)
         if res.status == "ok":
             major, minor = (int(v) for v in res.stdout.split())
-            return Isolation(level=level, python=python, drop_uid=drop, python_version=(major, minor))
+            iso = Isolation(level, python, drop, (major, minor), iso.hidden)
+            if level == "basic" and requested == "auto":
+                warnings.warn(f"{summary(iso)}: the kernel or this machine allows no stronger level")
+            return iso
+        why = f"{res.status}: {' '.join(res.stderr.split())[-300:] or f'exit code {res.returncode}'}"  # one line
+    if requested != "auto":
+        raise RunError(f"{ENV_VAR}={requested}: this sandbox level does not work here ({why}); "
+                       f"unset it to use the strongest level that does")
     # Every program would fail and every reward be 0: a run must not go on silently.
-    raise RunError(f"the code sandbox cannot run {python} ({res.status}: {res.stderr.strip()[-300:]}); "
+    raise RunError(f"the code sandbox cannot run {python} ({why}); "
                    "set GSPO_SANDBOX_PYTHON to an interpreter that any user may execute")
 
 
@@ -215,8 +234,10 @@ def _run(iso: Isolation, code: str, stdin: str, timeout_s: float, memory_mb: int
         "n": 64,
         "c": 0,
     }
-    if iso.drop_uid:
-        limits["p"] = 32  # binds only a non-root uid; each sandbox has its own
+    if iso.drop_uid or iso.level == "rootless":
+        # Binds only a non-root uid: a uid of its own per slot, or (rootless) a count of
+        # its own per user namespace.
+        limits["p"] = 32
     with _slot() as uid, tempfile.TemporaryDirectory(prefix="gspo-judge-") as io_dir:
         io = Path(io_dir)
         workdir = None
@@ -224,9 +245,9 @@ def _run(iso: Isolation, code: str, stdin: str, timeout_s: float, memory_mb: int
             workdir = io / "work"
             workdir.mkdir()
             if iso.drop_uid:
-                os.chown(workdir, uid, _NOGROUP)
+                os.chown(workdir, uid, NOGROUP)
         (io / "stdin").write_text(stdin, encoding="utf-8", errors="surrogateescape")
-        argv = _wrapper(iso, uid, str(workdir) if workdir else None, limits) + [code]
+        argv = wrapper_argv(iso, uid, str(workdir) if workdir else None, limits) + [code]
         t0 = time.monotonic()
         with open(io / "stdin", "rb") as fin, open(io / "stdout", "wb") as fout, open(io / "stderr", "wb") as ferr:
             try:
@@ -270,7 +291,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int | None:
 
 def _kill(proc: subprocess.Popen, level: str) -> None:
     """Kill a timed-out run and wait until nothing of it is left."""
-    if level == "namespaces":
+    if level != "basic":
         # Killing sh (PID 1 of the namespace) kills every process in it, and `unshare`
         # returns only once they are all gone: so kill sh, then wait for unshare.
         for child in _children(proc.pid):
@@ -290,7 +311,7 @@ def _kill(proc: subprocess.Popen, level: str) -> None:
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process running as `uid`: kill(-1) sent *as* that uid reaches exactly
     those (and, unlike a /proc scan, cannot miss a child forked meanwhile)."""
-    argv = ["setpriv", f"--reuid={uid}", f"--regid={_NOGROUP}", "--clear-groups", "--", "/bin/sh", "-c", "kill -9 -1"]
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={NOGROUP}", "--clear-groups", "--", "/bin/sh", "-c", "kill -9 -1"]
     subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    env=_ENV, check=False)
 
@@ -367,3 +388,4 @@ def run_many(jobs: Sequence[Job], *, total_timeout_s: float | None = None) -> li
                            output_limit_bytes=job.output_limit_bytes)
 
     return list(_shared_pool().map(one, jobs))
+
