@@ -1,6 +1,7 @@
 """Data parallel with torchrun (gloo, CPU, 2 processes)."""
 
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -152,3 +153,43 @@ def test_world_size_must_divide_the_prompts(tmp_path, source):
     res = subprocess.run(TORCHRUN + ["-m", "gspo_cli", "train", str(p)], capture_output=True, text=True)
     assert res.returncode != 0
     assert "rollout.prompts_per_step: 3 is not divisible by the 2 processes" in res.stderr
+
+
+def _fsdp_spec(tmp_path, steps, sharding):
+    raw = {**TINY, "output_dir": str(tmp_path / "out"), "model": {**TINY["model"], "sharding": sharding},
+           "task": {**TINY["task"], "eval_size": 0}, "train": {"steps": steps, "checkpoint_every": 2},
+           "arms": [{"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2}]}
+    p = tmp_path / f"fsdp{steps}{sharding}.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+@pytest.mark.parametrize("first", ["fsdp", "one"])
+def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(tmp_path, first):
+    """An FSDP run (routing replay on the sharded MoE, generation with sharded weights) writes
+    ordinary HF checkpoints; a 2-step FSDP run continues in 1 process and the reverse."""
+    from transformers import AutoModelForCausalLM
+
+    rd = RunDir(tmp_path / "out/e2e/grpo_rr/seed0")
+    fsdp_cmd = TORCHRUN + ["-m", "gspo_cli", "train"]
+    one_cmd = [sys.executable, "-m", "gspo_cli", "train"]
+    cmds = [fsdp_cmd, one_cmd] if first == "fsdp" else [one_cmd, fsdp_cmd]
+    res = subprocess.run(cmds[0] + [str(_fsdp_spec(tmp_path, 2, "fsdp")), "--quiet"], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert rd.status() == "completed" and [m["step"] for m in rd.metrics()] == [1, 2]
+    ckpt = rd.latest_checkpoint()
+    model = AutoModelForCausalLM.from_pretrained(ckpt)  # whole weights, loadable by transformers
+    assert sum(p.numel() for p in model.parameters()) > 10_000
+    # the same run, 2 more steps: its spec differs only in train.steps, so move the finished
+    # run aside as an unfinished one (status running) to continue it with the other world size
+    rd.update_info(status="running")
+    spec4 = _fsdp_spec(tmp_path, 4, "fsdp")
+    (rd.path / "spec.yaml").write_text((rd.path / "spec.yaml").read_text().replace("steps: 2", "steps: 4"))
+    res = subprocess.run(cmds[1] + [str(spec4), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ms = rd.metrics()
+    assert rd.status() == "completed" and [m["step"] for m in ms] == [1, 2, 3, 4], res.stderr[-2000:]
+    assert rd.info()["resumes"] == 1
+    assert all(math.isfinite(m["policy/loss"]) for m in ms)
+    assert all(0 <= m["moe/expert_change_frac"] < 0.5 for m in ms)
