@@ -40,8 +40,10 @@ def setup(device: str = "cpu") -> DistInfo:
     if world <= 1:
         return DistInfo()
     if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") and torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
+        on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+        if on_gpu:  # "cuda" then means this process's own GPU, not GPU 0 for everyone
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl" if on_gpu else "gloo")
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 

@@ -632,3 +632,17 @@ def test_spec_differences_name_each_changed_field_in_order(tmp_path):
     with pytest.raises(SpecError, match=r"an unfinished run of a different spec \(seeds\[0\]: 1 -> 0; .*weight_decay: 1.0 -> 0.0; and 1 more\)"):
         check_stored_spec(run, spec, "unfinished")
 
+
+
+def test_every_shipped_experiment_spec_is_valid():
+    """experiments/*.yaml, the GPU ones included (they cannot run here): the validator accepts
+    each, and the GPU spec asks for what its comments say."""
+    from pathlib import Path
+
+    specs = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
+    assert len(specs) >= 5
+    loaded = {p.stem: load_spec(p) for p in specs}
+    gpu = loaded["gpu_qwen3_moe"]
+    assert (gpu.model.dtype, gpu.model.sharding, gpu.model.device) == ("bfloat16", "fsdp", "cuda")
+    assert gpu.train.gradient_checkpointing and gpu.rollout.prompts_per_step % 8 == 0
+    assert [a.routing_replay for a in gpu.arms] == ["off", "r2", "off"]
