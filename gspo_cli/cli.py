@@ -7,6 +7,7 @@ Errors a user can cause end in one line on stderr and exit code 2 (bad usage or 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -149,11 +150,14 @@ def train(
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(130)
+    code = _exit_code([r.status for r in results])
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 speaks for all
+        raise typer.Exit(code)
     if as_json:
         typer.echo(json.dumps([r.__dict__ for r in results]))
     else:
         render_summary(results)
-    raise typer.Exit(_exit_code([r.status for r in results]))
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -174,9 +174,10 @@ def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(
     fsdp_cmd = TORCHRUN + ["-m", "gspo_cli", "train"]
     one_cmd = [sys.executable, "-m", "gspo_cli", "train"]
     cmds = [fsdp_cmd, one_cmd] if first == "fsdp" else [one_cmd, fsdp_cmd]
-    res = subprocess.run(cmds[0] + [str(_fsdp_spec(tmp_path, 2, "fsdp")), "--quiet"], capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(cmds[0] + [str(_fsdp_spec(tmp_path, 2, "fsdp")), "--quiet", "--json"], capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout)[0]["status"] == "completed"  # one JSON document, however many processes
     assert rd.status() == "completed" and [m["step"] for m in rd.metrics()] == [1, 2]
     ckpt = rd.latest_checkpoint()
     model = AutoModelForCausalLM.from_pretrained(ckpt)  # whole weights, loadable by transformers
