@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,19 +39,13 @@ from gspo_cli.models import resolve_model_source
 from gspo_cli.step import setup, train_step
 from gspo_cli.tasks import make_task
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import TINY  # noqa: E402 - the tests' tiny MoE, so both measure the same model
+
 SPEC = {
+    **TINY,
     "name": "hygiene",
-    "seeds": [0],
-    "model": {
-        "name": "builtin:tiny-moe",
-        "builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-                    "intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4, "experts_per_token": 2},
-        "cold_start": {"steps": 120, "batch_size": 32, "lr": 1e-2},
-    },
-    "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 4, "operators": "+",
-                                              "format_weight": 0.5}, "eval_size": 4},
     "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 32},
-    "optimizer": {"lr": 1e-3},
     # One mini-batch: the only update of a step is on-policy, its KL(pi_old||pi_theta) ~ 0.
     "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 1}],
 }
