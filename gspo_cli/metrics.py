@@ -47,6 +47,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/update_s": ("forward/backward/optimizer time over all mini-batches", "s"),
     "time/step_s": ("wall time of the whole step", "s"),
     "time/elapsed_s": ("wall time since the run started (training only)", "s"),
+    "perf/peak_rss_mb": ("peak resident memory of the largest process so far (loading included)", "MB"),
+    "perf/peak_gpu_mb": ("peak GPU memory allocated by torch in the largest process so far (CUDA only)", "MB"),
     "perf/tokens_per_s": ("response tokens of all processes per second of the slowest process's step time",
                           "tokens/s"),
 }

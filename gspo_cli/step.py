@@ -13,6 +13,7 @@ import contextlib
 import copy
 import functools
 import random
+import resource
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -242,6 +243,10 @@ def _batch_stats(stats: StepStats, ctx: Ctx, batch: RolloutBatch, scores, reward
     stats.mean("policy/entropy", (entropy_BC * mask_BC).sum().item(), mask_BC.sum().item())
     stats.same("policy/lr", ctx.optimizer.param_groups[0]["lr"])
     stats.sum("perf/tokens", lengths_B.sum().item())
+    # Linux reports kB. The process's peak so far (loading included), the largest over ranks.
+    stats.max("perf/peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        stats.max("perf/peak_gpu_mb", torch.cuda.max_memory_allocated() / 2**20)
 
 
 def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
