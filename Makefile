@@ -58,6 +58,7 @@ test-vllm: $(VLLM_STAMP)
 
 # `make bench`: our RL step side by side with TRL's GRPOTrainer (benchmarks/README.md). TRL is a
 # benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
+# Writes results/bench/ (git-ignored); the committed reference run is benchmarks/reference/.
 .PHONY: bench
 # The GSPO paper's findings at tiny scale: 4 arms x 3 seeds, two processes at a time, then the
 # same at a 4x learning rate; resumable (rerun after an interruption); writes

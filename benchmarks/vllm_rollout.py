@@ -1,17 +1,26 @@
 """Rollout throughput, HF generate vs vLLM, on the quickstart's tiny MoE (CPU).
 
-    .venv-vllm/bin/python tests/vllm/bench_rollout.py [--prompts 128] [--tokens 40]
+    .venv-vllm/bin/python benchmarks/vllm_rollout.py [--prompts 128] [--tokens 40]
 
 Random weights (no cold start) so that nearly every response runs to the token limit:
 the same number of tokens for both engines. Prints tokens/s (best and median of 3 after a warm-up;
 the machine may be shared),
-the weight-sync time, and the engine-vs-trainer log-prob gap. Not a test (no test_ prefix).
+the weight-sync time, and the engine-vs-trainer log-prob gap. This file measures; the
+report's layout is render.py's `vllm_rollout_text`. Needs vLLM (`make test-vllm` builds
+`.venv-vllm`).
 """
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import `benchmarks.*` from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.render import vllm_rollout_text
 
 
 def main():
@@ -59,15 +68,15 @@ def main():
     t = time.time()
     vl.sync_weights()
     sync_s = time.time() - t
-    print(f"threads {torch.get_num_threads()}, {args.prompts} prompts x {args.tokens} new tokens, "
-          f"{sum(p.numel() for p in lm.model.parameters()) / 1e6:.1f} M params")
-    print(f"hf generate : best {hf_rate[0]:6.0f}, median {hf_rate[1]:6.0f} tokens/s (mean length {hf_len:.1f})")
-    print(f"vllm        : best {vl_rate[0]:6.0f}, median {vl_rate[1]:6.0f} tokens/s (mean length {vl_len:.1f}); "
-          f"engine start {start_s:.1f} s, "
-          f"weight sync {sync_s * 1000:.0f} ms")
-    print(f"log-prob |engine - trainer|: mean {gap['rollout/logprob_diff_mean']:.1e}, "
-          f"max {gap['rollout/logprob_diff_max']:.1e} nats")
     vl.close()
+    print(vllm_rollout_text({
+        "threads": torch.get_num_threads(), "prompts": args.prompts, "tokens": args.tokens,
+        "params_m": sum(p.numel() for p in lm.model.parameters()) / 1e6,
+        "hf_best": hf_rate[0], "hf_median": hf_rate[1], "hf_length": hf_len,
+        "vllm_best": vl_rate[0], "vllm_median": vl_rate[1], "vllm_length": vl_len,
+        "start_s": start_s, "sync_s": sync_s,
+        "gap_mean": gap["rollout/logprob_diff_mean"], "gap_max": gap["rollout/logprob_diff_max"],
+    }), end="")
 
 
 if __name__ == "__main__":  # vLLM may spawn processes that re-import this file

@@ -1,0 +1,129 @@
+"""What the benchmark's orchestrator and its worker processes share: paths, the benchmark's
+spec, thread and load helpers, and the worker protocol (tagged JSON lines on stdout,
+"step"/"done" commands on stdin).
+
+Nothing here measures or renders; `gspo_cli` and yaml are imported inside the functions
+that need them, so the renderer can import the constants without the training stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
+# Untracked (results/* is git-ignored): `make bench` never rewrites a tracked file.
+DEFAULT_OUT = ROOT / "results" / "bench"
+RESULT_TAG = "BENCH_RESULT "
+SHARED_LOAD = 2.5  # 1-minute load average above which the box counts as shared (2 cores)
+
+
+# ---------------------------------------------------------------------------------------
+# The benchmark's spec
+
+
+def base_raw(*, prompts: int, group: int, max_new: int, mini_batches: int, steps: int, preset: str) -> dict:
+    """The quickstart spec (model, task, optimizer) with the benchmark's rollout sizes and one arm."""
+    import yaml
+
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["rollout"].update(prompts_per_step=prompts, group_size=group, max_new_tokens=max_new, temperature=1.0)
+    raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0)
+    raw["arms"] = [{"name": preset, "preset": preset, "mini_batches": mini_batches, "epochs": 1}]
+    return raw
+
+
+def load_spec_and_task(raw: dict):
+    """(Spec, Task) of a raw spec dict; the spec's warnings are silenced (they would interleave
+    with the workers' tagged output)."""
+    from gspo_cli.spec_loading import spec_from_dict
+    from gspo_cli.tasks import make_task
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = spec_from_dict(raw)
+    return spec, make_task(spec.task.name, spec.task.params)
+
+
+def model_source(spec, task) -> str:
+    """The model directory (the built-in model is cold-started on first use, then cached)."""
+    from gspo_cli.models import resolve_model_source
+
+    return resolve_model_source(spec.model, task, log=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+
+
+# ---------------------------------------------------------------------------------------
+# The process and the box
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def pick_threads(arg: str, load: float) -> tuple[int, str]:
+    """(threads, why); 0 means torch's default. `arg` is --threads: a number, "default" or
+    "auto"; a non-numeric other value raises ValueError (argparse has already accepted it).
+    On a busy box, torch's default of one thread per core stalls: a thread waiting at an
+    OpenMP barrier spins while its partner is descheduled, and single steps took 20-40 s
+    instead of ~1 s here (2 cores, load ~4)."""
+    cores = os.cpu_count() or 1
+    if arg == "default":
+        return 0, "torch's default"
+    if arg == "auto":
+        if load > cores / 2:
+            return 1, (f"1 (auto: the box was busy at start, load {load:.2f} on {cores} cores; with a thread per "
+                       "core, OpenMP spin-waits stall a loaded box)")
+        return 0, "torch's default (auto: idle box)"
+    return int(arg), f"{int(arg)} (--threads)"
+
+
+def thread_env(threads: int) -> dict:
+    """This process's environment, with OMP_NUM_THREADS set when `threads` is not 0 (torch's default)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else dict(os.environ)
+
+
+def loadavg() -> float:
+    """The 1-minute load average; NaN where /proc/loadavg cannot be read."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def median(xs):
+    """The median of the values that are not None; None when there are none."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# ---------------------------------------------------------------------------------------
+# The worker protocol. Each worker runs in its own process and answers on stdout with tagged
+# JSON lines. The ours/TRL workers run in lockstep: after set-up they wait on stdin for
+# "step", run one RL step, report it and wait again, so the orchestrator can alternate the
+# two sides step by step while the idle one sleeps.
+
+
+def emit(obj: dict) -> None:
+    print(RESULT_TAG + json.dumps(obj), flush=True)
+
+
+def wait_for_step() -> bool:
+    """True on "step", False on "done"; anything else (EOF: the orchestrator died) ends the process."""
+    cmd = sys.stdin.readline().strip()
+    if cmd in ("step", "done"):
+        return cmd == "step"
+    raise SystemExit(f"bench worker: unexpected command {cmd!r}")
+
+
+def set_threads(cfg: dict) -> None:
+    """torch threads from a worker's config (0 or absent: torch's default)."""
+    import torch
+
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg["threads"])

@@ -1,0 +1,267 @@
+"""The orchestrator of `make bench`: starts the worker processes (workers.py, profiling.py),
+steps the ours/TRL pair in lockstep, and reduces their records to one result dict, the
+`bench.json` that render.py turns into the report. It measures and summarizes; it formats
+nothing but its progress lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.common import (
+    RESULT_TAG,
+    ROOT,
+    SHARED_LOAD,
+    base_raw,
+    load_spec_and_task,
+    loadavg,
+    median,
+    model_source,
+    pick_threads,
+)
+from benchmarks.quickstart import quickstart_memory
+
+# Workers are this script run with `--worker KIND JSON` (bench.py dispatches to them).
+BENCH_SCRIPT = ROOT / "benchmarks" / "bench.py"
+
+
+class Worker:
+    """A worker process; its stderr goes to a temporary file, shown if it fails."""
+
+    def __init__(self, kind: str, cfg: dict):
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.kind, self.label = kind, f"{kind} {cfg.get('preset', '')}".strip()
+        self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, str(BENCH_SCRIPT), "--worker", kind, json.dumps(cfg)],
+                                     cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.err, text=True)
+
+    def recv(self) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait()
+                self.err.seek(0)
+                sys.stderr.write(self.err.read()[-8000:])
+                raise SystemExit(f"bench: worker {self.label} failed (exit {self.proc.returncode})")
+            if line.startswith(RESULT_TAG):
+                return json.loads(line[len(RESULT_TAG):])
+
+    def send(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> dict:
+        res = self.recv()
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.err.close()
+        res["process_wall_s"] = time.perf_counter() - self.t0
+        return res
+
+
+def run_worker(kind: str, cfg: dict, log) -> dict:
+    """A worker that runs to completion and answers once."""
+    w = Worker(kind, cfg)
+    res = w.finish()
+    log(f"  {w.label:22s} done in {res['process_wall_s']:5.1f} s (load {loadavg():.2f})")
+    return res
+
+
+def ours_vs_trl(cfg: dict, reps: int, warmup: int, steps: int, log) -> dict:
+    """`reps` pairs of fresh processes; inside each, the two sides alternate step by step
+    (who goes first alternates too), so both see the same load at nearly the same time."""
+    records = {"ours": [], "trl": []}
+    finals = {"ours": [], "trl": []}
+    for rep in range(reps):
+        # a new seed per repetition (the same for both sides: same prompts), so the samples differ
+        rep_cfg = {**cfg, "rounds": warmup + steps, "seed": cfg["seed"] + rep}
+        workers = {side: Worker(side, rep_cfg) for side in ("ours", "trl")}
+        ready = {side: w.recv() for side, w in workers.items()}
+        for i in range(warmup + steps):
+            order = ("ours", "trl") if (i + rep) % 2 == 0 else ("trl", "ours")
+            for side in order:
+                workers[side].send("step")
+                rec = workers[side].recv()
+                if i >= warmup:
+                    records[side].append({**rec, "rep": rep, "round": i, "load": loadavg()})
+        for side, w in workers.items():
+            w.send("done")
+            finals[side].append({**w.finish(), "setup_s": ready[side]["setup_s"]})
+        last = {side: records[side][-steps:] for side in records}
+        log(f"  repetition {rep + 1}/{reps}: ours {median([r['step_s'] for r in last['ours']]):.3f} s, "
+            f"TRL {median([r['step_s'] for r in last['trl']]):.3f} s per step (load {loadavg():.2f})")
+    return {"records": records, "finals": finals}
+
+
+STEP_KEYS = ("step_s", "cpu_s", "rollout_s", "score_s", "old_logp_s", "update_s", "gen_tok_per_s", "length_mean",
+             "length_max", "gen_ms_per_token_step")
+
+
+def paired(a_recs: list[dict], b_recs: list[dict], key: str = "step_s", id_keys=("rep", "round")):
+    """Median over rounds of a/b, the two measured in the same round (adjacent in time)."""
+    by = {tuple(r.get(k) for k in id_keys): r[key] for r in b_recs}
+    return median([r[key] / by[tuple(r.get(k) for k in id_keys)] for r in a_recs
+                   if by.get(tuple(r.get(k) for k in id_keys))])
+
+
+def _summ(recs: list[dict]) -> dict:
+    """Per-key medians of step records, and how many there were."""
+    return {**{k: median([r.get(k) for r in recs]) for k in STEP_KEYS}, "n_steps": len(recs)}
+
+
+
+
+def summarize_side(recs: list[dict], finals: list[dict]) -> dict:
+    """One side of the ours/TRL duel: medians of its step records, per repetition, and of its
+    processes' final reports (peak RSS, set-up time)."""
+    out = _summ(recs)
+    reps = sorted({r["rep"] for r in recs})
+    out["per_rep_step_s"] = [median([r["step_s"] for r in recs if r["rep"] == k]) for k in reps]
+    out["peak_rss_mb"] = median([f["peak_rss_mb"] for f in finals])
+    out["peak_rss_mb_max"] = max(f["peak_rss_mb"] for f in finals)
+    out["setup_s"] = median([f["setup_s"] for f in finals])
+    out["torch_threads"] = finals[0].get("torch_threads")
+    return out
+
+
+def _variants(a, common: dict, log) -> tuple[dict, dict, list[dict]]:
+    """Stages 2 and 3: our arms, then the scaling variants, each set round-robin in one
+    process. Returns (arms worker result, scaling worker result, the scaling variants)."""
+    log("2/5 arm overheads (routing replay, GSPO vs GRPO), round-robin in one process")
+    rounds = a.warmup + a.steps * a.reps
+    arm_variants = [{"label": p, "preset": p, "group": a.group, "max_new": a.max_new_tokens}
+                    for p in ("paper-grpo", "paper-grpo-rr", "paper-gspo")]
+    arms = run_worker("variants", {**common, "variants": arm_variants, "warmup": a.warmup, "rounds": rounds}, log)
+    log("3/5 scaling with group size and response length, round-robin in one process")
+    g_sizes = sorted({max(2, a.group // 2), a.group, a.group * 2})
+    t_sizes = sorted({max(4, a.max_new_tokens // 3), 2 * a.max_new_tokens // 3, 4 * a.max_new_tokens // 3})
+    scale_variants = [{"label": f"G={g}", "preset": "paper-gspo", "group": g, "max_new": a.max_new_tokens}
+                      for g in g_sizes]
+    scale_variants += [{"label": f"T={t}", "preset": "paper-gspo", "group": a.group, "max_new": t, "ignore_eos": True}
+                       for t in t_sizes]
+    scale_rounds = a.warmup + max(2, a.steps * a.reps // 2)
+    scaling = run_worker("variants", {**common, "variants": scale_variants, "warmup": a.warmup,
+                                      "rounds": scale_rounds}, log)
+    return arms, scaling, scale_variants
+
+
+def orchestrate(a) -> dict:
+    """The whole benchmark for parsed arguments `a` (bench.py's flags); returns the result
+    dict (bench.json). Profiles are written to `a.out`; quickstart.json there is read."""
+    a.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    loads = [loadavg()]
+
+    def log(msg):
+        print(msg, flush=True)
+        loads.append(loadavg())
+
+    threads, threads_why = pick_threads(a.threads, loads[0])
+    common = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new_tokens, "mini_batches": a.mini_batches,
+              "seed": a.seed, "threads": threads}
+    log(f"gspo bench: {a.prompts} prompts x {a.group} samples, max {a.max_new_tokens} new tokens, "
+        f"{a.mini_batches} mini-batches, {a.warmup} warm-up + {a.steps} measured steps, {a.reps} repetitions; "
+        f"load average {loads[0]:.2f} on {os.cpu_count()} cores; torch threads per process: {threads_why}")
+
+    # The model (cold start on first use, cached afterwards) is built once, before any timing.
+    t = time.perf_counter()
+    raw = base_raw(prompts=a.prompts, group=a.group, max_new=a.max_new_tokens, mini_batches=a.mini_batches,
+                   steps=1, preset="paper-gspo")
+    spec, task = load_spec_and_task(raw)
+    source = model_source(spec, task)
+    log(f"model: {source} ({time.perf_counter() - t:.1f} s to resolve)")
+
+    # 1. Ours vs TRL: one process each, stepped alternately.
+    log("1/5 ours vs TRL (GSPO): two processes stepped alternately")
+    duel = ours_vs_trl({**common, "preset": "paper-gspo"}, a.reps, a.warmup, a.steps, log)
+
+    # 2. Arm overheads, 3. scaling: our trainer, variants round-robin in one process each.
+    arms, scaling, scale_variants = _variants(a, common, log)
+
+    # 4. Quickstart memory (the full quickstart is timed separately: --quickstart-full).
+    log("4/5 quickstart peak memory")
+    qs_mem = quickstart_memory(a.quickstart_steps, log, threads) if a.quickstart_steps else None
+    qs_file = a.out / "quickstart.json"
+    qs_full = json.loads(qs_file.read_text()) if qs_file.is_file() else None
+
+    # 5. Profiles of our step.
+    log("5/5 profiles (cProfile, CPU time) of our step")
+    profiles = [run_worker("profile", {**common, "preset": p, "warmup": a.warmup, "steps": a.profile_steps,
+                                       "out_dir": str(a.out)}, log)
+                for p in ("paper-gspo", "paper-grpo-rr")] if a.profile_steps else []
+
+    loads.append(loadavg())
+    loads += [r["load"] for side in ("ours", "trl") for r in duel["records"][side]]
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                 "versions": _versions()},
+        "config": {**common, "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "model_source": source,
+                   "threads_why": threads_why},
+        "load": {"start": loads[0], "max": max(loads), "median": median(loads), "shared": max(loads) > SHARED_LOAD},
+        **summarize_runs(duel, arms["records"], scaling["records"], scale_variants, base=f"G={a.group}"),
+        "quickstart_memory": qs_mem, "quickstart_full": qs_full,
+        "profiles": profiles,
+        "raw": {"ours_vs_trl": duel, "arms": arms, "scaling": scaling},
+        "bench_wall_s": time.time() - started,
+    }
+    return result
+
+
+def summarize_runs(duel: dict, arm_records: dict, scale_records: dict, scale_variants: list[dict],
+                   base: str) -> dict:
+    """The result's summary keys (ours, trl, ratio, arms, the overheads, scaling) from the raw
+    records: `duel` from ours_vs_trl, the variants' records by label, `base` the scaling
+    variant the others are compared with. Ratios are medians of per-round ratios (paired)."""
+    rec_o, rec_t = duel["records"]["ours"], duel["records"]["trl"]
+    ours, trl = summarize_side(rec_o, duel["finals"]["ours"]), summarize_side(rec_t, duel["finals"]["trl"])
+    ar = arm_records
+
+    def rel(a_lab, b_lab, key="step_s"):
+        return paired(ar[a_lab], ar[b_lab], key, ("round",)) - 1
+
+    return {
+        "ours": ours, "trl": trl,
+        "ratio": {
+            "step_paired": paired(rec_o, rec_t),  # the target's number: robust to load drifts
+            "step_of_medians": ours["step_s"] / trl["step_s"],
+            "cpu_paired": paired(rec_o, rec_t, "cpu_s"),
+            **{k: paired(rec_o, rec_t, k) for k in ("rollout_s", "old_logp_s", "update_s", "gen_tok_per_s",
+                                                    "gen_ms_per_token_step")},
+        },
+        "arms": {lab: _summ(recs) for lab, recs in ar.items()},
+        "rr_overhead": rel("paper-grpo-rr", "paper-grpo"),
+        "rr_overhead_cpu": rel("paper-grpo-rr", "paper-grpo", "cpu_s"),
+        "rr_overhead_update": rel("paper-grpo-rr", "paper-grpo", "update_s"),
+        "gspo_vs_grpo": rel("paper-gspo", "paper-grpo"),
+        "gspo_vs_grpo_cpu": rel("paper-gspo", "paper-grpo", "cpu_s"),
+        "gspo_vs_grpo_update": rel("paper-gspo", "paper-grpo", "update_s"),
+        "scaling": {v["label"]: {**_summ(scale_records[v["label"]]), "group": v["group"],
+                                 "max_new": v["max_new"], "ignore_eos": bool(v.get("ignore_eos")),
+                                 "vs_base": paired(scale_records[v["label"]], scale_records[base],
+                                                   id_keys=("round",)),
+                                 "vs_base_cpu": paired(scale_records[v["label"]], scale_records[base],
+                                                       "cpu_s", ("round",))}
+                    for v in scale_variants},
+    }
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("torch", "transformers", "trl", "accelerate", "gspo-cli"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
