@@ -302,7 +302,8 @@ def _check_sampling(s: Sampling, limit: int | None) -> None:
     vllm = s.engine == "vllm"
     reserved = [k for k in (s.vllm_args or {}) if k in VLLM_RESERVED_KWARGS]
     checks = [("--engine", s.engine in ("hf", "vllm"), f"{s.engine!r} is not hf or vllm"),
-              ("--device", not vllm or s.device is None, "vLLM places the model itself; leave it out with --engine vllm"),
+              ("--device", not vllm or s.device is None,
+               "vLLM places the model itself; leave it out with --engine vllm"),
               ("--vllm-arg", vllm or not s.vllm_args, "needs --engine vllm"),
               ("--vllm-arg", not reserved, f"{', '.join(reserved)}: set by gspo-cli itself"),
 ("--samples", s.samples is None or s.samples >= 1, "must be >= 1"),
