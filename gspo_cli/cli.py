@@ -365,9 +365,15 @@ def eval_(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write results here (default: the run "
                                                 "directory, the completions' folder, or results/eval/<model>)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="sequences per generate call")] = 64,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="sequences per generate call "
+                                                      "(default: 64 with hf, all at once with vllm)")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="e.g. cuda (default: the run's, else cpu)")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="hf (transformers' generate) or vllm (needs vLLM "
+                                        "installed; prompts, stops and sampling as in training)")] = "hf",
+    vllm_arg: Annotated[Optional[list[str]], typer.Option("--vllm-arg", help="KEY=VALUE, repeatable: a vllm.LLM "
+                                                          "argument (YAML value) over the run's rollout.vllm, e.g. "
+                                                          "gpu_memory_utilization=0.9")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
 ) -> None:
     """Score a checkpoint or model (avg@K, pass@k, maj@K, failure shares, rating) on a task's
@@ -389,7 +395,8 @@ def eval_(
         else:
             resolved = ev.resolve_target(target, checkpoint)
             sampling = ev.Sampling(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                   seed=seed, batch_size=batch_size, device=device, dtype=dtype)
+                                   seed=seed, batch_size=batch_size, device=device, dtype=dtype, engine=engine,
+                                   vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"))
             results, summary = ev.evaluate_model(resolved, ev.resolve_task(resolved.spec, task, dataset), sampling,
                                                  limit, log=log)
         written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.config import ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
+from gspo_cli.config import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.evaluate import (
     ProblemResult,
@@ -56,9 +56,11 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int | None = None
     seed: int = 0
-    batch_size: int = 64
+    batch_size: int | None = None  # sequences per generate call; None: 64 with hf, all at once with vllm
     device: str | None = None
     dtype: str | None = None
+    engine: str = "hf"  # hf: transformers' generate; vllm: a vLLM engine
+    vllm_args: dict[str, Any] | None = None  # extra vllm.LLM arguments, over the run's rollout.vllm
 
 
 def resolve_target(target: str, checkpoint: str | None = None) -> Target:
@@ -149,23 +151,41 @@ def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | 
 
     cfg = spec.model if spec else ModelConfig(name=target.source)
     cfg = cfg.model_copy(update={k: v for k, v in (("device", sampling.device), ("dtype", sampling.dtype)) if v})
+    rollout = spec.rollout if spec else RolloutConfig()
+    vllm_args = {**rollout.vllm, **(sampling.vllm_args or {})}
+    if sampling.engine == "vllm":
+        if temperature > 2:
+            raise SpecError(f"--temperature: {temperature} is above 2, the most vLLM samples at")
+        from gspo_cli.rollout.vllm_engine import _import_vllm
+
+        _import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
     source = target.source
     if source.startswith("builtin:"):
         source = resolve_model_source(cfg.model_copy(update={"name": source}), task, log=log)
     t0 = time.time()
-    lm = load_model(source, cfg, training=False)  # sampling only: weights in the dtype asked for
-    torch.manual_seed(sampling.seed)
     # Prompts and stops as in training: the run's prompt fields (defaults for a bare model).
-    prompt_format = PromptFormat.from_rollout(spec.rollout if spec else RolloutConfig()).formatter(lm.tokenizer)
-    engine = HFRolloutEngine(lm.model, lm.tokenizer, max_new_tokens=max_tokens, temperature=temperature,
-                             top_p=sampling.top_p, prompt_format=prompt_format)
-    log(f"sampling {len(problems)} problems x {K} from {source}")
-    completions = sample_completions(engine, problems, K, sampling.batch_size,
-                                     progress=lambda done, total: log(f"  {done}/{total} completions"))
+    if sampling.engine == "vllm":  # seeded by sampling.seed
+        engine = _vllm_engine(source, cfg.dtype, rollout, temperature, max_tokens, sampling, vllm_args)
+    else:
+        lm = load_model(source, cfg, training=False)  # sampling only: weights in the dtype asked for
+        torch.manual_seed(sampling.seed)
+        engine = HFRolloutEngine(lm.model, lm.tokenizer, max_new_tokens=max_tokens, temperature=temperature,
+                                 top_p=sampling.top_p,
+                                 prompt_format=PromptFormat.from_rollout(rollout).formatter(lm.tokenizer))
+    log(f"sampling {len(problems)} problems x {K} from {source} ({sampling.engine})")
+    batch_size = sampling.batch_size or (None if sampling.engine == "vllm" else 64)
+    try:
+        completions = sample_completions(engine, problems, K, batch_size,
+                                         progress=lambda done, total: log(f"  {done}/{total} completions"))
+    finally:
+        close = getattr(engine, "close", None)  # a vLLM engine holds its memory until closed
+        if close is not None:
+            close()
     results = score_problems(task, problems, completions)
     info = {"model": source, "checkpoint": target.checkpoint, "run_dir": str(target.run_dir) if target.run_dir else None,
             "sampling": {"samples": K, "temperature": temperature, "top_p": sampling.top_p,
-                         "max_tokens": max_tokens, "seed": sampling.seed}}
+                         "max_tokens": max_tokens, "seed": sampling.seed},
+            "engine": sampling.engine, **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {})}
     return results, _summary(task, results, info, time.time() - t0)
 
 
@@ -226,12 +246,71 @@ def load_completions(path: Path) -> dict[str, list[str]]:
     return out
 
 
+def parse_key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
+    """["key=value", ...] as a dict, each value read as YAML (0.9 a float, true a bool, text
+    a string). SpecError naming `flag` for an item without '=' or an empty key."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"{flag}: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def _vllm_engine(source: str, dtype: str, rollout: RolloutConfig, temperature: float, max_tokens: int,
+                 sampling: Sampling, vllm_args: dict[str, Any]):
+    """A vLLM engine sampling from `source` as training's does (the run's prompt format, the
+    checkpoint's stop ids, neutral sampling but for `sampling.top_p`), without loading the
+    weights into transformers: vLLM loads them itself. SpecError (one line) for a source that
+    is not a model."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from gspo_cli.models.loading import quiet_transformers
+    from gspo_cli.models.prompts import PromptFormat, stop_token_ids
+    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    quiet_transformers()
+    try:
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as err:  # hub/network/parse failures all mean "cannot use this name"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SpecError(f"TARGET: cannot load {source!r} (offline and not cached, or not a model): {first}") from None
+    try:  # what transformers puts in model.generation_config: the file, else derived from config.json
+        generation = GenerationConfig.from_pretrained(source)
+    except OSError:
+        generation = GenerationConfig.from_model_config(config)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return VLLMRolloutEngine(None, tokenizer, model_dir=source, max_new_tokens=max_tokens, temperature=temperature,
+                             top_p=sampling.top_p, dtype=dtype, seed=sampling.seed, engine_kwargs=vllm_args,
+                             stop_ids=stop_token_ids(SimpleNamespace(generation_config=generation), tokenizer),
+                             prompt_format=PromptFormat.from_rollout(rollout).formatter(tokenizer),
+                             model_config=config)
+
+
 def _check_sampling(s: Sampling, limit: int | None) -> None:
-    checks = [("--samples", s.samples is None or s.samples >= 1, "must be >= 1"),
+    vllm = s.engine == "vllm"
+    reserved = [k for k in (s.vllm_args or {}) if k in VLLM_RESERVED_KWARGS]
+    checks = [("--engine", s.engine in ("hf", "vllm"), f"{s.engine!r} is not hf or vllm"),
+              ("--device", not vllm or s.device is None,
+               "vLLM places the model itself; leave it out with --engine vllm"),
+              ("--vllm-arg", vllm or not s.vllm_args, "needs --engine vllm"),
+              ("--vllm-arg", not reserved, f"{', '.join(reserved)}: set by gspo-cli itself"),
+("--samples", s.samples is None or s.samples >= 1, "must be >= 1"),
               ("--temperature", s.temperature is None or s.temperature > 0, "must be > 0"),
               ("--top-p", 0 < s.top_p <= 1, "must be in (0, 1]"),
               ("--max-tokens", s.max_tokens is None or s.max_tokens >= 1, "must be >= 1"),
-              ("--batch-size", s.batch_size >= 1, "must be >= 1"),
+              ("--batch-size", s.batch_size is None or s.batch_size >= 1, "must be >= 1"),
               ("--limit", limit is None or limit >= 1, "must be >= 1")]
     for flag, ok, msg in checks:
         if not ok:

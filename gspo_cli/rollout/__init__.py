@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gspo_cli.distributed import rank_seed
 from gspo_cli.errors import SpecError
 from gspo_cli.models.prompts import PromptFormat, stop_token_ids
 from gspo_cli.rollout.base import (
@@ -23,20 +24,28 @@ def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32"
     (a RoutingController) lets the hf engine record the routes it samples with. Both engines
     stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
     (SpecError for a system prompt or template kwargs without a template). `synced`: the
-    weights are sharded across processes (see HFRolloutEngine)."""
+    weights are sharded across processes (see HFRolloutEngine; SpecError with vllm). Under
+    torchrun vllm runs one engine per process (see gspo_cli.rollout.vllm_engine)."""
     if cfg.engine == "hf":
         return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                sampler_logprobs=cfg.sampler_logprobs, routing=routing, synced=synced,
                                stop_ids=stop_token_ids(model, tokenizer),
                                prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise SpecError("rollout.engine: vllm runs in-process with one trainer; under torchrun use engine: hf")
+    if synced:
+        raise SpecError("rollout.engine: vllm with model.sharding: fsdp is not supported (each process's engine "
+                        "needs the whole weights every step); use model.sharding: ddp or rollout.engine: hf")
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine, _import_vllm
 
     _import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
+    # Under torchrun each process's engine samples its own share with its own seed; rank 0
+    # keeps the run's, as one process would (the same rule as the trainer's torch seed).
     return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
-                             temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm,
-                             stop_ids=stop_token_ids(model, tokenizer),
+                             temperature=cfg.temperature, dtype=dtype, seed=rank_seed(seed, _rank()),
+                             engine_kwargs=cfg.vllm, stop_ids=stop_token_ids(model, tokenizer),
                              prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

