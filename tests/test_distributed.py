@@ -157,7 +157,7 @@ def test_world_size_must_divide_the_prompts(tmp_path, source):
 
 def _fsdp_spec(tmp_path, steps, sharding):
     raw = {**TINY, "output_dir": str(tmp_path / "out"), "model": {**TINY["model"], "sharding": sharding},
-           "task": {**TINY["task"], "eval_size": 0}, "train": {"steps": steps, "checkpoint_every": 2},
+           "train": {"steps": steps, "checkpoint_every": 2},  # evaluation on: every rank samples it
            "arms": [{"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2}]}
     p = tmp_path / f"fsdp{steps}{sharding}.yaml"
     p.write_text(yaml.safe_dump(raw))
@@ -192,5 +192,6 @@ def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(
     ms = rd.metrics()
     assert rd.status() == "completed" and [m["step"] for m in ms] == [1, 2, 3, 4], res.stderr[-2000:]
     assert rd.info()["resumes"] == 1
+    assert [e["step"] for e in rd.evals()] == [0, 2, 4]
     assert all(math.isfinite(m["policy/loss"]) for m in ms)
     assert all(0 <= m["moe/expert_change_frac"] < 0.5 for m in ms)
