@@ -221,3 +221,44 @@ def test_a_fully_masked_batch_leaves_the_weights_unchanged(source):
     assert m["mismatch/masked_token_frac"] == 1.0 and m["mismatch/weight_mean"] == 0.0
     assert m["policy/loss"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in ctx.model.named_parameters())
+
+
+def test_vllm_layout_round_trip_gives_the_same_log_probs():
+    """The hf engine's routes cut to vLLM's layout (each row's routed positions only) and
+    converted back differ only where nothing was routed (padding, each row's last token), and
+    replaying either gives the same response log-probs: those columns affect no log-prob."""
+    from transformers import AutoModelForCausalLM
+
+    from gspo_cli.config import BuiltinModelConfig
+    from gspo_cli.models.builtin import build_config, build_tokenizer
+    from gspo_cli.models.routing import RoutingController
+    from gspo_cli.rollout import HFRolloutEngine, response_logprobs
+
+    tok = build_tokenizer("0123456789+-=?\n")
+    size = BuiltinModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                              moe_intermediate_size=32, num_experts=6, experts_per_token=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(build_config("tiny-moe", size, tok), experts_implementation="eager")
+    routing = RoutingController(model)
+    engine = HFRolloutEngine(model, tok, max_new_tokens=12, temperature=1.0, sampler_logprobs=True, routing=routing)
+    torch.manual_seed(1)
+    b = engine.generate(["1+2=?\n", "31+4=?\n", "5=?\n", "12-3=?\n"] * 3)
+    P, C = b.prompt_len, b.response_mask.shape[1]
+    p_lens = b.attention_mask[:, :P].sum(-1).tolist()
+    r_lens = b.response_mask.sum(-1).long().tolist()
+    assert len(set(p_lens)) > 1 and min(r_lens) < C  # left and right padding both present
+    routed = [b.engine_routes[:, i, P - p:P + r - 1].permute(1, 0, 2).numpy().astype(np.int16)
+              for i, (p, r) in enumerate(zip(p_lens, r_lens))]
+    back = routes_from_vllm(routed, p_lens, r_lens, P, C, num_experts=6)
+    for i, (p, r) in enumerate(zip(p_lens, r_lens)):
+        assert torch.equal(back[:, i, P - p:P + r - 1].long(), b.engine_routes[:, i, P - p:P + r - 1])
+    assert not torch.equal(back.long(), b.engine_routes)  # the unrouted columns do differ
+    model.eval()
+    with torch.no_grad():
+        logps = []
+        for routes in (b.engine_routes, back):
+            with routing.replaying(routes_from_BT(routes)):
+                logps.append(response_logprobs(model, b, 1.0).logp)
+    mask = b.response_mask > 0
+    assert torch.equal(logps[0][mask], logps[1][mask])
+    assert (logps[0] - b.engine_logp).abs()[mask].max() < 1e-4  # and they are the sampler's
