@@ -33,7 +33,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "policy/lr": ("learning rate", "lr"),
     "moe/expert_change_frac": (
         "share of (token, layer, slot) expert choices that differ between pi_old and the current "
-        "policy on the same rollout, over forwards after at least one update", "fraction"),
+        "policy on the same rollout, at the positions that predict response tokens, over forwards after at "
+        "least one update", "fraction"),
     "moe/engine_route_diff_frac": (
         "routing_replay r3: share of (token, layer, slot) expert choices the trainer's router, at pi_old's "
         "weights, makes differently from the rollout engine's routes, on the first mini-batch", "fraction"),
