@@ -154,8 +154,8 @@ def test_spec_fields_defaults_and_refusals():
     assert _spec({"mismatch": {"mode": "geo_mask", "low": 0.99, "high": 1.01}}).arms[0].mismatch.high == 1.01
     cases = [
         ({"mismatch": {"mode": "tokn_tis"}}, None,
-         "arms[0].mismatch.mode: unknown mismatch correction 'tokn_tis' (did you mean 'token_tis'?); "
-         "known: off, token_tis, token_mask, seq_tis, seq_mask, geo_mask"),
+         ("arms[0].mismatch.mode: unknown mismatch correction 'tokn_tis' (did you mean 'token_tis'?); "
+          "known: off, token_tis, token_mask, seq_tis, seq_mask, geo_mask")),
         ({"mismatch": {"mode": "token_tis", "high": 0.9}}, None, "arms[0].mismatch.high: Input should be greater"),
         ({"mismatch": {"mode": "token_tis", "low": 1.0, "high": 1.0}}, None,
          "arms[0].mismatch: low (1.0) must be below high (1.0)"),

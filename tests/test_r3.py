@@ -20,7 +20,6 @@ from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.step import setup, train_step
 from gspo_cli.tasks import make_task
 
-
 # --------------------------------------------------------------------------- vLLM layout
 
 def test_routes_from_vllm_places_each_position_by_hand():

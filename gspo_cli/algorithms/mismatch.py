@@ -33,7 +33,8 @@ Log-ratios are clamped to ±LOG_RATIO_CLAMP before exp, so no weight overflows t
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

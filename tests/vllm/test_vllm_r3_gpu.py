@@ -12,7 +12,11 @@ import torch
 from vllm_tiny import PROMPTS, TINY, tiny_spec
 
 from gspo_cli.models import load_model
-from gspo_cli.models.routing import RoutingController, expert_change_frac, routes_from_BT
+from gspo_cli.models.routing import (
+    RoutingController,
+    expert_change_frac,
+    routes_from_BT,
+)
 from gspo_cli.reporting import quiet_reporter
 from gspo_cli.rollout import response_logprobs
 from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
