@@ -48,6 +48,7 @@ class Row:
     seeds: list[int]
     status: dict[str, int]
     cells: dict[str, Stats]
+    settings: dict[str, str] = field(default_factory=dict)  # SETTINGS id -> the group's value(s)
 
 
 @dataclass
@@ -94,6 +95,43 @@ def eval_value(run: Run, task: str, which: str) -> float:
     return float(ev.score.max() if which == "best" else ev.score.iloc[-1])
 
 
+# --------------------------------------------------------------------------- arm settings
+
+def _replay(arm: dict) -> str:
+    return str(arm.get("routing_replay", "off"))
+
+
+def _mismatch(arm: dict) -> str:
+    m = arm.get("mismatch") or {}
+    mode, low, high = str(m.get("mode", "off")), m.get("low"), m.get("high")
+    if mode == "off" or not all(isinstance(v, (int, float)) for v in (low, high)):
+        return mode
+    return f"{mode} [{low:g}, {high:g}]"
+
+
+# Arm settings every comparison shows beside its numbers (from spec.yaml; a spec written
+# before a field existed shows its default): id -> (header, value from the run's arm).
+SETTINGS: dict[str, tuple[str, Callable[[dict], str]]] = {
+    "routing_replay": ("routing replay", _replay),
+    "mismatch": ("mismatch", _mismatch),
+}
+
+
+def arm_settings(runs: list[Run]) -> dict[str, str]:
+    """Each SETTINGS value of these runs' arms; values that differ between runs are joined by '/';
+    a run without a spec.yaml (or without arms in it) shows '—'."""
+    out = {}
+    for sid, (_, fn) in SETTINGS.items():
+        vals = dict.fromkeys(fn(arm) if (arm := _arm_of(r)) is not None else "—" for r in runs)
+        out[sid] = "/".join(vals)
+    return out
+
+
+def _arm_of(run: Run) -> dict | None:
+    arms = [a for a in run.spec.get("arms") or [] if isinstance(a, dict)]
+    return next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else None)
+
+
 # --------------------------------------------------------------------------- columns
 
 # Friendly column names for --metrics: name -> (metric key, header, "last" N steps or whole "run").
@@ -105,6 +143,10 @@ _MEANS = {
     "clip_high": ("policy/clip_frac_token_high", "clip high", "run"),
     "clip_seq": ("policy/clip_frac_seq", "clip seq", "run"),
     "expert_change": ("moe/expert_change_frac", "expert chg", "run"),
+    "engine_route_diff": ("moe/engine_route_diff_frac", "engine route diff", "run"),
+    "mismatch_weight": ("mismatch/weight_mean", "IS weight", "run"),
+    "masked": ("mismatch/masked_token_frac", "masked tok", "run"),
+    "truncated": ("mismatch/truncated_token_frac", "truncated tok", "run"),
     "kl": ("policy/kl_old_k3", "KL old [nats]", "run"),
     "entropy": ("policy/entropy", "entropy [nats]", "run"),
     "length": ("response/length_mean", "length [tok]", "run"),
@@ -113,7 +155,8 @@ _MEANS = {
 }
 SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold")
 DEFAULT = ("steps", "reward", "eval", "threshold", "clip", "clip_low", "clip_high", "expert_change",
-           "kl", "entropy", "length", "step_time", "wall")
+           "engine_route_diff", "mismatch_weight", "masked", "truncated", "kl", "entropy", "length", "step_time",
+           "wall")
 
 
 def build_columns(names: list[str], runs: list[Run], *, last: int, threshold: float | None) -> list[Column]:
@@ -178,7 +221,7 @@ def compare_runs(paths: list[str], *, group_by: str = "arm", metrics: list[str] 
     rows = [_row(g, cols) for g in groups]
     if not metrics:  # by default, drop what no run logs (expert change on a dense model, say)
         keep = [c for c in cols if c.partial or any(r.cells[c.id].n for r in rows)]
-        rows = [Row(r.group, r.seeds, r.status, {c.id: r.cells[c.id] for c in keep}) for r in rows]
+        rows = [Row(r.group, r.seeds, r.status, {c.id: r.cells[c.id] for c in keep}, r.settings) for r in rows]
         cols = keep
     settings = {"group_by": group_by, "last": last, "threshold": threshold}
     return Comparison(cols, rows, _notes(runs, threshold, last), settings)
@@ -189,7 +232,7 @@ def _row(group: Group, cols: list[Column]) -> Row:
     order = {s: i for i, s in enumerate(_STATUS_ORDER)}
     status = dict(sorted(status.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
     cells = {c.id: seed_stats([c.value(r) for r in group.runs]) for c in cols}
-    return Row(group.name, [r.seed for r in group.runs], status, cells)
+    return Row(group.name, [r.seed for r in group.runs], status, cells, arm_settings(group.runs))
 
 
 def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
@@ -225,8 +268,9 @@ def cell_text(col: Column, st: Stats, seeds: int) -> str:
 
 
 def _text_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
-    header = [comp.settings.get("group_by", "group"), "seeds", "status", *(c.label for c in comp.columns)]
-    rows = [[r.group, str(len(r.seeds)), status_text(r.status),
+    header = [comp.settings.get("group_by", "group"), "seeds", "status", *(h for h, _ in SETTINGS.values()),
+              *(c.label for c in comp.columns)]
+    rows = [[r.group, str(len(r.seeds)), status_text(r.status), *(r.settings.get(s, "") for s in SETTINGS),
              *(cell_text(c, r.cells[c.id], len(r.seeds)) for c in comp.columns)] for r in comp.rows]
     return header, rows
 
@@ -272,14 +316,14 @@ def _num(x: float) -> float | None:
 def _csv(comp: Comparison) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["group", "seeds", "status",
+    w.writerow(["group", "seeds", "status", *SETTINGS,
                 *(f"{c.id}_{s}" for c in comp.columns for s in ("mean", "std", "ci95", "n"))])
     for r in comp.rows:
         cells = []
         for c in comp.columns:
             st = r.cells[c.id]
             cells += ["" if not math.isfinite(v) else repr(v) for v in (st.mean, st.std, st.ci95)] + [st.n]
-        w.writerow([r.group, len(r.seeds), status_text(r.status), *cells])
+        w.writerow([r.group, len(r.seeds), status_text(r.status), *(r.settings.get(s, "") for s in SETTINGS), *cells])
     return buf.getvalue()
 
 
@@ -287,7 +331,7 @@ def _json(comp: Comparison) -> dict:
     return {
         "settings": comp.settings,
         "columns": [{"id": c.id, "label": c.label, "unit": c.unit} for c in comp.columns],
-        "groups": [{"group": r.group, "seeds": r.seeds, "status": r.status,
+        "groups": [{"group": r.group, "seeds": r.seeds, "status": r.status, "settings": r.settings,
                     "metrics": {k: {"mean": _num(s.mean), "std": _num(s.std), "ci95": _num(s.ci95), "n": s.n}
                                 for k, s in r.cells.items()}} for r in comp.rows],
         "notes": comp.notes,

@@ -231,6 +231,23 @@ class TrainConfig(_Strict):
                                                             "~1 extra forward per update)")
 
 
+class MismatchConfig(_Strict):
+    """Correction for the gap between the rollout engine's and the trainer's probabilities of
+    the sampled tokens: each token's loss is weighted by rho = pi_old(trainer) / pi(engine),
+    truncated or masked (gspo_cli.algorithms.mismatch)."""
+
+    mode: str = Field("off", description="off, or a correction registered in "
+                                         "gspo_cli.algorithms.MISMATCH_CORRECTIONS")
+    low: float = Field(0.5, ge=0, le=1, description="mask modes: drop below this ratio")
+    high: float = Field(2.0, ge=1, description="truncate modes: cap; mask modes: drop above this ratio")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
 class ArmConfig(_Strict):
     """One arm of the experiment: an algorithm with every setting that defines it."""
 
@@ -242,10 +259,12 @@ class ArmConfig(_Strict):
     aggregation: str = Field("seq_mean_token_mean", description="registered in gspo_cli.algorithms.AGGREGATIONS")
     mini_batches: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)
-    routing_replay: Literal["off", "r2", "r3"] = "off"  # r3: refused for now (ExperimentSpec._check)
+    # r2: replay pi_old's routes (the trainer's); r3: the rollout engine's routes
+    routing_replay: Literal["off", "r2", "r3"] = "off"
     kl_coef: float = Field(0.0, ge=0)
     advantage: str = Field("grpo", description="registered in gspo_cli.algorithms.ADVANTAGE_ESTIMATORS")
     adv_eps: float = Field(1e-6, ge=0)
+    mismatch: MismatchConfig = MismatchConfig()
 
     @field_validator("name")
     @classmethod
@@ -306,11 +325,7 @@ class ExperimentSpec(_Strict):
                     f"arms[{i}].mini_batches: {arm.mini_batches} does not divide the rollout batch "
                     f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
                 )
-            if arm.routing_replay == "r3":
-                problems.append(
-                    f"arms[{i}].routing_replay: r3 (replaying the rollout engine's routes) is not supported: "
-                    f"vLLM 0.32 returns routed experts only with its GPU model runner (V2, Triton), not on CPU, "
-                    f"and gspo-cli does not read them yet; use r2")
+            problems += _engine_problems(i, arm, self.rollout)
         if self.model.dtype == "float16":
             problems.append("model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
                             "(small gradients underflow); use bfloat16")
@@ -339,6 +354,24 @@ class ExperimentSpec(_Strict):
         return self.model_dump(mode="json")
 
 
+def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str]:
+    """What an arm's mismatch correction and R3 need from the rollout engine."""
+    problems = []
+    hf_without = rollout.engine == "hf" and not rollout.sampler_logprobs
+    if arm.mismatch.mode != "off":
+        if rollout.use_engine_logprobs:
+            problems.append(f"arms[{i}].mismatch.mode: {arm.mismatch.mode} weights by pi_old(trainer) / pi(engine), "
+                            "but rollout.use_engine_logprobs makes pi_old the engine's (every weight 1); "
+                            "use one or the other")
+        if hf_without:
+            problems.append(f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs: "
+                            "rollout.sampler_logprobs: true (hf) or rollout.engine: vllm")
+    if arm.routing_replay == "r3" and hf_without:
+        problems.append(f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "
+                        "needs rollout.sampler_logprobs: true (or use r2)")
+    return problems
+
+
 def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
     """One `arms[i].field: ...` line per loss, aggregation or advantage name that its registry
     lacks. The registries are the one list of names: registering a loss makes it selectable.
@@ -359,6 +392,10 @@ def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
             if name not in registry:
                 problems.append(f"arms[{i}].{field}: unknown {what} {name!r}{_did_you_mean(name, registry)}; "
                                 f"registered: {', '.join(registry)}")
+        modes = ["off", *algorithms.MISMATCH_CORRECTIONS]  # off: no correction, not a registered one
+        if arm.mismatch.mode not in modes:
+            problems.append(f"arms[{i}].mismatch.mode: unknown mismatch correction {arm.mismatch.mode!r}"
+                            f"{_did_you_mean(arm.mismatch.mode, modes)}; known: {', '.join(modes)}")
     return problems
 
 

@@ -33,7 +33,20 @@ METRICS: dict[str, tuple[str, str]] = {
     "policy/lr": ("learning rate", "lr"),
     "moe/expert_change_frac": (
         "share of (token, layer, slot) expert choices that differ between pi_old and the current "
-        "policy on the same rollout, over forwards after at least one update", "fraction"),
+        "policy on the same rollout, at the positions that predict response tokens, over forwards after at "
+        "least one update", "fraction"),
+    "moe/engine_route_diff_frac": (
+        "routing_replay r3: share of (token, layer, slot) expert choices the trainer's router, at pi_old's "
+        "weights, makes differently from the rollout engine's routes, on the first mini-batch", "fraction"),
+    "mismatch/weight_mean": ("mismatch correction: mean loss weight over response tokens (0 for dropped "
+                             "tokens; 1 = no correction)", "weight"),
+    "mismatch/masked_token_frac": ("mismatch correction: share of response tokens dropped (weight 0)", "fraction"),
+    "mismatch/masked_seq_frac": ("mismatch correction: share of responses with at least one dropped token",
+                                 "fraction"),
+    "mismatch/truncated_token_frac": ("mismatch correction: share of response tokens whose weight was capped "
+                                      "at `high`", "fraction"),
+    "mismatch/truncated_seq_frac": ("mismatch correction: share of responses with at least one capped weight",
+                                    "fraction"),
     "moe/aux_loss": ("router load-balancing loss, mean over mini-batches (only when router_aux_loss_coef > 0)",
                      "loss"),
     "rollout/logprob_diff_mean": ("|sampler - trainer| log-prob of the sampled tokens, mean over response tokens "
@@ -74,3 +87,13 @@ def describe(key: str) -> tuple[str, str]:
     if key.startswith("eval/"):
         return (f"held-out score {key[5:]}", "score")
     return (key, "")
+
+# Statistics of a mismatch correction (algorithms.correction_stats): the metric each becomes
+# and what its mean is over, as for LOSS_STAT_KEYS.
+MISMATCH_STAT_KEYS = {
+    "weight_mean": ("mismatch/weight_mean", "tokens"),
+    "masked_token_frac": ("mismatch/masked_token_frac", "tokens"),
+    "truncated_token_frac": ("mismatch/truncated_token_frac", "tokens"),
+    "masked_seq_frac": ("mismatch/masked_seq_frac", "responses"),
+    "truncated_seq_frac": ("mismatch/truncated_seq_frac", "responses"),
+}

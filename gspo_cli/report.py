@@ -4,7 +4,9 @@ The report is built from the same numbers `gspo compare` prints and the same fig
 plot` draws; it adds, for each finding, a difference of means between two arms with a
 Welch 95% CI and a verdict by rules fixed in advance (RULES below, printed in the report).
 Arms are recognised by their settings, not their names: GRPO is `loss: grpo` without routing
-replay, GRPO+RR the same with it, GSPO `loss: gspo`, GSPO-token `loss: gspo_token`.
+replay, GRPO+RR the same with it (r2 or r3), GSPO `loss: gspo`, GSPO-token `loss: gspo_token`;
+an arm with a mismatch correction is none of the paper's arms (the paper has none): it is
+shown in the table, not used in the findings.
 Like compare and plot, it reads files only and imports no torch.
 """
 
@@ -26,7 +28,7 @@ ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
 TABLE_METRICS = ["steps", "reward", "reward/mean", "eval_final", "eval_best", "clip", "clip_seq",
                  "expert_change", "kl", "step_time", "wall"]
-FIGURES = ["reward", "reward_time", "eval", "clip", "expert_change"]
+FIGURES = ["reward", "reward_time", "eval", "clip", "expert_change", "engine_route_diff", "mismatch"]
 FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
 PAPER_EXPERT_CHANGE = 0.10
@@ -102,6 +104,8 @@ def arm_role(run: Run) -> str | None:
     arms = run.spec.get("arms") or []
     arm = next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else {})
     loss = arm.get("loss")
+    if str((arm.get("mismatch") or {}).get("mode", "off")) != "off":
+        return None
     replay = str(arm.get("routing_replay", "off")) not in ("off", "False", "None")
     if loss == "grpo":
         return "grpo_rr" if replay else "grpo"

@@ -24,7 +24,9 @@ from gspo_cli import distributed
 from gspo_cli.algorithms import (
     aggregate,
     aggregation_count,
+    correction_stats,
     get_advantage_estimator,
+    get_mismatch_correction,
     get_policy_loss,
     kl_k3_BC,
     zero_variance_group_frac,
@@ -32,7 +34,7 @@ from gspo_cli.algorithms import (
 from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
-from gspo_cli.metrics import LOSS_STAT_KEYS
+from gspo_cli.metrics import LOSS_STAT_KEYS, MISMATCH_STAT_KEYS
 from gspo_cli.models import compute_context, load_model
 from gspo_cli.models.routing import (
     RoutingController,
@@ -112,7 +114,7 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
     warm = opt_cfg.warmup_steps * arm.mini_batches * arm.epochs  # warmup counted in rollout steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
     engine = make_engine(spec.rollout, model, lm.tokenizer, model_dir=lm.source, dtype=spec.model.dtype, seed=seed,
-                         routing=routing, synced=sharded)
+                         routing=routing, synced=sharded, return_routes=arm.routing_replay == "r3")
     shuffle = torch.Generator().manual_seed(seed)
     return Ctx(spec=spec, arm=arm, task=task, model=model, engine=engine, optimizer=optimizer,
                scheduler=scheduler, loss_fn=get_policy_loss(arm.loss), adv_fn=get_advantage_estimator(arm.advantage),
@@ -152,8 +154,10 @@ def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | 
     adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps)
     stats = StepStats()
 
-    # 3. Old log-probs, entropy and (MoE) the routes pi_old took.
+    # 3. Old log-probs, entropy and (MoE) the routes pi_old took. A mismatch correction needs
+    # pi_old from the trainer's own forward, whatever the engine returned (see _mismatch_weights).
     mask_BC = batch.response_mask
+    correct = None if arm.mismatch.mode == "off" else get_mismatch_correction(arm.mismatch.mode)
     old, old_routes, from_sampler = _old_policy(ctx, batch)
     with torch.no_grad(), ctx.compute():
         ref_logp = response_logprobs(ctx.ref_model, batch, spec.rollout.temperature).logp \
@@ -172,16 +176,21 @@ def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | 
     bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
     if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
+    weights_BC = None if correct is None else _mismatch_weights(stats, correct, arm, old_logp, batch, mask_BC)
     t3 = time.time()
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
-    route_mask_BT = _route_token_mask(batch, skip_last=from_sampler)
+    route_mask_BT = _route_token_mask(batch)
     n_updates = skipped = 0
     for _ in range(arm.epochs):
         order = torch.randperm(len(rewards_B), generator=ctx.shuffle)
         for rows in order.chunk(arm.mini_batches):
-            done = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes, stats,
-                           measure_routes=n_updates > 0, step=step, route_mask_BT=route_mask_BT)
+            # Before the first update the current router is pi_old's: under r3 its own choices
+            # against the engine's routes measure the engine/trainer routing gap instead.
+            route_key = "moe/expert_change_frac" if n_updates > 0 else (
+                "moe/engine_route_diff_frac" if arm.routing_replay == "r3" else None)
+            done = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes, stats, route_key=route_key,
+                           step=step, route_mask_BT=route_mask_BT, weights_BC=weights_BC)
             n_updates += done
             skipped += not done
     t4 = time.time()
@@ -199,19 +208,49 @@ def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | 
 
 
 def _old_policy(ctx: Ctx, batch: RolloutBatch):
-    """(pi_old's LogProbs with entropy, its routes (L, B, T, k) or None, whether both came
-    from the sampler). With the hf engine they came from generate's own forwards already
-    (rollout.sampler_logprobs); otherwise one no-grad pass records them."""
-    if batch.engine_entropy is not None and (ctx.routing is None or batch.engine_routes is not None):
+    """(pi_old's LogProbs with entropy, the routes (L, B, T, k) every pi_theta forward replays
+    or compares with (None for a dense model), whether the log-probs came from the sampler).
+
+    With the hf engine they came from generate's own forwards already (rollout.sampler_logprobs)
+    unless the arm's mismatch correction needs the trainer's; otherwise one no-grad pass computes them: r2
+    (and no replay) records the routes it takes, r3 replays the engine's routes in it, so
+    pi_old is the trainer's probability of the very sub-network the engine sampled with."""
+    r3 = ctx.arm.routing_replay == "r3"
+    if r3 and batch.engine_routes is None:
+        raise SpecError(f"arms.{ctx.arm.name}.routing_replay: r3 needs the rollout engine's routes and this "
+                        "batch has none (the hf engine records them only within its logits budget, "
+                        "rollout/hf.py LOGITS_BUDGET; vLLM only when started to return them)")
+    own_forward = ctx.arm.mismatch.mode != "off"  # the correction compares the trainer's pi_old with the engine
+    if (not own_forward and batch.engine_entropy is not None
+            and (ctx.routing is None or batch.engine_routes is not None)):
         return LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy), batch.engine_routes, True
     temp = ctx.spec.rollout.temperature
     B, T = batch.input_ids.shape
     with torch.no_grad(), ctx.compute():
         if ctx.routing is None:
             return response_logprobs(ctx.model, batch, temp, with_entropy=True), None, False
+        if r3:
+            with ctx.routing.replaying(routes_from_BT(batch.engine_routes)):
+                return response_logprobs(ctx.model, batch, temp, with_entropy=True), batch.engine_routes, False
         with ctx.routing.recording() as rec:
             old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
     return old, routes_to_BT(rec.routes, B, T), False
+
+
+def _mismatch_weights(stats: StepStats, correct: Callable, arm: ArmConfig, trainer_logp_BC, batch: RolloutBatch,
+                      mask_BC) -> torch.Tensor:
+    """(B, C) per-token loss weights of the arm's mismatch correction: the engine sampled
+    (behaviour policy `batch.engine_logp`), the loss's ratios are taken against the trainer's
+    pi_old (`trainer_logp_BC`), so each token is reweighted by pi_old / pi_engine, bounded
+    as the mode says. Its statistics go into `stats`."""
+    if batch.engine_logp is None:
+        raise SpecError(f"arms.{arm.name}.mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs and this "
+                        "batch has none (the hf engine returns them only within its logits budget, "
+                        "rollout/hf.py LOGITS_BUDGET)")
+    corr = correct(trainer_logp_BC, batch.engine_logp, mask_BC, low=arm.mismatch.low, high=arm.mismatch.high)
+    for k, (total, weight) in correction_stats(corr, mask_BC).items():  # weights: tokens or responses
+        stats.mean(MISMATCH_STAT_KEYS[k][0], total, weight)
+    return corr.weight_BC
 
 
 def _check_due(every: int, step: int) -> bool:
@@ -259,10 +298,12 @@ def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
 
 
 def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B, old_routes, stats: StepStats, *,
-            measure_routes: bool, step: int, route_mask_BT: torch.Tensor) -> bool:
+            route_key: str | None, step: int, route_mask_BT: torch.Tensor, weights_BC=None) -> bool:
     """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
-    its statistics go into `stats`. Returns False for a skipped non-finite mini-batch (a
-    decision all ranks take together)."""
+    its statistics go into `stats`. `weights_BC` (B, C): the mismatch correction's per-token
+    loss weights, or None. `route_key`: the metric the current router's own expert choices,
+    compared with `old_routes`, are logged under (None: not measured). Returns False for a
+    skipped non-finite mini-batch (a decision all ranks take together)."""
     arm, spec = ctx.arm, ctx.spec
     sub = batch.rows(rows)
     m_bc = batch.response_mask[rows]
@@ -273,7 +314,8 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
         with ctx.compute():
             new = response_logprobs(ctx.train_model or ctx.model, sub, spec.rollout.temperature)
         loss, loss_stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc, clip_low=arm.clip_low,
-                                       clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator)
+                                       clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator,
+                                       weights_BC=None if weights_BC is None else weights_BC[rows])
         extra = {}
         if ref_logp_BC is not None:
             k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows])
@@ -298,10 +340,10 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
     ctx.optimizer.step()
     ctx.scheduler.step()
     _update_stats(stats, loss, loss_stats, extra, grad_norm, m_bc)
-    if routes_now is not None and measure_routes:
+    if routes_now is not None and route_key is not None:
         tokens_N = route_mask_BT[rows].reshape(-1)
         frac = expert_change_frac(routes_from_BT(old_routes[:, rows]), routes_now, tokens_N)
-        stats.mean("moe/expert_change_frac", frac * tokens_N.sum().item(), tokens_N.sum().item())
+        stats.mean(route_key, frac * tokens_N.sum().item(), tokens_N.sum().item())
     return True
 
 
@@ -326,13 +368,13 @@ def _update_stats(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_no
 
 @contextlib.contextmanager
 def _routing(ctx: Ctx, old_routes, rows):
-    """Around a mini-batch's forward and backward: with routing replay (r2), pi_old's experts
-    forced in every router; for any MoE, the experts the current routers choose themselves
-    recorded (for volatility). Yields a Routes holder (`.routes` set on exit), or None for a
-    dense model."""
+    """Around a mini-batch's forward and backward: with routing replay, `old_routes` forced in
+    every router (r2: pi_old's, r3: the rollout engine's; see _old_policy); for any MoE, the
+    experts the current routers choose themselves recorded (for volatility). Yields a Routes
+    holder (`.routes` set on exit), or None for a dense model."""
     if ctx.routing is None:
         yield None
-    elif ctx.arm.routing_replay == "r2":
+    elif ctx.arm.routing_replay != "off":
         with ctx.routing.replaying(routes_from_BT(old_routes[:, rows])) as rec:
             yield rec
     else:
@@ -340,11 +382,13 @@ def _routing(ctx: Ctx, old_routes, rows):
             yield rec
 
 
-def _route_token_mask(batch: RolloutBatch, skip_last: bool = False) -> torch.Tensor:
-    """(B, T) mask of response-token positions, where expert volatility is measured.
-    `skip_last`: leave out column T-1, which routes recorded during generate lack."""
+def _route_token_mask(batch: RolloutBatch) -> torch.Tensor:
+    """(B, T) mask of the positions whose outputs are the response log-probs, where expert
+    volatility is measured: position t predicts token t+1, so response token j (column P+j)
+    is predicted at column P-1+j. Each row's last token predicts nothing a loss uses, and no
+    engine routes it (generate never feeds the last sampled token back, vLLM's routed_experts
+    stop one short), so it is left out; so is padding."""
     m = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
-    m[:, batch.prompt_len:] = batch.response_mask > 0
-    if skip_last:
-        m[:, -1] = False
+    P = batch.prompt_len
+    m[:, P - 1:-1] = batch.response_mask > 0
     return m

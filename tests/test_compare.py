@@ -112,7 +112,7 @@ def test_csv_columns_and_values(exp):
     assert float(gspo["reward_ci95"]) == pytest.approx(T2 * 0.1 / math.sqrt(3))
     assert gspo["reward_n"] == "3" and gspo["seeds"] == "3"
     assert rows[0]["status"] == "1 completed, 1 running, 1 diverged"
-    assert list(rows[0]) == ["group", "seeds", "status", "reward_mean", "reward_std", "reward_ci95", "reward_n",
+    assert list(rows[0]) == ["group", "seeds", "status", "routing_replay", "mismatch", "reward_mean", "reward_std", "reward_ci95", "reward_n",
                              "clip_mean", "clip_std", "clip_ci95", "clip_n"]
 
 
@@ -142,7 +142,7 @@ def test_run_without_metrics_yet(tmp_path):
     (d / "run.json").write_text('{"status": "running", "arm": "a", "seed": 0}')
     res = runner.invoke(app, ["compare", str(tmp_path), "-f", "markdown", "-m", "steps,reward"])
     assert res.exit_code == 0, res.output
-    assert "| a | 1 | running | 0 | — |" in res.stdout and "e/a/seed0: running at step 0/?" in res.stdout
+    assert "| a | 1 | running | — | — | 0 | — |" in res.stdout and "e/a/seed0: running at step 0/?" in res.stdout
 
 
 def test_globs_and_single_run_dirs(exp):

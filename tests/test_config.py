@@ -271,7 +271,7 @@ def test_wrong_types_and_values_name_the_field(where, value, path):
     assert line.startswith(path), line
 
 
-@pytest.mark.parametrize("field,value", [("loss", "ppo"), ("aggregation", "sum"), ("routing_replay", "r3"),
+@pytest.mark.parametrize("field,value", [("loss", "ppo"), ("aggregation", "sum"), ("routing_replay", "r4"),
                                          ("advantage", "rloo"), ("kl_coef", -0.1), ("epochs", 0),
                                          ("mini_batches", 0)])
 def test_bad_arm_values(field, value):

@@ -50,7 +50,7 @@ def test_vllm_engine_without_vllm_says_how_to_install():
     ({"vllm": {"gpu_memory_utilization": 0.3}}, {}, "rollout.vllm: engine arguments given but engine is not vllm"),
     ({"engine": "vllm", "vllm": {"seed": 3}}, {}, "rollout.vllm.seed: set by gspo-cli itself"),
     ({"engine": "vllm", "temperature": 2.5}, {}, "rollout.temperature: 2.5 is above 2"),
-    ({"engine": "vllm"}, {"routing_replay": "r3"}, r"arms\[0\].routing_replay: r3 .* is not supported"),
+    ({"sampler_logprobs": False}, {"routing_replay": "r3"}, r"arms\[0\].routing_replay: r3 replays the routes"),
 ])
 def test_engine_settings_are_checked_with_the_spec(rollout, arm, message):
     with pytest.raises(SpecError, match=message):

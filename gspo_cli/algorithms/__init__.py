@@ -1,4 +1,5 @@
-"""RL objectives for GRPO vs GSPO: advantage estimators, aggregations and policy losses."""
+"""RL objectives for GRPO vs GSPO: advantage estimators, aggregations, policy losses and
+rollout/trainer mismatch corrections."""
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -10,6 +11,13 @@ from .advantages import (
 )
 from .aggregation import AGGREGATIONS, aggregate, aggregation_count, register_aggregation
 from .kl import kl_k3_BC
+from .mismatch import (
+    MISMATCH_CORRECTIONS,
+    Correction,
+    correction_stats,
+    get_mismatch_correction,
+    register_mismatch,
+)
 from .losses import (
     LOG_RATIO_CLAMP,
     POLICY_LOSSES,
@@ -23,11 +31,15 @@ from .losses import (
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
+    "Correction",
     "LOG_RATIO_CLAMP",
+    "MISMATCH_CORRECTIONS",
     "POLICY_LOSSES",
     "aggregate",
     "aggregation_count",
+    "correction_stats",
     "get_advantage_estimator",
+    "get_mismatch_correction",
     "get_policy_loss",
     "kl_k3_BC",
     "grpo_advantages",
@@ -37,6 +49,7 @@ __all__ = [
     "mean_only_advantages",
     "register_advantage",
     "register_aggregation",
+    "register_mismatch",
     "register_policy_loss",
     "zero_variance_group_frac",
 ]

@@ -3,7 +3,7 @@
 Every loss is called as::
 
     loss, stats = fn(logp_BC, old_logp_BC, adv, mask_BC, *, clip_low, clip_high,
-                     aggregation="seq_mean_token_mean", denominator=None)
+                     aggregation="seq_mean_token_mean", denominator=None, weights_BC=None)
 
 with ``logp_BC`` / ``old_logp_BC`` the (B, C) log-probs of the sampled tokens
 under the current / behaviour policy, ``mask_BC`` (B, C) 1.0 on response tokens,
@@ -11,6 +11,12 @@ and ``adv`` either (B,) or (B, C). ``loss`` is minus the clipped objective,
 aggregated over response tokens (``denominator``: see ``aggregate``; None for a batch
 on one process); ``stats`` holds detached 0-d diagnostics, means over this batch's
 response tokens (``*_token``, ratio, approx_kl) or its non-empty responses (``*_seq``).
+``weights_BC`` (B, C), when given, multiplies the per-token loss before aggregation: the
+rollout/trainer mismatch correction (``mismatch.py``; 0 drops a token, the aggregation's count
+is unchanged). It must be detached and finite; the statistics ignore it. A weight that is
+constant within each response keeps GSPO-token equal to GSPO; token-varying weights make them
+differ in gradient (GSPO weights the response's loss by its tokens' mean weight, GSPO-token
+weights each token's gradient).
 
 Log-ratios are formed inside ``torch.where(mask, ..., 0)`` so NaN or garbage at
 padded positions cannot leak into values or gradients, and are clamped to
@@ -146,6 +152,15 @@ def _stats(
         }
 
 
+def _weighted(loss_BC: torch.Tensor, weights_BC: torch.Tensor | None) -> torch.Tensor:
+    """The per-token loss times the mismatch weights (None: unweighted, bit for bit)."""
+    if weights_BC is None:
+        return loss_BC
+    if weights_BC.shape != loss_BC.shape:
+        raise ValueError(f"weights shape {tuple(weights_BC.shape)} != loss shape {tuple(loss_BC.shape)}")
+    return loss_BC * weights_BC.detach()
+
+
 # ----------------------------------------------------------------------------- losses
 
 
@@ -160,6 +175,7 @@ def grpo_loss(
     clip_high: float,
     aggregation: str = "seq_mean_token_mean",
     denominator: torch.Tensor | float | None = None,
+    weights_BC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO: token ratio w_{i,t} = exp(logp - old_logp), PPO-clipped per token.
 
@@ -170,7 +186,7 @@ def grpo_loss(
     ratio_BC = log_ratio_BC.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     adv_BC = _advantages_BC(advantages, keep_BC)
     loss_BC = _clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
-    loss = aggregate(loss_BC, mask_BC, aggregation, denominator)
+    loss = aggregate(_weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     # Sequence ratio is not used by GRPO but is logged to compare with GSPO runs.
     seq_lr_B = _seq_log_ratio(log_ratio_BC, keep_BC)
     return loss, _stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, keep_BC, clip_low, clip_high)
@@ -187,6 +203,7 @@ def gspo_loss(
     clip_high: float,
     aggregation: str = "seq_mean_token_mean",
     denominator: torch.Tensor | float | None = None,
+    weights_BC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: sequence ratio s_i = exp(mean_t log(pi/pi_old)), PPO-clipped per sequence.
 
@@ -207,7 +224,7 @@ def gspo_loss(
     adv_BC = _advantages_BC(advantages_B, keep_BC)  # validates B; used for stats
     loss_B = _clipped_surrogate_loss(seq_ratio_B, advantages_B, clip_low, clip_high)
     loss_BC = loss_B.unsqueeze(1).expand_as(logp_BC)
-    loss = aggregate(loss_BC, mask_BC, aggregation, denominator)
+    loss = aggregate(_weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     ratio_BC = seq_ratio_B.detach().unsqueeze(1).expand_as(logp_BC)
     return loss, _stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, keep_BC, clip_low, clip_high)
 
@@ -223,6 +240,7 @@ def gspo_token_loss(
     clip_high: float,
     aggregation: str = "seq_mean_token_mean",
     denominator: torch.Tensor | float | None = None,
+    weights_BC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO-token: s_{i,t} = sg[s_i] * exp(logp - sg[logp]), clipped per token.
 
@@ -238,5 +256,5 @@ def gspo_token_loss(
     ratio_BC = seq_lr_B.detach().exp().unsqueeze(1) * grad_carrier_BC.exp()
     adv_BC = _advantages_BC(advantages, keep_BC)
     loss_BC = _clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
-    loss = aggregate(loss_BC, mask_BC, aggregation, denominator)
+    loss = aggregate(_weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     return loss, _stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, keep_BC, clip_low, clip_high)

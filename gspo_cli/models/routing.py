@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 __all__ = ["UnsupportedRoutingError", "Routes", "RoutingController", "routes_to_BT",
-           "routes_from_BT", "routes_from_generate", "expert_change_frac"]
+           "routes_from_BT", "routes_from_generate", "routes_from_vllm", "expert_change_frac"]
 
 # (activation, renormalise over the k slots); the router's routed_scaling_factor (default 1)
 # is tried on top.  Order = preference when several rules fit the probe equally well.
@@ -255,6 +255,41 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
         cols = torch.cat([pre, *dec], dim=1)  # (B, T-1, k)
         out.append(torch.cat([cols, cols[:, -1:]], dim=1))
     return torch.stack(out) if L else torch.empty(0)
+
+
+def routes_from_vllm(routed: list, prompt_lens: list[int], response_lens: list[int], P: int, C: int,
+                     num_experts: int | None = None) -> torch.Tensor:
+    """vLLM's routed experts for B sequences as the trainer's (L, B, P+C, k) int16 routes.
+
+    ``routed[b]`` is ``CompletionOutput.routed_experts`` of row b: an int array of shape
+    (n_b, L, k), one row per position vLLM's model routed, in sequence order, prompt first.
+    The last sampled token is never fed back, so n_b = prompt_lens[b] + response_lens[b] - 1.
+    The batch layout is the hf engine's: row b's prompt is left-padded to width P, its
+    response starts at column P. Sequence position j lands in column P - prompt_lens[b] + j.
+    Columns nothing routed (left padding, each row's last token, right padding) get experts
+    0..k-1: any valid experts do, since no response log-prob depends on them (padding is
+    masked out of attention; the last token predicts nothing). int16, as vLLM returns them,
+    keeps the routes of a large batch small. ValueError on any other shape, or on an expert
+    index outside [0, num_experts) when that is given.
+    """
+    B = len(routed)
+    if not (len(prompt_lens) == len(response_lens) == B) or B == 0:
+        raise ValueError(f"routed experts for {B} rows, prompt lengths {len(prompt_lens)}, "
+                         f"response lengths {len(response_lens)}")
+    arrays = [torch.as_tensor(r).to(torch.int16) for r in routed]
+    if any(a.dim() != 3 for a in arrays) or len({tuple(a.shape[1:]) for a in arrays}) != 1:
+        raise ValueError(f"routed experts must be (tokens, layers, top_k) alike in every row, got "
+                         f"{sorted({tuple(a.shape) for a in arrays})}")
+    L, k = arrays[0].shape[1:]
+    out = torch.arange(k, dtype=torch.int16).expand(L, B, P + C, k).clone()
+    for b, (a, p, r) in enumerate(zip(arrays, prompt_lens, response_lens)):
+        if not (1 <= p <= P and 0 <= r <= C) or a.shape[0] != p + r - 1:
+            raise ValueError(f"row {b}: {a.shape[0]} routed positions for a {p}-token prompt (width {P}) and "
+                             f"a {r}-token response (width {C}); expected prompt + response - 1 = {p + r - 1}")
+        if num_experts is not None and a.numel() and (int(a.min()) < 0 or int(a.max()) >= num_experts):
+            raise ValueError(f"row {b}: expert index outside [0, {num_experts})")
+        out[:, b, P - p:P - p + a.shape[0]] = a.permute(1, 0, 2)
+    return out
 
 
 def routes_from_BT(routes_LBTk: torch.Tensor) -> torch.Tensor:

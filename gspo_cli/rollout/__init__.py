@@ -18,11 +18,12 @@ __all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch
 
 
 def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0,
-                routing=None, synced: bool = False) -> RolloutEngine:
+                routing=None, synced: bool = False, return_routes: bool = False) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
     `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
-    (a RoutingController) lets the hf engine record the routes it samples with. Both engines
-    stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
+    (a RoutingController) lets the hf engine record the routes it samples with;
+    `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway). Both
+    engines stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
     (SpecError for a system prompt or template kwargs without a template). `synced`: the
     weights are sharded across processes (see HFRolloutEngine; SpecError with vllm). Under
     torchrun vllm runs one engine per process (see gspo_cli.rollout.vllm_engine)."""
@@ -42,7 +43,8 @@ def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32"
     return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
                              temperature=cfg.temperature, dtype=dtype, seed=rank_seed(seed, _rank()),
                              engine_kwargs=cfg.vllm, stop_ids=stop_token_ids(model, tokenizer),
-                             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))
+                             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
+                             return_routes=return_routes)
 
 
 def _rank() -> int:

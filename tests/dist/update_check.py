@@ -66,6 +66,9 @@ def main(spec_yaml: str, source: str, out: str) -> None:
              if p.grad is not None}
     if info.is_main:
         torch.save({"grads": grads, "metrics": metrics}, out)
+    if info.enabled:  # leave together: a rank exiting while another still talks aborts it
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -42,15 +42,17 @@ def test_engine_logprobs_as_pi_old(tmp_path, tiny_source):
         assert math.isfinite(m["policy/loss"]) and m["rollout/logprob_diff_max"] < 1e-4
 
 
-def test_routes_of_the_engine_are_not_available_on_cpu(tiny_source):
-    """Why routing_replay r3 is refused: vLLM 0.32 returns routed experts only from its
-    Model Runner V2, which needs Triton (GPU). If this starts failing, vLLM gained R3 on CPU."""
+def test_routes_of_the_engine_are_not_available_on_cpu(tmp_path, tiny_source):
+    """Why routing_replay r3 with vLLM is refused on CPU: vLLM 0.32 returns routed experts only
+    from its Model Runner V2, which needs Triton (GPU). If this starts failing, vLLM gained R3
+    on CPU. The refusal is one line, before any engine starts."""
     import vllm
 
     with pytest.raises(Exception, match="Model Runner V2"):
         vllm.LLM(model=tiny_source, skip_tokenizer_init=True, enforce_eager=True, enable_return_routed_experts=True)
-    with pytest.raises(SpecError, match="r3"):
-        tiny_spec(arms=[{**TINY["arms"][0], "routing_replay": "r3"}])
+    spec = tiny_spec(output_dir=str(tmp_path), arms=[{**TINY["arms"][0], "routing_replay": "r3"}])
+    with pytest.raises(SpecError, match="^routing_replay: r3 with rollout.engine: vllm needs .* GPU model runner"):
+        train_experiment(spec, reporter=quiet_reporter())
 
 
 def test_same_seed_same_run(tmp_path, tiny_source):
