@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast clean reproduce
+.PHONY: setup run test test-fast lint clean reproduce
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Style: ruff's formatter and linter (settings in pyproject.toml); CI runs this before the tests.
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-gpu .pytest_cache
@@ -75,7 +80,7 @@ bench: setup
 
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
 # hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,
-# a few minutes). Its own virtualenv: vllm (pinned to the release the CPU tests use) brings its
+# a few minutes), then vLLM R3 (routed_experts replayed in the trainer; a 2-step r3 + token_tis run). Its own virtualenv: vllm (pinned to the release the CPU tests use) brings its
 # CUDA torch, our package is installed beside it. Without a GPU it says so, installs nothing, exits 0.
 GPU_VENV := .venv-gpu
 GPU_BIN := $(GPU_VENV)/bin
@@ -92,7 +97,8 @@ $(GPU_STAMP): pyproject.toml
 
 gpu-check:
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		$(MAKE) --no-print-directory $(GPU_STAMP) && $(GPU_BIN)/python benchmarks/gpu_check.py; \
+		$(MAKE) --no-print-directory $(GPU_STAMP) && $(GPU_BIN)/python benchmarks/gpu_check.py && \
+		$(GPU_BIN)/python -m pytest -q -s tests/vllm/test_vllm_r3_gpu.py; \
 	else \
 		echo "gpu-check: no CUDA device here (nvidia-smi finds no GPU); nothing to check"; \
 	fi

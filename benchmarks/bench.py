@@ -65,19 +65,36 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=4, help="measured steps per process")
     p.add_argument("--reps", type=int, default=3, help="alternating repetitions of ours / TRL")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", default="auto",
-                   help="torch threads per process: a number, 'default' (torch's choice: one per core), or 'auto' "
-                        "(default): 1 when the box is busy at start (load average > cores/2), else torch's choice")
-    p.add_argument("--quickstart-steps", type=int, default=20,
-                   help="steps of the quickstart run whose peak RSS is measured (0: skip)")
-    p.add_argument("--quickstart-full", action="store_true",
-                   help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
-                        "quickstart.json, which later bench reports include")
+    p.add_argument(
+        "--threads",
+        default="auto",
+        help="torch threads per process: a number, 'default' (torch's choice: one per core), or 'auto' "
+        "(default): 1 when the box is busy at start (load average > cores/2), else torch's choice",
+    )
+    p.add_argument(
+        "--quickstart-steps",
+        type=int,
+        default=20,
+        help="steps of the quickstart run whose peak RSS is measured (0: skip)",
+    )
+    p.add_argument(
+        "--quickstart-full",
+        action="store_true",
+        help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
+        "quickstart.json, which later bench reports include",
+    )
     p.add_argument("--profile-steps", type=int, default=3, help="steps under cProfile per profiled arm (0: skip)")
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 1 repetition, small sizes, no quickstart; writes to $TMPDIR/gspo-bench-quick")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="folder for bench.md, bench.json, profiles and quickstart.json (default: results/bench)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 repetition, small sizes, no quickstart; writes to $TMPDIR/gspo-bench-quick",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="folder for bench.md, bench.json, profiles and quickstart.json (default: results/bench)",
+    )
     p.add_argument("--worker", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.models import resolve_model_source
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.step import setup, train_step
 from gspo_cli.tasks import make_task
 
@@ -52,19 +52,34 @@ SPEC = {
 
 # Sampling options a checkpoint may set (within what the older code survives: no
 # stop_strings, which needs a tokenizer, no num_return_sequences, which changes the batch).
-POLLUTED_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.2,
-                       "typical_p": 0.5, "epsilon_cutoff": 3e-3, "eta_cutoff": 3e-3, "no_repeat_ngram_size": 2,
-                       "repetition_penalty": 1.3, "min_new_tokens": 2}
-CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
-                 "Q: {{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}")
+POLLUTED_GENERATION = {
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_k": 20,
+    "top_p": 0.95,
+    "min_p": 0.2,
+    "typical_p": 0.5,
+    "epsilon_cutoff": 3e-3,
+    "eta_cutoff": 3e-3,
+    "no_repeat_ngram_size": 2,
+    "repetition_penalty": 1.3,
+    "min_new_tokens": 2,
+}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
+    "Q: {{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+)
 
 
 def edited_copy(base: Path, dest: Path, *, config=None, generation=None, tokenizer=None) -> Path:
     """`base` copied to `dest` with keys of config.json / generation_config.json /
     tokenizer_config.json replaced (a missing generation_config.json is created)."""
     shutil.copytree(base, dest)
-    for name, edits in (("config.json", config), ("generation_config.json", generation),
-                        ("tokenizer_config.json", tokenizer)):
+    for name, edits in (
+        ("config.json", config),
+        ("generation_config.json", generation),
+        ("tokenizer_config.json", tokenizer),
+    ):
         if edits:
             path = dest / name
             data = json.loads(path.read_text()) if path.is_file() else {}
@@ -82,16 +97,25 @@ def measure(source: Path, steps: int, seed: int = 0) -> dict:
     def spy(prompts):
         batch = real_generate(prompts)
         if not first_batch:
-            first_batch["prompt"] = ctx.engine.tokenizer.decode(batch.input_ids[0, :batch.prompt_len],
-                                                                skip_special_tokens=False)
+            first_batch["prompt"] = ctx.engine.tokenizer.decode(
+                batch.input_ids[0, : batch.prompt_len], skip_special_tokens=False
+            )
         return batch
 
     ctx.engine.generate = spy
     ms = [train_step(ctx, s) for s in range(1, steps + 1)]
-    mean = lambda k: round(sum(m[k] for m in ms) / len(ms), 4)
-    return {"zero_var_group_frac": mean("reward/zero_var_group_frac"), "length_mean": mean("response/length_mean"),
-            "truncated_frac": mean("response/truncated_frac"), "reward_mean": mean("reward/mean"),
-            "kl_old_k3_first": ms[0]["policy/kl_old_k3"], "first_prompt": first_batch["prompt"].lstrip("<pad>")}
+
+    def mean(k):
+        return round(sum(m[k] for m in ms) / len(ms), 4)
+
+    return {
+        "zero_var_group_frac": mean("reward/zero_var_group_frac"),
+        "length_mean": mean("response/length_mean"),
+        "truncated_frac": mean("response/truncated_frac"),
+        "reward_mean": mean("reward/mean"),
+        "kl_old_k3_first": ms[0]["policy/kl_old_k3"],
+        "first_prompt": first_batch["prompt"].lstrip("<pad>"),
+    }
 
 
 def main() -> None:
@@ -112,8 +136,9 @@ def main() -> None:
             "attention_dropout_0.5": edited_copy(base, tmp / "dropout", config={"attention_dropout": 0.5}),
             # The tokenizer's EOS is a token the model never ends with; the generation config
             # lists it and the one the model does end with (Llama 3's <|end_of_text|> / <|eot_id|>).
-            "second_stop_id": edited_copy(base, tmp / "stops", tokenizer={"eos_token": "<unk>"},
-                                          generation={"eos_token_id": [unk, eos]}),
+            "second_stop_id": edited_copy(
+                base, tmp / "stops", tokenizer={"eos_token": "<unk>"}, generation={"eos_token_id": [unk, eos]}
+            ),
             "chat_template": edited_copy(base, tmp / "chat", tokenizer={"chat_template": CHAT_TEMPLATE}),
         }
         for name, path in variants.items():

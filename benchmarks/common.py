@@ -77,8 +77,10 @@ def pick_threads(arg: str, load: float) -> tuple[int, str]:
         return 0, "torch's default"
     if arg == "auto":
         if load > cores / 2:
-            return 1, (f"1 (auto: the box was busy at start, load {load:.2f} on {cores} cores; with a thread per "
-                       "core, OpenMP spin-waits stall a loaded box)")
+            return 1, (
+                f"1 (auto: the box was busy at start, load {load:.2f} on {cores} cores; with a thread per "
+                "core, OpenMP spin-waits stall a loaded box)"
+            )
         return 0, "torch's default (auto: idle box)"
     return int(arg), f"{int(arg)} (--threads)"
 

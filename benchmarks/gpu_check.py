@@ -28,8 +28,16 @@ import traceback
 import torch
 
 # Head dimension 64 (hidden 256 / 4 heads): one every attention backend has kernels for.
-SIZE = {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 512,
-        "moe_intermediate_size": 128, "num_experts": 8, "experts_per_token": 2}
+SIZE = {
+    "hidden_size": 256,
+    "num_layers": 4,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_experts": 8,
+    "experts_per_token": 2,
+}
 
 
 def spec_for(kind: str, engine: str, device: str, dtype: str, steps: int):
@@ -39,14 +47,24 @@ def spec_for(kind: str, engine: str, device: str, dtype: str, steps: int):
     if engine == "vllm" and device == "cuda":
         # Share the GPU with the trainer; eager mode: no CUDA-graph capture in a short check.
         rollout["vllm"] = {"gpu_memory_utilization": 0.3, "enforce_eager": True}
-    return spec_from_dict({
-        "name": "gpu-check", "seeds": [0],
-        "model": {"name": f"builtin:{kind}", "dtype": dtype, "device": device, "builtin": SIZE,
-                  "cold_start": {"steps": 100, "batch_size": 32, "lr": 3e-3}},
-        "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 9, "format_weight": 0.2}},
-        "rollout": rollout, "optimizer": {"lr": 1e-5}, "train": {"steps": steps},
-        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
-    })
+    return spec_from_dict(
+        {
+            "name": "gpu-check",
+            "seeds": [0],
+            "model": {
+                "name": f"builtin:{kind}",
+                "dtype": dtype,
+                "device": device,
+                "builtin": SIZE,
+                "cold_start": {"steps": 100, "batch_size": 32, "lr": 3e-3},
+            },
+            "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 9, "format_weight": 0.2}},
+            "rollout": rollout,
+            "optimizer": {"lr": 1e-5},
+            "train": {"steps": steps},
+            "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+        }
+    )
 
 
 def check(kind: str, engine: str, device: str, dtype: str, steps: int) -> dict:
@@ -83,11 +101,16 @@ def check(kind: str, engine: str, device: str, dtype: str, steps: int) -> dict:
     gap = torch.cat(gaps)
     timed = rows[1:] or rows  # the first step carries warm-up (kernels, allocator, vLLM start)
     tokens = sum(r["response/length_mean"] * spec.rollout.batch_size for r in timed)
-    return {"steps": steps, "rollout_tok_s": tokens / sum(r["time/rollout_s"] for r in timed),
-            "step_tok_s": tokens / sum(r["time/step_s"] for r in timed), "gap_mean": gap.mean().item(),
-            "gap_max": gap.max().item(), "reward": rows[-1]["reward/mean"],
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan"),
-            "seconds": wall}
+    return {
+        "steps": steps,
+        "rollout_tok_s": tokens / sum(r["time/rollout_s"] for r in timed),
+        "step_tok_s": tokens / sum(r["time/step_s"] for r in timed),
+        "gap_mean": gap.mean().item(),
+        "gap_max": gap.max().item(),
+        "reward": rows[-1]["reward/mean"],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan"),
+        "seconds": wall,
+    }
 
 
 def vllm_importable() -> str | None:
@@ -109,13 +132,17 @@ def main() -> int:
     ap.add_argument("--models", default="tiny-moe,tiny-dense", help="comma-separated built-in kinds")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"gpu-check: no CUDA device here (torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
-              f"nothing to check")
+        print(
+            f"gpu-check: no CUDA device here (torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
+            f"nothing to check"
+        )
         return 0
     if args.device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        print(f"gpu-check: {props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__} "
-              f"(CUDA {torch.version.cuda}), {args.dtype}, {args.steps} steps each")
+        print(
+            f"gpu-check: {props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}), {args.dtype}, {args.steps} steps each"
+        )
     import os
 
     from gspo_cli.models.loading import quiet_transformers
@@ -126,8 +153,10 @@ def main() -> int:
     if "vllm" in engines and (why := vllm_importable()) is not None:
         print(f"gpu-check: vllm engine skipped, vLLM does not import ({why})")
         engines.remove("vllm")
-    print(f"{'model':<11}{'engine':<7}{'steps':>6}{'rollout tok/s':>15}{'step tok/s':>12}"
-          f"{'logp gap mean':>15}{'max':>10}{'peak GiB':>10}{'reward':>8}{'s':>7}")
+    print(
+        f"{'model':<11}{'engine':<7}{'steps':>6}{'rollout tok/s':>15}{'step tok/s':>12}"
+        f"{'logp gap mean':>15}{'max':>10}{'peak GiB':>10}{'reward':>8}{'s':>7}"
+    )
     failed = 0
     for kind in args.models.split(","):
         for engine in engines:
@@ -138,9 +167,12 @@ def main() -> int:
                 print(f"{kind:<11}{engine:<7} FAILED: {type(err).__name__}: {err}")
                 traceback.print_exc(file=sys.stderr)
                 continue
-            print(f"{kind:<11}{engine:<7}{r['steps']:>6}{r['rollout_tok_s']:>15.0f}{r['step_tok_s']:>12.0f}"
-                  f"{r['gap_mean']:>15.2e}{r['gap_max']:>10.2e}{r['peak_gib']:>10.2f}{r['reward']:>8.3f}"
-                  f"{r['seconds']:>7.1f}", flush=True)
+            print(
+                f"{kind:<11}{engine:<7}{r['steps']:>6}{r['rollout_tok_s']:>15.0f}{r['step_tok_s']:>12.0f}"
+                f"{r['gap_mean']:>15.2e}{r['gap_max']:>10.2e}{r['peak_gib']:>10.2f}{r['reward']:>8.3f}"
+                f"{r['seconds']:>7.1f}",
+                flush=True,
+            )
     return 1 if failed else 0
 
 

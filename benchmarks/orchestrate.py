@@ -40,9 +40,15 @@ class Worker:
         self.kind, self.label = kind, f"{kind} {cfg.get('preset', '')}".strip()
         self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, str(BENCH_SCRIPT), "--worker", kind, json.dumps(cfg)],
-                                     cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(BENCH_SCRIPT), "--worker", kind, json.dumps(cfg)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+        )
 
     def recv(self) -> dict:
         while True:
@@ -53,7 +59,7 @@ class Worker:
                 sys.stderr.write(self.err.read()[-8000:])
                 raise SystemExit(f"bench: worker {self.label} failed (exit {self.proc.returncode})")
             if line.startswith(RESULT_TAG):
-                return json.loads(line[len(RESULT_TAG):])
+                return json.loads(line[len(RESULT_TAG) :])
 
     def send(self, cmd: str) -> None:
         self.proc.stdin.write(cmd + "\n")
@@ -97,27 +103,38 @@ def ours_vs_trl(cfg: dict, reps: int, warmup: int, steps: int, log) -> dict:
             w.send("done")
             finals[side].append({**w.finish(), "setup_s": ready[side]["setup_s"]})
         last = {side: records[side][-steps:] for side in records}
-        log(f"  repetition {rep + 1}/{reps}: ours {median([r['step_s'] for r in last['ours']]):.3f} s, "
-            f"TRL {median([r['step_s'] for r in last['trl']]):.3f} s per step (load {loadavg():.2f})")
+        log(
+            f"  repetition {rep + 1}/{reps}: ours {median([r['step_s'] for r in last['ours']]):.3f} s, "
+            f"TRL {median([r['step_s'] for r in last['trl']]):.3f} s per step (load {loadavg():.2f})"
+        )
     return {"records": records, "finals": finals}
 
 
-STEP_KEYS = ("step_s", "cpu_s", "rollout_s", "score_s", "old_logp_s", "update_s", "gen_tok_per_s", "length_mean",
-             "length_max", "gen_ms_per_token_step")
+STEP_KEYS = (
+    "step_s",
+    "cpu_s",
+    "rollout_s",
+    "score_s",
+    "old_logp_s",
+    "update_s",
+    "gen_tok_per_s",
+    "length_mean",
+    "length_max",
+    "gen_ms_per_token_step",
+)
 
 
 def paired(a_recs: list[dict], b_recs: list[dict], key: str = "step_s", id_keys=("rep", "round")):
     """Median over rounds of a/b, the two measured in the same round (adjacent in time)."""
     by = {tuple(r.get(k) for k in id_keys): r[key] for r in b_recs}
-    return median([r[key] / by[tuple(r.get(k) for k in id_keys)] for r in a_recs
-                   if by.get(tuple(r.get(k) for k in id_keys))])
+    return median(
+        [r[key] / by[tuple(r.get(k) for k in id_keys)] for r in a_recs if by.get(tuple(r.get(k) for k in id_keys))]
+    )
 
 
 def _summ(recs: list[dict]) -> dict:
     """Per-key medians of step records, and how many there were."""
     return {**{k: median([r.get(k) for r in recs]) for k in STEP_KEYS}, "n_steps": len(recs)}
-
-
 
 
 def summarize_side(recs: list[dict], finals: list[dict]) -> dict:
@@ -138,19 +155,24 @@ def _variants(a, common: dict, log) -> tuple[dict, dict, list[dict]]:
     process. Returns (arms worker result, scaling worker result, the scaling variants)."""
     log("2/5 arm overheads (routing replay, GSPO vs GRPO), round-robin in one process")
     rounds = a.warmup + a.steps * a.reps
-    arm_variants = [{"label": p, "preset": p, "group": a.group, "max_new": a.max_new_tokens}
-                    for p in ("paper-grpo", "paper-grpo-rr", "paper-gspo")]
+    arm_variants = [
+        {"label": p, "preset": p, "group": a.group, "max_new": a.max_new_tokens}
+        for p in ("paper-grpo", "paper-grpo-rr", "paper-gspo")
+    ]
     arms = run_worker("variants", {**common, "variants": arm_variants, "warmup": a.warmup, "rounds": rounds}, log)
     log("3/5 scaling with group size and response length, round-robin in one process")
     g_sizes = sorted({max(2, a.group // 2), a.group, a.group * 2})
     t_sizes = sorted({max(4, a.max_new_tokens // 3), 2 * a.max_new_tokens // 3, 4 * a.max_new_tokens // 3})
-    scale_variants = [{"label": f"G={g}", "preset": "paper-gspo", "group": g, "max_new": a.max_new_tokens}
-                      for g in g_sizes]
-    scale_variants += [{"label": f"T={t}", "preset": "paper-gspo", "group": a.group, "max_new": t, "ignore_eos": True}
-                       for t in t_sizes]
+    scale_variants = [
+        {"label": f"G={g}", "preset": "paper-gspo", "group": g, "max_new": a.max_new_tokens} for g in g_sizes
+    ]
+    scale_variants += [
+        {"label": f"T={t}", "preset": "paper-gspo", "group": a.group, "max_new": t, "ignore_eos": True} for t in t_sizes
+    ]
     scale_rounds = a.warmup + max(2, a.steps * a.reps // 2)
-    scaling = run_worker("variants", {**common, "variants": scale_variants, "warmup": a.warmup,
-                                      "rounds": scale_rounds}, log)
+    scaling = run_worker(
+        "variants", {**common, "variants": scale_variants, "warmup": a.warmup, "rounds": scale_rounds}, log
+    )
     return arms, scaling, scale_variants
 
 
@@ -166,16 +188,30 @@ def orchestrate(a) -> dict:
         loads.append(loadavg())
 
     threads, threads_why = pick_threads(a.threads, loads[0])
-    common = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new_tokens, "mini_batches": a.mini_batches,
-              "seed": a.seed, "threads": threads}
-    log(f"gspo bench: {a.prompts} prompts x {a.group} samples, max {a.max_new_tokens} new tokens, "
+    common = {
+        "prompts": a.prompts,
+        "group": a.group,
+        "max_new": a.max_new_tokens,
+        "mini_batches": a.mini_batches,
+        "seed": a.seed,
+        "threads": threads,
+    }
+    log(
+        f"gspo bench: {a.prompts} prompts x {a.group} samples, max {a.max_new_tokens} new tokens, "
         f"{a.mini_batches} mini-batches, {a.warmup} warm-up + {a.steps} measured steps, {a.reps} repetitions; "
-        f"load average {loads[0]:.2f} on {os.cpu_count()} cores; torch threads per process: {threads_why}")
+        f"load average {loads[0]:.2f} on {os.cpu_count()} cores; torch threads per process: {threads_why}"
+    )
 
     # The model (cold start on first use, cached afterwards) is built once, before any timing.
     t = time.perf_counter()
-    raw = base_raw(prompts=a.prompts, group=a.group, max_new=a.max_new_tokens, mini_batches=a.mini_batches,
-                   steps=1, preset="paper-gspo")
+    raw = base_raw(
+        prompts=a.prompts,
+        group=a.group,
+        max_new=a.max_new_tokens,
+        mini_batches=a.mini_batches,
+        steps=1,
+        preset="paper-gspo",
+    )
     spec, task = load_spec_and_task(raw)
     source = model_source(spec, task)
     log(f"model: {source} ({time.perf_counter() - t:.1f} s to resolve)")
@@ -195,21 +231,41 @@ def orchestrate(a) -> dict:
 
     # 5. Profiles of our step.
     log("5/5 profiles (cProfile, CPU time) of our step")
-    profiles = [run_worker("profile", {**common, "preset": p, "warmup": a.warmup, "steps": a.profile_steps,
-                                       "out_dir": str(a.out)}, log)
-                for p in ("paper-gspo", "paper-grpo-rr")] if a.profile_steps else []
+    profiles = (
+        [
+            run_worker(
+                "profile",
+                {**common, "preset": p, "warmup": a.warmup, "steps": a.profile_steps, "out_dir": str(a.out)},
+                log,
+            )
+            for p in ("paper-gspo", "paper-grpo-rr")
+        ]
+        if a.profile_steps
+        else []
+    )
 
     loads.append(loadavg())
     loads += [r["load"] for side in ("ours", "trl") for r in duel["records"][side]]
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "host": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                 "versions": _versions()},
-        "config": {**common, "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "model_source": source,
-                   "threads_why": threads_why},
+        "host": {
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "versions": _versions(),
+        },
+        "config": {
+            **common,
+            "warmup": a.warmup,
+            "steps": a.steps,
+            "reps": a.reps,
+            "model_source": source,
+            "threads_why": threads_why,
+        },
         "load": {"start": loads[0], "max": max(loads), "median": median(loads), "shared": max(loads) > SHARED_LOAD},
         **summarize_runs(duel, arms["records"], scaling["records"], scale_variants, base=f"G={a.group}"),
-        "quickstart_memory": qs_mem, "quickstart_full": qs_full,
+        "quickstart_memory": qs_mem,
+        "quickstart_full": qs_full,
         "profiles": profiles,
         "raw": {"ours_vs_trl": duel, "arms": arms, "scaling": scaling},
         "bench_wall_s": time.time() - started,
@@ -217,8 +273,7 @@ def orchestrate(a) -> dict:
     return result
 
 
-def summarize_runs(duel: dict, arm_records: dict, scale_records: dict, scale_variants: list[dict],
-                   base: str) -> dict:
+def summarize_runs(duel: dict, arm_records: dict, scale_records: dict, scale_variants: list[dict], base: str) -> dict:
     """The result's summary keys (ours, trl, ratio, arms, the overheads, scaling) from the raw
     records: `duel` from ours_vs_trl, the variants' records by label, `base` the scaling
     variant the others are compared with. Ratios are medians of per-round ratios (paired)."""
@@ -230,13 +285,16 @@ def summarize_runs(duel: dict, arm_records: dict, scale_records: dict, scale_var
         return paired(ar[a_lab], ar[b_lab], key, ("round",)) - 1
 
     return {
-        "ours": ours, "trl": trl,
+        "ours": ours,
+        "trl": trl,
         "ratio": {
             "step_paired": paired(rec_o, rec_t),  # the target's number: robust to load drifts
             "step_of_medians": ours["step_s"] / trl["step_s"],
             "cpu_paired": paired(rec_o, rec_t, "cpu_s"),
-            **{k: paired(rec_o, rec_t, k) for k in ("rollout_s", "old_logp_s", "update_s", "gen_tok_per_s",
-                                                    "gen_ms_per_token_step")},
+            **{
+                k: paired(rec_o, rec_t, k)
+                for k in ("rollout_s", "old_logp_s", "update_s", "gen_tok_per_s", "gen_ms_per_token_step")
+            },
         },
         "arms": {lab: _summ(recs) for lab, recs in ar.items()},
         "rr_overhead": rel("paper-grpo-rr", "paper-grpo"),
@@ -245,13 +303,17 @@ def summarize_runs(duel: dict, arm_records: dict, scale_records: dict, scale_var
         "gspo_vs_grpo": rel("paper-gspo", "paper-grpo"),
         "gspo_vs_grpo_cpu": rel("paper-gspo", "paper-grpo", "cpu_s"),
         "gspo_vs_grpo_update": rel("paper-gspo", "paper-grpo", "update_s"),
-        "scaling": {v["label"]: {**_summ(scale_records[v["label"]]), "group": v["group"],
-                                 "max_new": v["max_new"], "ignore_eos": bool(v.get("ignore_eos")),
-                                 "vs_base": paired(scale_records[v["label"]], scale_records[base],
-                                                   id_keys=("round",)),
-                                 "vs_base_cpu": paired(scale_records[v["label"]], scale_records[base],
-                                                       "cpu_s", ("round",))}
-                    for v in scale_variants},
+        "scaling": {
+            v["label"]: {
+                **_summ(scale_records[v["label"]]),
+                "group": v["group"],
+                "max_new": v["max_new"],
+                "ignore_eos": bool(v.get("ignore_eos")),
+                "vs_base": paired(scale_records[v["label"]], scale_records[base], id_keys=("round",)),
+                "vs_base_cpu": paired(scale_records[v["label"]], scale_records[base], "cpu_s", ("round",)),
+            }
+            for v in scale_variants
+        },
     }
 
 

@@ -15,13 +15,7 @@ import pstats
 import time
 from pathlib import Path
 
-from benchmarks.common import (
-    base_raw,
-    emit,
-    load_spec_and_task,
-    model_source,
-    set_threads,
-)
+from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, set_threads
 from benchmarks.render import profile_text
 
 
@@ -31,8 +25,14 @@ def worker_profile(cfg: dict) -> None:
     from gspo_cli.step import setup, train_step
 
     set_threads(cfg)
-    raw = base_raw(prompts=cfg["prompts"], group=cfg["group"], max_new=cfg["max_new"],
-                   mini_batches=cfg["mini_batches"], steps=cfg["warmup"] + cfg["steps"], preset=cfg["preset"])
+    raw = base_raw(
+        prompts=cfg["prompts"],
+        group=cfg["group"],
+        max_new=cfg["max_new"],
+        mini_batches=cfg["mini_batches"],
+        steps=cfg["warmup"] + cfg["steps"],
+        preset=cfg["preset"],
+    )
     spec, task = load_spec_and_task(raw)
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, model_source(spec, task))
     for i in range(1, cfg["warmup"] + 1):
@@ -62,8 +62,11 @@ PROFILE_BUCKETS = [
     ("  KV-cache updates (DynamicCache)", "transformers/cache_utils.py", "update"),
     ("  decoding completions (batch_decode)", "transformers/tokenization_utils_base.py", "batch_decode"),
     ("scoring: task.score_batch", "gspo_cli/tasks/base.py", "Task.score_batch"),
-    ("log-prob passes: response_logprobs (one per mini-batch; + the old-policy pass with sampler_logprobs off)",
-     "gspo_cli/rollout/base.py", "response_logprobs"),
+    (
+        "log-prob passes: response_logprobs (one per mini-batch; + the old-policy pass with sampler_logprobs off)",
+        "gspo_cli/rollout/base.py",
+        "response_logprobs",
+    ),
     ("backward (loss.backward)", "torch/_tensor.py", "backward"),
     ("clip_grad_norm_", "torch/nn/utils/clip_grad.py", "clip_grad_norm_"),
     ("optimizer.step (AdamW, single-tensor path on CPU)", "torch/optim/adam.py", "adam"),
@@ -71,14 +74,19 @@ PROFILE_BUCKETS = [
     ("routing hooks (record / replay)", "gspo_cli/models/routing.py", "RoutingController.hook"),
     ("  replay rescoring (_rescore)", "gspo_cli/models/routing.py", "_rescore"),
     ("expert_change_frac (volatility metric)", "gspo_cli/models/routing.py", "expert_change_frac"),
-    ("every model forward (generation and log-prob passes)", "qwen3_moe/modeling_qwen3_moe.py",
-     "Qwen3MoeForCausalLM.forward"),
+    (
+        "every model forward (generation and log-prob passes)",
+        "qwen3_moe/modeling_qwen3_moe.py",
+        "Qwen3MoeForCausalLM.forward",
+    ),
     ("  decoder layers", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeDecoderLayer.forward"),
-    ("  attention (Qwen3MoeAttention.forward, SDPA + rotary)", "qwen3_moe/modeling_qwen3_moe.py",
-     "Qwen3MoeAttention.forward"),
+    (
+        "  attention (Qwen3MoeAttention.forward, SDPA + rotary)",
+        "qwen3_moe/modeling_qwen3_moe.py",
+        "Qwen3MoeAttention.forward",
+    ),
     ("  MoE block (router + experts)", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
-    ("  experts (Qwen3MoeExperts.forward)", "qwen3_moe/modeling_qwen3_moe.py",
-     "Qwen3MoeExperts.forward"),
+    ("  experts (Qwen3MoeExperts.forward)", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeExperts.forward"),
     ("  RMSNorm", "qwen3_moe/modeling_qwen3_moe.py", "Qwen3MoeRMSNorm.forward"),
 ]
 
@@ -107,7 +115,7 @@ def profile_buckets(stats: pstats.Stats, total: float) -> list[dict]:
     out = []
     for label, suffix, func in PROFILE_BUCKETS:
         best = None
-        for (fname, line, name), (cc, nc, tt, ct, callers) in stats.stats.items():
+        for (fname, line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
             if not fname.replace("\\", "/").endswith(suffix):
                 continue
             qual = _qualname(fname, line, name) if "." in func else name
@@ -116,14 +124,27 @@ def profile_buckets(stats: pstats.Stats, total: float) -> list[dict]:
             if best is None or ct > best[1]:  # the outermost entry stands for the bucket
                 best = (f"{Path(fname).name}:{line} {qual}", ct)
         if best is not None:
-            out.append({"label": label, "where": best[0], "seconds": round(best[1], 4),
-                        "share": round(best[1] / total, 4) if total else None})
+            out.append(
+                {
+                    "label": label,
+                    "where": best[0],
+                    "seconds": round(best[1], 4),
+                    "share": round(best[1] / total, 4) if total else None,
+                }
+            )
     # What is not the model's forward, backward or optimizer: our step's own code, generate()'s
     # bookkeeping, tokenization, scoring, statistics.
-    core = sum(b["seconds"] for b in out if b["label"].startswith(("every model forward", "backward", "clip_grad",
-                                                                   "optimizer")))
-    out.append({"label": "everything else (our code, generate() bookkeeping, tokenizer, scorer, stats)",
-                "where": "total minus forwards, backward, clip, optimizer", "seconds": round(total - core, 4),
-                "share": round((total - core) / total, 4) if total else None})
+    core = sum(
+        b["seconds"]
+        for b in out
+        if b["label"].startswith(("every model forward", "backward", "clip_grad", "optimizer"))
+    )
+    out.append(
+        {
+            "label": "everything else (our code, generate() bookkeeping, tokenizer, scorer, stats)",
+            "where": "total minus forwards, backward, clip, optimizer",
+            "seconds": round(total - core, 4),
+            "share": round((total - core) / total, 4) if total else None,
+        }
+    )
     return out
-

@@ -15,14 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import (
-    QUICKSTART,
-    ROOT,
-    SHARED_LOAD,
-    loadavg,
-    pick_threads,
-    thread_env,
-)
+from benchmarks.common import QUICKSTART, ROOT, SHARED_LOAD, loadavg, pick_threads, thread_env
 
 
 def quickstart_memory(steps: int, log, threads: int = 0) -> dict:
@@ -31,10 +24,10 @@ def quickstart_memory(steps: int, log, threads: int = 0) -> dict:
     gspo = Path(sys.executable).parent / "gspo"
     load0 = loadavg()
     with tempfile.TemporaryDirectory(prefix="gspo-bench-qs-") as out:
-        cmd = ["/usr/bin/time", "-v", str(gspo), "train", str(QUICKSTART), "--set", f"train.steps={steps}",
-               "-o", out]
-        res = _timed_command(cmd, log, label=f"quickstart train, {steps} steps (cached cold start)",
-                             env=thread_env(threads))
+        cmd = ["/usr/bin/time", "-v", str(gspo), "train", str(QUICKSTART), "--set", f"train.steps={steps}", "-o", out]
+        res = _timed_command(
+            cmd, log, label=f"quickstart train, {steps} steps (cached cold start)", env=thread_env(threads)
+        )
     return {**res, "steps": steps, "load_start": load0, "threads": threads}
 
 
@@ -48,8 +41,12 @@ def _timed_command(cmd: list[str], log, label: str, env=None) -> dict:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"bench: {' '.join(cmd)} failed (exit {proc.returncode})")
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
-    res = {"command": " ".join(cmd[2:]) if cmd[0].endswith("time") else " ".join(cmd), "wall_s": wall,
-           "max_rss_mb": int(rss.group(1)) / 1024 if rss else None, "loadavg_after": loadavg()}
+    res = {
+        "command": " ".join(cmd[2:]) if cmd[0].endswith("time") else " ".join(cmd),
+        "wall_s": wall,
+        "max_rss_mb": int(rss.group(1)) / 1024 if rss else None,
+        "loadavg_after": loadavg(),
+    }
     log(f"  {label}: {wall:.1f} s, max RSS {res['max_rss_mb'] or float('nan'):.0f} MB")
     return res
 
@@ -66,15 +63,23 @@ def quickstart_full(log, threads_arg: str) -> dict:
         out = Path(tmp) / "results"
         t = time.perf_counter()
         # As `make run`: the two arms side by side (the sweep splits the cores between them).
-        train = _timed_command(["/usr/bin/time", "-v", gspo, "sweep", str(QUICKSTART), "--jobs", "2",
-                                "--set", f"output_dir={out}"], log,
-                               label="quickstart sweep --jobs 2, full, cold cache", env=env)
+        train = _timed_command(
+            ["/usr/bin/time", "-v", gspo, "sweep", str(QUICKSTART), "--jobs", "2", "--set", f"output_dir={out}"],
+            log,
+            label="quickstart sweep --jobs 2, full, cold cache",
+            env=env,
+        )
         _timed_command([gspo, "compare", str(out / "quickstart")], log, label="compare", env=env)
         _timed_command([gspo, "plot", str(out / "quickstart")], log, label="plot", env=env)
         total = time.perf_counter() - t
         cold = json.loads(next((Path(tmp) / "cache" / "models").glob("*/cold_start.json")).read_text())
     load1 = loadavg()
-    return {"when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "train": train, "total_s": total,
-            "cold_start_s": cold.get("seconds"), "load": {"start": load0, "end": load1}, "threads": why,
-            "shared": max(load0, load1) > SHARED_LOAD}
-
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "train": train,
+        "total_s": total,
+        "cold_start_s": cold.get("seconds"),
+        "load": {"start": load0, "end": load1},
+        "threads": why,
+        "shared": max(load0, load1) > SHARED_LOAD,
+    }

@@ -36,54 +36,78 @@ def _header(r: dict) -> list[str]:
     lines = [
         "# gspo-cli vs TRL: one RL step on the built-in tiny MoE",
         "",
-        (f"{r['when']}; {r['host']['cores']} cores; torch threads per process: {c['threads_why']}; "
-         f"torch {v['torch']}, transformers {v['transformers']}, trl {v['trl']}. "
-         f"Load average {load['start']:.2f} at start, {load['max']:.2f} at most."),
+        (
+            f"{r['when']}; {r['host']['cores']} cores; torch threads per process: {c['threads_why']}; "
+            f"torch {v['torch']}, transformers {v['transformers']}, trl {v['trl']}. "
+            f"Load average {load['start']:.2f} at start, {load['max']:.2f} at most."
+        ),
         "",
     ]
     if load["shared"]:
-        lines += [(f"**The box was shared** (load average up to {load['max']:.2f} > {SHARED_LOAD} on "
-                   f"{r['host']['cores']} cores): absolute times are inflated and noisy. The two sides were "
-                   "stepped alternately, so read the paired ratios (median over rounds of ours/TRL measured "
-                   "back to back) and the CPU times."), ""]
+        lines += [
+            (
+                f"**The box was shared** (load average up to {load['max']:.2f} > {SHARED_LOAD} on "
+                f"{r['host']['cores']} cores): absolute times are inflated and noisy. The two sides were "
+                "stepped alternately, so read the paired ratios (median over rounds of ours/TRL measured "
+                "back to back) and the CPU times."
+            ),
+            "",
+        ]
     return lines
 
 
 def _ours_vs_trl(r: dict) -> list[str]:
     c, o, t, q = r["config"], r["ours"], r["trl"], r["ratio"]
     lines = [
-        (f"Work per RL step: {c['prompts']} prompts x {c['group']} samples, at most {c['max_new']} new tokens, "
-         f"{c['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip 3e-4/4e-4, "
-         f"seq-mean-token-mean), fp32, grouped_mm experts on both sides. Medians of {o['n_steps']} measured steps per side: "
-         f"{c['reps']} pairs of fresh processes (seeds {c['seed']}..{c['seed'] + c['reps'] - 1}) x {c['steps']} "
-         f"steps, after {c['warmup']} warm-up step(s) each, the two processes stepped alternately."),
+        (
+            f"Work per RL step: {c['prompts']} prompts x {c['group']} samples, at most {c['max_new']} new tokens, "
+            f"{c['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip 3e-4/4e-4, "
+            f"seq-mean-token-mean), fp32, grouped_mm experts on both sides. "
+            f"Medians of {o['n_steps']} measured steps per side: "
+            f"{c['reps']} pairs of fresh processes (seeds {c['seed']}..{c['seed'] + c['reps'] - 1}) x {c['steps']} "
+            f"steps, after {c['warmup']} warm-up step(s) each, the two processes stepped alternately."
+        ),
         "",
         "| | gspo-cli | TRL GRPOTrainer | ours / TRL (paired) |",
         "|---|---:|---:|---:|",
         f"| **wall time per RL step** | {fmt_s(o['step_s'])} | {fmt_s(t['step_s'])} | **{q['step_paired']:.2f}x** |",
         f"| CPU time per RL step (all threads) | {fmt_s(o['cpu_s'])} | {fmt_s(t['cpu_s'])} | {q['cpu_paired']:.2f}x |",
     ]
-    for key, name in (("rollout_s", "generation"), ("score_s", "scoring"),
-                      ("old_logp_s", "old log-probs (+ advantages; TRL: + batch stats)"),
-                      ("update_s", "updates (all mini-batches)")):
+    for key, name in (
+        ("rollout_s", "generation"),
+        ("score_s", "scoring"),
+        ("old_logp_s", "old log-probs (+ advantages; TRL: + batch stats)"),
+        ("update_s", "updates (all mini-batches)"),
+    ):
         ratio = q.get(key)
-        lines.append(f"| {name} | {fmt_s(o[key])} ({o[key] / o['step_s']:.0%}) | "
-                     f"{fmt_s(t[key])} ({t[key] / t['step_s']:.0%}) | {'' if ratio is None else f'{ratio:.2f}x'} |")
+        lines.append(
+            f"| {name} | {fmt_s(o[key])} ({o[key] / o['step_s']:.0%}) | "
+            f"{fmt_s(t[key])} ({t[key] / t['step_s']:.0%}) | {'' if ratio is None else f'{ratio:.2f}x'} |"
+        )
     lines += [
-        (f"| generation tokens/s | {o['gen_tok_per_s']:.0f} | {t['gen_tok_per_s']:.0f} | "
-         f"{q['gen_tok_per_s']:.2f}x |"),
-        (f"| generation time per sampling step (÷ longest response) | {o['gen_ms_per_token_step']:.1f} ms | "
-         f"{t['gen_ms_per_token_step']:.1f} ms | {q['gen_ms_per_token_step']:.2f}x |"),
-        (f"| response length, mean / longest (tokens, incl. EOS) | {o['length_mean']:.1f} / {o['length_max']:.0f} | "
-         f"{t['length_mean']:.1f} / {t['length_max']:.0f} | |"),
-        (f"| peak RSS of the process | {o['peak_rss_mb']:.0f} MB | {t['peak_rss_mb']:.0f} MB | "
-         f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x |"),
-        (f"| median step per repetition | {', '.join(f'{x:.3f}' for x in o['per_rep_step_s'])} | "
-         f"{', '.join(f'{x:.3f}' for x in t['per_rep_step_s'])} | ratio of medians {q['step_of_medians']:.2f}x |"),
+        (f"| generation tokens/s | {o['gen_tok_per_s']:.0f} | {t['gen_tok_per_s']:.0f} | {q['gen_tok_per_s']:.2f}x |"),
+        (
+            f"| generation time per sampling step (÷ longest response) | {o['gen_ms_per_token_step']:.1f} ms | "
+            f"{t['gen_ms_per_token_step']:.1f} ms | {q['gen_ms_per_token_step']:.2f}x |"
+        ),
+        (
+            f"| response length, mean / longest (tokens, incl. EOS) | {o['length_mean']:.1f} / {o['length_max']:.0f} | "
+            f"{t['length_mean']:.1f} / {t['length_max']:.0f} | |"
+        ),
+        (
+            f"| peak RSS of the process | {o['peak_rss_mb']:.0f} MB | {t['peak_rss_mb']:.0f} MB | "
+            f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x |"
+        ),
+        (
+            f"| median step per repetition | {', '.join(f'{x:.3f}' for x in o['per_rep_step_s'])} | "
+            f"{', '.join(f'{x:.3f}' for x in t['per_rep_step_s'])} | ratio of medians {q['step_of_medians']:.2f}x |"
+        ),
         "",
-        ("Phase shares are of the step's wall time. TRL's phases come from timing its own methods "
-         "(`_generate`, `_calculate_rewards`, `_generate_and_score_completions`) inside each round; its "
-         "\"updates\" are the round minus those."),
+        (
+            "Phase shares are of the step's wall time. TRL's phases come from timing its own methods "
+            "(`_generate`, `_calculate_rewards`, `_generate_and_score_completions`) inside each round; its "
+            "\"updates\" are the round minus those."
+        ),
     ]
     return lines
 
@@ -98,15 +122,19 @@ def _arms(r: dict) -> list[str]:
     ]
     for lab, s in r["arms"].items():
         vs = {"paper-grpo": "—", "paper-grpo-rr": pct(r["rr_overhead"]), "paper-gspo": pct(r["gspo_vs_grpo"])}[lab]
-        lines.append(f"| {lab} | {fmt_s(s['step_s'])} | {fmt_s(s['cpu_s'])} | {fmt_s(s['rollout_s'])} | "
-                     f"{fmt_s(s['old_logp_s'])} | {fmt_s(s['update_s'])} | {vs} |")
+        lines.append(
+            f"| {lab} | {fmt_s(s['step_s'])} | {fmt_s(s['cpu_s'])} | {fmt_s(s['rollout_s'])} | "
+            f"{fmt_s(s['old_logp_s'])} | {fmt_s(s['update_s'])} | {vs} |"
+        )
     lines += [
         "",
-        (f"Routing replay (paper-grpo-rr vs paper-grpo): {pct(r['rr_overhead'])} step wall time, "
-         f"{pct(r['rr_overhead_cpu'])} step CPU time, {pct(r['rr_overhead_update'])} update time. "
-         f"GSPO vs GRPO loss: {pct(r['gspo_vs_grpo'])} step wall time, {pct(r['gspo_vs_grpo_cpu'])} CPU time, "
-         f"{pct(r['gspo_vs_grpo_update'])} update time. Medians of per-round ratios; paper-grpo already records "
-         "the routes (to measure expert volatility), so the difference is the replay itself."),
+        (
+            f"Routing replay (paper-grpo-rr vs paper-grpo): {pct(r['rr_overhead'])} step wall time, "
+            f"{pct(r['rr_overhead_cpu'])} step CPU time, {pct(r['rr_overhead_update'])} update time. "
+            f"GSPO vs GRPO loss: {pct(r['gspo_vs_grpo'])} step wall time, {pct(r['gspo_vs_grpo_cpu'])} CPU time, "
+            f"{pct(r['gspo_vs_grpo_update'])} update time. Medians of per-round ratios; paper-grpo already records "
+            "the routes (to measure expert volatility), so the difference is the replay itself."
+        ),
     ]
     return lines
 
@@ -117,19 +145,29 @@ def _scaling(r: dict) -> list[str]:
         "",
         "## Scaling (paper-gspo, our trainer, one process, stepped round-robin)",
         "",
-        ("| group size G | max new tokens T | rollouts | tokens per sequence | step | CPU | generation | updates "
-         "| step / base (paired) | CPU / base (paired) |"),
+        (
+            "| group size G | max new tokens T | rollouts | tokens per sequence | step | CPU | generation | updates "
+            "| step / base (paired) | CPU / base (paired) |"
+        ),
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["scaling"].values():
         per_seq = f"exactly {s['max_new']} (EOS ignored)" if s["ignore_eos"] else f"{s['length_mean']:.1f} (to EOS)"
-        lines.append(f"| {s['group']} | {s['max_new']} | {c['prompts'] * s['group']} | {per_seq} | "
-                     f"{fmt_s(s['step_s'])} | {fmt_s(s['cpu_s'])} | {fmt_s(s['rollout_s'])} | "
-                     f"{fmt_s(s['update_s'])} | {s['vs_base']:.2f}x | {s['vs_base_cpu']:.2f}x |")
-    lines += ["", ("Base: G = {g}, T = {t}. The cold-started model ends its answers with EOS after ~20 tokens, so "
-                   "the response-length rows sample a fixed number of tokens (EOS ignored while sampling; rewards "
-                   "and the loss still stop at the first EOS, but every forward and backward runs over the full "
-                   "width).").format(g=c["group"], t=c["max_new"]), ""]
+        lines.append(
+            f"| {s['group']} | {s['max_new']} | {c['prompts'] * s['group']} | {per_seq} | "
+            f"{fmt_s(s['step_s'])} | {fmt_s(s['cpu_s'])} | {fmt_s(s['rollout_s'])} | "
+            f"{fmt_s(s['update_s'])} | {s['vs_base']:.2f}x | {s['vs_base_cpu']:.2f}x |"
+        )
+    lines += [
+        "",
+        (
+            "Base: G = {g}, T = {t}. The cold-started model ends its answers with EOS after ~20 tokens, so "
+            "the response-length rows sample a fixed number of tokens (EOS ignored while sampling; rewards "
+            "and the loss still stop at the first EOS, but every forward and backward runs over the full "
+            "width)."
+        ).format(g=c["group"], t=c["max_new"]),
+        "",
+    ]
     return lines
 
 
@@ -140,15 +178,20 @@ def _quickstart(r: dict) -> list[str]:
         lines += ["## Quickstart", "", "| measurement | wall time | max RSS |", "|---|---:|---:|"]
         if qs:
             omp = f", OMP_NUM_THREADS={qs['threads']}" if qs.get("threads") else ""
-            lines.append(f"| `gspo train experiments/quickstart.yaml --set train.steps={qs['steps']}` (cached "
-                         f"cold start, load {qs['load_start']:.1f}→{qs['loadavg_after']:.1f}{omp}) | "
-                         f"{qs['wall_s']:.0f} s | {qs['max_rss_mb']:.0f} MB |")
+            lines.append(
+                f"| `gspo train experiments/quickstart.yaml --set train.steps={qs['steps']}` (cached "
+                f"cold start, load {qs['load_start']:.1f}→{qs['loadavg_after']:.1f}{omp}) | "
+                f"{qs['wall_s']:.0f} s | {qs['max_rss_mb']:.0f} MB |"
+            )
         if qf:
-            lines.append(f"| `make run` equivalent (sweep --jobs 2 + compare + plot) from an empty model cache, cold start "
-                         f"{qf['cold_start_s']:.0f} s included ({qf['when']}, load {qf['load']['start']:.1f}"
-                         f"→{qf['load']['end']:.1f}{', box shared' if qf['shared'] else ''}; torch threads: "
-                         f"{qf.get('threads', 'default').split(' (')[0]}) | "
-                         f"{qf['total_s']:.0f} s ({qf['total_s'] / 60:.1f} min) | {qf['train']['max_rss_mb']:.0f} MB (largest process) |")
+            lines.append(
+                f"| `make run` equivalent (sweep --jobs 2 + compare + plot) from an empty model cache, cold start "
+                f"{qf['cold_start_s']:.0f} s included ({qf['when']}, load {qf['load']['start']:.1f}"
+                f"→{qf['load']['end']:.1f}{', box shared' if qf['shared'] else ''}; torch threads: "
+                f"{qf.get('threads', 'default').split(' (')[0]}) | "
+                f"{qf['total_s']:.0f} s ({qf['total_s'] / 60:.1f} min) | "
+                f"{qf['train']['max_rss_mb']:.0f} MB (largest process) |"
+            )
         lines.append("")
     return lines
 
@@ -159,8 +202,11 @@ def _profiles(r: dict) -> list[str]:
         lines += ["## Where our step's CPU time goes (cProfile; nested rows are part of the row above)", ""]
         for p in r["profiles"]:
             lines += [f"{p['preset']} ({p['total_s']:.2f} s CPU profiled; details in `{Path(p['file']).name}`):", ""]
-            lines += [f"{'  - ' if b['label'].startswith(' ') else '- '}{b['share']:.1%} {b['label'].strip()} "
-                      f"(`{b['where']}`)" for b in p["buckets"]]
+            lines += [
+                f"{'  - ' if b['label'].startswith(' ') else '- '}{b['share']:.1%} {b['label'].strip()} "
+                f"(`{b['where']}`)"
+                for b in p["buckets"]
+            ]
             lines.append("")
     return lines
 
@@ -168,19 +214,33 @@ def _profiles(r: dict) -> list[str]:
 def _targets(r: dict) -> list[str]:
     q, qs, qf = r["ratio"], r.get("quickstart_memory"), r.get("quickstart_full")
     lines = ["## Targets", ""]
-    lines += [(f"- ours ≤ 0.5x TRL per RL step: {q['step_paired']:.2f}x wall (paired), {q['cpu_paired']:.2f}x CPU — "
-               f"{'met' if q['step_paired'] <= 0.5 else 'missed'}"),
-              (f"- routing replay ≤ +10% step time: {pct(r['rr_overhead'])} wall, {pct(r['rr_overhead_cpu'])} CPU — "
-               f"{'met' if r['rr_overhead'] <= 0.10 else 'missed'}")]
+    lines += [
+        (
+            f"- ours ≤ 0.5x TRL per RL step: {q['step_paired']:.2f}x wall (paired), {q['cpu_paired']:.2f}x CPU — "
+            f"{'met' if q['step_paired'] <= 0.5 else 'missed'}"
+        ),
+        (
+            f"- routing replay ≤ +10% step time: {pct(r['rr_overhead'])} wall, {pct(r['rr_overhead_cpu'])} CPU — "
+            f"{'met' if r['rr_overhead'] <= 0.10 else 'missed'}"
+        ),
+    ]
     if qs:
-        lines.append(f"- quickstart peak memory ≤ 4 GB: {qs['max_rss_mb']:.0f} MB max RSS "
-                     f"(train.steps={qs['steps']}) — {'met' if qs['max_rss_mb'] <= 4096 else 'missed'}")
+        lines.append(
+            f"- quickstart peak memory ≤ 4 GB: {qs['max_rss_mb']:.0f} MB max RSS "
+            f"(train.steps={qs['steps']}) — {'met' if qs['max_rss_mb'] <= 4096 else 'missed'}"
+        )
     if qf:
-        lines.append(f"- quickstart ≤ 5 min with cold start: {qf['total_s'] / 60:.1f} min — "
-                     f"{'met' if qf['total_s'] <= 300 else 'missed'}"
-                     + (" (box shared)" if qf["shared"] else ""))
-    lines += ["", (f"Benchmark wall time: {r['bench_wall_s']:.0f} s. Reproduce: `make bench` "
-                   "(options: `.venv/bin/python benchmarks/bench.py --help`).")]
+        lines.append(
+            f"- quickstart ≤ 5 min with cold start: {qf['total_s'] / 60:.1f} min — "
+            f"{'met' if qf['total_s'] <= 300 else 'missed'}" + (" (box shared)" if qf["shared"] else "")
+        )
+    lines += [
+        "",
+        (
+            f"Benchmark wall time: {r['bench_wall_s']:.0f} s. Reproduce: `make bench` "
+            "(options: `.venv/bin/python benchmarks/bench.py --help`)."
+        ),
+    ]
     return lines
 
 
@@ -188,11 +248,16 @@ def profile_text(cfg: dict, total: float, buckets: list[dict], by_cumulative: st
     """One profile file: a header with the sizes in `cfg` (steps, preset, warmup, prompts,
     group, max_new, mini_batches), the buckets (profiling.profile_buckets) and pstats' two
     listings as text. `total` is the profiled CPU time in seconds."""
-    lines = [(f"cProfile of {cfg['steps']} steps of {cfg['preset']} after {cfg['warmup']} warm-up "
-              f"({cfg['prompts']} prompts x {cfg['group']}, max_new_tokens {cfg['max_new']}, "
-              f"{cfg['mini_batches']} mini-batches); profiled CPU time {total:.2f} s "
-              "(process time of all threads; cProfile inflates Python-heavy code)."), "",
-             "Buckets (cumulative time, share of profiled time):"]
+    lines = [
+        (
+            f"cProfile of {cfg['steps']} steps of {cfg['preset']} after {cfg['warmup']} warm-up "
+            f"({cfg['prompts']} prompts x {cfg['group']}, max_new_tokens {cfg['max_new']}, "
+            f"{cfg['mini_batches']} mini-batches); profiled CPU time {total:.2f} s "
+            "(process time of all threads; cProfile inflates Python-heavy code)."
+        ),
+        "",
+        "Buckets (cumulative time, share of profiled time):",
+    ]
     lines += [f"  {b['share']:6.1%}  {b['seconds']:7.3f} s  {b['label']}  [{b['where']}]" for b in buckets]
     lines += ["", "Top by cumulative time:", by_cumulative, "Top by own time:", by_own]
     return "\n".join(lines)
@@ -202,10 +267,12 @@ def vllm_rollout_text(m: dict) -> str:
     """vllm_rollout.py's report, four lines. `m`: threads, prompts, tokens, params_m (millions),
     hf_/vllm_ best, median (tokens/s) and length (mean tokens), start_s and sync_s (seconds),
     gap_mean and gap_max (nats)."""
-    return (f"threads {m['threads']}, {m['prompts']} prompts x {m['tokens']} new tokens, {m['params_m']:.1f} M params\n"
-            f"hf generate : best {m['hf_best']:6.0f}, median {m['hf_median']:6.0f} tokens/s "
-            f"(mean length {m['hf_length']:.1f})\n"
-            f"vllm        : best {m['vllm_best']:6.0f}, median {m['vllm_median']:6.0f} tokens/s "
-            f"(mean length {m['vllm_length']:.1f}); engine start {m['start_s']:.1f} s, "
-            f"weight sync {m['sync_s'] * 1000:.0f} ms\n"
-            f"log-prob |engine - trainer|: mean {m['gap_mean']:.1e}, max {m['gap_max']:.1e} nats\n")
+    return (
+        f"threads {m['threads']}, {m['prompts']} prompts x {m['tokens']} new tokens, {m['params_m']:.1f} M params\n"
+        f"hf generate : best {m['hf_best']:6.0f}, median {m['hf_median']:6.0f} tokens/s "
+        f"(mean length {m['hf_length']:.1f})\n"
+        f"vllm        : best {m['vllm_best']:6.0f}, median {m['vllm_median']:6.0f} tokens/s "
+        f"(mean length {m['vllm_length']:.1f}); engine start {m['start_s']:.1f} s, "
+        f"weight sync {m['sync_s'] * 1000:.0f} ms\n"
+        f"log-prob |engine - trainer|: mean {m['gap_mean']:.1e}, max {m['gap_max']:.1e} nats\n"
+    )

@@ -29,22 +29,23 @@ def main():
     os.environ.setdefault("GSPO_CACHE_DIR", tempfile.mkdtemp(prefix="gspo-bench-"))
     import torch
 
-    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.models import load_model, resolve_model_source
     from gspo_cli.rollout import HFRolloutEngine, logprob_mismatch, response_logprobs
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
+    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.tasks import make_task
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=40)
     args = ap.parse_args()
-    spec = spec_from_dict({"name": "bench", "arms": [{"name": "a", "preset": "paper-gspo"}],
-                           "model": {"cold_start": {"steps": 0}}})
+    spec = spec_from_dict(
+        {"name": "bench", "arms": [{"name": "a", "preset": "paper-gspo"}], "model": {"cold_start": {"steps": 0}}}
+    )
     task = make_task(spec.task.name, spec.task.params)
     source = resolve_model_source(spec.model, task, log=lambda m: None)
     lm = load_model(source, spec.model)
-    prompts = [f"{a}+{b}=?\n" for a in range(16) for b in range(16)][:args.prompts]
+    prompts = [f"{a}+{b}=?\n" for a in range(16) for b in range(16)][: args.prompts]
 
     def bench(engine):
         engine.generate(prompts)  # warm-up
@@ -69,14 +70,27 @@ def main():
     vl.sync_weights()
     sync_s = time.time() - t
     vl.close()
-    print(vllm_rollout_text({
-        "threads": torch.get_num_threads(), "prompts": args.prompts, "tokens": args.tokens,
-        "params_m": sum(p.numel() for p in lm.model.parameters()) / 1e6,
-        "hf_best": hf_rate[0], "hf_median": hf_rate[1], "hf_length": hf_len,
-        "vllm_best": vl_rate[0], "vllm_median": vl_rate[1], "vllm_length": vl_len,
-        "start_s": start_s, "sync_s": sync_s,
-        "gap_mean": gap["rollout/logprob_diff_mean"], "gap_max": gap["rollout/logprob_diff_max"],
-    }), end="")
+    print(
+        vllm_rollout_text(
+            {
+                "threads": torch.get_num_threads(),
+                "prompts": args.prompts,
+                "tokens": args.tokens,
+                "params_m": sum(p.numel() for p in lm.model.parameters()) / 1e6,
+                "hf_best": hf_rate[0],
+                "hf_median": hf_rate[1],
+                "hf_length": hf_len,
+                "vllm_best": vl_rate[0],
+                "vllm_median": vl_rate[1],
+                "vllm_length": vl_len,
+                "start_s": start_s,
+                "sync_s": sync_s,
+                "gap_mean": gap["rollout/logprob_diff_mean"],
+                "gap_max": gap["rollout/logprob_diff_max"],
+            }
+        ),
+        end="",
+    )
 
 
 if __name__ == "__main__":  # vLLM may spawn processes that re-import this file

@@ -13,22 +13,21 @@ import shutil
 import tempfile
 import time
 
-from benchmarks.common import (
-    base_raw,
-    emit,
-    load_spec_and_task,
-    model_source,
-    peak_rss_mb,
-    set_threads,
-    wait_for_step,
-)
+from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, peak_rss_mb, set_threads, wait_for_step
 
 
-def _spec_for(cfg: dict, *, steps: int, group: int | None = None, max_new: int | None = None,
-              preset: str | None = None):
+def _spec_for(
+    cfg: dict, *, steps: int, group: int | None = None, max_new: int | None = None, preset: str | None = None
+):
     """(spec, task) of the quickstart at a worker's sizes; group/max_new/preset override cfg's."""
-    raw = base_raw(prompts=cfg["prompts"], group=group or cfg["group"], max_new=max_new or cfg["max_new"],
-                   mini_batches=cfg["mini_batches"], steps=steps, preset=preset or cfg["preset"])
+    raw = base_raw(
+        prompts=cfg["prompts"],
+        group=group or cfg["group"],
+        max_new=max_new or cfg["max_new"],
+        mini_batches=cfg["mini_batches"],
+        steps=steps,
+        preset=preset or cfg["preset"],
+    )
     return load_spec_and_task(raw)
 
 
@@ -58,10 +57,15 @@ def our_step_record(m: dict, B: int) -> dict:
     """One step's record (seconds, tokens, tokens/s) from our trainer's metrics; B = rollouts per step."""
     gen_tokens = m["response/length_mean"] * B
     return {
-        "step_s": m["time/step_s"], "rollout_s": m["time/rollout_s"], "score_s": m["time/score_s"],
-        "old_logp_s": m["time/old_logp_s"], "update_s": m["time/update_s"],
-        "gen_tokens": gen_tokens, "gen_tok_per_s": gen_tokens / max(m["time/rollout_s"], 1e-9),
-        "length_mean": m["response/length_mean"], "length_max": m["response/length_max"],
+        "step_s": m["time/step_s"],
+        "rollout_s": m["time/rollout_s"],
+        "score_s": m["time/score_s"],
+        "old_logp_s": m["time/old_logp_s"],
+        "update_s": m["time/update_s"],
+        "gen_tokens": gen_tokens,
+        "gen_tok_per_s": gen_tokens / max(m["time/rollout_s"], 1e-9),
+        "length_mean": m["response/length_mean"],
+        "length_max": m["response/length_max"],
         "gen_ms_per_token_step": 1000 * m["time/rollout_s"] / max(m["response/length_max"], 1),
         "reward_mean": m["reward/mean"],
     }
@@ -77,8 +81,9 @@ def _trl_trainer(cfg: dict, spec, task, source: str, out_dir: str):
     arm, mb = spec.arms[0], cfg["mini_batches"]
     torch.manual_seed(cfg["seed"])
     # The same expert kernels as our trainer (transformers' own default is grouped_mm too).
-    model = AutoModelForCausalLM.from_pretrained(source, experts_implementation=spec.model.experts_implementation,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, experts_implementation=spec.model.experts_implementation, dtype=torch.float32
+    )
     model.config.router_aux_loss_coef = 0.0  # TRL would add the load-balancing loss (DESIGN: TRL facts)
     model.config.output_router_logits = False
     tok = AutoTokenizer.from_pretrained(source)
@@ -94,22 +99,47 @@ def _trl_trainer(cfg: dict, spec, task, source: str, out_dir: str):
 
     opt = spec.optimizer
     args = GRPOConfig(
-        output_dir=out_dir, seed=cfg["seed"], use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, report_to="none", logging_strategy="no", save_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=False,
+        output_dir=out_dir,
+        seed=cfg["seed"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        shuffle_dataset=False,
         max_steps=mb * cfg["rounds"],
         # one rollout = prompts x group completions, split into `mb` optimizer steps, one epoch
-        per_device_train_batch_size=cfg["prompts"] * cfg["group"] // mb, gradient_accumulation_steps=1,
-        steps_per_generation=mb, num_iterations=arm.epochs, num_generations=cfg["group"],
-        max_completion_length=cfg["max_new"], temperature=1.0, top_k=0, top_p=1.0, min_p=None,
+        per_device_train_batch_size=cfg["prompts"] * cfg["group"] // mb,
+        gradient_accumulation_steps=1,
+        steps_per_generation=mb,
+        num_iterations=arm.epochs,
+        num_generations=cfg["group"],
+        max_completion_length=cfg["max_new"],
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=None,
         repetition_penalty=1.0,
-        loss_type="grpo", importance_sampling_level="sequence" if arm.loss == "gspo" else "token",
-        epsilon=arm.clip_low, epsilon_high=arm.clip_high, beta=0.0, router_aux_loss_coef=0.0,
-        learning_rate=opt.lr, weight_decay=opt.weight_decay, adam_beta1=opt.beta1, adam_beta2=opt.beta2,
-        max_grad_norm=opt.grad_clip, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+        loss_type="grpo",
+        importance_sampling_level="sequence" if arm.loss == "gspo" else "token",
+        epsilon=arm.clip_low,
+        epsilon_high=arm.clip_high,
+        beta=0.0,
+        router_aux_loss_coef=0.0,
+        learning_rate=opt.lr,
+        weight_decay=opt.weight_decay,
+        adam_beta1=opt.beta1,
+        adam_beta2=opt.beta2,
+        max_grad_norm=opt.grad_clip,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
     )
-    return GRPOTrainer(model=model, reward_funcs=task_reward, args=args, train_dataset=dataset,
-                       processing_class=tok)
+    return GRPOTrainer(model=model, reward_funcs=task_reward, args=args, train_dataset=dataset, processing_class=tok)
 
 
 def _time_trl_phases(trainer) -> tuple[dict[str, list[float]], list[int], list[int]]:
@@ -129,6 +159,7 @@ def _time_trl_phases(trainer) -> tuple[dict[str, list[float]], list[int], list[i
                 gen_tokens.append(sum(len(c) for c in out[1]))  # completion ids up to and incl. EOS
                 gen_longest.append(max(len(c) for c in out[1]))
             return out
+
         return wrapper
 
     trainer._generate_and_score_completions = timed("prep", trainer._generate_and_score_completions)
@@ -174,10 +205,21 @@ def worker_trl(cfg: dict) -> None:
             r = state.global_step // mb - 1
             step_s = time.perf_counter() - self.t0
             gen, reward, prep = phases["gen"][r], phases["reward"][r], phases["prep"][r]
-            emit({"step_s": step_s, "cpu_s": time.process_time() - self.c0, "rollout_s": gen, "score_s": reward,
-                  "old_logp_s": prep - gen - reward, "update_s": step_s - prep, "gen_tokens": gen_tokens[r],
-                  "gen_tok_per_s": gen_tokens[r] / max(gen, 1e-9), "length_mean": gen_tokens[r] / B,
-                  "length_max": gen_longest[r], "gen_ms_per_token_step": 1000 * gen / max(gen_longest[r], 1)})
+            emit(
+                {
+                    "step_s": step_s,
+                    "cpu_s": time.process_time() - self.c0,
+                    "rollout_s": gen,
+                    "score_s": reward,
+                    "old_logp_s": prep - gen - reward,
+                    "update_s": step_s - prep,
+                    "gen_tokens": gen_tokens[r],
+                    "gen_tok_per_s": gen_tokens[r] / max(gen, 1e-9),
+                    "length_mean": gen_tokens[r] / B,
+                    "length_max": gen_longest[r],
+                    "gen_ms_per_token_step": 1000 * gen / max(gen_longest[r], 1),
+                }
+            )
             if state.global_step < args.max_steps:
                 self._go()
 
@@ -185,8 +227,14 @@ def worker_trl(cfg: dict) -> None:
     trainer.train()
     shutil.rmtree(out_dir, ignore_errors=True)
     wait_for_step()  # "done"
-    emit({"final": True, "peak_rss_mb": peak_rss_mb(), "torch_threads": torch.get_num_threads(),
-          "trl_version": trl.__version__})
+    emit(
+        {
+            "final": True,
+            "peak_rss_mb": peak_rss_mb(),
+            "torch_threads": torch.get_num_threads(),
+            "trl_version": trl.__version__,
+        }
+    )
 
 
 def worker_variants(cfg: dict) -> None:

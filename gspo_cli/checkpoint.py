@@ -18,9 +18,21 @@ from gspo_cli.runs import RunDir
 STATE_FILE = "trainer_state.pt"
 
 
-def save_checkpoint(rd: RunDir, step: int, model, tokenizer, optimizer_state: dict, scheduler, *,
-                    rng: random.Random, shuffle: torch.Generator, keep: int, dtype: str | None = None,
-                    model_state: dict | None = None, extra: dict | None = None) -> Path:
+def save_checkpoint(
+    rd: RunDir,
+    step: int,
+    model,
+    tokenizer,
+    optimizer_state: dict,
+    scheduler,
+    *,
+    rng: random.Random,
+    shuffle: torch.Generator,
+    keep: int,
+    dtype: str | None = None,
+    model_state: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
     """Write step `step`'s checkpoint: `model` (float32 master weights, saved as they are so a
     resume continues exactly; `model_state` instead of the model's own when its weights are
     sharded, see distributed.full_states) with `dtype` recorded in its config.json, so that
@@ -35,15 +47,18 @@ def save_checkpoint(rd: RunDir, step: int, model, tokenizer, optimizer_state: di
         if dtype is not None:
             _set_config_dtype(tmp / "config.json", dtype)
         tokenizer.save_pretrained(tmp)
-        torch.save({
-            "step": step,
-            "optimizer": optimizer_state,
-            "scheduler": scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": rng.getstate(),
-            "shuffle_rng": shuffle.get_state(),
-            **(extra or {}),
-        }, tmp / STATE_FILE)
+        torch.save(
+            {
+                "step": step,
+                "optimizer": optimizer_state,
+                "scheduler": scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": rng.getstate(),
+                "shuffle_rng": shuffle.get_state(),
+                **(extra or {}),
+            },
+            tmp / STATE_FILE,
+        )
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -82,8 +97,9 @@ def valid_checkpoints(rd: RunDir) -> list[Path]:
     return [p for p in rd.checkpoint_dirs() if (p / STATE_FILE).is_file() and (p / "config.json").is_file()]
 
 
-def load_trainer_state(ckpt: Path, model, optimizer, scheduler, *, rng: random.Random,
-                       shuffle: torch.Generator) -> dict:
+def load_trainer_state(
+    ckpt: Path, model, optimizer, scheduler, *, rng: random.Random, shuffle: torch.Generator
+) -> dict:
     """Restore optimizer (into `model`'s parameters, sharded or not), scheduler and every RNG
     from `ckpt`; returns the raw state dict."""
     state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)

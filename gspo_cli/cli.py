@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,6 +15,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from gspo_cli.cli_base import _fail, _print_table, err_console
+from gspo_cli.cli_views import compare, list_runs, plot, report
 from gspo_cli.errors import GspoError, SpecError
 
 app = typer.Typer(
@@ -25,7 +26,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-err_console = Console(stderr=True)
 
 
 def _print_version(value: bool) -> None:
@@ -35,24 +35,26 @@ def _print_version(value: bool) -> None:
 
     # Read from the installed packages' metadata: importing torch to ask it would take seconds.
     v = versions()
-    typer.echo(f"gspo-cli {v.get('gspo-cli', 'unknown')} (torch {v.get('torch', 'not installed')}, "
-               f"transformers {v.get('transformers', 'not installed')}, python {v['python']})")
+    typer.echo(
+        f"gspo-cli {v.get('gspo-cli', 'unknown')} (torch {v.get('torch', 'not installed')}, "
+        f"transformers {v.get('transformers', 'not installed')}, python {v['python']})"
+    )
     raise typer.Exit(0)
 
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                          help="print the gspo-cli, torch and transformers versions and exit")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print the gspo-cli, torch and transformers versions and exit",
+        ),
+    ] = False,
 ) -> None:
     """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot."""
-
-
-def _fail(err: GspoError) -> None:
-    for i, line in enumerate(str(err).splitlines() or [type(err).__name__]):
-        # soft_wrap: never break a problem over two lines (Rich wraps at 80 columns off a terminal).
-        err_console.print(("error: " if i == 0 else "       ") + line, markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(err.exit_code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -101,14 +103,29 @@ def _resume_target(run_dir: Path) -> tuple[Path, list[str]]:
 @app.command()
 def train(
     spec_path: Annotated[Optional[Path], typer.Argument(metavar="SPEC", help="experiment spec (YAML)")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY.PATH=VALUE",
-                                                      help="override a spec field (repeatable), e.g. arms.gspo.clip_high=5e-4")] = None,
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            "-s",
+            metavar="KEY.PATH=VALUE",
+            help="override a spec field (repeatable), e.g. arms.gspo.clip_high=5e-4",
+        ),
+    ] = None,
     arm: Annotated[Optional[list[str]], typer.Option("--arm", help="train only this arm (repeatable)")] = None,
-    seed: Annotated[Optional[list[int]], typer.Option("--seed", help="train only this seed (repeatable); "
-                                                      "seeds not listed in the spec are allowed")] = None,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="write runs here instead of the spec's output_dir")] = None,
-    resume: Annotated[Optional[Path], typer.Option("--resume", metavar="RUN_DIR",
-                                                   help="continue this run from its last checkpoint (instead of SPEC)")] = None,
+    seed: Annotated[
+        Optional[list[int]],
+        typer.Option("--seed", help="train only this seed (repeatable); seeds not listed in the spec are allowed"),
+    ] = None,
+    output_dir: Annotated[
+        Optional[Path], typer.Option("--output-dir", "-o", help="write runs here instead of the spec's output_dir")
+    ] = None,
+    resume: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--resume", metavar="RUN_DIR", help="continue this run from its last checkpoint (instead of SPEC)"
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="rerun runs that already completed (no resume)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final summary")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
@@ -149,7 +166,7 @@ def train(
         _fail(err)
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     code = _exit_code([r.status for r in results])
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 speaks for all
         raise typer.Exit(code)
@@ -163,12 +180,22 @@ def train(
 @app.command()
 def sweep(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec with a `sweep:` section")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY.PATH=VALUE",
-                                                      help="override a spec field before expanding (repeatable)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="list the planned runs and their settings; train nothing")] = False,
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set", "-s", metavar="KEY.PATH=VALUE", help="override a spec field before expanding (repeatable)"
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="list the planned runs and their settings; train nothing")
+    ] = False,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="runs trained at once, each in its own process")] = 1,
-    shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N",
-                                                 help="take shard I of N (0-based); default from SLURM_ARRAY_TASK_ID/COUNT")] = None,
+    shard: Annotated[
+        Optional[str],
+        typer.Option(
+            "--shard", metavar="I/N", help="take shard I of N (0-based); default from SLURM_ARRAY_TASK_ID/COUNT"
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="rerun completed runs")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final summary")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
@@ -187,193 +214,138 @@ def sweep(
         if dry_run:
             _show_plan(runs, as_json)
             return
-        log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
+        log = (
+            (lambda m: None)
+            if quiet
+            else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
+        )
         records = sw.run_plan(runs, jobs=jobs, force=force, log=log)
     except GspoError as err:
         _fail(err)
     if as_json:
         typer.echo(json.dumps(records))
     else:
-        _print_table(["run", "seed", "status", "exit", "wall s", "path"],
-                     [[r["run"], r["seed"], r["status"] + (" (skipped)" if r["skipped"] else ""), r["exit"],
-                       r["wall_s"], r["path"]] for r in records])
+        _print_table(
+            ["run", "seed", "status", "exit", "wall s", "path"],
+            [
+                [
+                    r["run"],
+                    r["seed"],
+                    r["status"] + (" (skipped)" if r["skipped"] else ""),
+                    r["exit"],
+                    r["wall_s"],
+                    r["path"],
+                ]
+                for r in records
+            ],
+        )
     interrupted = any(r["exit"] == 4 for r in records)
     raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
 
 
 def _show_plan(runs, as_json: bool) -> None:
-    rows = [{"run": r.name, "arm": r.base_arm, "seed": r.seed, "status": r.status(),
-             "settings": {k: v for k, v in r.settings}, "path": str(r.path)} for r in runs]
+    rows = [
+        {
+            "run": r.name,
+            "arm": r.base_arm,
+            "seed": r.seed,
+            "status": r.status(),
+            "settings": {k: v for k, v in r.settings},
+            "path": str(r.path),
+        }
+        for r in runs
+    ]
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    _print_table(["run", "seed", "status", "settings", "path"],
-                 [[x["run"], x["seed"], x["status"], ", ".join(f"{k}={v}" for k, v in x["settings"].items()) or "-",
-                   x["path"]] for x in rows])
+    _print_table(
+        ["run", "seed", "status", "settings", "path"],
+        [
+            [
+                x["run"],
+                x["seed"],
+                x["status"],
+                ", ".join(f"{k}={v}" for k, v in x["settings"].items()) or "-",
+                x["path"],
+            ]
+            for x in rows
+        ],
+    )
     typer.echo(f"{len(rows)} run(s) planned")
-
-
-@app.command(name="list")
-def list_runs(
-    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="run or experiment directories")],
-    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
-) -> None:
-    """Show the runs under PATH with status, step, last reward and wall time."""
-    from gspo_cli.runs import find_runs
-
-    rows = []
-    try:
-        for rd in find_runs(paths):
-            info, metrics = rd.info(), rd.metrics()
-            last = metrics[-1] if metrics else {}
-            rows.append({"path": str(rd.path), "status": info.get("status"), "step": info.get("step", 0),
-                         "total_steps": info.get("total_steps"), "reward_last": last.get("reward/mean"),
-                         "wall_s": info.get("wall_s")})
-    except GspoError as err:
-        _fail(err)
-    if not rows:
-        _fail(SpecError(f"no run directories (with run.json) under {', '.join(map(str, paths))}"))
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    _print_table(["path", "status", "step", "reward (last)", "wall s"],
-                 [[r["path"], r["status"], f"{r['step']}/{r['total_steps']}",
-                   "" if r["reward_last"] is None else f"{r['reward_last']:.3f}", r["wall_s"] or ""] for r in rows])
-
-
-def _print_table(columns: list[str], rows: list[list]) -> None:
-    from rich.table import Table
-
-    table = Table()
-    for c in columns:
-        table.add_column(c)
-    for row in rows:
-        table.add_row(*(str(v) for v in row))
-    # Off a terminal (pipes, job logs) Rich would squeeze to 80 columns and cut paths.
-    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250).print(table)
-
-
-def _split_list(values: list[str] | None) -> list[str] | None:
-    """--metrics a,b --metrics c -> [a, b, c]; None when not given."""
-    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
-    return out or None
-
-
-@app.command()
-def compare(
-    paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")],
-    group_by: Annotated[str, typer.Option("--group-by", "-g", help="arm (default), experiment, or a spec field: "
-                                          "clip_high, arms.0.loss, rollout.group_size")] = "arm",
-    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", "-m", help="columns, comma-separated or repeated: steps, reward, "
-                                                         "accuracy, eval, threshold, clip, clip_low, clip_high, expert_change, kl, "
-                                                         "entropy, length, grad_norm, step_time, wall, or a metric key")] = None,
-    last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps (also the threshold window)")] = 10,
-    threshold: Annotated[Optional[float], typer.Option("--threshold", help="add steps and time to reach this train reward")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, markdown, csv or json")] = "table",
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write to this file instead of stdout")] = None,
-) -> None:
-    """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
-
-    Reads run directories only (never a model); running or dead runs count with what is on disk.
-    """
-    from gspo_cli import compare as cmp
-
-    try:
-        if fmt not in cmp.FORMATS:
-            raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(cmp.FORMATS)})")
-        result = cmp.compare_runs(paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold)
-    except GspoError as err:
-        _fail(err)
-    if out is None and fmt == "table":
-        console = Console()
-        console.print(cmp.rich_table(result))
-        for note in result.notes:
-            console.print(note, style="dim", markup=False, highlight=False)
-        return
-    text = cmp.render(result, fmt)
-    if out is None:
-        typer.echo(text, nl=False)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        err_console.print(f"wrote {out}", markup=False, highlight=False)
-
-
-@app.command()
-def plot(
-    paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="output folder (default: <experiment dir>/plots)")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="png, svg or pdf")] = "png",
-    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", "-m", help="figures, comma-separated or repeated: reward, "
-                                                         "reward_time, eval, clip, expert_change, kl, entropy, length, grad_norm")] = None,
-    x: Annotated[str, typer.Option("--x", help="x axis: step, time (training seconds) or tokens (response tokens)")] = "step",
-    smooth: Annotated[float, typer.Option("--smooth", help="EMA weight in [0, 1) applied to each seed before averaging; 0: off")] = 0.0,
-    group_by: Annotated[str, typer.Option("--group-by", "-g", help="as for `compare`")] = "arm",
-) -> None:
-    """Draw reward, eval, clip-fraction, expert-change, KL, entropy, length and grad-norm
-    curves from run directories: one line per arm, mean over seeds with a 95% CI band."""
-    from gspo_cli.plot import plot_runs
-
-    try:
-        written, skipped = plot_runs(paths, out=out, fmt=fmt, metrics=_split_list(metrics), x=x,
-                                     smooth=smooth, group_by=group_by)
-    except GspoError as err:
-        _fail(err)
-    for name in skipped:
-        err_console.print(f"skipped {name}: no run logs it", markup=False, highlight=False)
-    for path in written:
-        typer.echo(str(path))
-
-
-@app.command()
-def report(
-    experiment: Annotated[Path, typer.Argument(help="an experiment directory, e.g. results/paper_tiny")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Markdown file (default: <experiment>/REPORT.md); "
-                                                "figures go to figures/ beside it")] = None,
-    last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps")] = 25,
-    smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
-) -> None:
-    """The GSPO paper's four findings checked on an experiment's runs: compare's table, plot's
-    figures, and per finding a difference of arm means with a 95% CI and a verdict."""
-    from gspo_cli.report import write_report
-
-    try:
-        path = write_report(experiment, out, last=last, smooth=smooth)
-    except GspoError as err:
-        _fail(err)
-    typer.echo(str(path))
 
 
 @app.command(name="eval")
 def eval_(
-    target: Annotated[Optional[str], typer.Argument(help="run directory, checkpoint or model directory, hub id, or "
-                                                    "builtin:<kind>; with --completions: a run (for its task) or nothing")] = None,
-    completions: Annotated[Optional[Path], typer.Option("--completions", "-c", help="score this JSONL of "
-                                                        '{"id", "completion"} lines instead of sampling (no model)')] = None,
+    target: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="run directory, checkpoint or model directory, hub id, or "
+            "builtin:<kind>; with --completions: a run (for its task) or nothing"
+        ),
+    ] = None,
+    completions: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--completions",
+            "-c",
+            help="score this JSONL of {\"id\", \"completion\"} lines instead of sampling (no model)",
+        ),
+    ] = None,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="task name (default: the run's)")] = None,
-    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="the task's data: a .jsonl/.json/"
-                                                   ".parquet file or hub:<id> (sets task.params.source)")] = None,
-    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="a run's checkpoint, e.g. step_000050 "
-                                                      "(default: the latest)")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", "-k", help="completions per problem, K "
-                                                   "(default: the run's eval_samples, else 1)")] = None,
+    dataset: Annotated[
+        Optional[str],
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="the task's data: a .jsonl/.json/.parquet file or hub:<id> (sets task.params.source)",
+        ),
+    ] = None,
+    checkpoint: Annotated[
+        Optional[str], typer.Option("--checkpoint", help="a run's checkpoint, e.g. step_000050 (default: the latest)")
+    ] = None,
+    samples: Annotated[
+        Optional[int],
+        typer.Option("--samples", "-k", help="completions per problem, K (default: the run's eval_samples, else 1)"),
+    ] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the run's, else 1.0")] = None,
     top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 1.0,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="new tokens per completion "
-                                                      "(default: the run's max_new_tokens, else 1024)")] = None,
+    max_tokens: Annotated[
+        Optional[int],
+        typer.Option("--max-tokens", help="new tokens per completion (default: the run's max_new_tokens, else 1024)"),
+    ] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="evaluate the first N problems only")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write results here (default: the run "
-                                                "directory, the completions' folder, or results/eval/<model>)")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            "-o",
+            help="write results here (default: the run directory, the completions' folder, or results/eval/<model>)",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="sequences per generate call "
-                                                      "(default: 64 with hf, all at once with vllm)")] = None,
+    batch_size: Annotated[
+        Optional[int],
+        typer.Option("--batch-size", help="sequences per generate call (default: 64 with hf, all at once with vllm)"),
+    ] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="e.g. cuda (default: the run's, else cpu)")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="hf (transformers' generate) or vllm (needs vLLM "
-                                        "installed; prompts, stops and sampling as in training)")] = "hf",
-    vllm_arg: Annotated[Optional[list[str]], typer.Option("--vllm-arg", help="KEY=VALUE, repeatable: a vllm.LLM "
-                                                          "argument (YAML value) over the run's rollout.vllm, e.g. "
-                                                          "gpu_memory_utilization=0.9")] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="hf (transformers' generate) or vllm (needs vLLM "
+            "installed; prompts, stops and sampling as in training)",
+        ),
+    ] = "hf",
+    vllm_arg: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--vllm-arg",
+            help="KEY=VALUE, repeatable: a vllm.LLM "
+            "argument (YAML value) over the run's rollout.vllm, e.g. "
+            "gpu_memory_utilization=0.9",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
 ) -> None:
     """Score a checkpoint or model (avg@K, pass@k, maj@K, failure shares, rating) on a task's
@@ -391,22 +363,40 @@ def eval_(
         if completions is not None:
             resolved = ev.resolve_run(target) if target is not None else None
             results, summary = ev.evaluate_completions(
-                completions, ev.resolve_task(resolved.spec if resolved else None, task, dataset), limit)
+                completions, ev.resolve_task(resolved.spec if resolved else None, task, dataset), limit
+            )
         else:
             resolved = ev.resolve_target(target, checkpoint)
-            sampling = ev.Sampling(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                   seed=seed, batch_size=batch_size, device=device, dtype=dtype, engine=engine,
-                                   vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"))
-            results, summary = ev.evaluate_model(resolved, ev.resolve_task(resolved.spec, task, dataset), sampling,
-                                                 limit, log=log)
+            sampling = ev.Sampling(
+                samples=samples,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                seed=seed,
+                batch_size=batch_size,
+                device=device,
+                dtype=dtype,
+                engine=engine,
+                vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"),
+            )
+            results, summary = ev.evaluate_model(
+                resolved, ev.resolve_task(resolved.spec, task, dataset), sampling, limit, log=log
+            )
         written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)
     except GspoError as err:
         _fail(err)
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     ev.render(summary, Console())
     err_console.print(f"wrote {written} and {written.with_name(ev.PROBLEMS_FILE).name}", markup=False, highlight=False)
+
+
+# The commands that read run directories only (cli_views): no torch import.
+app.command(name="list")(list_runs)
+app.command()(compare)
+app.command()(plot)
+app.command()(report)
 
 
 def main() -> None:

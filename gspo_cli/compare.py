@@ -61,6 +61,7 @@ class Comparison:
 
 # --------------------------------------------------------------------------- per-run values
 
+
 def tail_mean(run: Run, key: str, last: int) -> float:
     """Mean of a metric over the last `last` logged steps that have it."""
     s = run.series(key).dropna()
@@ -96,6 +97,7 @@ def eval_value(run: Run, task: str, which: str) -> float:
 
 
 # --------------------------------------------------------------------------- arm settings
+
 
 def _replay(arm: dict) -> str:
     return str(arm.get("routing_replay", "off"))
@@ -154,9 +156,25 @@ _MEANS = {
     "step_time": ("time/step_s", "s/step", "run"),
 }
 SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold")
-DEFAULT = ("steps", "reward", "eval", "threshold", "clip", "clip_low", "clip_high", "expert_change",
-           "engine_route_diff", "mismatch_weight", "masked", "truncated", "kl", "entropy", "length", "step_time",
-           "wall")
+DEFAULT = (
+    "steps",
+    "reward",
+    "eval",
+    "threshold",
+    "clip",
+    "clip_low",
+    "clip_high",
+    "expert_change",
+    "engine_route_diff",
+    "mismatch_weight",
+    "masked",
+    "truncated",
+    "kl",
+    "entropy",
+    "length",
+    "step_time",
+    "wall",
+)
 
 
 def build_columns(names: list[str], runs: list[Run], *, last: int, threshold: float | None) -> list[Column]:
@@ -181,8 +199,10 @@ def build_columns(names: list[str], runs: list[Run], *, last: int, threshold: fl
             unit = METRICS.get(name, ("", ""))[1]
             cols.append(Column(name, name, unit, lambda r, k=name: run_mean(r, k)))
         else:
-            raise SpecError(f"--metrics: unknown metric {name!r} (known: {', '.join([*SPECIAL, *_MEANS])}, "
-                            "or a key the runs log in metrics.jsonl)")
+            raise SpecError(
+                f"--metrics: unknown metric {name!r} (known: {', '.join([*SPECIAL, *_MEANS])}, "
+                "or a key the runs log in metrics.jsonl)"
+            )
     return cols
 
 
@@ -192,24 +212,51 @@ def _eval_columns(name: str, tasks: list[str], runs: list[Run]) -> list[Column]:
     for task in tasks:
         key = next((k for r in runs for k in r.eval_scores.key[r.eval_scores.task == task]), "score")
         for which in kinds:
-            cols.append(Column(f"eval_{which}:{task}", f"{task} {key} {which}", "score",
-                               lambda r, t=task, w=which: eval_value(r, t, w)))
+            cols.append(
+                Column(
+                    f"eval_{which}:{task}",
+                    f"{task} {key} {which}",
+                    "score",
+                    lambda r, t=task, w=which: eval_value(r, t, w),
+                )
+            )
     return cols
 
 
 def _threshold_columns(threshold: float | None, window: int) -> list[Column]:
     if threshold is None:
         return []
-    return [Column("threshold_step", f"steps to {threshold:g}", "step",
-                   lambda r: threshold_crossing(r, threshold, window)[0], ".0f", partial=True),
-            Column("threshold_time", f"time to {threshold:g} [s]", "s",
-                   lambda r: threshold_crossing(r, threshold, window)[1], ".3g", partial=True)]
+    return [
+        Column(
+            "threshold_step",
+            f"steps to {threshold:g}",
+            "step",
+            lambda r: threshold_crossing(r, threshold, window)[0],
+            ".0f",
+            partial=True,
+        ),
+        Column(
+            "threshold_time",
+            f"time to {threshold:g} [s]",
+            "s",
+            lambda r: threshold_crossing(r, threshold, window)[1],
+            ".3g",
+            partial=True,
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- the comparison
 
-def compare_runs(paths: list[str], *, group_by: str = "arm", metrics: list[str] | None = None,
-                 last: int = 10, threshold: float | None = None) -> Comparison:
+
+def compare_runs(
+    paths: list[str],
+    *,
+    group_by: str = "arm",
+    metrics: list[str] | None = None,
+    last: int = 10,
+    threshold: float | None = None,
+) -> Comparison:
     """Read the runs under `paths`, group them and compute every column; SpecError on bad input."""
     if last < 1:
         raise SpecError(f"--last: must be >= 1, got {last}")
@@ -236,11 +283,17 @@ def _row(group: Group, cols: list[Column]) -> Row:
 
 
 def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
-    notes = [(f"Mean ± 95% CI half-width over seeds (t-distribution; none for a lone seed). Reward: mean "
-              f"of the last {last} steps; other training columns: mean over all logged steps.")]
+    notes = [
+        (
+            f"Mean ± 95% CI half-width over seeds (t-distribution; none for a lone seed). Reward: mean "
+            f"of the last {last} steps; other training columns: mean over all logged steps."
+        )
+    ]
     if threshold is not None:
-        notes.append(f"Steps/time to {threshold:g}: first step where the train reward averaged over the "
-                     f"last {last} steps reaches it; (k/n): seeds that did, averaged over those.")
+        notes.append(
+            f"Steps/time to {threshold:g}: first step where the train reward averaged over the "
+            f"last {last} steps reaches it; (k/n): seeds that did, averaged over those."
+        )
     for r in runs:
         if r.status != "completed":
             total = r.info.get("total_steps", "?")
@@ -249,6 +302,7 @@ def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- rendering
+
 
 def status_text(status: dict[str, int]) -> str:
     if len(status) == 1:
@@ -268,10 +322,23 @@ def cell_text(col: Column, st: Stats, seeds: int) -> str:
 
 
 def _text_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
-    header = [comp.settings.get("group_by", "group"), "seeds", "status", *(h for h, _ in SETTINGS.values()),
-              *(c.label for c in comp.columns)]
-    rows = [[r.group, str(len(r.seeds)), status_text(r.status), *(r.settings.get(s, "") for s in SETTINGS),
-             *(cell_text(c, r.cells[c.id], len(r.seeds)) for c in comp.columns)] for r in comp.rows]
+    header = [
+        comp.settings.get("group_by", "group"),
+        "seeds",
+        "status",
+        *(h for h, _ in SETTINGS.values()),
+        *(c.label for c in comp.columns),
+    ]
+    rows = [
+        [
+            r.group,
+            str(len(r.seeds)),
+            status_text(r.status),
+            *(r.settings.get(s, "") for s in SETTINGS),
+            *(cell_text(c, r.cells[c.id], len(r.seeds)) for c in comp.columns),
+        ]
+        for r in comp.rows
+    ]
     return header, rows
 
 
@@ -316,8 +383,15 @@ def _num(x: float) -> float | None:
 def _csv(comp: Comparison) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["group", "seeds", "status", *SETTINGS,
-                *(f"{c.id}_{s}" for c in comp.columns for s in ("mean", "std", "ci95", "n"))])
+    w.writerow(
+        [
+            "group",
+            "seeds",
+            "status",
+            *SETTINGS,
+            *(f"{c.id}_{s}" for c in comp.columns for s in ("mean", "std", "ci95", "n")),
+        ]
+    )
     for r in comp.rows:
         cells = []
         for c in comp.columns:
@@ -331,8 +405,18 @@ def _json(comp: Comparison) -> dict:
     return {
         "settings": comp.settings,
         "columns": [{"id": c.id, "label": c.label, "unit": c.unit} for c in comp.columns],
-        "groups": [{"group": r.group, "seeds": r.seeds, "status": r.status, "settings": r.settings,
-                    "metrics": {k: {"mean": _num(s.mean), "std": _num(s.std), "ci95": _num(s.ci95), "n": s.n}
-                                for k, s in r.cells.items()}} for r in comp.rows],
+        "groups": [
+            {
+                "group": r.group,
+                "seeds": r.seeds,
+                "status": r.status,
+                "settings": r.settings,
+                "metrics": {
+                    k: {"mean": _num(s.mean), "std": _num(s.std), "ci95": _num(s.ci95), "n": s.n}
+                    for k, s in r.cells.items()
+                },
+            }
+            for r in comp.rows
+        ],
         "notes": comp.notes,
     }

@@ -14,34 +14,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gspo_cli.errors import SpecError
-
-# ---------------------------------------------------------------------------------------
-# Presets: the paper's settings (arXiv:2507.18071, section 5.1). An arm extends one and
-# may override any field.
-_PAPER_GRPO: dict[str, Any] = {
-    "loss": "grpo",
-    "clip_low": 0.2,
-    "clip_high": 0.27,
-    "aggregation": "seq_mean_token_mean",
-    "mini_batches": 4,
-    "epochs": 1,
-    "routing_replay": "off",
-    "kl_coef": 0.0,
-    "advantage": "grpo",
-}
-_PAPER_GSPO: dict[str, Any] = {
-    **_PAPER_GRPO,
-    "loss": "gspo",
-    "clip_low": 3e-4,
-    "clip_high": 4e-4,
-    "aggregation": "seq_mean_token_mean",  # = plain mean over sequences for GSPO
-}
-PRESETS: dict[str, dict[str, Any]] = {
-    "paper-grpo": _PAPER_GRPO,
-    "paper-grpo-rr": {**_PAPER_GRPO, "routing_replay": "r2"},
-    "paper-gspo": _PAPER_GSPO,
-    "paper-gspo-token": {**_PAPER_GSPO, "loss": "gspo_token"},
-}
+from gspo_cli.presets import PRESETS  # noqa: F401 - part of the spec vocabulary
 
 
 class _Problems(ValueError):
@@ -137,37 +110,61 @@ class TaskConfig(_Strict):
 
 
 # vllm.LLM arguments the vLLM engine sets itself: changing them breaks what the trainer assumes.
-VLLM_RESERVED_KWARGS = ("model", "tokenizer", "skip_tokenizer_init", "logprobs_mode", "dtype", "seed",
-                        "generation_config")
+VLLM_RESERVED_KWARGS = (
+    "model",
+    "tokenizer",
+    "skip_tokenizer_init",
+    "logprobs_mode",
+    "dtype",
+    "seed",
+    "generation_config",
+)
 
 
 class RolloutConfig(_Strict):
-    engine: Literal["hf", "vllm"] = Field("hf", description="hf: the trainer's own model.generate; vllm: an "
-                                                            "in-process vLLM engine, weights synced every step")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="hf: the trainer's own model.generate; vllm: an in-process vLLM engine, weights synced every step",
+    )
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2)
     max_new_tokens: int = Field(48, ge=1)
     temperature: float = Field(1.0, gt=0)
-    use_engine_logprobs: bool = Field(False, description="vllm only: take pi_old's log-probs from the engine "
-                                                         "instead of a trainer forward (paper section 5.4)")
-    sampler_logprobs: bool = Field(True, description="hf only: take pi_old's log-probs, entropy and MoE routes "
-                                                      "from generate's own forward passes instead of a second "
-                                                      "no-grad pass (~13% less per step; they differ from a full "
-                                                      "forward by ~1e-5 nats at most)")
-    vllm: dict[str, Any] = Field(default_factory=dict, description="extra vllm.LLM(...) arguments, e.g. "
-                                                                   "gpu_memory_utilization")
-    logprob_check_every: int = Field(10, ge=0, description="hf engine with sampler_logprobs: every N steps (and at "
-                                                           "step 1) compare the sampler's log-probs with one full "
-                                                           "trainer forward (rollout/logprob_diff_*); 0: never")
+    use_engine_logprobs: bool = Field(
+        False,
+        description="vllm only: take pi_old's log-probs from the engine "
+        "instead of a trainer forward (paper section 5.4)",
+    )
+    sampler_logprobs: bool = Field(
+        True,
+        description="hf only: take pi_old's log-probs, entropy and MoE routes "
+        "from generate's own forward passes instead of a second "
+        "no-grad pass (~13% less per step; they differ from a full "
+        "forward by ~1e-5 nats at most)",
+    )
+    vllm: dict[str, Any] = Field(
+        default_factory=dict, description="extra vllm.LLM(...) arguments, e.g. gpu_memory_utilization"
+    )
+    logprob_check_every: int = Field(
+        10,
+        ge=0,
+        description="hf engine with sampler_logprobs: every N steps (and at "
+        "step 1) compare the sampler's log-probs with one full "
+        "trainer forward (rollout/logprob_diff_*); 0: never",
+    )
     # Prompts as the checkpoint defines them (gspo_cli.models.prompts), in training and evaluation.
-    chat_template: Literal["auto", "none"] = Field("auto", description="auto: task prompts go through the "
-                                                                       "tokenizer's chat template as the user "
-                                                                       "message when it has one; none: raw text")
-    system_prompt: str | None = Field(None, description="a system message before each prompt (needs a chat "
-                                                        "template); none: no system turn")
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra variables for the "
-                                                                                   "chat template, e.g. "
-                                                                                   "enable_thinking: false")
+    chat_template: Literal["auto", "none"] = Field(
+        "auto",
+        description="auto: task prompts go through the "
+        "tokenizer's chat template as the user "
+        "message when it has one; none: raw text",
+    )
+    system_prompt: str | None = Field(
+        None, description="a system message before each prompt (needs a chat template); none: no system turn"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables for the chat template, e.g. enable_thinking: false"
+    )
 
     @model_validator(mode="after")
     def _check(self):
@@ -209,8 +206,10 @@ class DivergenceConfig(_Strict):
     """When a run is declared diverged. NaN/Inf in the loss, gradients or log-probs always
     counts; the collapse detectors are off unless given a threshold."""
 
-    skip_bad_batches: bool = Field(False, description="skip a mini-batch with a non-finite loss or gradient "
-                                                      "instead of stopping (isolated bad batches)")
+    skip_bad_batches: bool = Field(
+        False,
+        description="skip a mini-batch with a non-finite loss or gradient instead of stopping (isolated bad batches)",
+    )
     max_skipped: int = Field(3, ge=0, description="with skip_bad_batches: diverge after this many skips in a run")
     reward_below: float | None = Field(None, description="collapse: mean reward below this for `patience` steps")
     entropy_below: float | None = Field(None, ge=0, description="collapse: entropy below this for `patience` steps")
@@ -219,16 +218,22 @@ class DivergenceConfig(_Strict):
 
 class TrainConfig(_Strict):
     steps: int = Field(20, ge=1)
-    checkpoint_every: int = Field(50, ge=0, description="steps between checkpoints (resume points); 0: only the final one")
+    checkpoint_every: int = Field(
+        50, ge=0, description="steps between checkpoints (resume points); 0: only the final one"
+    )
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(0, ge=0, description="0: evaluate only at the end")
     eval_samples: int = Field(1, ge=1, description="samples per eval problem (avg@k)")
     sinks: list[Literal["tensorboard", "wandb"]] = Field(
-        default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.sinks)")
+        default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.sinks)"
+    )
     divergence: DivergenceConfig = DivergenceConfig()
-    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in "
-                                                            "backward instead of keeping them (less memory, "
-                                                            "~1 extra forward per update)")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in "
+        "backward instead of keeping them (less memory, "
+        "~1 extra forward per update)",
+    )
 
 
 class MismatchConfig(_Strict):
@@ -236,8 +241,7 @@ class MismatchConfig(_Strict):
     the sampled tokens: each token's loss is weighted by rho = pi_old(trainer) / pi(engine),
     truncated or masked (gspo_cli.algorithms.mismatch)."""
 
-    mode: str = Field("off", description="off, or a correction registered in "
-                                         "gspo_cli.algorithms.MISMATCH_CORRECTIONS")
+    mode: str = Field("off", description="off, or a correction registered in gspo_cli.algorithms.MISMATCH_CORRECTIONS")
     low: float = Field(0.5, ge=0, le=1, description="mask modes: drop below this ratio")
     high: float = Field(2.0, ge=1, description="truncate modes: cap; mask modes: drop above this ratio")
 
@@ -270,7 +274,6 @@ class ArmConfig(_Strict):
     @classmethod
     def _name_ok(cls, v: str) -> str:
         return _check_dir_name(v, "arm names")
-
 
 
 def _check_dir_name(v: str, what: str) -> str:
@@ -327,8 +330,10 @@ class ExperimentSpec(_Strict):
                 )
             problems += _engine_problems(i, arm, self.rollout)
         if self.model.dtype == "float16":
-            problems.append("model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
-                            "(small gradients underflow); use bfloat16")
+            problems.append(
+                "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
+                "(small gradients underflow); use bfloat16"
+            )
         names = [a.name for a in self.arms]
         for i, n in enumerate(names):
             if n in names[:i]:
@@ -360,15 +365,21 @@ def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str
     hf_without = rollout.engine == "hf" and not rollout.sampler_logprobs
     if arm.mismatch.mode != "off":
         if rollout.use_engine_logprobs:
-            problems.append(f"arms[{i}].mismatch.mode: {arm.mismatch.mode} weights by pi_old(trainer) / pi(engine), "
-                            "but rollout.use_engine_logprobs makes pi_old the engine's (every weight 1); "
-                            "use one or the other")
+            problems.append(
+                f"arms[{i}].mismatch.mode: {arm.mismatch.mode} weights by pi_old(trainer) / pi(engine), "
+                "but rollout.use_engine_logprobs makes pi_old the engine's (every weight 1); "
+                "use one or the other"
+            )
         if hf_without:
-            problems.append(f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs: "
-                            "rollout.sampler_logprobs: true (hf) or rollout.engine: vllm")
+            problems.append(
+                f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs: "
+                "rollout.sampler_logprobs: true (hf) or rollout.engine: vllm"
+            )
     if arm.routing_replay == "r3" and hf_without:
-        problems.append(f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "
-                        "needs rollout.sampler_logprobs: true (or use r2)")
+        problems.append(
+            f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "
+            "needs rollout.sampler_logprobs: true (or use r2)"
+        )
     return problems
 
 
@@ -382,20 +393,26 @@ def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
     torch-free (compare, plot, eval --completions)."""
     from gspo_cli import algorithms
 
-    registries = {"loss": (algorithms.POLICY_LOSSES, "policy loss"),
-                  "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
-                  "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator")}
+    registries = {
+        "loss": (algorithms.POLICY_LOSSES, "policy loss"),
+        "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
+        "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator"),
+    }
     problems = []
     for i, arm in enumerate(arms):
         for field, (registry, what) in registries.items():
             name = getattr(arm, field)
             if name not in registry:
-                problems.append(f"arms[{i}].{field}: unknown {what} {name!r}{_did_you_mean(name, registry)}; "
-                                f"registered: {', '.join(registry)}")
+                problems.append(
+                    f"arms[{i}].{field}: unknown {what} {name!r}{_did_you_mean(name, registry)}; "
+                    f"registered: {', '.join(registry)}"
+                )
         modes = ["off", *algorithms.MISMATCH_CORRECTIONS]  # off: no correction, not a registered one
         if arm.mismatch.mode not in modes:
-            problems.append(f"arms[{i}].mismatch.mode: unknown mismatch correction {arm.mismatch.mode!r}"
-                            f"{_did_you_mean(arm.mismatch.mode, modes)}; known: {', '.join(modes)}")
+            problems.append(
+                f"arms[{i}].mismatch.mode: unknown mismatch correction {arm.mismatch.mode!r}"
+                f"{_did_you_mean(arm.mismatch.mode, modes)}; known: {', '.join(modes)}"
+            )
     return problems
 
 
@@ -406,4 +423,3 @@ def _did_you_mean(word: Any, choices) -> str:
 
 class OnPolicyWarning(UserWarning):
     """A comparison whose arms cannot differ."""
-

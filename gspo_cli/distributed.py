@@ -60,13 +60,16 @@ def check_divisible(prompts_per_step: int, group_size: int, mini_batches: list[i
     if not info.enabled:
         return
     if prompts_per_step % info.world_size:
-        raise SpecError(f"rollout.prompts_per_step: {prompts_per_step} is not divisible by the "
-                        f"{info.world_size} processes (whole groups stay on one rank)")
+        raise SpecError(
+            f"rollout.prompts_per_step: {prompts_per_step} is not divisible by the "
+            f"{info.world_size} processes (whole groups stay on one rank)"
+        )
     local = prompts_per_step // info.world_size * group_size
     for mb in mini_batches:
         if local % mb:
-            raise SpecError(f"mini_batches: {mb} does not divide the per-process batch of {local} "
-                            f"({info.world_size} processes)")
+            raise SpecError(
+                f"mini_batches: {mb} does not divide the per-process batch of {local} ({info.world_size} processes)"
+            )
 
 
 def shard(items: list, info: DistInfo) -> list:
@@ -74,7 +77,7 @@ def shard(items: list, info: DistInfo) -> list:
     if not info.enabled:
         return items
     n = len(items) // info.world_size
-    return items[info.rank * n:(info.rank + 1) * n]
+    return items[info.rank * n : (info.rank + 1) * n]
 
 
 def gather_objects(obj, info: DistInfo) -> list:
@@ -144,8 +147,9 @@ def shard_(model: torch.nn.Module) -> None:
     layer_types = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
     if not layers:
-        raise SpecError(f"model.sharding: fsdp needs decoder layers to shard; {type(model).__name__} lists none "
-                        "(_no_split_modules)")
+        raise SpecError(
+            f"model.sharding: fsdp needs decoder layers to shard; {type(model).__name__} lists none (_no_split_modules)"
+        )
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
@@ -162,11 +166,7 @@ def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: 
     (gathering sharded weights is a collective). The model state is the full state dict on
     rank 0 when sharded (None: the model's own is whole). The optimizer state is keyed by
     parameter names, whole, on rank 0: it loads into any number of processes and shardings."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=info.enabled)
     model_state = get_model_state_dict(model, options=opts) if is_sharded(model) else None
@@ -182,8 +182,7 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
 
 
 def scalar(x) -> torch.Tensor:

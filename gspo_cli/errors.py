@@ -31,5 +31,10 @@ class InterruptedRun(GspoError):
     exit_code = 4
 
 
-EXIT_CODES = {0: "done", 1: "a run failed", 2: "bad usage, spec, path or model",
-              3: "a run diverged", 4: "interrupted (resumable)"}
+EXIT_CODES = {
+    0: "done",
+    1: "a run failed",
+    2: "bad usage, spec, path or model",
+    3: "a run diverged",
+    4: "interrupted (resumable)",
+}

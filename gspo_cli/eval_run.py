@@ -22,13 +22,7 @@ from typing import Any
 
 from gspo_cli.config import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.errors import SpecError
-from gspo_cli.evaluate import (
-    ProblemResult,
-    sample_completions,
-    sample_counts,
-    score_problems,
-    summarize,
-)
+from gspo_cli.evaluate import ProblemResult, sample_completions, sample_counts, score_problems, summarize
 from gspo_cli.files import iter_lines
 from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
 from gspo_cli.spec_loading import load_spec
@@ -85,7 +79,9 @@ def resolve_target(target: str, checkpoint: str | None = None) -> Target:
         raise SpecError(f"--checkpoint: {target} is not a run directory (no spec.yaml)")
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise SpecError(f"TARGET: {target} is neither a run directory (spec.yaml) nor a model directory (config.json)")
+            raise SpecError(
+                f"TARGET: {target} is neither a run directory (spec.yaml) nor a model directory (config.json)"
+            )
         run = path.parent.parent
         if path.parent.name == "checkpoints" and (run / "spec.yaml").is_file():
             return Target(str(path), run, path.name, load_spec(run / "spec.yaml"))
@@ -101,7 +97,9 @@ def resolve_run(target: str) -> Target:
     """A run directory, for its task only (scoring completions made elsewhere for it)."""
     path = Path(target).expanduser()
     if not (path / "spec.yaml").is_file():
-        raise SpecError(f"TARGET: with --completions, TARGET must be a run directory (spec.yaml), for its task; got {target}")
+        raise SpecError(
+            f"TARGET: with --completions, TARGET must be a run directory (spec.yaml), for its task; got {target}"
+        )
     return Target(source="", run_dir=path, spec=load_spec(path / "spec.yaml"))
 
 
@@ -127,8 +125,9 @@ def eval_size(task: Task, spec: ExperimentSpec | None, limit: int | None) -> int
     return size if size is not None else (spec.task.eval_size if spec else TaskConfig().eval_size)
 
 
-def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | None,
-                   log: Callable[[str], None] = print) -> tuple[list[ProblemResult], dict[str, Any]]:
+def evaluate_model(
+    target: Target, task: Task, sampling: Sampling, limit: int | None, log: Callable[[str], None] = print
+) -> tuple[list[ProblemResult], dict[str, Any]]:
     """Sample from the target's model on the task's held-out problems and score them.
 
     Returns the per-problem results and the summary (scores plus what was evaluated, how).
@@ -169,23 +168,39 @@ def evaluate_model(target: Target, task: Task, sampling: Sampling, limit: int | 
     else:
         lm = load_model(source, cfg, training=False)  # sampling only: weights in the dtype asked for
         torch.manual_seed(sampling.seed)
-        engine = HFRolloutEngine(lm.model, lm.tokenizer, max_new_tokens=max_tokens, temperature=temperature,
-                                 top_p=sampling.top_p,
-                                 prompt_format=PromptFormat.from_rollout(rollout).formatter(lm.tokenizer))
+        engine = HFRolloutEngine(
+            lm.model,
+            lm.tokenizer,
+            max_new_tokens=max_tokens,
+            temperature=temperature,
+            top_p=sampling.top_p,
+            prompt_format=PromptFormat.from_rollout(rollout).formatter(lm.tokenizer),
+        )
     log(f"sampling {len(problems)} problems x {K} from {source} ({sampling.engine})")
     batch_size = sampling.batch_size or (None if sampling.engine == "vllm" else 64)
     try:
-        completions = sample_completions(engine, problems, K, batch_size,
-                                         progress=lambda done, total: log(f"  {done}/{total} completions"))
+        completions = sample_completions(
+            engine, problems, K, batch_size, progress=lambda done, total: log(f"  {done}/{total} completions")
+        )
     finally:
         close = getattr(engine, "close", None)  # a vLLM engine holds its memory until closed
         if close is not None:
             close()
     results = score_problems(task, problems, completions)
-    info = {"model": source, "checkpoint": target.checkpoint, "run_dir": str(target.run_dir) if target.run_dir else None,
-            "sampling": {"samples": K, "temperature": temperature, "top_p": sampling.top_p,
-                         "max_tokens": max_tokens, "seed": sampling.seed},
-            "engine": sampling.engine, **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {})}
+    info = {
+        "model": source,
+        "checkpoint": target.checkpoint,
+        "run_dir": str(target.run_dir) if target.run_dir else None,
+        "sampling": {
+            "samples": K,
+            "temperature": temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": max_tokens,
+            "seed": sampling.seed,
+        },
+        "engine": sampling.engine,
+        **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {}),
+    }
     return results, _summary(task, results, info, time.time() - t0)
 
 
@@ -207,15 +222,23 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
     chosen = [p for p in problems if p.id in by_id]
     if not chosen:
         hint = f"; the task's ids look like {problems[0].id!r}" if problems else ""
-        raise SpecError(f"--completions: none of the {len(by_id)} ids in {path} is a problem of task {task.name} "
-                        f"(first id {next(iter(by_id))!r}{hint})")
+        raise SpecError(
+            f"--completions: none of the {len(by_id)} ids in {path} is a problem of task {task.name} "
+            f"(first id {next(iter(by_id))!r}{hint})"
+        )
     unknown = [i for i in by_id if i not in known]
     if unknown:
-        warnings.warn(f"--completions: {len(unknown)} ids in {path} are not problems of task {task.name} "
-                      f"(e.g. {unknown[0]!r}); left out")
+        warnings.warn(
+            f"--completions: {len(unknown)} ids in {path} are not problems of task {task.name} "
+            f"(e.g. {unknown[0]!r}); left out",
+            stacklevel=2,
+        )
     missing = len(problems) - len(chosen)
     if missing:
-        warnings.warn(f"--completions: {missing} of {len(problems)} problems have no completions in {path}; left out")
+        warnings.warn(
+            f"--completions: {missing} of {len(problems)} problems have no completions in {path}; left out",
+            stacklevel=2,
+        )
     chosen = chosen[:limit] if limit else chosen
     t0 = time.time()
     results = score_problems(task, chosen, [by_id[p.id] for p in chosen])
@@ -236,10 +259,16 @@ def load_completions(path: Path) -> dict[str, list[str]]:
         except json.JSONDecodeError as err:
             raise SpecError(f"--completions: {path}:{lineno}: not JSON ({err.msg})") from None
         texts = obj.get("completions", [obj.get("completion")]) if isinstance(obj, dict) else None
-        if not isinstance(obj, dict) or obj.get("id") is None or not isinstance(texts, list) \
-                or not all(isinstance(t, str) for t in texts):
-            raise SpecError(f'--completions: {path}:{lineno}: expected {{"id": ..., "completion": "..."}} '
-                            'or {"id": ..., "completions": [...]}')
+        if (
+            not isinstance(obj, dict)
+            or obj.get("id") is None
+            or not isinstance(texts, list)
+            or not all(isinstance(t, str) for t in texts)
+        ):
+            raise SpecError(
+                f'--completions: {path}:{lineno}: expected {{"id": ..., "completion": "..."}} '
+                'or {"id": ..., "completions": [...]}'
+            )
         out.setdefault(str(obj["id"]), []).extend(texts)
     if not out:
         raise SpecError(f"--completions: {path} holds no completions")
@@ -263,8 +292,15 @@ def parse_key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
     return out
 
 
-def _vllm_engine(source: str, dtype: str, rollout: RolloutConfig, temperature: float, max_tokens: int,
-                 sampling: Sampling, vllm_args: dict[str, Any]):
+def _vllm_engine(
+    source: str,
+    dtype: str,
+    rollout: RolloutConfig,
+    temperature: float,
+    max_tokens: int,
+    sampling: Sampling,
+    vllm_args: dict[str, Any],
+):
     """A vLLM engine sampling from `source` as training's does (the run's prompt format, the
     checkpoint's stop ids, neutral sampling but for `sampling.top_p`), without loading the
     weights into transformers: vLLM loads them itself. SpecError (one line) for a source that
@@ -291,27 +327,37 @@ def _vllm_engine(source: str, dtype: str, rollout: RolloutConfig, temperature: f
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return VLLMRolloutEngine(None, tokenizer, model_dir=source, max_new_tokens=max_tokens, temperature=temperature,
-                             top_p=sampling.top_p, dtype=dtype, seed=sampling.seed, engine_kwargs=vllm_args,
-                             stop_ids=stop_token_ids(SimpleNamespace(generation_config=generation), tokenizer),
-                             prompt_format=PromptFormat.from_rollout(rollout).formatter(tokenizer),
-                             model_config=config)
+    return VLLMRolloutEngine(
+        None,
+        tokenizer,
+        model_dir=source,
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        top_p=sampling.top_p,
+        dtype=dtype,
+        seed=sampling.seed,
+        engine_kwargs=vllm_args,
+        stop_ids=stop_token_ids(SimpleNamespace(generation_config=generation), tokenizer),
+        prompt_format=PromptFormat.from_rollout(rollout).formatter(tokenizer),
+        model_config=config,
+    )
 
 
 def _check_sampling(s: Sampling, limit: int | None) -> None:
     vllm = s.engine == "vllm"
     reserved = [k for k in (s.vllm_args or {}) if k in VLLM_RESERVED_KWARGS]
-    checks = [("--engine", s.engine in ("hf", "vllm"), f"{s.engine!r} is not hf or vllm"),
-              ("--device", not vllm or s.device is None,
-               "vLLM places the model itself; leave it out with --engine vllm"),
-              ("--vllm-arg", vllm or not s.vllm_args, "needs --engine vllm"),
-              ("--vllm-arg", not reserved, f"{', '.join(reserved)}: set by gspo-cli itself"),
-("--samples", s.samples is None or s.samples >= 1, "must be >= 1"),
-              ("--temperature", s.temperature is None or s.temperature > 0, "must be > 0"),
-              ("--top-p", 0 < s.top_p <= 1, "must be in (0, 1]"),
-              ("--max-tokens", s.max_tokens is None or s.max_tokens >= 1, "must be >= 1"),
-              ("--batch-size", s.batch_size is None or s.batch_size >= 1, "must be >= 1"),
-              ("--limit", limit is None or limit >= 1, "must be >= 1")]
+    checks = [
+        ("--engine", s.engine in ("hf", "vllm"), f"{s.engine!r} is not hf or vllm"),
+        ("--device", not vllm or s.device is None, "vLLM places the model itself; leave it out with --engine vllm"),
+        ("--vllm-arg", vllm or not s.vllm_args, "needs --engine vllm"),
+        ("--vllm-arg", not reserved, f"{', '.join(reserved)}: set by gspo-cli itself"),
+        ("--samples", s.samples is None or s.samples >= 1, "must be >= 1"),
+        ("--temperature", s.temperature is None or s.temperature > 0, "must be > 0"),
+        ("--top-p", 0 < s.top_p <= 1, "must be in (0, 1]"),
+        ("--max-tokens", s.max_tokens is None or s.max_tokens >= 1, "must be >= 1"),
+        ("--batch-size", s.batch_size is None or s.batch_size >= 1, "must be >= 1"),
+        ("--limit", limit is None or limit >= 1, "must be >= 1"),
+    ]
     for flag, ok, msg in checks:
         if not ok:
             raise SpecError(f"{flag}: {msg}")
@@ -319,9 +365,18 @@ def _check_sampling(s: Sampling, limit: int | None) -> None:
 
 def _summary(task: Task, results: list[ProblemResult], info: dict[str, Any], seconds: float) -> dict[str, Any]:
     scores = summarize(results)
-    return {"task": task.name, "fingerprint": task.fingerprint(), "problems": len(results),
-            "samples": max(len(r.completions) for r in results), **sample_counts(results), "scores": scores,
-            "rating": scores.get("rating"), **info, "created_at": now_iso(), "time_s": round(seconds, 3)}
+    return {
+        "task": task.name,
+        "fingerprint": task.fingerprint(),
+        "problems": len(results),
+        "samples": max(len(r.completions) for r in results),
+        **sample_counts(results),
+        "scores": scores,
+        "rating": scores.get("rating"),
+        **info,
+        "created_at": now_iso(),
+        "time_s": round(seconds, 3),
+    }
 
 
 def default_out_dir(target: Target | None, completions: Path | None) -> Path:
@@ -354,16 +409,24 @@ def render(summary: dict[str, Any], console) -> None:
     if summary.get("checkpoint"):
         what = f"{summary.get('run_dir') or what} @ {summary['checkpoint']}"
     per = summary.get("samples_per_problem") or {str(summary["samples"]): summary["problems"]}
-    samples = (f"{summary['samples']} samples" if len(per) == 1 else
-               "uneven samples (" + ", ".join(f"{c} with {n}" for n, c in per.items()) + ")")
-    console.print(f"{summary['task']}: {summary['problems']} problems x {samples}, {what}",
-                  markup=False, highlight=False, soft_wrap=True)
+    samples = (
+        f"{summary['samples']} samples"
+        if len(per) == 1
+        else "uneven samples (" + ", ".join(f"{c} with {n}" for n, c in per.items()) + ")"
+    )
+    console.print(
+        f"{summary['task']}: {summary['problems']} problems x {samples}, {what}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     entered = summary.get("pass_k_problems") or {}
     table = Table()
     table.add_column("score")
     table.add_column("value", justify="right")
     table.add_column("problems", justify="right")
     for key, value in summary["scores"].items():
-        table.add_row(key, f"{value:.1f}" if key == "rating" else f"{value:.4f}",
-                      str(entered.get(key, summary["problems"])))
+        table.add_row(
+            key, f"{value:.1f}" if key == "rating" else f"{value:.4f}", str(entered.get(key, summary["problems"]))
+        )
     console.print(table)

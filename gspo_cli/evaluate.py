@@ -75,8 +75,13 @@ class ProblemResult:
 
     def record(self) -> dict[str, Any]:
         """The line written to eval_problems.jsonl."""
-        out = {"id": self.problem.id, "answer": self.problem.answer, "completions": self.completions,
-               "correct": self.correct, "rewards": [s.reward for s in self.scores]}
+        out = {
+            "id": self.problem.id,
+            "answer": self.problem.answer,
+            "completions": self.completions,
+            "correct": self.correct,
+            "rewards": [s.reward for s in self.scores],
+        }
         if self.extracted is not None:
             out["extracted"] = self.extracted
             out["majority_correct"] = self.majority_correct()
@@ -97,8 +102,14 @@ def score_problems(task: Task, problems: list[Problem], completions: list[list[s
     extract: Callable[[str], str | None] | None = getattr(task, "extract_answer", None)
     out, i = [], 0
     for p, cs in zip(problems, completions):
-        out.append(ProblemResult(problem=p, completions=list(cs), scores=flat_s[i:i + len(cs)],
-                                 extracted=[extract(c) for c in cs] if extract else None))
+        out.append(
+            ProblemResult(
+                problem=p,
+                completions=list(cs),
+                scores=flat_s[i : i + len(cs)],
+                extracted=[extract(c) for c in cs] if extract else None,
+            )
+        )
         i += len(cs)
     return out
 
@@ -149,8 +160,13 @@ def problem_rating(problem: Problem) -> float | None:
     return None
 
 
-def elo_rating(difficulties: list[float], solved: float, lo: float = RATING_RANGE[0],
-               hi: float = RATING_RANGE[1], tol: float = 1e-6) -> float | None:
+def elo_rating(
+    difficulties: list[float],
+    solved: float,
+    lo: float = RATING_RANGE[0],
+    hi: float = RATING_RANGE[1],
+    tol: float = 1e-6,
+) -> float | None:
     """The rating R at which the Elo expected number of solves, sum_i 1 / (1 + 10^((d_i - R)/400)),
     equals `solved` (fractional solves allowed: the mean success over samples). The expectation
     rises with R, so bisection finds it; the result is clamped to [lo, hi] (everything solved
@@ -176,8 +192,13 @@ def evaluate_samples(task: Task, problems: list[Problem], completions: list[list
     return summarize(score_problems(task, problems, completions))
 
 
-def sample_completions(engine, problems: list[Problem], samples: int, batch_size: int | None = None,
-                       progress: Callable[[int, int], None] | None = None) -> list[list[str]]:
+def sample_completions(
+    engine,
+    problems: list[Problem],
+    samples: int,
+    batch_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[list[str]]:
     """`samples` completions per problem from `engine`, `batch_size` sequences per generate call
     (all at once when None); `progress(done, total)` after each call."""
     import torch
@@ -187,13 +208,14 @@ def sample_completions(engine, problems: list[Problem], samples: int, batch_size
     completions: list[str] = []
     with torch.no_grad():
         for i in range(0, len(prompts), step):
-            completions += engine.generate(prompts[i:i + step]).completions
+            completions += engine.generate(prompts[i : i + step]).completions
             if progress:
                 progress(len(completions), len(prompts))
-    return [completions[i * samples:(i + 1) * samples] for i in range(len(problems))]
+    return [completions[i * samples : (i + 1) * samples] for i in range(len(problems))]
 
 
-def evaluate_policy(engine, task: Task, problems: list[Problem], samples: int,
-                    batch_size: int | None = None) -> dict[str, float]:
+def evaluate_policy(
+    engine, task: Task, problems: list[Problem], samples: int, batch_size: int | None = None
+) -> dict[str, float]:
     """Sample `samples` responses per problem with `engine` and score them."""
     return evaluate_samples(task, problems, sample_completions(engine, problems, samples, batch_size))

@@ -26,33 +26,45 @@ METRICS: dict[str, tuple[str, str]] = {
     "policy/ratio_max": ("largest importance ratio", "ratio"),
     "policy/seq_ratio_mean": ("mean length-normalised sequence ratio", "ratio"),
     "policy/kl_old_k3": ("k3 estimate of KL(pi_old || pi_theta) per token", "nats"),
-    "policy/kl_ref_k3": ("k3 estimate of KL to the reference (initial) policy per token, when kl_coef > 0",
-                         "nats"),
+    "policy/kl_ref_k3": ("k3 estimate of KL to the reference (initial) policy per token, when kl_coef > 0", "nats"),
     "policy/entropy": ("mean per-token entropy of the sampling distribution (pi_old)", "nats"),
     "policy/grad_norm": ("gradient norm before clipping, mean over mini-batches", "norm"),
     "policy/lr": ("learning rate", "lr"),
     "moe/expert_change_frac": (
         "share of (token, layer, slot) expert choices that differ between pi_old and the current "
         "policy on the same rollout, at the positions that predict response tokens, over forwards after at "
-        "least one update", "fraction"),
+        "least one update",
+        "fraction",
+    ),
     "moe/engine_route_diff_frac": (
         "routing_replay r3: share of (token, layer, slot) expert choices the trainer's router, at pi_old's "
-        "weights, makes differently from the rollout engine's routes, on the first mini-batch", "fraction"),
-    "mismatch/weight_mean": ("mismatch correction: mean loss weight over response tokens (0 for dropped "
-                             "tokens; 1 = no correction)", "weight"),
+        "weights, makes differently from the rollout engine's routes, on the first mini-batch",
+        "fraction",
+    ),
+    "mismatch/weight_mean": (
+        "mismatch correction: mean loss weight over response tokens (0 for dropped tokens; 1 = no correction)",
+        "weight",
+    ),
     "mismatch/masked_token_frac": ("mismatch correction: share of response tokens dropped (weight 0)", "fraction"),
-    "mismatch/masked_seq_frac": ("mismatch correction: share of responses with at least one dropped token",
-                                 "fraction"),
-    "mismatch/truncated_token_frac": ("mismatch correction: share of response tokens whose weight was capped "
-                                      "at `high`", "fraction"),
-    "mismatch/truncated_seq_frac": ("mismatch correction: share of responses with at least one capped weight",
-                                    "fraction"),
-    "moe/aux_loss": ("router load-balancing loss, mean over mini-batches (only when router_aux_loss_coef > 0)",
-                     "loss"),
-    "rollout/logprob_diff_mean": ("|sampler - trainer| log-prob of the sampled tokens, mean over response tokens "
-                                  "(vLLM: every step; hf: every rollout.logprob_check_every steps)", "nats"),
-    "rollout/logprob_diff_max": ("|sampler - trainer| log-prob of the sampled tokens, max over response tokens",
-                                 "nats"),
+    "mismatch/masked_seq_frac": ("mismatch correction: share of responses with at least one dropped token", "fraction"),
+    "mismatch/truncated_token_frac": (
+        "mismatch correction: share of response tokens whose weight was capped at `high`",
+        "fraction",
+    ),
+    "mismatch/truncated_seq_frac": (
+        "mismatch correction: share of responses with at least one capped weight",
+        "fraction",
+    ),
+    "moe/aux_loss": ("router load-balancing loss, mean over mini-batches (only when router_aux_loss_coef > 0)", "loss"),
+    "rollout/logprob_diff_mean": (
+        "|sampler - trainer| log-prob of the sampled tokens, mean over response tokens "
+        "(vLLM: every step; hf: every rollout.logprob_check_every steps)",
+        "nats",
+    ),
+    "rollout/logprob_diff_max": (
+        "|sampler - trainer| log-prob of the sampled tokens, max over response tokens",
+        "nats",
+    ),
     "policy/skipped_minibatches": ("non-finite mini-batches dropped this step (divergence.skip_bad_batches)", "count"),
     "time/rollout_s": ("generation time", "s"),
     "time/score_s": ("verifier time", "s"),
@@ -62,8 +74,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/elapsed_s": ("wall time since the run started (training only)", "s"),
     "perf/peak_rss_mb": ("peak resident memory of the largest process so far (loading included)", "MB"),
     "perf/peak_gpu_mb": ("peak GPU memory allocated by torch in the largest process so far (CUDA only)", "MB"),
-    "perf/tokens_per_s": ("response tokens of all processes per second of the slowest process's step time",
-                          "tokens/s"),
+    "perf/tokens_per_s": ("response tokens of all processes per second of the slowest process's step time", "tokens/s"),
 }
 
 # Statistics returned by every policy loss: the metric each becomes and what its mean is
@@ -87,6 +98,7 @@ def describe(key: str) -> tuple[str, str]:
     if key.startswith("eval/"):
         return (f"held-out score {key[5:]}", "score")
     return (key, "")
+
 
 # Statistics of a mismatch correction (algorithms.correction_stats): the metric each becomes
 # and what its mean is over, as for LOSS_STAT_KEYS.

@@ -27,8 +27,7 @@ from gspo_cli.metrics import describe
 from gspo_cli.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
 
 FORMATS = ("png", "svg", "pdf")
-X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]",
-          "tokens": "response tokens generated"}
+X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]", "tokens": "response tokens generated"}
 DPI = 150
 # Fixed salt and no dates: the same runs must give byte-identical files.
 _RC = {"svg.hashsalt": "gspo-cli", "text.usetex": False, "font.family": "DejaVu Sans", "font.size": 9}
@@ -49,19 +48,32 @@ FIGURES: dict[str, FigureSpec] = {
     "reward": FigureSpec("reward/mean", "Train reward", "mean reward"),
     "reward_time": FigureSpec("reward/mean", "Train reward vs wall time", "mean reward", x="time"),
     "eval": FigureSpec("eval", "Held-out score", "score"),  # one figure per task
-    "clip": FigureSpec("policy/clip_frac_token", "Clipped-token fraction (GSPO paper, Fig. 2)",
-                       "clipped tokens", log=True,
-                       dashed=(("policy/clip_frac_token_low", "--", "low: ratio < 1-ε_low, Â < 0"),
-                               ("policy/clip_frac_token_high", ":", "high: ratio > 1+ε_high, Â > 0"))),
+    "clip": FigureSpec(
+        "policy/clip_frac_token",
+        "Clipped-token fraction (GSPO paper, Fig. 2)",
+        "clipped tokens",
+        log=True,
+        dashed=(
+            ("policy/clip_frac_token_low", "--", "low: ratio < 1-ε_low, Â < 0"),
+            ("policy/clip_frac_token_high", ":", "high: ratio > 1+ε_high, Â > 0"),
+        ),
+    ),
     "expert_change": FigureSpec("moe/expert_change_frac", "MoE expert change (π_old vs π_θ)", "changed expert choices"),
-    "engine_route_diff": FigureSpec("moe/engine_route_diff_frac", "MoE routes: engine vs trainer (R3, before updates)",
-                                    "differing expert choices"),
-    "mismatch": FigureSpec("mismatch/weight_mean", "Mismatch correction: mean IS weight (π_old / π_engine)",
-                           "mean loss weight"),
-    "mismatch_dropped": FigureSpec("mismatch/masked_token_frac", "Mismatch correction: dropped and capped tokens",
-                                   "masked tokens",
-                                   dashed=(("mismatch/truncated_token_frac", "--", "capped at high"),
-                                           ("mismatch/masked_seq_frac", ":", "responses with a masked token"))),
+    "engine_route_diff": FigureSpec(
+        "moe/engine_route_diff_frac", "MoE routes: engine vs trainer (R3, before updates)", "differing expert choices"
+    ),
+    "mismatch": FigureSpec(
+        "mismatch/weight_mean", "Mismatch correction: mean IS weight (π_old / π_engine)", "mean loss weight"
+    ),
+    "mismatch_dropped": FigureSpec(
+        "mismatch/masked_token_frac",
+        "Mismatch correction: dropped and capped tokens",
+        "masked tokens",
+        dashed=(
+            ("mismatch/truncated_token_frac", "--", "capped at high"),
+            ("mismatch/masked_seq_frac", ":", "responses with a masked token"),
+        ),
+    ),
     "kl": FigureSpec("policy/kl_old_k3", "KL(π_old ‖ π_θ), k3 estimate", "KL"),
     "entropy": FigureSpec("policy/entropy", "Policy entropy", "entropy per token"),
     "length": FigureSpec("response/length_mean", "Response length", "mean length"),
@@ -94,6 +106,7 @@ class Plot:
 
 
 # --------------------------------------------------------------------------- data
+
 
 def x_values(run: Run, x: str) -> pd.Series:
     """The run's x coordinate by step: the step, training seconds or cumulative response tokens."""
@@ -160,6 +173,7 @@ def group_colours(groups: list[Group]) -> dict[str, tuple]:
 
 # --------------------------------------------------------------------------- drawing
 
+
 def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None) -> None:
     ax.plot(c.x, c.mean, color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3)
     ok = np.isfinite(c.lo) & np.isfinite(c.hi)
@@ -180,8 +194,13 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group],
     ax.grid(alpha=0.3, lw=0.5)
     handles, labels = ax.get_legend_handles_labels()
     several = any(len(g.runs) > 1 for g in groups)
-    ax.legend([*handles, *extra], [*labels, *(h.get_label() for h in extra)], fontsize=7,
-              title="mean ± 95% CI" if several else None, title_fontsize=7)
+    ax.legend(
+        [*handles, *extra],
+        [*labels, *(h.get_label() for h in extra)],
+        fontsize=7,
+        title="mean ± 95% CI" if several else None,
+        title_fontsize=7,
+    )
 
 
 def _label(group: Group) -> str:
@@ -256,6 +275,7 @@ def build_plot(groups: list[Group], metrics: list[str] | None = None, x: str = "
 
 # --------------------------------------------------------------------------- figures and files
 
+
 def make_figures(plot: Plot) -> dict[str, Figure]:
     """One Figure per panel, keyed by file stem."""
     figs = {}
@@ -295,9 +315,18 @@ def default_out(runs: list[Run]) -> Path:
     return Path(os.path.commonpath([str(r.path.parent.parent.resolve()) for r in runs])) / "plots"
 
 
-def plot_runs(paths: list[str], *, out: Path | None = None, fmt: str = "png", metrics: list[str] | None = None,
-              x: str = "step", smooth: float = 0.0, group_by: str = "arm", panel: bool = True,
-              dpi: int = DPI) -> tuple[list[Path], list[str]]:
+def plot_runs(
+    paths: list[str],
+    *,
+    out: Path | None = None,
+    fmt: str = "png",
+    metrics: list[str] | None = None,
+    x: str = "step",
+    smooth: float = 0.0,
+    group_by: str = "arm",
+    panel: bool = True,
+    dpi: int = DPI,
+) -> tuple[list[Path], list[str]]:
     """Write one file per figure plus (`panel`) `panel.<fmt>`; returns (files written, figures skipped)."""
     if fmt not in FORMATS:
         raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")

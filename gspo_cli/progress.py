@@ -18,9 +18,15 @@ class RichReporter(PlainReporter):
         super().__init__(quiet)
         self.console = Console()
         self.progress = Progress(
-            TextColumn("[bold]{task.fields[name]}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=self.console, transient=False,
+            TextColumn("[bold]{task.fields[name]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self.tasks: dict[str, int] = {}
 
@@ -62,7 +68,15 @@ def render_summary(results) -> None:
         s = r.summary
         ev0 = (s.get("eval_first") or {}).get(next(iter(s.get("eval_first") or {}), ""), "")
         ev1 = (s.get("eval_last") or {}).get(next(iter(s.get("eval_last") or {}), ""), "")
-        table.add_row(r.arm, str(r.seed), r.status, str(s.get("reward_first", "")), str(s.get("reward_last", "")),
-                      f"{ev0:.3f}" if ev0 != "" else "", f"{ev1:.3f}" if ev1 != "" else "",
-                      str(s.get("train_s", "")), r.path)
+        table.add_row(
+            r.arm,
+            str(r.seed),
+            r.status,
+            str(s.get("reward_first", "")),
+            str(s.get("reward_last", "")),
+            f"{ev0:.3f}" if ev0 != "" else "",
+            f"{ev1:.3f}" if ev1 != "" else "",
+            str(s.get("train_s", "")),
+            r.path,
+        )
     Console(width=200 if not sys.stdout.isatty() else None).print(table)

@@ -26,8 +26,19 @@ from gspo_cli.rundata import Group, Run, group_runs, load_runs, t975
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
-TABLE_METRICS = ["steps", "reward", "reward/mean", "eval_final", "eval_best", "clip", "clip_seq",
-                 "expert_change", "kl", "step_time", "wall"]
+TABLE_METRICS = [
+    "steps",
+    "reward",
+    "reward/mean",
+    "eval_final",
+    "eval_best",
+    "clip",
+    "clip_seq",
+    "expert_change",
+    "kl",
+    "step_time",
+    "wall",
+]
 FIGURES = ["reward", "reward_time", "eval", "clip", "expert_change", "engine_route_diff", "mismatch"]
 FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
@@ -166,10 +177,14 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines = [f"# {', '.join(exp)}: the GSPO paper's findings at tiny scale", ""]
     lines += _setup_lines(runs, seeds)
     lines += _regime_lines(runs, last)
-    lines += ["## Results", "",
-              f"Mean ± 95% CI over seeds. Reward (last {last}): train reward over the last {last} steps; "
-              "`reward/mean`: train reward averaged over all steps (area under the curve); clip columns, "
-              "expert change, KL and s/step: means over all steps.", ""]
+    lines += [
+        "## Results",
+        "",
+        f"Mean ± 95% CI over seeds. Reward (last {last}): train reward over the last {last} steps; "
+        "`reward/mean`: train reward averaged over all steps (area under the curve); clip columns, "
+        "expert change, KL and s/step: means over all steps.",
+        "",
+    ]
     lines += render(comp, "markdown").rstrip("\n").splitlines()
     lines += [""]
     lines += _ratio_lines(roles, comp)
@@ -180,12 +195,18 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     for p in written:
         lines += [f"![{p.stem}]({rel(p)})", ""]
     cmd_dir = exp_dir.as_posix()
-    lines += ["## Regenerate", "",
-              "Everything above comes from the run directories:", "", "```",
-              f"gspo report {cmd_dir}                      # this file and figures/",
-              f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
-              f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(FIGURES)}   # at 150 dpi, + panel",
-              "```", ""]
+    lines += [
+        "## Regenerate",
+        "",
+        "Everything above comes from the run directories:",
+        "",
+        "```",
+        f"gspo report {cmd_dir}                      # this file and figures/",
+        f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
+        f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(FIGURES)}   # at 150 dpi, + panel",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -196,25 +217,33 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
     arm = (spec.get("arms") or [{}])[0]
     walls = [float(x.info.get("wall_s") or (x.series("time/elapsed_s").dropna().iloc[-1:].sum())) for x in runs]
     n_eval = next((e.get("n") for x in runs for e in x.evals if e.get("n")), t.get("eval_size"))
-    lines = ["## Setup", "",
-             f"- Model: `{m.get('name')}`"
-             + (f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, {b.get('num_experts')} experts "
-                f"(top-{b.get('experts_per_token')})" if str(m.get("name", "")).startswith("builtin:") else ""),
-             f"- Task: `{t.get('name')}` {t.get('params')}, {n_eval} held-out problems, "
-             f"avg@{tr.get('eval_samples')} every {tr.get('eval_every')} steps",
-             f"- Per step: {r.get('prompts_per_step')} prompts x {r.get('group_size')} samples, up to "
-             f"{r.get('max_new_tokens')} new tokens, temperature {r.get('temperature')}; "
-             f"{arm.get('mini_batches')} mini-batches per rollout batch (off-policy after the first); "
-             f"lr {spec.get('optimizer', {}).get('lr')}; {tr.get('steps')} steps",
-             f"- Seeds: {', '.join(map(str, seeds))}; runs: {len(runs)}; summed run wall time "
-             f"{sum(walls) / 60:.1f} min (runs in parallel overlap)",
-             ""]
+    lines = [
+        "## Setup",
+        "",
+        f"- Model: `{m.get('name')}`"
+        + (
+            f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, {b.get('num_experts')} experts "
+            f"(top-{b.get('experts_per_token')})"
+            if str(m.get("name", "")).startswith("builtin:")
+            else ""
+        ),
+        f"- Task: `{t.get('name')}` {t.get('params')}, {n_eval} held-out problems, "
+        f"avg@{tr.get('eval_samples')} every {tr.get('eval_every')} steps",
+        f"- Per step: {r.get('prompts_per_step')} prompts x {r.get('group_size')} samples, up to "
+        f"{r.get('max_new_tokens')} new tokens, temperature {r.get('temperature')}; "
+        f"{arm.get('mini_batches')} mini-batches per rollout batch (off-policy after the first); "
+        f"lr {spec.get('optimizer', {}).get('lr')}; {tr.get('steps')} steps",
+        f"- Seeds: {', '.join(map(str, seeds))}; runs: {len(runs)}; summed run wall time "
+        f"{sum(walls) / 60:.1f} min (runs in parallel overlap)",
+        "",
+    ]
     return lines
 
 
 def _regime_lines(runs: list[Run], last: int) -> list[str]:
     """Whether the question is meaningful here: rewards neither saturated nor zero, groups that
     carry a learning signal, and mini-batches that are really off-policy."""
+
     def pooled(key: str, head: bool) -> float:
         vals = []
         for r in runs:
@@ -227,7 +256,11 @@ def _regime_lines(runs: list[Run], last: int) -> list[str]:
     items = [
         ("train reward over the first %d steps (all runs)" % last, pooled("reward/mean", True), ".3f"),
         ("held-out score at step 0", float(np.mean(ev0)) if ev0 else math.nan, ".3f"),
-        ("share of groups with no reward variance (no signal), whole runs", pooled("reward/zero_var_group_frac", False), ".3f"),
+        (
+            "share of groups with no reward variance (no signal), whole runs",
+            pooled("reward/zero_var_group_frac", False),
+            ".3f",
+        ),
         ("KL(pi_old || pi_theta) per mini-batch, k3, whole runs", pooled("policy/kl_old_k3", False), ".2e"),
         ("share of sequences clipped (any arm's rule), whole runs", pooled("policy/clip_frac_seq", False), ".3f"),
     ]
@@ -244,8 +277,10 @@ def _ratio_lines(roles: dict[str, Group], comp: Comparison) -> list[str]:
     for role in ROLES:
         if role in roles and role != "grpo":
             v = _mean(_values(roles[role], comp, "clip"))
-            out.append(f"- {ROLE_NAMES[role]} (`{roles[role].name}`): {v:.4g} / {base:.4g} = "
-                       + (_times(v / base) if base > 0 else "n/a"))
+            out.append(
+                f"- {ROLE_NAMES[role]} (`{roles[role].name}`): {v:.4g} / {base:.4g} = "
+                + (_times(v / base) if base > 0 else "n/a")
+            )
     return out + [""]
 
 
@@ -258,11 +293,20 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
         d_rew, d_auc = diff("gspo", "grpo", "reward"), diff("gspo", "grpo", "reward/mean")
         d_ev = diff("gspo", "grpo", eval_col) if eval_col else None
         signs = [d_rew.significant] + ([d_ev.significant] if d_ev else [])
-        verdict = ("holds" if 1 in signs and -1 not in signs else
-                   "reversed (GRPO better)" if -1 in signs and 1 not in signs else "not resolved")
-        out += [f"**1. GSPO learns more per step than GRPO — {verdict}.** GSPO − GRPO: final train reward "
-                f"{d_rew.text()}; mean train reward over the run {d_auc.text()}"
-                + (f"; final {eval_label} {d_ev.text()}" if d_ev else "") + ".", ""]
+        verdict = (
+            "holds"
+            if 1 in signs and -1 not in signs
+            else "reversed (GRPO better)"
+            if -1 in signs and 1 not in signs
+            else "not resolved"
+        )
+        out += [
+            f"**1. GSPO learns more per step than GRPO — {verdict}.** GSPO − GRPO: final train reward "
+            f"{d_rew.text()}; mean train reward over the run {d_auc.text()}"
+            + (f"; final {eval_label} {d_ev.text()}" if d_ev else "")
+            + ".",
+            "",
+        ]
         v1 = verdict
     else:
         out += ["**1.** not testable: needs a GRPO and a GSPO arm.", ""]
@@ -273,9 +317,12 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
         g, s = _mean(vals("grpo", "clip")), _mean(vals("gspo", "clip"))
         ratio = s / g if g > 0 else math.inf
         part = "holds" if ratio >= 10 else "does not hold"
-        out += [f"**2. GSPO clips far more tokens than GRPO, yet learns better — clipping part {part}; "
-                f"\"learns better\": {v1}.** Mean token clip fraction GSPO {s:.4g} vs GRPO {g:.4g}: "
-                f"{_times(ratio)} (paper: about two orders of magnitude).", ""]
+        out += [
+            f"**2. GSPO clips far more tokens than GRPO, yet learns better — clipping part {part}; "
+            f"\"learns better\": {v1}.** Mean token clip fraction GSPO {s:.4g} vs GRPO {g:.4g}: "
+            f"{_times(ratio)} (paper: about two orders of magnitude).",
+            "",
+        ]
     else:
         out += ["**2.** not testable: needs a GRPO and a GSPO arm.", ""]
 
@@ -288,10 +335,14 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
         needs = d_rr.significant == 1 or (div["grpo"] > 0 and div["grpo_rr"] == 0)
         verdict = "holds" if needs and d_g.significant != -1 else "does not hold at this scale"
         d_ev = diff("grpo_rr", "grpo", eval_col) if eval_col else None
-        out += [f"**3. GRPO needs routing replay on a MoE, GSPO does not — {verdict}.** GRPO+RR − GRPO: final "
-                f"train reward {d_rr.text()}" + (f", final {eval_label} {d_ev.text()}" if d_ev else "")
-                + f"; GSPO (no replay) − GRPO+RR: final train reward {d_g.text()}. Diverged/failed runs: GRPO "
-                f"{div['grpo']}/{len(roles['grpo'].runs)}, GRPO+RR {div['grpo_rr']}/{len(roles['grpo_rr'].runs)}.", ""]
+        out += [
+            f"**3. GRPO needs routing replay on a MoE, GSPO does not — {verdict}.** GRPO+RR − GRPO: final "
+            f"train reward {d_rr.text()}"
+            + (f", final {eval_label} {d_ev.text()}" if d_ev else "")
+            + f"; GSPO (no replay) − GRPO+RR: final train reward {d_g.text()}. Diverged/failed runs: GRPO "
+            f"{div['grpo']}/{len(roles['grpo'].runs)}, GRPO+RR {div['grpo_rr']}/{len(roles['grpo_rr'].runs)}.",
+            "",
+        ]
     else:
         out += ["**3.** not testable: needs GRPO, GRPO+RR and GSPO arms.", ""]
 
@@ -301,12 +352,19 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
     if per_role:
         overall = float(np.mean(list(per_role.values())))
         layers = (runs[0].spec.get("model", {}).get("builtin", {}) or {}).get("num_layers")
-        verdict = "holds" if 0.05 <= overall <= 0.20 else (
-            "lower at this scale" if overall < 0.05 else "higher at this scale")
+        verdict = (
+            "holds"
+            if 0.05 <= overall <= 0.20
+            else ("lower at this scale" if overall < 0.05 else "higher at this scale")
+        )
         per = ", ".join(f"{ROLE_NAMES[k]} {_pct(v)}" for k, v in per_role.items())
-        out += [f"**4. About 10% of the routed experts change after each update — {verdict}.** Mean expert "
-                f"change fraction {_pct(overall)} ({per})"
-                + (f" on {layers} layers" if layers else "") + f"; the paper: ~{PAPER_EXPERT_CHANGE:.0%} on 48 layers.", ""]
+        out += [
+            f"**4. About 10% of the routed experts change after each update — {verdict}.** Mean expert "
+            f"change fraction {_pct(overall)} ({per})"
+            + (f" on {layers} layers" if layers else "")
+            + f"; the paper: ~{PAPER_EXPERT_CHANGE:.0%} on 48 layers.",
+            "",
+        ]
     else:
         out += ["**4.** not testable: no run logs `moe/expert_change_frac` (a dense model?).", ""]
     return out

@@ -15,8 +15,11 @@ class Reporter(Protocol):
 
 
 def format_step(m: dict) -> str:
-    parts = [f"reward {m['reward/mean']:.3f}", f"acc {m['reward/accuracy']:.2f}",
-             f"clip {m['policy/clip_frac_token']:.2e}"]
+    parts = [
+        f"reward {m['reward/mean']:.3f}",
+        f"acc {m['reward/accuracy']:.2f}",
+        f"clip {m['policy/clip_frac_token']:.2e}",
+    ]
     if "moe/expert_change_frac" in m:
         parts.append(f"experts Δ {m['moe/expert_change_frac']:.3f}")
     parts.append(f"{m['time/step_s']:.1f}s/step")

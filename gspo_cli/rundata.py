@@ -58,8 +58,14 @@ class Run:
             scores = rec.get("scores") or {}
             key = next((k for k in scores if k.startswith("avg@")), next(iter(scores), None))
             if key is not None and "step" in rec:
-                rows.append({"step": int(rec["step"]), "task": str(rec.get("task", "eval")),
-                             "key": key, "score": _float(scores[key])})
+                rows.append(
+                    {
+                        "step": int(rec["step"]),
+                        "task": str(rec.get("task", "eval")),
+                        "key": key,
+                        "score": _float(scores[key]),
+                    }
+                )
         return pd.DataFrame(rows, columns=["step", "task", "key", "score"])
 
 
@@ -89,6 +95,7 @@ def _float(v: Any) -> float:
 
 
 # --------------------------------------------------------------------------- loading
+
 
 def expand_paths(paths: list[str]) -> list[Path]:
     """Existing paths as given; anything else is treated as a glob (quoted, so the shell left it)."""
@@ -122,10 +129,17 @@ def load_run(rd: RunDir) -> Run:
     seed = info.get("seed")
     if seed is None:  # run.json written before the seed was known: fall back on the dir name
         seed = int(rd.path.name[4:]) if rd.path.name[4:].isdigit() else 0
-    return Run(path=rd.path, experiment=str(info.get("experiment") or rd.path.parent.parent.name),
-               arm=str(info.get("arm") or rd.path.parent.name), seed=int(seed),
-               status=str(info.get("status") or "unknown"), spec=spec, info=info,
-               metrics=_metrics_frame(rd.metrics()), evals=rd.evals())
+    return Run(
+        path=rd.path,
+        experiment=str(info.get("experiment") or rd.path.parent.parent.name),
+        arm=str(info.get("arm") or rd.path.parent.name),
+        seed=int(seed),
+        status=str(info.get("status") or "unknown"),
+        spec=spec,
+        info=info,
+        metrics=_metrics_frame(rd.metrics()),
+        evals=rd.evals(),
+    )
 
 
 def _metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
@@ -139,6 +153,7 @@ def _metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- grouping
+
 
 def group_runs(runs: list[Run], group_by: str = "arm") -> list[Group]:
     """Runs grouped by arm (the default) or by a spec.yaml field, groups sorted by value.
@@ -172,8 +187,10 @@ def spec_field(run: Run, path: str) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise SpecError(f"--group-by: {path!r} is not a field of {run.path / 'spec.yaml'} "
-                            "(e.g. arm, clip_high, arms.0.loss, rollout.group_size)")
+            raise SpecError(
+                f"--group-by: {path!r} is not a field of {run.path / 'spec.yaml'} "
+                "(e.g. arm, clip_high, arms.0.loss, rollout.group_size)"
+            )
     return node
 
 
@@ -187,9 +204,38 @@ def _sort_key(v: Any) -> tuple:
 
 # Two-sided 95% quantiles t_{0.975, df} for df = 1..30 (standard tables); beyond that the
 # Cornish-Fisher expansion around the normal quantile is accurate to 1e-3.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 _Z975 = 1.959964
 
 
@@ -221,8 +267,7 @@ def curve_stats(frame: pd.DataFrame) -> pd.DataFrame:
     n = frame.notna().sum(axis=1)
     std = frame.std(axis=1, ddof=1)
     t = n.map(lambda k: t975(int(k) - 1))
-    return pd.DataFrame({"n": n, "mean": frame.mean(axis=1), "std": std,
-                         "ci95": t * std / np.sqrt(n.where(n > 0))})
+    return pd.DataFrame({"n": n, "mean": frame.mean(axis=1), "std": std, "ci95": t * std / np.sqrt(n.where(n > 0))})
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:

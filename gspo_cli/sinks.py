@@ -56,8 +56,9 @@ class TensorBoardSink:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         values = [self._summary.Value(tag=k, simple_value=v) for k, v in _scalars(metrics).items()]
         if values:
-            self._writer.add_event(self._event(wall_time=time.time(), step=int(step),
-                                               summary=self._summary(value=values)))
+            self._writer.add_event(
+                self._event(wall_time=time.time(), step=int(step), summary=self._summary(value=values))
+            )
 
     def close(self) -> None:
         self._writer.close()  # flushes
@@ -105,6 +106,5 @@ def make_sinks(names: list[str], run_dir: Path, config: dict[str, Any]) -> list[
     run_dir = Path(run_dir)
     sinks: list[Sink] = []
     for name in dict.fromkeys(names):
-        sinks.append(TensorBoardSink(run_dir / "tensorboard") if name == "tensorboard"
-                     else WandbSink(run_dir, config))
+        sinks.append(TensorBoardSink(run_dir / "tensorboard") if name == "tensorboard" else WandbSink(run_dir, config))
     return sinks

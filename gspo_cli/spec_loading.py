@@ -11,9 +11,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gspo_cli.config import PRESETS, ExperimentSpec, OnPolicyWarning, _did_you_mean, _Problems
+from gspo_cli.config import ExperimentSpec, OnPolicyWarning, _did_you_mean, _Problems
 from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
+from gspo_cli.presets import PRESETS
 
 
 def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
@@ -26,8 +27,10 @@ def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
         if isinstance(arm, dict) and arm.get("preset") is not None:
             preset = arm["preset"]
             if not isinstance(preset, str) or preset not in PRESETS:
-                problems.append(f"arms[{i}].preset: unknown preset {preset!r}{_did_you_mean(preset, PRESETS)}; "
-                                f"known: {', '.join(PRESETS)}")
+                problems.append(
+                    f"arms[{i}].preset: unknown preset {preset!r}{_did_you_mean(preset, PRESETS)}; "
+                    f"known: {', '.join(PRESETS)}"
+                )
                 continue
             arm = {**PRESETS[preset], **arm}
         out.append(arm)
@@ -46,8 +49,9 @@ def _parse_path(path: str) -> list[str | int]:
     while pos < len(path):
         m = _PATH_CHUNK.match(path, pos)
         if m is None or (m.group(1) is not None and not expect_key) or (m.group(0) == "." and expect_key):
-            raise SpecError(f"--set {path}: malformed key path at {path[pos:]!r} "
-                            "(use dots and [index], e.g. arms[0].clip_high)")
+            raise SpecError(
+                f"--set {path}: malformed key path at {path[pos:]!r} (use dots and [index], e.g. arms[0].clip_high)"
+            )
         if m.group(1) is not None:
             parts.append(int(m.group(1)) if m.group(1).isdigit() else m.group(1))
             expect_key = False
@@ -96,9 +100,11 @@ def set_path(raw: dict[str, Any], key: str, value: Any, label: str = "--set") ->
                 names = [x.get("name") for x in node if isinstance(x, dict)]
                 idx = next((i for i, x in enumerate(node) if isinstance(x, dict) and x.get("name") == part), None)
                 if idx is None:
-                    raise SpecError(f"{label} {key}: no item named {part!r} in {parent}"
-                                    f"{_did_you_mean(part, [n for n in names if isinstance(n, str)])}; "
-                                    f"names: {', '.join(str(n) for n in names) or 'none'}")
+                    raise SpecError(
+                        f"{label} {key}: no item named {part!r} in {parent}"
+                        f"{_did_you_mean(part, [n for n in names if isinstance(n, str)])}; "
+                        f"names: {', '.join(str(n) for n in names) or 'none'}"
+                    )
                 part = idx
             if not 0 <= part < len(node):
                 raise SpecError(f"{label} {key}: index {part} out of range at {where} ({parent} has {len(node)} items)")
@@ -203,7 +209,8 @@ def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool =
             continue
         if first != key_node.start_mark.line:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first given on line {first + 1})", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first given on line {first + 1})", key_node.start_mark
+            )
     return loader.construct_mapping(node, deep=deep)
 
 
@@ -270,8 +277,11 @@ def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:
 
 def _leaf_differences(old: Any, new: Any, path: str) -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in dict.fromkeys([*old, *new])
-                for d in _leaf_differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
+        return [
+            d
+            for k in dict.fromkeys([*old, *new])
+            for d in _leaf_differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+        ]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [d for i, (a, b) in enumerate(zip(old, new)) for d in _leaf_differences(a, b, f"{path}[{i}]")]
     return [] if old == new else [f"{path}: {_short_repr(old, 30)} -> {_short_repr(new, 30)}"]
@@ -287,6 +297,8 @@ def check_stored_spec(run_dir: Path, spec: ExperimentSpec, state: str) -> None:
     diffs = spec_differences(read_text(spec_file), spec)
     if diffs:
         shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
-        raise SpecError(f"{run_dir} holds {'an' if state[0] in 'aeiou' else 'a'} {state} run of a different spec "
-                        f"({shown}); use --force to overwrite it or choose another output directory (-o) "
-                        "or experiment name")
+        raise SpecError(
+            f"{run_dir} holds {'an' if state[0] in 'aeiou' else 'a'} {state} run of a different spec "
+            f"({shown}); use --force to overwrite it or choose another output directory (-o) "
+            "or experiment name"
+        )

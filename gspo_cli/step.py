@@ -13,7 +13,6 @@ import contextlib
 import copy
 import functools
 import random
-import resource
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -29,12 +28,11 @@ from gspo_cli.algorithms import (
     get_mismatch_correction,
     get_policy_loss,
     kl_k3_BC,
-    zero_variance_group_frac,
 )
 from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
-from gspo_cli.metrics import LOSS_STAT_KEYS, MISMATCH_STAT_KEYS
+from gspo_cli.metrics import MISMATCH_STAT_KEYS
 from gspo_cli.models import compute_context, load_model
 from gspo_cli.models.routing import (
     RoutingController,
@@ -43,14 +41,9 @@ from gspo_cli.models.routing import (
     routes_from_BT,
     routes_to_BT,
 )
+from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
 from gspo_cli.rollout.base import LogProbs
-from gspo_cli.rollout import (
-    RolloutBatch,
-    RolloutEngine,
-    make_engine,
-    response_logprobs,
-)
-from gspo_cli.stepstats import StepStats
+from gspo_cli.stepstats import StepStats, record_batch, record_gap, record_update
 from gspo_cli.tasks import Task
 
 
@@ -79,8 +72,15 @@ class Ctx:
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
-def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str,
-           weights: str | None = None, dist_info: DistInfo = DistInfo()) -> Ctx:
+def setup(
+    spec: ExperimentSpec,
+    arm: ArmConfig,
+    seed: int,
+    task: Task,
+    source: str,
+    weights: str | None = None,
+    dist_info: DistInfo = DistInfo(),
+) -> Ctx:
     """Resolve everything a step needs. `weights` (a checkpoint) replaces the initial
     weights when resuming; the KL reference is always the initial model `source`.
     Under torchrun each rank samples with its own seed; rank 0's is the single-process one."""
@@ -96,8 +96,9 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
             if arm.routing_replay != "off":
                 raise SpecError(f"arms.{arm.name}.routing_replay: {err}") from None
     elif arm.routing_replay != "off":
-        raise SpecError(f"arms.{arm.name}.routing_replay: {arm.routing_replay} needs an MoE model; "
-                        f"{spec.model.name} is dense")
+        raise SpecError(
+            f"arms.{arm.name}.routing_replay: {arm.routing_replay} needs an MoE model; {spec.model.name} is dense"
+        )
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref_model = None
@@ -109,18 +110,41 @@ def setup(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: s
         distributed.shard_(ref_model)
     train_model = distributed.wrap(model, dist_info, spec.model.sharding)  # before the optimizer sees parameters
     opt_cfg = spec.optimizer
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=(opt_cfg.beta1, opt_cfg.beta2),
-                                  weight_decay=opt_cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=opt_cfg.lr, betas=(opt_cfg.beta1, opt_cfg.beta2), weight_decay=opt_cfg.weight_decay
+    )
     warm = opt_cfg.warmup_steps * arm.mini_batches * arm.epochs  # warmup counted in rollout steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
-    engine = make_engine(spec.rollout, model, lm.tokenizer, model_dir=lm.source, dtype=spec.model.dtype, seed=seed,
-                         routing=routing, synced=sharded, return_routes=arm.routing_replay == "r3")
+    engine = make_engine(
+        spec.rollout,
+        model,
+        lm.tokenizer,
+        model_dir=lm.source,
+        dtype=spec.model.dtype,
+        seed=seed,
+        routing=routing,
+        synced=sharded,
+        return_routes=arm.routing_replay == "r3",
+    )
     shuffle = torch.Generator().manual_seed(seed)
-    return Ctx(spec=spec, arm=arm, task=task, model=model, engine=engine, optimizer=optimizer,
-               scheduler=scheduler, loss_fn=get_policy_loss(arm.loss), adv_fn=get_advantage_estimator(arm.advantage),
-               routing=routing, ref_model=ref_model, rng=random.Random(seed), shuffle=shuffle,
-               dist=dist_info, train_model=train_model,
-               compute=functools.partial(compute_context, spec.model.dtype, spec.model.device))
+    return Ctx(
+        spec=spec,
+        arm=arm,
+        task=task,
+        model=model,
+        engine=engine,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loss_fn=get_policy_loss(arm.loss),
+        adv_fn=get_advantage_estimator(arm.advantage),
+        routing=routing,
+        ref_model=ref_model,
+        rng=random.Random(seed),
+        shuffle=shuffle,
+        dist=dist_info,
+        train_model=train_model,
+        compute=functools.partial(compute_context, spec.model.dtype, spec.model.device),
+    )
 
 
 def train_step(ctx: Ctx, step: int) -> dict:
@@ -141,8 +165,9 @@ def train_step(ctx: Ctx, step: int) -> dict:
     return learn(ctx, batch, scores, step, times={"time/rollout_s": t1 - t0, "time/score_s": t2 - t1}, t0=t0)
 
 
-def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | None = None,
-          t0: float | None = None) -> dict:
+def learn(
+    ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | None = None, t0: float | None = None
+) -> dict:
     """Everything after sampling and scoring: advantages, pi_old, the mini-batch updates and
     the step's metrics, reduced over all processes (each rank passes its own share of the
     global batch, whole groups)."""
@@ -160,19 +185,23 @@ def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | 
     correct = None if arm.mismatch.mode == "off" else get_mismatch_correction(arm.mismatch.mode)
     old, old_routes, from_sampler = _old_policy(ctx, batch)
     with torch.no_grad(), ctx.compute():
-        ref_logp = response_logprobs(ctx.ref_model, batch, spec.rollout.temperature).logp \
-            if ctx.ref_model is not None else None
+        ref_logp = (
+            response_logprobs(ctx.ref_model, batch, spec.rollout.temperature).logp
+            if ctx.ref_model is not None
+            else None
+        )
     # pi_old: the trainer's log-probs, or the sampler's own (use_engine_logprobs, paper 5.4).
     old_logp = old.logp
     if batch.engine_logp is not None and not from_sampler:
-        _record_gap(stats, batch.engine_logp, old.logp, mask_BC)
+        record_gap(stats, batch.engine_logp, old.logp, mask_BC)
         if spec.rollout.use_engine_logprobs:
             old_logp = batch.engine_logp
     elif from_sampler and _check_due(spec.rollout.logprob_check_every, step):
         # The sampler's log-probs are pi_old here; compare them with one full trainer forward.
         with torch.no_grad(), ctx.compute():
-            _record_gap(stats, batch.engine_logp, response_logprobs(ctx.model, batch, spec.rollout.temperature).logp,
-                        mask_BC)
+            record_gap(
+                stats, batch.engine_logp, response_logprobs(ctx.model, batch, spec.rollout.temperature).logp, mask_BC
+            )
     bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
     if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
@@ -187,19 +216,38 @@ def learn(ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | 
         for rows in order.chunk(arm.mini_batches):
             # Before the first update the current router is pi_old's: under r3 its own choices
             # against the engine's routes measure the engine/trainer routing gap instead.
-            route_key = "moe/expert_change_frac" if n_updates > 0 else (
-                "moe/engine_route_diff_frac" if arm.routing_replay == "r3" else None)
-            done = _update(ctx, batch, rows, old_logp, ref_logp, adv_B, old_routes, stats, route_key=route_key,
-                           step=step, route_mask_BT=route_mask_BT, weights_BC=weights_BC)
+            route_key = (
+                "moe/expert_change_frac"
+                if n_updates > 0
+                else ("moe/engine_route_diff_frac" if arm.routing_replay == "r3" else None)
+            )
+            done = _update(
+                ctx,
+                batch,
+                rows,
+                old_logp,
+                ref_logp,
+                adv_B,
+                old_routes,
+                stats,
+                route_key=route_key,
+                step=step,
+                route_mask_BT=route_mask_BT,
+                weights_BC=weights_BC,
+            )
             n_updates += done
             skipped += not done
     t4 = time.time()
 
-    _batch_stats(stats, ctx, batch, scores, rewards_B, old.entropy)
+    record_batch(stats, batch, scores, rewards_B, old.entropy, G, ctx.optimizer.param_groups[0]["lr"])
     if skipped:
         stats.same("policy/skipped_minibatches", skipped)  # decided together: equal on every rank
-    for key, seconds in {**(times or {}), "time/old_logp_s": t3 - t2, "time/update_s": t4 - t3,
-                         "time/step_s": t4 - t0}.items():
+    for key, seconds in {
+        **(times or {}),
+        "time/old_logp_s": t3 - t2,
+        "time/update_s": t4 - t3,
+        "time/step_s": t4 - t0,
+    }.items():
         stats.max(key, seconds)  # the slowest rank sets the pace
     metrics = {"step": step, **stats.reduce(ctx.dist)}
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / max(metrics["time/step_s"], 1e-9)
@@ -217,12 +265,17 @@ def _old_policy(ctx: Ctx, batch: RolloutBatch):
     pi_old is the trainer's probability of the very sub-network the engine sampled with."""
     r3 = ctx.arm.routing_replay == "r3"
     if r3 and batch.engine_routes is None:
-        raise SpecError(f"arms.{ctx.arm.name}.routing_replay: r3 needs the rollout engine's routes and this "
-                        "batch has none (the hf engine records them only within its logits budget, "
-                        "rollout/hf.py LOGITS_BUDGET; vLLM only when started to return them)")
+        raise SpecError(
+            f"arms.{ctx.arm.name}.routing_replay: r3 needs the rollout engine's routes and this "
+            "batch has none (the hf engine records them only within its logits budget, "
+            "rollout/hf.py LOGITS_BUDGET; vLLM only when started to return them)"
+        )
     own_forward = ctx.arm.mismatch.mode != "off"  # the correction compares the trainer's pi_old with the engine
-    if (not own_forward and batch.engine_entropy is not None
-            and (ctx.routing is None or batch.engine_routes is not None)):
+    if (
+        not own_forward
+        and batch.engine_entropy is not None
+        and (ctx.routing is None or batch.engine_routes is not None)
+    ):
         return LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy), batch.engine_routes, True
     temp = ctx.spec.rollout.temperature
     B, T = batch.input_ids.shape
@@ -237,16 +290,19 @@ def _old_policy(ctx: Ctx, batch: RolloutBatch):
     return old, routes_to_BT(rec.routes, B, T), False
 
 
-def _mismatch_weights(stats: StepStats, correct: Callable, arm: ArmConfig, trainer_logp_BC, batch: RolloutBatch,
-                      mask_BC) -> torch.Tensor:
+def _mismatch_weights(
+    stats: StepStats, correct: Callable, arm: ArmConfig, trainer_logp_BC, batch: RolloutBatch, mask_BC
+) -> torch.Tensor:
     """(B, C) per-token loss weights of the arm's mismatch correction: the engine sampled
     (behaviour policy `batch.engine_logp`), the loss's ratios are taken against the trainer's
     pi_old (`trainer_logp_BC`), so each token is reweighted by pi_old / pi_engine, bounded
     as the mode says. Its statistics go into `stats`."""
     if batch.engine_logp is None:
-        raise SpecError(f"arms.{arm.name}.mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs and this "
-                        "batch has none (the hf engine returns them only within its logits budget, "
-                        "rollout/hf.py LOGITS_BUDGET)")
+        raise SpecError(
+            f"arms.{arm.name}.mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs and this "
+            "batch has none (the hf engine returns them only within its logits budget, "
+            "rollout/hf.py LOGITS_BUDGET)"
+        )
     corr = correct(trainer_logp_BC, batch.engine_logp, mask_BC, low=arm.mismatch.low, high=arm.mismatch.high)
     for k, (total, weight) in correction_stats(corr, mask_BC).items():  # weights: tokens or responses
         stats.mean(MISMATCH_STAT_KEYS[k][0], total, weight)
@@ -255,37 +311,6 @@ def _mismatch_weights(stats: StepStats, correct: Callable, arm: ArmConfig, train
 
 def _check_due(every: int, step: int) -> bool:
     return every > 0 and (step == 1 or step % every == 0)
-
-
-def _record_gap(stats: StepStats, engine_logp_BC, trainer_logp_BC, mask_BC) -> None:
-    """|sampler - trainer| log-prob over response tokens: token-weighted mean and max."""
-    diff = (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
-    stats.mean("rollout/logprob_diff_mean", diff.sum().item(), diff.numel())
-    stats.max("rollout/logprob_diff_max", diff.max().item() if diff.numel() else 0.0)
-
-
-def _batch_stats(stats: StepStats, ctx: Ctx, batch: RolloutBatch, scores, rewards_B, entropy_BC) -> None:
-    """The rollout batch's own metrics (rewards, lengths, entropy), as exact parts."""
-    G = ctx.spec.rollout.group_size
-    mask_BC = batch.response_mask
-    n = len(scores)
-    lengths_B = mask_BC.sum(-1)
-    stats.mean("reward/mean", rewards_B.sum().item(), n)
-    stats.std("reward/std", rewards_B.tolist())
-    stats.mean("reward/accuracy", sum(s.correct for s in scores), n)
-    for k in scores[0].components:
-        stats.mean(f"reward/{k}", sum(s.components.get(k, 0.0) for s in scores), n)
-    stats.mean("reward/zero_var_group_frac", zero_variance_group_frac(rewards_B, G) * (n // G), n // G)
-    stats.mean("response/length_mean", lengths_B.sum().item(), n)
-    stats.max("response/length_max", lengths_B.max().item())
-    stats.mean("response/truncated_frac", batch.truncated.float().sum().item(), n)
-    stats.mean("policy/entropy", (entropy_BC * mask_BC).sum().item(), mask_BC.sum().item())
-    stats.same("policy/lr", ctx.optimizer.param_groups[0]["lr"])
-    stats.sum("perf/tokens", lengths_B.sum().item())
-    # Linux reports kB. The process's peak so far (loading included), the largest over ranks.
-    stats.max("perf/peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        stats.max("perf/peak_gpu_mb", torch.cuda.max_memory_allocated() / 2**20)
 
 
 def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
@@ -297,8 +322,21 @@ def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
     return torch.tensor(max(count, 1.0) / ctx.dist.world_size)
 
 
-def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B, old_routes, stats: StepStats, *,
-            route_key: str | None, step: int, route_mask_BT: torch.Tensor, weights_BC=None) -> bool:
+def _update(
+    ctx: Ctx,
+    batch: RolloutBatch,
+    rows,
+    old_logp_BC,
+    ref_logp_BC,
+    adv_B,
+    old_routes,
+    stats: StepStats,
+    *,
+    route_key: str | None,
+    step: int,
+    route_mask_BT: torch.Tensor,
+    weights_BC=None,
+) -> bool:
     """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
     its statistics go into `stats`. `weights_BC` (B, C): the mismatch correction's per-token
     loss weights, or None. `route_key`: the metric the current router's own expert choices,
@@ -313,9 +351,17 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
     with _routing(ctx, old_routes, rows) as rec:
         with ctx.compute():
             new = response_logprobs(ctx.train_model or ctx.model, sub, spec.rollout.temperature)
-        loss, loss_stats = ctx.loss_fn(new.logp, old_logp_BC[rows], adv_B[rows], m_bc, clip_low=arm.clip_low,
-                                       clip_high=arm.clip_high, aggregation=arm.aggregation, denominator=denominator,
-                                       weights_BC=None if weights_BC is None else weights_BC[rows])
+        loss, loss_stats = ctx.loss_fn(
+            new.logp,
+            old_logp_BC[rows],
+            adv_B[rows],
+            m_bc,
+            clip_low=arm.clip_low,
+            clip_high=arm.clip_high,
+            aggregation=arm.aggregation,
+            denominator=denominator,
+            weights_BC=None if weights_BC is None else weights_BC[rows],
+        )
         extra = {}
         if ref_logp_BC is not None:
             k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows])
@@ -332,38 +378,21 @@ def _update(ctx: Ctx, batch: RolloutBatch, rows, old_logp_BC, ref_logp_BC, adv_B
     if distributed.any_rank(bad, ctx.dist):
         div = spec.train.divergence
         if not div.skip_bad_batches or ctx.skipped >= div.max_skipped:
-            raise DivergedError(f"step {step}: non-finite loss or gradient norm"
-                                + (f" (after {ctx.skipped} skipped mini-batches)" if ctx.skipped else ""))
+            raise DivergedError(
+                f"step {step}: non-finite loss or gradient norm"
+                + (f" (after {ctx.skipped} skipped mini-batches)" if ctx.skipped else "")
+            )
         ctx.optimizer.zero_grad(set_to_none=True)  # an isolated bad batch: drop it, keep going
         ctx.skipped += 1
         return False
     ctx.optimizer.step()
     ctx.scheduler.step()
-    _update_stats(stats, loss, loss_stats, extra, grad_norm, m_bc)
+    record_update(stats, loss, loss_stats, extra, grad_norm, m_bc)
     if routes_now is not None and route_key is not None:
         tokens_N = route_mask_BT[rows].reshape(-1)
         frac = expert_change_frac(routes_from_BT(old_routes[:, rows]), routes_now, tokens_N)
         stats.mean(route_key, frac * tokens_N.sum().item(), tokens_N.sum().item())
     return True
-
-
-def _update_stats(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_norm, mask_BC) -> None:
-    """One mini-batch's statistics, weighted by what each is a mean over (metrics.LOSS_STAT_KEYS)."""
-    weights = {"tokens": float(mask_BC.sum()), "responses": float((mask_BC.sum(-1) > 0).sum())}
-    # This rank's loss is its share of the mini-batch loss times world size (see _denominator),
-    # so the mean over ranks and mini-batches is the mean of the mini-batches' global losses.
-    stats.mean("policy/loss", float(loss.detach()), 1.0)
-    stats.mean("policy/grad_norm", float(grad_norm), 1.0)  # equal on every rank after the all-reduce
-    for k, (key, unit) in LOSS_STAT_KEYS.items():
-        if k in loss_stats:
-            stats.mean(key, float(loss_stats[k]) * weights[unit], weights[unit])
-    if "kl_ref" in extra:
-        stats.mean("policy/kl_ref_k3", float(extra["kl_ref"]), weights["tokens"])
-    if "aux_loss" in extra:
-        stats.mean("moe/aux_loss", float(extra["aux_loss"]), 1.0)
-    if weights["tokens"] > 0:
-        stats.min("policy/ratio_min", float(loss_stats["ratio_min"]))
-        stats.max("policy/ratio_max", float(loss_stats["ratio_max"]))
 
 
 @contextlib.contextmanager
@@ -390,5 +419,5 @@ def _route_token_mask(batch: RolloutBatch) -> torch.Tensor:
     stop one short), so it is left out; so is padding."""
     m = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
     P = batch.prompt_len
-    m[:, P - 1:-1] = batch.response_mask > 0
+    m[:, P - 1 : -1] = batch.response_mask > 0
     return m

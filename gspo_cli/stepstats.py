@@ -12,9 +12,14 @@ without any communication.
 from __future__ import annotations
 
 import math
+import resource
+
+import torch
 
 from gspo_cli import distributed
+from gspo_cli.algorithms import zero_variance_group_frac
 from gspo_cli.distributed import DistInfo
+from gspo_cli.metrics import LOSS_STAT_KEYS
 
 
 class StepStats:
@@ -77,3 +82,58 @@ def _combine(vals: list[tuple]):
             return 0.0
         return math.sqrt(max(s2 - s1 * s1 / n, 0.0) / (n - 1))
     raise ValueError(f"unknown reduction {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# What one step records, metric by metric (definitions in gspo_cli.metrics)
+
+
+def record_gap(stats: StepStats, engine_logp_BC, trainer_logp_BC, mask_BC) -> None:
+    """|sampler - trainer| log-prob over response tokens: token-weighted mean and max."""
+    diff = (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+    stats.mean("rollout/logprob_diff_mean", diff.sum().item(), diff.numel())
+    stats.max("rollout/logprob_diff_max", diff.max().item() if diff.numel() else 0.0)
+
+
+def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_size: int, lr: float) -> None:
+    """The rollout batch's own metrics (rewards, lengths, entropy), as exact parts. `batch` is
+    a RolloutBatch, `scores` its task Scores, `rewards_B` (B,), `entropy_BC` (B, C)."""
+    G = group_size
+    mask_BC = batch.response_mask
+    n = len(scores)
+    lengths_B = mask_BC.sum(-1)
+    stats.mean("reward/mean", rewards_B.sum().item(), n)
+    stats.std("reward/std", rewards_B.tolist())
+    stats.mean("reward/accuracy", sum(s.correct for s in scores), n)
+    for k in scores[0].components:
+        stats.mean(f"reward/{k}", sum(s.components.get(k, 0.0) for s in scores), n)
+    stats.mean("reward/zero_var_group_frac", zero_variance_group_frac(rewards_B, G) * (n // G), n // G)
+    stats.mean("response/length_mean", lengths_B.sum().item(), n)
+    stats.max("response/length_max", lengths_B.max().item())
+    stats.mean("response/truncated_frac", batch.truncated.float().sum().item(), n)
+    stats.mean("policy/entropy", (entropy_BC * mask_BC).sum().item(), mask_BC.sum().item())
+    stats.same("policy/lr", lr)
+    stats.sum("perf/tokens", lengths_B.sum().item())
+    # Linux reports kB. The process's peak so far (loading included), the largest over ranks.
+    stats.max("perf/peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        stats.max("perf/peak_gpu_mb", torch.cuda.max_memory_allocated() / 2**20)
+
+
+def record_update(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_norm, mask_BC) -> None:
+    """One mini-batch's statistics, weighted by what each is a mean over (metrics.LOSS_STAT_KEYS)."""
+    weights = {"tokens": float(mask_BC.sum()), "responses": float((mask_BC.sum(-1) > 0).sum())}
+    # This rank's loss is its share of the mini-batch loss times world size (step._denominator),
+    # so the mean over ranks and mini-batches is the mean of the mini-batches' global losses.
+    stats.mean("policy/loss", float(loss.detach()), 1.0)
+    stats.mean("policy/grad_norm", float(grad_norm), 1.0)  # equal on every rank after the all-reduce
+    for k, (key, unit) in LOSS_STAT_KEYS.items():
+        if k in loss_stats:
+            stats.mean(key, float(loss_stats[k]) * weights[unit], weights[unit])
+    if "kl_ref" in extra:
+        stats.mean("policy/kl_ref_k3", float(extra["kl_ref"]), weights["tokens"])
+    if "aux_loss" in extra:
+        stats.mean("moe/aux_loss", float(extra["aux_loss"]), 1.0)
+    if weights["tokens"] > 0:
+        stats.min("policy/ratio_min", float(loss_stats["ratio_min"]))
+        stats.max("policy/ratio_max", float(loss_stats["ratio_max"]))

@@ -22,14 +22,7 @@ from typing import Any
 from gspo_cli.config import ExperimentSpec
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
-from gspo_cli.spec_loading import (
-    apply_override,
-    check_stored_spec,
-    dump_spec,
-    read_spec_file,
-    set_path,
-    spec_from_dict,
-)
+from gspo_cli.spec_loading import apply_override, check_stored_spec, dump_spec, read_spec_file, set_path, spec_from_dict
 
 
 @dataclass(frozen=True)
@@ -96,8 +89,16 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
             renamed = arm.model_copy(update={"name": name})
             for seed in variant.seeds:
                 run = variant.model_copy(update={"arms": [renamed], "seeds": [seed], "sweep": None})
-                out.append(PlannedRun(name=name, base_arm=arm.name, seed=seed, settings=tuple(point.items()),
-                                      spec=run, path=run_path(run.output_dir, run.name, name, seed)))
+                out.append(
+                    PlannedRun(
+                        name=name,
+                        base_arm=arm.name,
+                        seed=seed,
+                        settings=tuple(point.items()),
+                        spec=run,
+                        path=run_path(run.output_dir, run.name, name, seed),
+                    )
+                )
     return out
 
 
@@ -170,8 +171,19 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
     for r in runs:
         if r not in todo:
             check_stored_spec(r.path, r.spec, "completed")
-    done = [{"run": r.name, "seed": r.seed, "path": str(r.path), "status": "completed", "exit": 0,
-             "wall_s": 0.0, "skipped": True} for r in runs if r not in todo]
+    done = [
+        {
+            "run": r.name,
+            "seed": r.seed,
+            "path": str(r.path),
+            "status": "completed",
+            "exit": 0,
+            "wall_s": 0.0,
+            "skipped": True,
+        }
+        for r in runs
+        if r not in todo
+    ]
     for r in done:
         log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
     prebuild_models(todo, log)
@@ -182,7 +194,9 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
             r = pending.pop(0)
             spec_file = tmpdir / f"{len(records) + len(active)}.yaml"
             spec_file.write_text(dump_spec(r.spec))
-            cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"] + (["--force"] if force else [])
+            cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"] + (
+                ["--force"] if force else []
+            )
             log_file = open(tmpdir / f"{spec_file.stem}.log", "w")
             proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
             active[proc] = (r, time.time(), log_file)
@@ -192,9 +206,20 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
             r, t0, log_file = active.pop(proc)
             log_file.close()
             status = RunDir(r.path).status() or "failed"
-            records.append({"run": r.name, "seed": r.seed, "path": str(r.path), "status": status,
-                            "exit": proc.returncode, "wall_s": round(time.time() - t0, 1), "skipped": False})
+            records.append(
+                {
+                    "run": r.name,
+                    "seed": r.seed,
+                    "path": str(r.path),
+                    "status": status,
+                    "exit": proc.returncode,
+                    "wall_s": round(time.time() - t0, 1),
+                    "skipped": False,
+                }
+            )
             tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
-            log(f"[{r.name}/seed{r.seed}] {status} (exit {proc.returncode}) in {records[-1]['wall_s']}s"
-                + (f": {tail[0]}" if tail else ""))
+            log(
+                f"[{r.name}/seed{r.seed}] {status} (exit {proc.returncode}) in {records[-1]['wall_s']}s"
+                + (f": {tail[0]}" if tail else "")
+            )
     return records

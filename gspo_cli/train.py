@@ -7,12 +7,9 @@ evaluate and checkpoint on schedule, and stop cleanly on SIGINT/SIGTERM.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
-import signal
 import socket
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -24,30 +21,16 @@ from gspo_cli import distributed
 from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
 from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
-from gspo_cli.errors import (
-    DivergedError,
-    GspoError,
-    InterruptedRun,
-    RunError,
-    SpecError,
-)
+from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
 from gspo_cli.evaluate import evaluate_policy
 from gspo_cli.models import resolve_model_source
-from gspo_cli.runs import (
-    RunDir,
-    RunLockedError,
-    git_commit,
-    now_iso,
-    run_lock,
-    run_path,
-    truncate_jsonl,
-    versions,
-)
 from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
+from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, truncate_jsonl, versions
 from gspo_cli.sinks import make_sinks
 from gspo_cli.spec_loading import check_stored_spec, dump_spec
 from gspo_cli.step import Ctx, setup, train_step
 from gspo_cli.tasks import Task, make_task
+from gspo_cli.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
 
 
 @dataclass
@@ -63,8 +46,14 @@ class RunResult:
 # Experiment: every arm x seed
 
 
-def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, seeds: list[int] | None = None,
-                     reporter: Reporter | None = None, force: bool = False) -> list[RunResult]:
+def train_experiment(
+    spec: ExperimentSpec,
+    *,
+    arms: list[str] | None = None,
+    seeds: list[int] | None = None,
+    reporter: Reporter | None = None,
+    force: bool = False,
+) -> list[RunResult]:
     """Train the selected arms x seeds one after another.
 
     A run that fails or diverges is recorded and the next one starts; a bad spec or model
@@ -75,8 +64,9 @@ def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, see
     seed_list = seeds if seeds else spec.seeds
     task = make_task(spec.task.name, spec.task.params)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
-    distributed.check_divisible(spec.rollout.prompts_per_step, spec.rollout.group_size,
-                                [a.mini_batches for a in selected], info)
+    distributed.check_divisible(
+        spec.rollout.prompts_per_step, spec.rollout.group_size, [a.mini_batches for a in selected], info
+    )
     if not info.is_main:
         reporter = quiet_reporter()
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
@@ -88,37 +78,23 @@ def train_experiment(spec: ExperimentSpec, *, arms: list[str] | None = None, see
         for arm in selected:
             for seed in seed_list:
                 try:
-                    results.append(train_run(spec, arm, seed, task, source, reporter=reporter, force=force,
-                                             stop=stop, dist_info=info))
+                    results.append(
+                        train_run(
+                            spec, arm, seed, task, source, reporter=reporter, force=force, stop=stop, dist_info=info
+                        )
+                    )
                 except (DivergedError, RunError, RunLockedError) as err:
-                    status = ("diverged" if isinstance(err, DivergedError)
-                              else "in use" if isinstance(err, RunLockedError) else "failed")
+                    status = (
+                        "diverged"
+                        if isinstance(err, DivergedError)
+                        else "in use"
+                        if isinstance(err, RunLockedError)
+                        else "failed"
+                    )
                     reporter.log(f"[{arm.name}/seed{seed}] {status}: {err}")
                     path = run_path(spec.output_dir, spec.name, arm.name, seed)
                     results.append(RunResult(arm.name, seed, str(path), status, {"error": str(err)}))
     return results
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT/SIGTERM set a flag the loop checks between steps (checkpoint, then stop);
-    a second SIGINT interrupts at once. Only the main thread can own signal handlers."""
-    stop = StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum, frame):
-        if stop and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
@@ -130,9 +106,18 @@ def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
 # One run
 
 
-def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, source: str, *,
-              reporter: Reporter, force: bool = False, stop: "StopFlag | None" = None,
-              dist_info: DistInfo = DistInfo()) -> RunResult:
+def train_run(
+    spec: ExperimentSpec,
+    arm: ArmConfig,
+    seed: int,
+    task: Task,
+    source: str,
+    *,
+    reporter: Reporter,
+    force: bool = False,
+    stop: "StopFlag | None" = None,
+    dist_info: DistInfo = DistInfo(),
+) -> RunResult:
     """Train one arm x seed into its run directory.
 
     A completed run is skipped (unless `force`); a run with a checkpoint is resumed from it
@@ -142,11 +127,22 @@ def train_run(spec: ExperimentSpec, arm: ArmConfig, seed: int, task: Task, sourc
     path = run_path(spec.output_dir, spec.name, arm.name, seed)
     # Only rank 0 writes the run directory (and holds its lock); the others read it.
     if not dist_info.is_main:
-        return _train_locked(spec, arm, seed, task, source, _ReadOnlyRunDir(path), reporter=reporter,
-                             force=force, stop=stop, info=dist_info)
+        return _train_locked(
+            spec,
+            arm,
+            seed,
+            task,
+            source,
+            _ReadOnlyRunDir(path),
+            reporter=reporter,
+            force=force,
+            stop=stop,
+            info=dist_info,
+        )
     with run_lock(path):
-        return _train_locked(spec, arm, seed, task, source, RunDir(path), reporter=reporter, force=force,
-                             stop=stop, info=dist_info)
+        return _train_locked(
+            spec, arm, seed, task, source, RunDir(path), reporter=reporter, force=force, stop=stop, info=dist_info
+        )
 
 
 class _ReadOnlyRunDir(RunDir):
@@ -200,22 +196,37 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
     if ckpt is not None:
         start_step = _restore(ctx, rd, ckpt)
         reporter.log(f"[{name}] resuming from {ckpt.name}")
-        rd.update_info(status="running", resumed_at=now_iso(), resumed_from=ckpt.name, step=start_step,
-                       resumes=rd.info().get("resumes", 0) + 1, ended_at=None)
+        rd.update_info(
+            status="running",
+            resumed_at=now_iso(),
+            resumed_from=ckpt.name,
+            step=start_step,
+            resumes=rd.info().get("resumes", 0) + 1,
+            ended_at=None,
+        )
     else:
         start_step = 0
         if info.is_main:
             rd.reset()
             rd.path.mkdir(parents=True)
             rd.spec_file.write_text(dump_spec(own_spec))
-        rd.update_info(status="running", experiment=spec.name, arm=arm.name, seed=seed, step=0,
-                       total_steps=spec.train.steps, started_at=now_iso(), host=socket.gethostname(),
-                       git_commit=git_commit(), versions=versions(), model_source=source)
+        rd.update_info(
+            status="running",
+            experiment=spec.name,
+            arm=arm.name,
+            seed=seed,
+            step=0,
+            total_steps=spec.train.steps,
+            started_at=now_iso(),
+            host=socket.gethostname(),
+            git_commit=git_commit(),
+            versions=versions(),
+            model_source=source,
+        )
     prior_wall = rd.info().get("wall_s", 0.0) if ckpt is not None else 0.0
 
     def finish(status: str, **fields) -> None:
-        rd.update_info(status=status, ended_at=now_iso(), wall_s=round(prior_wall + time.time() - t_start, 2),
-                       **fields)
+        rd.update_info(status=status, ended_at=now_iso(), wall_s=round(prior_wall + time.time() - t_start, 2), **fields)
 
     try:
         summary = _loop(ctx, rd, name, reporter, start_step, stop if stop is not None else StopFlag())
@@ -270,19 +281,6 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
     return step
 
 
-class StopFlag:
-    """Set by a signal handler; the loop checks it between steps and stops cleanly."""
-
-    def __init__(self):
-        self.signal_name: str | None = None
-
-    def set(self, signal_name: str) -> None:
-        self.signal_name = signal_name
-
-    def __bool__(self) -> bool:
-        return self.signal_name is not None
-
-
 def _loop(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag) -> dict:
     spec = ctx.spec
     steps = spec.train.steps
@@ -300,8 +298,9 @@ def _loop(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, 
     return _summary(rd, steps)
 
 
-def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag,
-           eval_problems, sinks) -> None:
+def _steps(
+    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, eval_problems, sinks
+) -> None:
     spec = ctx.spec
     steps = spec.train.steps
     watch = CollapseWatch(spec.train.divergence, rd.metrics())
@@ -326,8 +325,10 @@ def _steps(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int,
         if is_last or stopping or due:
             _checkpoint(ctx, rd, step)
         if stopping and not is_last:
-            raise InterruptedRun(f"{name}: stopped by {stop.signal_name or 'a signal to rank 0'} after step {step}; "
-                                 f"checkpoint written, rerun the same command to resume")
+            raise InterruptedRun(
+                f"{name}: stopped by {stop.signal_name or 'a signal to rank 0'} after step {step}; "
+                f"checkpoint written, rerun the same command to resume"
+            )
 
 
 def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
@@ -336,10 +337,20 @@ def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
     model_state, optimizer_state = distributed.full_states(ctx.model, ctx.optimizer, ctx.dist)  # every rank
     if ctx.dist.is_main:
         try:
-            save_checkpoint(rd, step, ctx.model, ctx.engine.tokenizer, optimizer_state, ctx.scheduler,
-                            rng=ctx.rng, shuffle=ctx.shuffle, keep=ctx.spec.train.keep_checkpoints,
-                            dtype=ctx.spec.model.dtype, model_state=model_state,
-                            extra={"train_time": ctx.train_time, "skipped": ctx.skipped})
+            save_checkpoint(
+                rd,
+                step,
+                ctx.model,
+                ctx.engine.tokenizer,
+                optimizer_state,
+                ctx.scheduler,
+                rng=ctx.rng,
+                shuffle=ctx.shuffle,
+                keep=ctx.spec.train.keep_checkpoints,
+                dtype=ctx.spec.model.dtype,
+                model_state=model_state,
+                extra={"train_time": ctx.train_time, "skipped": ctx.skipped},
+            )
         except RunError as err:
             failure = str(err)
     failure = distributed.broadcast_object(failure, ctx.dist)
@@ -347,52 +358,10 @@ def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
         raise RunError(failure)
 
 
-class GapWarning:
-    """Warns once per run when the sampler's log-probs are far from the trainer's: a mean
-    per-token gap above half the arm's narrower clip range shifts every ratio by about as
-    much as the clip band allows (GSPO's 3e-4 is crossed by bf16 gaps of 1e-3)."""
-
-    def __init__(self, name: str, clip_low: float, clip_high: float):
-        self.name, self.limit, self.warned = name, 0.5 * min(clip_low, clip_high), False
-
-    def check(self, metrics: dict, reporter: Reporter) -> None:
-        gap = metrics.get("rollout/logprob_diff_mean")
-        if gap is not None and gap > self.limit and not self.warned:
-            self.warned = True
-            reporter.log(f"[{self.name}] warning: sampler and trainer log-probs differ by {gap:.2e} nats per token "
-                         f"on average (step {metrics['step']}), more than half the clip range ({self.limit:.1e}): "
-                         "importance ratios are biased before any update (see rollout/logprob_diff_*)")
-
-
-class CollapseWatch:
-    """Declares a collapse when mean reward or entropy stays under its threshold for
-    `patience` consecutive steps (history included, so a resume does not reset it)."""
-
-    def __init__(self, cfg, history: list[dict]):
-        self.cfg = cfg
-        self.below = {"reward/mean": 0, "policy/entropy": 0}
-        for m in history:
-            self._count(m)
-
-    def _count(self, m: dict) -> None:
-        limits = {"reward/mean": self.cfg.reward_below, "policy/entropy": self.cfg.entropy_below}
-        for key, limit in limits.items():
-            v = m.get(key)
-            if limit is not None and v is not None:
-                self.below[key] = self.below[key] + 1 if v < limit else 0
-
-    def observe(self, m: dict, step: int) -> None:
-        self._count(m)
-        for key, n in self.below.items():
-            if n >= self.cfg.patience:
-                limit = self.cfg.reward_below if key == "reward/mean" else self.cfg.entropy_below
-                raise DivergedError(f"step {step}: collapse: {key} below {limit} for {n} steps")
-
-
 def _summary(rd: RunDir, steps: int) -> dict:
     metrics, evals = rd.metrics(), rd.evals()
     first = [m["reward/mean"] for m in metrics[: max(1, steps // 10)]]
-    last = [m["reward/mean"] for m in metrics[-max(1, steps // 10):]]
+    last = [m["reward/mean"] for m in metrics[-max(1, steps // 10) :]]
     return {
         "steps": steps,
         "reward_first": round(sum(first) / max(len(first), 1), 4),
@@ -425,13 +394,19 @@ def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
     finally:
         if stats:
             ctx.engine.sampler_logprobs = True
-    rd.log_eval({"step": step, "task": ctx.task.name, "n": len(problems), "samples": ctx.spec.train.eval_samples,
-                 "scores": scores, "time_s": round(time.time() - t, 3)})
+    rd.log_eval(
+        {
+            "step": step,
+            "task": ctx.task.name,
+            "n": len(problems),
+            "samples": ctx.spec.train.eval_samples,
+            "scores": scores,
+            "time_s": round(time.time() - t, 3),
+        }
+    )
     for sink in sinks:
         sink.log({f"eval/{ctx.task.name}/{k}": v for k, v in scores.items()}, step)
 
 
 # ---------------------------------------------------------------------------------------
 # One step: the recipe
-
-

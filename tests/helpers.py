@@ -6,13 +6,24 @@ TINY = {
     "seeds": [0],
     "model": {
         "name": "builtin:tiny-moe",
-        "builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-                    "intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4, "experts_per_token": 2},
+        "builtin": {
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "num_kv_heads": 1,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 32,
+            "num_experts": 4,
+            "experts_per_token": 2,
+        },
         "cold_start": {"steps": 120, "batch_size": 32, "lr": 1e-2},
     },
     # One-digit sums and a format reward: even a barely trained model gets mixed rewards.
-    "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 4, "operators": "+",
-                                              "format_weight": 0.5}, "eval_size": 4},
+    "task": {
+        "name": "arithmetic",
+        "params": {"num_operands": 2, "max_operand": 4, "operators": "+", "format_weight": 0.5},
+        "eval_size": 4,
+    },
     "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
     "optimizer": {"lr": 1e-3},
     "train": {"steps": 2},
@@ -26,7 +37,6 @@ TINY = {
 }
 
 
-
 def edited_model_copy(base, dest, *, config=None, generation_config=None, tokenizer_config=None):
     """An ordinary local HF model directory: `base` (e.g. a built-in model's) copied to
     `dest`, with the given keys of config.json, generation_config.json (created when
@@ -37,8 +47,11 @@ def edited_model_copy(base, dest, *, config=None, generation_config=None, tokeni
 
     dest = Path(dest)
     shutil.copytree(base, dest)
-    for name, edits in (("config.json", config), ("generation_config.json", generation_config),
-                        ("tokenizer_config.json", tokenizer_config)):
+    for name, edits in (
+        ("config.json", config),
+        ("generation_config.json", generation_config),
+        ("tokenizer_config.json", tokenizer_config),
+    ):
         if edits:
             path = dest / name
             data = json.loads(path.read_text()) if path.is_file() else {}
@@ -48,8 +61,8 @@ def edited_model_copy(base, dest, *, config=None, generation_config=None, tokeni
 
 def tiny_model_dir():
     """Directory of TINY's built-in model (built once per cache, ~20 s cold start)."""
-    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.models import resolve_model_source
+    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.tasks import make_task
 
     spec = spec_from_dict(TINY)

@@ -28,7 +28,7 @@ HOSTILE = {
     "flood": "while True:\n    print('x' * 1000)",
     "segfault": "import ctypes\nctypes.string_at(0)",
     "kill_parent": "import os\nos.kill(os.getppid(), 9)\nwhile True:\n    pass",
-    "threads": "import threading, time\nfor _ in range(100):\n    threading.Thread(target=time.sleep, args=(60,)).start()",
+    "threads": "import threading, time\nfor _ in range(100):\n    threading.Thread(target=time.sleep, args=(60,)).start()",  # noqa: E501 - a program, kept on one line
     "sleep": "import time\ntime.sleep(60)",
 }
 

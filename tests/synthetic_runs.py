@@ -28,37 +28,64 @@ def length(seed: int, step: int) -> float:
     return 10.0 + seed + step
 
 
-def write_run(root: Path, arm: str, seed: int, records: list[dict], *, status: str = "completed",
-              evals: list[dict] = (), clip_high: float = 0.27, torn: bool = False) -> Path:
+def write_run(
+    root: Path,
+    arm: str,
+    seed: int,
+    records: list[dict],
+    *,
+    status: str = "completed",
+    evals: list[dict] = (),
+    clip_high: float = 0.27,
+    torn: bool = False,
+) -> Path:
     d = root / "exp" / arm / f"seed{seed}"
     d.mkdir(parents=True)
-    spec = {"name": "exp", "rollout": {"prompts_per_step": 4, "group_size": 2},
-            "arms": [{"name": arm, "loss": arm, "clip_low": 0.2, "clip_high": clip_high}], "seeds": [seed]}
+    spec = {
+        "name": "exp",
+        "rollout": {"prompts_per_step": 4, "group_size": 2},
+        "arms": [{"name": arm, "loss": arm, "clip_low": 0.2, "clip_high": clip_high}],
+        "seeds": [seed],
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     text = "".join(json.dumps(r) + "\n" for r in records)
     if torn:
         text += '{"step": 13, "reward/me'  # a crash mid-write: no newline
     (d / "metrics.jsonl").write_text(text)
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
-    info = {"status": status, "experiment": "exp", "arm": arm, "seed": seed,
-            "step": len(records), "total_steps": 20}
+    info = {"status": status, "experiment": "exp", "arm": arm, "seed": seed, "step": len(records), "total_steps": 20}
     (d / "run.json").write_text(json.dumps(info))
     return d
 
 
 def _record(step: int, seed: int, reward: float, clip: float) -> dict:
-    return {"step": step, "reward/mean": reward, "policy/clip_frac_token": clip,
-            "policy/clip_frac_token_low": clip / 2, "policy/clip_frac_token_high": clip / 2,
-            "response/length_mean": length(seed, step), "time/step_s": 2.0, "time/elapsed_s": 2.0 * step}
+    return {
+        "step": step,
+        "reward/mean": reward,
+        "policy/clip_frac_token": clip,
+        "policy/clip_frac_token_low": clip / 2,
+        "policy/clip_frac_token_high": clip / 2,
+        "response/length_mean": length(seed, step),
+        "time/step_s": 2.0,
+        "time/elapsed_s": 2.0 * step,
+    }
 
 
 def make_experiment(root: Path) -> Path:
     """Writes root/exp/{grpo,gspo}/seed{0,1,2}; returns root/exp."""
     for k in range(3):
         recs = [_record(t, k, gspo_reward(k, t), 0.1 * (k + 1)) for t in range(1, 21)]
-        evals = [{"step": s, "task": "arith", "n": 8, "samples": 4,
-                  "scores": {"avg@4": v, "pass@1": v, "pass@4": 1.0}, "time_s": 0.1}
-                 for s, v in ((0, 0.1), (10, 0.3 + 0.1 * k), (20, 0.2 + 0.1 * k))]
+        evals = [
+            {
+                "step": s,
+                "task": "arith",
+                "n": 8,
+                "samples": 4,
+                "scores": {"avg@4": v, "pass@1": v, "pass@4": 1.0},
+                "time_s": 0.1,
+            }
+            for s, v in ((0, 0.1), (10, 0.3 + 0.1 * k), (20, 0.2 + 0.1 * k))
+        ]
         write_run(root, "gspo", k, recs, evals=evals, clip_high=4e-4)
     for k, status in enumerate(("completed", "running", "diverged")):
         steps = 12 if status == "running" else 20

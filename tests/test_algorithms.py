@@ -13,9 +13,9 @@ from gspo_cli.algorithms import (
     POLICY_LOSSES,
     aggregate,
     aggregation_count,
-    grpo_loss,
     get_advantage_estimator,
     get_policy_loss,
+    grpo_loss,
     zero_variance_group_frac,
 )
 
@@ -88,9 +88,7 @@ def test_grpo_hand_computed_2x3():
     assert stats["approx_kl"].item() == approx(sum(k3) / 5)  # 0.073391
 
     # d loss / d logp = -(1/G)(1/|y_i|) A w on unclipped tokens, 0 on clipped / pad
-    expected = torch.tensor(
-        [[0.0, -1 / 6, -em5 / 6], [0.0, -(1 / 2) * (1 / 2) * (-0.5) * e1, 0.0]]
-    )
+    expected = torch.tensor([[0.0, -1 / 6, -em5 / 6], [0.0, -(1 / 2) * (1 / 2) * (-0.5) * e1, 0.0]])
     torch.testing.assert_close(grad, expected)
 
 
@@ -340,9 +338,7 @@ def test_descent_step_raises_logp_with_positive_advantage(name):
         return torch.log_softmax(lg, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
 
     before = logp_of(logits).detach()
-    loss, _ = get_policy_loss(name)(
-        logp_of(logits), before, torch.ones(B), mask, clip_low=0.2, clip_high=0.2
-    )
+    loss, _ = get_policy_loss(name)(logp_of(logits), before, torch.ones(B), mask, clip_low=0.2, clip_high=0.2)
     loss.backward()
     with torch.no_grad():
         after = logp_of(logits - 0.1 * logits.grad)
@@ -367,9 +363,7 @@ def test_empty_batch(name):
 def test_stats_are_detached_scalars():
     logp, old, mask, adv = random_batch(8)
     for name in LOSS_NAMES:
-        _, stats = get_policy_loss(name)(
-            logp.clone().requires_grad_(True), old, adv, mask, clip_low=0.2, clip_high=0.2
-        )
+        _, stats = get_policy_loss(name)(logp.clone().requires_grad_(True), old, adv, mask, clip_low=0.2, clip_high=0.2)
         assert set(stats) == set(STAT_KEYS)
         assert all(v.dim() == 0 and not v.requires_grad for v in stats.values())
 
@@ -402,11 +396,20 @@ def test_split_batch_with_global_denominator_averages_to_the_whole(mode):
     halves = logp.clone().requires_grad_(True)
     parts, own = [], []
     for rows in (slice(0, 4), slice(4, 8)):
-        part, _ = grpo_loss(halves[rows], old[rows], adv[rows], mask[rows], clip_low=0.2, clip_high=0.27,
-                            aggregation=mode, denominator=count / 2)
+        part, _ = grpo_loss(
+            halves[rows],
+            old[rows],
+            adv[rows],
+            mask[rows],
+            clip_low=0.2,
+            clip_high=0.27,
+            aggregation=mode,
+            denominator=count / 2,
+        )
         parts.append(part)
-        own.append(grpo_loss(logp[rows], old[rows], adv[rows], mask[rows], clip_low=0.2, clip_high=0.27,
-                             aggregation=mode)[0])
+        own.append(
+            grpo_loss(logp[rows], old[rows], adv[rows], mask[rows], clip_low=0.2, clip_high=0.27, aggregation=mode)[0]
+        )
     split = (parts[0] + parts[1]) / 2
     split.backward()
     assert torch.allclose(split, loss_whole, rtol=0, atol=1e-12)

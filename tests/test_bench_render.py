@@ -17,10 +17,21 @@ REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "reference"
 
 def _side(step_s: float, **over) -> dict:
     """One side's summary: generation a quarter and updates three quarters of `step_s` (exact shares)."""
-    side = {"step_s": step_s, "cpu_s": step_s, "rollout_s": 0.25 * step_s, "score_s": 0.0,
-            "old_logp_s": 0.0, "update_s": 0.75 * step_s, "gen_tok_per_s": 1000.0, "length_mean": 10.0,
-            "length_max": 20.0, "gen_ms_per_token_step": 5.0, "n_steps": 2, "per_rep_step_s": [step_s],
-            "peak_rss_mb": 500.0}
+    side = {
+        "step_s": step_s,
+        "cpu_s": step_s,
+        "rollout_s": 0.25 * step_s,
+        "score_s": 0.0,
+        "old_logp_s": 0.0,
+        "update_s": 0.75 * step_s,
+        "gen_tok_per_s": 1000.0,
+        "length_mean": 10.0,
+        "length_max": 20.0,
+        "gen_ms_per_token_step": 5.0,
+        "n_steps": 2,
+        "per_rep_step_s": [step_s],
+        "peak_rss_mb": 500.0,
+    }
     return {**side, **over}
 
 
@@ -30,19 +41,44 @@ def small_result(**over) -> dict:
     r = {
         "when": "2026-01-01 00:00:00 +0000",
         "host": {"cores": 2, "versions": {"torch": "T", "transformers": "X", "trl": "R"}},
-        "config": {"prompts": 4, "group": 4, "max_new": 16, "mini_batches": 4, "seed": 0, "warmup": 1,
-                   "steps": 1, "reps": 2, "threads_why": "1 (--threads)"},
+        "config": {
+            "prompts": 4,
+            "group": 4,
+            "max_new": 16,
+            "mini_batches": 4,
+            "seed": 0,
+            "warmup": 1,
+            "steps": 1,
+            "reps": 2,
+            "threads_why": "1 (--threads)",
+        },
         "load": {"start": 0.5, "max": 1.0, "median": 0.7, "shared": False},
-        "ours": _side(0.5), "trl": _side(1.0, old_logp_s=0.1),
-        "ratio": {"step_paired": 0.5, "step_of_medians": 0.5, "cpu_paired": 0.5, "rollout_s": 0.5,
-                  "old_logp_s": 0.0, "update_s": 0.5, "gen_tok_per_s": 1.0, "gen_ms_per_token_step": 1.0},
+        "ours": _side(0.5),
+        "trl": _side(1.0, old_logp_s=0.1),
+        "ratio": {
+            "step_paired": 0.5,
+            "step_of_medians": 0.5,
+            "cpu_paired": 0.5,
+            "rollout_s": 0.5,
+            "old_logp_s": 0.0,
+            "update_s": 0.5,
+            "gen_tok_per_s": 1.0,
+            "gen_ms_per_token_step": 1.0,
+        },
         "arms": {"paper-grpo": arm, "paper-grpo-rr": arm, "paper-gspo": arm},
-        "rr_overhead": 0.05, "rr_overhead_cpu": 0.04, "rr_overhead_update": 0.03,
-        "gspo_vs_grpo": -0.02, "gspo_vs_grpo_cpu": 0.0, "gspo_vs_grpo_update": 0.01,
-        "scaling": {"G=4": {**arm, "group": 4, "max_new": 16, "ignore_eos": False, "vs_base": 1.0, "vs_base_cpu": 1.0},
-                    "T=32": {**arm, "group": 4, "max_new": 32, "ignore_eos": True, "vs_base": 1.5,
-                             "vs_base_cpu": 1.25}},
-        "quickstart_memory": None, "quickstart_full": None, "profiles": [],
+        "rr_overhead": 0.05,
+        "rr_overhead_cpu": 0.04,
+        "rr_overhead_update": 0.03,
+        "gspo_vs_grpo": -0.02,
+        "gspo_vs_grpo_cpu": 0.0,
+        "gspo_vs_grpo_update": 0.01,
+        "scaling": {
+            "G=4": {**arm, "group": 4, "max_new": 16, "ignore_eos": False, "vs_base": 1.0, "vs_base_cpu": 1.0},
+            "T=32": {**arm, "group": 4, "max_new": 32, "ignore_eos": True, "vs_base": 1.5, "vs_base_cpu": 1.25},
+        },
+        "quickstart_memory": None,
+        "quickstart_full": None,
+        "profiles": [],
         "bench_wall_s": 30.4,
     }
     r.update(over)
@@ -84,15 +120,30 @@ def test_verdicts_flip_at_their_targets_and_a_shared_box_is_flagged():
 
 def test_quickstart_and_profile_sections_render_when_present():
     qs = {"steps": 20, "load_start": 0.5, "loadavg_after": 1.0, "threads": 1, "wall_s": 40.2, "max_rss_mb": 4097.0}
-    qf = {"cold_start_s": 36.0, "when": "W", "load": {"start": 0.2, "end": 1.9}, "shared": False,
-          "threads": "torch's default (auto: idle box)", "total_s": 240.0, "train": {"max_rss_mb": 600.0}}
-    prof = {"preset": "paper-gspo", "total_s": 2.0, "file": "/tmp/x/profile_paper-gspo.txt",
-            "buckets": [{"label": "rollout", "where": "hf.py:1 generate", "seconds": 1.0, "share": 0.5},
-                        {"label": "  sampling", "where": "utils.py:2 _sample", "seconds": 0.5, "share": 0.25}]}
+    qf = {
+        "cold_start_s": 36.0,
+        "when": "W",
+        "load": {"start": 0.2, "end": 1.9},
+        "shared": False,
+        "threads": "torch's default (auto: idle box)",
+        "total_s": 240.0,
+        "train": {"max_rss_mb": 600.0},
+    }
+    prof = {
+        "preset": "paper-gspo",
+        "total_s": 2.0,
+        "file": "/tmp/x/profile_paper-gspo.txt",
+        "buckets": [
+            {"label": "rollout", "where": "hf.py:1 generate", "seconds": 1.0, "share": 0.5},
+            {"label": "  sampling", "where": "utils.py:2 _sample", "seconds": 0.5, "share": 0.25},
+        ],
+    }
     text = render(small_result(quickstart_memory=qs, quickstart_full=qf, profiles=[prof]))
     lines = text.splitlines()
-    assert ("| `gspo train experiments/quickstart.yaml --set train.steps=20` (cached cold start, "
-            "load 0.5→1.0, OMP_NUM_THREADS=1) | 40 s | 4097 MB |") in lines
+    assert (
+        "| `gspo train experiments/quickstart.yaml --set train.steps=20` (cached cold start, "
+        "load 0.5→1.0, OMP_NUM_THREADS=1) | 40 s | 4097 MB |"
+    ) in lines
     assert "- quickstart peak memory ≤ 4 GB: 4097 MB max RSS (train.steps=20) — missed" in lines
     assert "- quickstart ≤ 5 min with cold start: 4.0 min — met" in lines
     assert "paper-gspo (2.00 s CPU profiled; details in `profile_paper-gspo.txt`):" in lines
@@ -119,20 +170,24 @@ def test_pct_signs_and_dashes():
 
 
 def test_profile_text_header_and_bucket_rows():
-    cfg = {"steps": 3, "preset": "paper-gspo", "warmup": 1, "prompts": 16, "group": 8, "max_new": 48,
-           "mini_batches": 4}
+    cfg = {"steps": 3, "preset": "paper-gspo", "warmup": 1, "prompts": 16, "group": 8, "max_new": 48, "mini_batches": 4}
     buckets = [{"label": "backward", "where": "_tensor.py:1 backward", "seconds": 0.75, "share": 0.25}]
     text = profile_text(cfg, 3.0, buckets, "CUM", "OWN")
     lines = text.split("\n")
-    assert lines[0].startswith("cProfile of 3 steps of paper-gspo after 1 warm-up (16 prompts x 8, "
-                               "max_new_tokens 48, 4 mini-batches); profiled CPU time 3.00 s")
+    assert lines[0].startswith(
+        "cProfile of 3 steps of paper-gspo after 1 warm-up (16 prompts x 8, "
+        "max_new_tokens 48, 4 mini-batches); profiled CPU time 3.00 s"
+    )
     assert "   25.0%    0.750 s  backward  [_tensor.py:1 backward]" in lines
     assert lines[-4:] == ["Top by cumulative time:", "CUM", "Top by own time:", "OWN"]
 
 
 def test_paired_is_the_median_of_per_round_ratios_over_matching_rounds():
-    ours = [{"rep": 0, "round": 1, "step_s": 2.0}, {"rep": 0, "round": 2, "step_s": 3.0},
-            {"rep": 1, "round": 1, "step_s": 9.0}]  # no TRL partner: left out
+    ours = [
+        {"rep": 0, "round": 1, "step_s": 2.0},
+        {"rep": 0, "round": 2, "step_s": 3.0},
+        {"rep": 1, "round": 1, "step_s": 9.0},
+    ]  # no TRL partner: left out
     trl = [{"rep": 0, "round": 1, "step_s": 1.0}, {"rep": 0, "round": 2, "step_s": 2.0}]
     assert paired(ours, trl) == pytest.approx((2.0 + 1.5) / 2)
     # the ratio of medians would be 3.0 / 1.5 = 2.0: pairing is a different number
@@ -141,10 +196,14 @@ def test_paired_is_the_median_of_per_round_ratios_over_matching_rounds():
 
 
 def test_summarize_side_medians_per_repetition_and_of_the_processes():
-    recs = [{"rep": r, "round": i, "step_s": s, "cpu_s": s} for r, i, s in
-            [(0, 1, 1.0), (0, 2, 3.0), (1, 1, 5.0), (1, 2, 7.0)]]
-    finals = [{"peak_rss_mb": 500.0, "setup_s": 1.0, "torch_threads": 1},
-              {"peak_rss_mb": 600.0, "setup_s": 2.0, "torch_threads": 1}]
+    recs = [
+        {"rep": r, "round": i, "step_s": s, "cpu_s": s}
+        for r, i, s in [(0, 1, 1.0), (0, 2, 3.0), (1, 1, 5.0), (1, 2, 7.0)]
+    ]
+    finals = [
+        {"peak_rss_mb": 500.0, "setup_s": 1.0, "torch_threads": 1},
+        {"peak_rss_mb": 600.0, "setup_s": 2.0, "torch_threads": 1},
+    ]
     s = summarize_side(recs, finals)
     assert s["step_s"] == 4.0 and s["n_steps"] == 4
     assert s["per_rep_step_s"] == [2.0, 6.0]
@@ -153,9 +212,22 @@ def test_summarize_side_medians_per_repetition_and_of_the_processes():
 
 
 def test_vllm_rollout_text_lays_out_the_four_lines():
-    m = {"threads": 2, "prompts": 128, "tokens": 40, "params_m": 1.79, "hf_best": 1234.4, "hf_median": 1100.6,
-         "hf_length": 39.95, "vllm_best": 900.0, "vllm_median": 410.0, "vllm_length": 40.0, "start_s": 10.04,
-         "sync_s": 0.3, "gap_mean": 1.2e-7, "gap_max": 3.1e-6}
+    m = {
+        "threads": 2,
+        "prompts": 128,
+        "tokens": 40,
+        "params_m": 1.79,
+        "hf_best": 1234.4,
+        "hf_median": 1100.6,
+        "hf_length": 39.95,
+        "vllm_best": 900.0,
+        "vllm_median": 410.0,
+        "vllm_length": 40.0,
+        "start_s": 10.04,
+        "sync_s": 0.3,
+        "gap_mean": 1.2e-7,
+        "gap_max": 3.1e-6,
+    }
     assert vllm_rollout_text(m).split("\n") == [
         "threads 2, 128 prompts x 40 new tokens, 1.8 M params",
         "hf generate : best   1234, median   1101 tokens/s (mean length 40.0)",

@@ -8,13 +8,13 @@ import torch
 from helpers import TINY, edited_model_copy, tiny_model_dir
 from transformers import AutoModelForCausalLM
 
-from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.eval_run import Sampling, Target, evaluate_model
 from gspo_cli.models import load_model
 from gspo_cli.models.loading import disable_dropout
 from gspo_cli.models.prompts import PromptFormat, stop_token_ids
 from gspo_cli.rollout import make_engine, response_logprobs
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.step import setup, train_step
 from gspo_cli.tasks import make_task
 
@@ -22,21 +22,54 @@ PROMPTS = ["1+2=?\n", "3+4=?\n", "0+1=?\n", "2+2=?\n"] * 4
 # Every sampling, length, stopping and output option of transformers 5.24's GenerationConfig,
 # each at a value that would change what generate returns.
 POLLUTED = {
-    "do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.2, "top_h": 0.5, "typical_p": 0.5,
-    "epsilon_cutoff": 3e-3, "eta_cutoff": 3e-3, "repetition_penalty": 1.3, "encoder_repetition_penalty": 1.2,
-    "length_penalty": 2.0, "no_repeat_ngram_size": 2, "encoder_no_repeat_ngram_size": 2, "bad_words_ids": [[10]],
-    "renormalize_logits": True, "forced_bos_token_id": 11, "forced_eos_token_id": 12, "remove_invalid_values": True,
-    "exponential_decay_length_penalty": [2, 1.5], "suppress_tokens": [13], "begin_suppress_tokens": [14],
-    "sequence_bias": [[[15], -5.0]], "guidance_scale": 1.5, "min_length": 40, "min_new_tokens": 4, "max_length": 12,
-    "max_new_tokens": 3, "max_time": 1e-4, "stop_strings": ["+"], "num_beams": 2, "num_return_sequences": 2,
-    "output_scores": True, "output_logits": True, "return_dict_in_generate": True, "use_cache": False,
-    "low_memory": True, "prompt_lookup_num_tokens": 3, "token_healing": True, "early_stopping": True,
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_k": 20,
+    "top_p": 0.95,
+    "min_p": 0.2,
+    "top_h": 0.5,
+    "typical_p": 0.5,
+    "epsilon_cutoff": 3e-3,
+    "eta_cutoff": 3e-3,
+    "repetition_penalty": 1.3,
+    "encoder_repetition_penalty": 1.2,
+    "length_penalty": 2.0,
+    "no_repeat_ngram_size": 2,
+    "encoder_no_repeat_ngram_size": 2,
+    "bad_words_ids": [[10]],
+    "renormalize_logits": True,
+    "forced_bos_token_id": 11,
+    "forced_eos_token_id": 12,
+    "remove_invalid_values": True,
+    "exponential_decay_length_penalty": [2, 1.5],
+    "suppress_tokens": [13],
+    "begin_suppress_tokens": [14],
+    "sequence_bias": [[[15], -5.0]],
+    "guidance_scale": 1.5,
+    "min_length": 40,
+    "min_new_tokens": 4,
+    "max_length": 12,
+    "max_new_tokens": 3,
+    "max_time": 1e-4,
+    "stop_strings": ["+"],
+    "num_beams": 2,
+    "num_return_sequences": 2,
+    "output_scores": True,
+    "output_logits": True,
+    "return_dict_in_generate": True,
+    "use_cache": False,
+    "low_memory": True,
+    "prompt_lookup_num_tokens": 3,
+    "token_healing": True,
+    "early_stopping": True,
     "watermarking_config": {"greenlist_ratio": 0.5, "bias": 5.0},
 }
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
-            "Q: {{ m['content'] }}{% endif %}{% endfor %}"
-            "{% if enable_thinking is defined and not enable_thinking %}/quick {% endif %}"
-            "{% if add_generation_prompt %}A: {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
+    "Q: {{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}/quick {% endif %}"
+    "{% if add_generation_prompt %}A: {% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +78,9 @@ def base_dir():
 
 
 def _spec(source, **rollout):
-    return spec_from_dict({**TINY, "model": {**TINY["model"], "name": str(source)},
-                           "rollout": {**TINY["rollout"], **rollout}})
+    return spec_from_dict(
+        {**TINY, "model": {**TINY["model"], "name": str(source)}, "rollout": {**TINY["rollout"], **rollout}}
+    )
 
 
 def _engine(source, **rollout):
@@ -105,20 +139,26 @@ def chat_dir(base_dir, tmp_path_factory):
     generation_config.json (" " and "=", which the model writes early in most answers)."""
     vocab = load_model(str(base_dir), _spec(base_dir).model).tokenizer.get_vocab()
     stops = [vocab[" "], vocab["="]]
-    path = edited_model_copy(base_dir, tmp_path_factory.mktemp("chat") / "m", tokenizer_config={"chat_template": TEMPLATE},
-                             generation_config={"eos_token_id": stops})
+    path = edited_model_copy(
+        base_dir,
+        tmp_path_factory.mktemp("chat") / "m",
+        tokenizer_config={"chat_template": TEMPLATE},
+        generation_config={"eos_token_id": stops},
+    )
     return path, stops
 
 
 def test_prompts_go_through_the_chat_template(chat_dir):
     path, _ = chat_dir
-    for rollout, text in (({}, "Q: 1+2=?\nA: "),
-                          ({"system_prompt": "be brief"}, "[be brief]Q: 1+2=?\nA: "),
-                          ({"chat_template_kwargs": {"enable_thinking": False}}, "Q: 1+2=?\n/quick A: "),
-                          ({"chat_template": "none"}, "1+2=?\n")):
+    for rollout, text in (
+        ({}, "Q: 1+2=?\nA: "),
+        ({"system_prompt": "be brief"}, "[be brief]Q: 1+2=?\nA: "),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "Q: 1+2=?\n/quick A: "),
+        ({"chat_template": "none"}, "1+2=?\n"),
+    ):
         engine, lm = _engine(path, **rollout)
         batch = engine.generate(["1+2=?\n"])
-        assert lm.tokenizer.decode(batch.input_ids[0, :batch.prompt_len]) == text, rollout
+        assert lm.tokenizer.decode(batch.input_ids[0, : batch.prompt_len]) == text, rollout
 
 
 def test_responses_end_at_the_first_stop_id(chat_dir):
@@ -143,7 +183,9 @@ def test_responses_end_at_the_first_stop_id(chat_dir):
 
 def test_system_prompt_without_a_template_is_a_spec_error(base_dir):
     lm = load_model(str(base_dir), _spec(base_dir).model)
-    with pytest.raises(SpecError, match="^rollout.system_prompt: needs a chat template, but the tokenizer has no chat template"):
+    with pytest.raises(
+        SpecError, match="^rollout.system_prompt: needs a chat template, but the tokenizer has no chat template"
+    ):
         PromptFormat(system_prompt="hi").formatter(lm.tokenizer)
     with pytest.raises(SpecError, match=r"rollout.system_prompt: needs a chat template, but chat_template is none"):
         spec_from_dict({**TINY, "rollout": {"chat_template": "none", "system_prompt": "hi"}})
@@ -164,12 +206,14 @@ def test_evaluation_formats_prompts_like_training(chat_dir, monkeypatch):
     path, _ = chat_dir
     fed = []
     real = hf.HFRolloutEngine.generate
-    monkeypatch.setattr(hf.HFRolloutEngine, "generate",
-                        lambda self, prompts: fed.extend(self.format(prompts)) or real(self, prompts))
+    monkeypatch.setattr(
+        hf.HFRolloutEngine, "generate", lambda self, prompts: fed.extend(self.format(prompts)) or real(self, prompts)
+    )
     spec = _spec(path, system_prompt="be brief")
     task = make_task(spec.task.name, spec.task.params)
-    evaluate_model(Target(source=str(path), spec=spec), task, Sampling(samples=1, max_tokens=4), limit=2,
-                   log=lambda m: None)
+    evaluate_model(
+        Target(source=str(path), spec=spec), task, Sampling(samples=1, max_tokens=4), limit=2, log=lambda m: None
+    )
     assert [f.split("Q: ")[0] for f in fed] == ["[be brief]", "[be brief]"]
     assert all(f.endswith("A: ") for f in fed)
 
@@ -184,8 +228,9 @@ def test_no_dropout_in_policy_forwards(base_dir, tmp_path):
     assert not torch.allclose(raw(ids).logits, raw(ids).logits)
     assert "config.attention_dropout" in disable_dropout(raw) and torch.equal(raw(ids).logits, raw(ids).logits)
 
-    spec = spec_from_dict({**TINY, "model": {**TINY["model"], "name": str(path)},
-                           "arms": [{**TINY["arms"][0], "kl_coef": 0.1}]})
+    spec = spec_from_dict(
+        {**TINY, "model": {**TINY["model"], "name": str(path)}, "arms": [{**TINY["arms"][0], "kl_coef": 0.1}]}
+    )
     ctx = setup(spec, spec.arms[0], 0, make_task(spec.task.name, spec.task.params), str(path))
     assert ctx.model.config.attention_dropout == 0.0
     for model in (ctx.model.train(), ctx.ref_model):
@@ -198,13 +243,20 @@ def test_no_dropout_in_policy_forwards(base_dir, tmp_path):
 def test_a_step_on_edited_checkpoints_is_the_clean_step(base_dir, tmp_path):
     """One training step (same seed) on the clean directory, one whose generation_config sets
     every option and one with attention_dropout 0.5: identical metrics, on-policy KL 0."""
-    dirs = {"clean": base_dir,
-            "polluted": edited_model_copy(base_dir, tmp_path / "p", generation_config=POLLUTED),
-            "dropout": edited_model_copy(base_dir, tmp_path / "d", config={"attention_dropout": 0.5})}
+    dirs = {
+        "clean": base_dir,
+        "polluted": edited_model_copy(base_dir, tmp_path / "p", generation_config=POLLUTED),
+        "dropout": edited_model_copy(base_dir, tmp_path / "d", config={"attention_dropout": 0.5}),
+    }
     metrics = {}
     for name, path in dirs.items():
-        spec = spec_from_dict({**TINY, "model": {**TINY["model"], "name": str(path)},
-                               "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 1}]})
+        spec = spec_from_dict(
+            {
+                **TINY,
+                "model": {**TINY["model"], "name": str(path)},
+                "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 1}],
+            }
+        )
         ctx = setup(spec, spec.arms[0], 0, make_task(spec.task.name, spec.task.params), str(path))
         m = train_step(ctx, 1)
         metrics[name] = {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}

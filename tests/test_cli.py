@@ -3,6 +3,7 @@
 Nothing here trains. Where a test needs `gspo train` to get past validation, the trainer
 module is replaced by a fake that records its call, so no model is ever built.
 """
+
 from __future__ import annotations
 
 import sys
@@ -145,10 +146,14 @@ def test_unknown_preset(tmp_path, no_train):
 
 
 def test_several_problems_one_line_each_never_wrapped(tmp_path, no_train):
-    raw = {**SPEC, "rollout": {"prompts_per_step": 3, "group_size": 3}, "arms": [
-        {"name": "a-rather-long-arm-name-that-pushes-the-line-well-past-eighty-columns", "preset": "paper-grpo"},
-        {"name": "b", "preset": "paper-gspo", "mini_batches": 2},
-    ]}
+    raw = {
+        **SPEC,
+        "rollout": {"prompts_per_step": 3, "group_size": 3},
+        "arms": [
+            {"name": "a-rather-long-arm-name-that-pushes-the-line-well-past-eighty-columns", "preset": "paper-grpo"},
+            {"name": "b", "preset": "paper-gspo", "mini_batches": 2},
+        ],
+    }
     lines = error_lines(gspo("train", spec_file(tmp_path, raw)))
     assert lines == [
         "arms[0].mini_batches: 4 does not divide the rollout batch (3 prompts x 3 = 9)",
@@ -157,8 +162,13 @@ def test_several_problems_one_line_each_never_wrapped(tmp_path, no_train):
 
 
 def test_field_errors_in_two_arms(tmp_path, no_train):
-    raw = {**SPEC, "arms": [{"name": "a", "preset": "paper-grpo", "clip_low": 0},
-                            {"name": "b", "preset": "paper-gspo", "clip_high": -1}]}
+    raw = {
+        **SPEC,
+        "arms": [
+            {"name": "a", "preset": "paper-grpo", "clip_low": 0},
+            {"name": "b", "preset": "paper-gspo", "clip_high": -1},
+        ],
+    }
     lines = error_lines(gspo("train", spec_file(tmp_path, raw)))
     assert [line.split(":")[0] for line in lines] == ["arms[0].clip_low", "arms[1].clip_high"]
 
@@ -173,14 +183,17 @@ def test_long_line_is_not_wrapped(tmp_path, no_train):
 # Options
 
 
-@pytest.mark.parametrize("assignment,expected", [
-    ("arms.nope.clip_high=1", "--set arms.nope.clip_high: no item named 'nope' in arms"),
-    ("arms[7].clip_high=1", "--set arms[7].clip_high: index 7 out of range"),
-    ("novalue", "--set novalue: expected key.path=value"),
-    ("rollout..group_size=4", "--set rollout..group_size: malformed key path"),
-    ("rollout.group_size=abc", "rollout.group_size: Input should be a valid integer"),
-    ("arms.gspo.clip_hihg=1", "arms[1].clip_hihg: unknown key (did you mean 'clip_high'?)"),
-])
+@pytest.mark.parametrize(
+    "assignment,expected",
+    [
+        ("arms.nope.clip_high=1", "--set arms.nope.clip_high: no item named 'nope' in arms"),
+        ("arms[7].clip_high=1", "--set arms[7].clip_high: index 7 out of range"),
+        ("novalue", "--set novalue: expected key.path=value"),
+        ("rollout..group_size=4", "--set rollout..group_size: malformed key path"),
+        ("rollout.group_size=abc", "rollout.group_size: Input should be a valid integer"),
+        ("arms.gspo.clip_hihg=1", "arms[1].clip_hihg: unknown key (did you mean 'clip_high'?)"),
+    ],
+)
 def test_bad_set(tmp_path, no_train, assignment, expected):
     (line,) = error_lines(gspo("train", spec_file(tmp_path), "--set", assignment))
     assert line.startswith(expected), line
@@ -198,8 +211,23 @@ def test_negative_seed(tmp_path, no_train):
 
 def test_set_and_options_reach_the_trainer(tmp_path, fake_train):
     """--set/--arm/--seed/--output-dir arrive as documented (the trainer is a fake)."""
-    result = gspo("train", spec_file(tmp_path), "--set", "arms.gspo.clip_high=5e-4", "-s", "seeds=[0, 1]",
-                  "--arm", "gspo", "--arm", "gspo", "--seed", "7", "--output-dir", "2024", "--force")
+    result = gspo(
+        "train",
+        spec_file(tmp_path),
+        "--set",
+        "arms.gspo.clip_high=5e-4",
+        "-s",
+        "seeds=[0, 1]",
+        "--arm",
+        "gspo",
+        "--arm",
+        "gspo",
+        "--seed",
+        "7",
+        "--output-dir",
+        "2024",
+        "--force",
+    )
     assert result.exit_code == 0, result.output
     (call,) = fake_train
     assert call["spec"].arm("gspo").clip_high == 5e-4

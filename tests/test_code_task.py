@@ -19,13 +19,7 @@ import pytest
 from gspo_cli.errors import SpecError
 from gspo_cli.tasks import Problem, make_task
 from gspo_cli.tasks.base import in_eval_split
-from gspo_cli.tasks.code_judge import (
-    JudgeSpec,
-    TestCase,
-    extract_code,
-    judge_many,
-    outputs_match,
-)
+from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many, outputs_match
 from gspo_cli.tasks.lcb import UnsafePickle, decode_tests, load_lcb, safe_unpickle
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lcb_sample.jsonl"
@@ -37,6 +31,7 @@ def fence(code: str, lang: str = "python") -> str:
 
 
 # -- extraction ------------------------------------------------------------------------
+
 
 def test_extract_takes_the_last_closed_block():
     text = "Plan:\n```python\nprint(1)\n```\nBetter:\n```\nprint(2)\n```\nDone."
@@ -55,22 +50,26 @@ def test_extract_ignores_unclosed_empty_and_missing_blocks():
 
 # -- stdout comparison -----------------------------------------------------------------
 
-@pytest.mark.parametrize("got,expected,ok", [
-    ("3\n", "3", True),
-    ("  3  \n\n\n", "3\n", True),  # surrounding whitespace and trailing blank lines
-    ("1 2   3\n", "1 2 3\n", True),  # whitespace between tokens
-    ("1.0\n", "1\n", True),  # numbers compare as Decimal
-    ("2.50 x\n", "2.5 x\n", True),  # token by token: text and numbers mixed
-    ("1e1\n", "10\n", True),
-    ("1.0001\n", "1\n", False),
-    ("YES\n", "yes\n", False),
-    ("1\n2\n", "1\n", False),  # an extra line
-    ("1\n\n2\n", "1\n2\n", False),  # a blank line inside counts
-    ("1 2\n", "1\n", False),
-    ("nan\n", "nan\n", True),  # identical text
-    ("NaN\n", "nan\n", False),  # NaN never equals as a number
-    ("", "", True),
-])
+
+@pytest.mark.parametrize(
+    "got,expected,ok",
+    [
+        ("3\n", "3", True),
+        ("  3  \n\n\n", "3\n", True),  # surrounding whitespace and trailing blank lines
+        ("1 2   3\n", "1 2 3\n", True),  # whitespace between tokens
+        ("1.0\n", "1\n", True),  # numbers compare as Decimal
+        ("2.50 x\n", "2.5 x\n", True),  # token by token: text and numbers mixed
+        ("1e1\n", "10\n", True),
+        ("1.0001\n", "1\n", False),
+        ("YES\n", "yes\n", False),
+        ("1\n2\n", "1\n", False),  # an extra line
+        ("1\n\n2\n", "1\n2\n", False),  # a blank line inside counts
+        ("1 2\n", "1\n", False),
+        ("nan\n", "nan\n", True),  # identical text
+        ("NaN\n", "nan\n", False),  # NaN never equals as a number
+        ("", "", True),
+    ],
+)
 def test_outputs_match(got, expected, ok):
     assert outputs_match(got, expected) is ok
 
@@ -81,12 +80,15 @@ STDIN_SPEC = JudgeSpec(tests=(TestCase("1 2\n", "3\n"), TestCase("2 2\n", "4\n")
 
 
 def test_stdin_judge_right_wrong_and_partial():
-    right, partial, wrong, crash = judge_many([
-        ("a,b=map(int,input().split())\nprint(a+b)", STDIN_SPEC),
-        ("a,b=map(int,input().split())\nprint(2*b)", STDIN_SPEC),  # passes only the second test
-        ("print(0)", STDIN_SPEC),
-        ("raise SystemExit(3)", STDIN_SPEC),
-    ], all_tests=True)
+    right, partial, wrong, crash = judge_many(
+        [
+            ("a,b=map(int,input().split())\nprint(a+b)", STDIN_SPEC),
+            ("a,b=map(int,input().split())\nprint(2*b)", STDIN_SPEC),  # passes only the second test
+            ("print(0)", STDIN_SPEC),
+            ("raise SystemExit(3)", STDIN_SPEC),
+        ],
+        all_tests=True,
+    )
     assert right.correct and right.pass_frac == 1.0
     assert not partial.correct and partial.pass_frac == pytest.approx(1 / 3)
     assert wrong.passed == 0 and not wrong.runtime_error
@@ -117,8 +119,11 @@ def test_timeouts_are_reported_and_not_repeated_per_test():
     assert v.timeout and not v.correct and v.passed == 0
 
 
-FUNC_TESTS = (TestCase("[1, 5, 2]\n3", "8", "functional"), TestCase("[0]\n0", "0", "functional"),
-              TestCase('["a", "b"]\n1', '["b", "a"]', "functional"))
+FUNC_TESTS = (
+    TestCase("[1, 5, 2]\n3", "8", "functional"),
+    TestCase("[0]\n0", "0", "functional"),
+    TestCase('["a", "b"]\n1', '["b", "a"]', "functional"),
+)
 
 
 def test_functional_harness_with_a_solution_class():
@@ -142,6 +147,7 @@ def test_functional_harness_with_a_top_level_function_and_tuples():
 
 
 # -- the LiveCodeBench loader ----------------------------------------------------------
+
 
 def test_loader_reads_each_fixture_row():
     PWNED.unlink(missing_ok=True)
@@ -173,8 +179,13 @@ def test_malicious_pickle_is_refused():
 
 
 def test_decode_tests_rejects_garbage():
-    for raw in ("not base64 !!", base64.b64encode(b"not zlib").decode(),
-                base64.b64encode(zlib.compress(b"not a pickle")).decode(), 42, '{"a": 1}'):
+    for raw in (
+        "not base64 !!",
+        base64.b64encode(b"not zlib").decode(),
+        base64.b64encode(zlib.compress(b"not a pickle")).decode(),
+        42,
+        '{"a": 1}',
+    ):
         with pytest.raises(ValueError):
             decode_tests(raw)
 
@@ -219,6 +230,7 @@ def test_lcb_task_errors_name_the_field(tmp_path):
 
 # -- the synthetic generator -----------------------------------------------------------
 
+
 def test_reference_solutions_pass_and_are_short():
     task = make_task("code", {"modifier_prob": 0.7})
     probs = task.train_problems(random.Random(0), 60)
@@ -226,15 +238,17 @@ def test_reference_solutions_pass_and_are_short():
     assert all(len(p.solution) < 120 for p in probs)
     scores = task.score_batch(probs, [p.solution for p in probs])
     assert all(s.correct and s.reward == 1.0 for s in scores)
-    assert all(s.components == {"correct": 1.0, "pass_frac": 1.0, "timeout": 0.0, "runtime_error": 0.0,
-                                "format": 1.0} for s in scores)
+    assert all(
+        s.components == {"correct": 1.0, "pass_frac": 1.0, "timeout": 0.0, "runtime_error": 0.0, "format": 1.0}
+        for s in scores
+    )
 
 
 def test_wrong_programs_fail():
     task = make_task("code", {"kinds": ["pair"], "modifier_prob": 1.0, "modifiers": "*", "max_const": 9})
     probs = task.train_problems(random.Random(1), 20)
     # Dropping the second operation ("times k") is wrong on every test with a non-zero value.
-    wrong = [p.solution.replace(p.solution[p.solution.rindex("*"):p.solution.rindex(")")], "") for p in probs]
+    wrong = [p.solution.replace(p.solution[p.solution.rindex("*") : p.solution.rindex(")")], "") for p in probs]
     scores = task.score_batch(probs, wrong)
     assert sum(s.correct for s in scores) <= 2
     assert task.score(probs[0], "no code at all").reward == 0.0
@@ -274,8 +288,15 @@ def test_heldout_programs_are_never_trained_on():
 def test_score_never_raises_on_garbage():
     task = make_task("code", {})
     prob = task.train_problems(random.Random(0), 1)[0]
-    for junk in ["", "```", "```\n```", "\x00\x01```python\n\x00\n```", "```python\n" + "(" * 500 + "\n```",
-                 "```python\n" + "x" * 200_000 + "\n```", "```python\nimport os\nos._exit(3)\n```"]:
+    for junk in [
+        "",
+        "```",
+        "```\n```",
+        "\x00\x01```python\n\x00\n```",
+        "```python\n" + "(" * 500 + "\n```",
+        "```python\n" + "x" * 200_000 + "\n```",
+        "```python\nimport os\nos._exit(3)\n```",
+    ]:
         s = task.score(prob, junk)
         assert s.reward == 0.0 and not s.correct
     assert task.score(Problem(id="x", prompt="", answer=""), fence("print(1)")).reward == 0.0  # no tests

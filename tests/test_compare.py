@@ -112,8 +112,21 @@ def test_csv_columns_and_values(exp):
     assert float(gspo["reward_ci95"]) == pytest.approx(T2 * 0.1 / math.sqrt(3))
     assert gspo["reward_n"] == "3" and gspo["seeds"] == "3"
     assert rows[0]["status"] == "1 completed, 1 running, 1 diverged"
-    assert list(rows[0]) == ["group", "seeds", "status", "routing_replay", "mismatch", "reward_mean", "reward_std", "reward_ci95", "reward_n",
-                             "clip_mean", "clip_std", "clip_ci95", "clip_n"]
+    assert list(rows[0]) == [
+        "group",
+        "seeds",
+        "status",
+        "routing_replay",
+        "mismatch",
+        "reward_mean",
+        "reward_std",
+        "reward_ci95",
+        "reward_n",
+        "clip_mean",
+        "clip_std",
+        "clip_ci95",
+        "clip_n",
+    ]
 
 
 def test_table_markdown_and_out_file(exp, tmp_path):
@@ -151,14 +164,17 @@ def test_globs_and_single_run_dirs(exp):
     assert [g["group"] for g in json.loads(res.stdout)["groups"]] == ["gspo"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["/nonexistent/dir"], "no such file or directory"),
-    (["{tmp}"], "no run directories"),
-    (["{exp}", "-m", "reward,bogus"], "unknown metric 'bogus'"),
-    (["{exp}", "--group-by", "nosuch.field"], "'nosuch.field' is not a field"),
-    (["{exp}", "-m", "threshold"], "needs --threshold"),
-    (["{exp}", "-f", "xml"], "unknown format"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["/nonexistent/dir"], "no such file or directory"),
+        (["{tmp}"], "no run directories"),
+        (["{exp}", "-m", "reward,bogus"], "unknown metric 'bogus'"),
+        (["{exp}", "--group-by", "nosuch.field"], "'nosuch.field' is not a field"),
+        (["{exp}", "-m", "threshold"], "needs --threshold"),
+        (["{exp}", "-f", "xml"], "unknown format"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(exp, tmp_path, args, message):
     res = runner.invoke(app, ["compare", *(a.format(tmp=tmp_path, exp=exp) for a in args)])
     assert res.exit_code == 2
@@ -168,11 +184,13 @@ def test_bad_input_is_one_line_exit_2(exp, tmp_path, args, message):
 
 
 def test_compare_and_plot_never_import_torch(exp):
-    code = ("import sys; import gspo_cli.compare, gspo_cli.plot, gspo_cli.sinks, gspo_cli.cli\n"
-            "from typer.testing import CliRunner\n"
-            f"r = CliRunner().invoke(gspo_cli.cli.app, ['compare', {str(exp)!r}, '-f', 'csv'])\n"
-            "assert r.exit_code == 0, r.output\n"
-            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-            "assert not bad, bad")
+    code = (
+        "import sys; import gspo_cli.compare, gspo_cli.plot, gspo_cli.sinks, gspo_cli.cli\n"
+        "from typer.testing import CliRunner\n"
+        f"r = CliRunner().invoke(gspo_cli.cli.app, ['compare', {str(exp)!r}, '-f', 'csv'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr

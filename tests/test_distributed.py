@@ -2,7 +2,6 @@
 
 import json
 import math
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import TINY
 
 from gspo_cli.config import ModelConfig
 from gspo_cli.models import resolve_model_source
 from gspo_cli.runs import RunDir
 from gspo_cli.tasks import make_task
-from helpers import TINY
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -25,8 +24,12 @@ HERE = Path(__file__).parent
 
 
 def spec_file(tmp_path, **train):
-    raw = {**TINY, "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
-           "train": {"steps": 3, "checkpoint_every": 1, **train}, "output_dir": str(tmp_path / "out")}
+    raw = {
+        **TINY,
+        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+        "train": {"steps": 3, "checkpoint_every": 1, **train},
+        "output_dir": str(tmp_path / "out"),
+    }
     p = tmp_path / "exp.yaml"
     p.write_text(yaml.safe_dump(raw))
     return p
@@ -39,17 +42,34 @@ def source():
 
 
 def _run_update_check(tmp_path, source, aggregation, loss, world, sharding="ddp", checkpointing=False):
-    raw = {**TINY, "output_dir": str(tmp_path / "out"), "train": {"steps": 1, "gradient_checkpointing": checkpointing},
-           "model": {**TINY["model"], "sharding": sharding},
-           "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
-           "arms": [{"name": "a", "preset": "paper-grpo", "loss": loss, "aggregation": aggregation,
-                     "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2}]}
+    raw = {
+        **TINY,
+        "output_dir": str(tmp_path / "out"),
+        "train": {"steps": 1, "gradient_checkpointing": checkpointing},
+        "model": {**TINY["model"], "sharding": sharding},
+        "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
+        "arms": [
+            {
+                "name": "a",
+                "preset": "paper-grpo",
+                "loss": loss,
+                "aggregation": aggregation,
+                "mini_batches": 1,
+                "clip_low": 0.2,
+                "clip_high": 0.2,
+            }
+        ],
+    }
     name = f"{aggregation}-{loss}-{sharding}-{checkpointing}"
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump(raw))
     out = tmp_path / f"{name}-{world}.pt"
-    cmd = ([sys.executable] if world == 1 else TORCHRUN) + [str(HERE / "dist/update_check.py"), str(spec), source,
-                                                             str(out)]
+    cmd = ([sys.executable] if world == 1 else TORCHRUN) + [
+        str(HERE / "dist/update_check.py"),
+        str(spec),
+        source,
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return torch.load(out)
@@ -61,18 +81,23 @@ def test_two_processes_update_and_log_like_one(tmp_path, source, aggregation):
     an empty response on rank 0), gives the gradient and the step metrics of 1 process, for
     every aggregation. Per-rank denominators and plain means of per-rank metrics fail this:
     token_mean's gradient norm was 0.099 on 2 ranks against 0.126 on 1."""
-    _assert_same_update(_run_update_check(tmp_path, source, aggregation, "grpo", 1),
-                        _run_update_check(tmp_path, source, aggregation, "grpo", 2))
+    _assert_same_update(
+        _run_update_check(tmp_path, source, aggregation, "grpo", 1),
+        _run_update_check(tmp_path, source, aggregation, "grpo", 2),
+    )
 
 
-@pytest.mark.parametrize(("world", "sharding", "checkpointing"),
-                         [(2, "fsdp", False), (2, "fsdp", True), (2, "ddp", True), (1, "ddp", True)])
+@pytest.mark.parametrize(
+    ("world", "sharding", "checkpointing"), [(2, "fsdp", False), (2, "fsdp", True), (2, "ddp", True), (1, "ddp", True)]
+)
 def test_fsdp_and_gradient_checkpointing_update_like_one_process(tmp_path, source, world, sharding, checkpointing):
     """FSDP's first update (sharded parameters, gradients gathered for the comparison) and
     activation checkpointing (one process, DDP, FSDP) give the single-process gradient and
     step metrics on the same global batch."""
-    _assert_same_update(_run_update_check(tmp_path, source, "token_mean", "grpo", 1),
-                        _run_update_check(tmp_path, source, "token_mean", "grpo", world, sharding, checkpointing))
+    _assert_same_update(
+        _run_update_check(tmp_path, source, "token_mean", "grpo", 1),
+        _run_update_check(tmp_path, source, "token_mean", "grpo", world, sharding, checkpointing),
+    )
 
 
 def _assert_same_update(one, two):
@@ -97,14 +122,22 @@ def test_a_nan_on_one_rank_ends_the_run_on_both(tmp_path, source):
     that mini-batch and it counts once, not once per rank."""
     for skip, status in ((False, "diverged"), (True, "completed")):
         out = tmp_path / f"skip{skip}"
-        raw = {**TINY, "output_dir": str(out), "train": {"steps": 2, "divergence": {"skip_bad_batches": skip}},
-               "task": {**TINY["task"], "eval_size": 0},
-               "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}]}
+        raw = {
+            **TINY,
+            "output_dir": str(out),
+            "train": {"steps": 2, "divergence": {"skip_bad_batches": skip}},
+            "task": {**TINY["task"], "eval_size": 0},
+            "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+        }
         spec = tmp_path / f"nan{skip}.yaml"
         spec.write_text(yaml.safe_dump(raw))
         t0 = time.time()
-        res = subprocess.run(TORCHRUN + [str(HERE / "dist/nan_check.py"), str(spec), str(tmp_path)],
-                             capture_output=True, text=True, timeout=240)
+        res = subprocess.run(
+            TORCHRUN + [str(HERE / "dist/nan_check.py"), str(spec), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == [status, status]
         assert time.time() - t0 < 120
@@ -120,8 +153,13 @@ def test_a_nan_on_one_rank_ends_the_run_on_both(tmp_path, source):
 def test_torchrun_trains_writes_once_and_resumes_with_one_process(tmp_path, source):
     spec = spec_file(tmp_path, steps=4)
     rd = RunDir(tmp_path / "out/e2e/gspo/seed0")
-    proc = subprocess.Popen(TORCHRUN + ["-m", "gspo_cli", "train", str(spec), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        TORCHRUN + ["-m", "gspo_cli", "train", str(spec), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 180
     while len(rd.metrics()) < 1 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -135,8 +173,9 @@ def test_torchrun_trains_writes_once_and_resumes_with_one_process(tmp_path, sour
     assert rd.latest_checkpoint().name == f"step_{len(ms):06d}"
     # metrics were reduced over both ranks' halves of the batch
     assert ms[0]["response/length_max"] >= ms[0]["response/length_mean"]
-    res = subprocess.run([sys.executable, "-m", "gspo_cli", "train", str(spec), "--json"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "gspo_cli", "train", str(spec), "--json"], capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)[0]["status"] == "completed"
     assert [m["step"] for m in rd.metrics()] == [1, 2, 3, 4]
@@ -156,9 +195,13 @@ def test_world_size_must_divide_the_prompts(tmp_path, source):
 
 
 def _fsdp_spec(tmp_path, steps, sharding):
-    raw = {**TINY, "output_dir": str(tmp_path / "out"), "model": {**TINY["model"], "sharding": sharding},
-           "train": {"steps": steps, "checkpoint_every": 2},  # evaluation on: every rank samples it
-           "arms": [{"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2}]}
+    raw = {
+        **TINY,
+        "output_dir": str(tmp_path / "out"),
+        "model": {**TINY["model"], "sharding": sharding},
+        "train": {"steps": steps, "checkpoint_every": 2},  # evaluation on: every rank samples it
+        "arms": [{"name": "grpo_rr", "preset": "paper-grpo-rr", "mini_batches": 2}],
+    }
     p = tmp_path / f"fsdp{steps}{sharding}.yaml"
     p.write_text(yaml.safe_dump(raw))
     return p
@@ -174,8 +217,12 @@ def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(
     fsdp_cmd = TORCHRUN + ["-m", "gspo_cli", "train"]
     one_cmd = [sys.executable, "-m", "gspo_cli", "train"]
     cmds = [fsdp_cmd, one_cmd] if first == "fsdp" else [one_cmd, fsdp_cmd]
-    res = subprocess.run(cmds[0] + [str(_fsdp_spec(tmp_path, 2, "fsdp")), "--quiet", "--json"], capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        cmds[0] + [str(_fsdp_spec(tmp_path, 2, "fsdp")), "--quiet", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout)[0]["status"] == "completed"  # one JSON document, however many processes
     assert rd.status() == "completed" and [m["step"] for m in rd.metrics()] == [1, 2]

@@ -88,11 +88,14 @@ def test_completions_write_one_record_per_problem(scored):
 def test_uneven_completions_use_each_problems_own_count(tmp_path):
     """4, 2 and 1 samples: avg@K is the mean of per-problem means, pass@k the unbiased
     estimator with each problem's own n over the problems with n >= k, counts in the summary."""
-    comp = write_jsonl(tmp_path / "uneven.jsonl", [
-        *COMPLETIONS[:4],  # problem 60: 4 samples, 2 correct, majority 54 (right)
-        {"id": 61, "completions": [r"\boxed{34}", r"\boxed{33}"]},  # 2 samples, 1 correct, tie: 34 (wrong)
-        {"id": 62, "completion": r"\boxed{16}"},  # 1 sample, correct
-    ])
+    comp = write_jsonl(
+        tmp_path / "uneven.jsonl",
+        [
+            *COMPLETIONS[:4],  # problem 60: 4 samples, 2 correct, majority 54 (right)
+            {"id": 61, "completions": [r"\boxed{34}", r"\boxed{33}"]},  # 2 samples, 1 correct, tie: 34 (wrong)
+            {"id": 62, "completion": r"\boxed{16}"},  # 1 sample, correct
+        ],
+    )
     result = gspo("eval", "-c", comp, "-t", "math", "-d", H4, "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "o" / "eval_summary.json").read_text())
@@ -117,12 +120,16 @@ def test_limit_and_default_output_beside_the_completions(tmp_path):
 
 
 def test_rating_through_the_cli(tmp_path):
-    data = write_jsonl(tmp_path / "rated.jsonl", [
-        {"id": "a", "problem": "p", "answer": "1", "rating": 1000},
-        {"id": "b", "problem": "q", "answer": "2", "rating": 1400},
-    ])
-    comp = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "completion": r"\boxed{1}"},
-                                             {"id": "b", "completion": r"\boxed{3}"}])
+    data = write_jsonl(
+        tmp_path / "rated.jsonl",
+        [
+            {"id": "a", "problem": "p", "answer": "1", "rating": 1000},
+            {"id": "b", "problem": "q", "answer": "2", "rating": 1400},
+        ],
+    )
+    comp = write_jsonl(
+        tmp_path / "c.jsonl", [{"id": "a", "completion": r"\boxed{1}"}, {"id": "b", "completion": r"\boxed{3}"}]
+    )
     result = gspo("eval", "-c", comp, "-t", "math", "-d", data, "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "o" / "eval_summary.json").read_text())
@@ -131,6 +138,7 @@ def test_rating_through_the_cli(tmp_path):
 
 
 # --- the scores themselves -------------------------------------------------------------
+
 
 def test_elo_rating_hand_solved():
     assert elo_rating([1000, 1000], 1) == pytest.approx(1000, abs=1e-4)
@@ -150,10 +158,14 @@ def test_failure_shares_for_tasks_that_record_them():
         return Score(reward=float(ok), correct=ok, components={"correct": float(ok), **comp})
 
     p = Problem(id="x", prompt="", answer="")
-    results = [ProblemResult(p, ["a", "b"], [score(True, timeout=0.0, runtime_error=0.0),
-                                            score(False, timeout=1.0, runtime_error=0.0)]),
-               ProblemResult(p, ["c", "d"], [score(False, timeout=0.0, runtime_error=1.0),
-                                            score(False, timeout=1.0, runtime_error=0.0)])]
+    results = [
+        ProblemResult(
+            p, ["a", "b"], [score(True, timeout=0.0, runtime_error=0.0), score(False, timeout=1.0, runtime_error=0.0)]
+        ),
+        ProblemResult(
+            p, ["c", "d"], [score(False, timeout=0.0, runtime_error=1.0), score(False, timeout=1.0, runtime_error=0.0)]
+        ),
+    ]
     s = summarize(results)
     assert s["timeout_frac"] == pytest.approx(0.5) and s["runtime_error_frac"] == pytest.approx(0.25)
     assert "maj@2" not in s  # no extracted answers: no vote
@@ -166,15 +178,18 @@ def test_failure_shares_for_tasks_that_record_them():
 
 def test_completions_path_never_imports_torch(tmp_path):
     comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
-    code = ("import sys; from typer.testing import CliRunner; from gspo_cli.cli import app; "
-            f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}]); "
-            "assert r.exit_code == 0, r.output; "
-            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys; from typer.testing import CliRunner; from gspo_cli.cli import app; "
+        f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}]); "
+        "assert r.exit_code == 0, r.output; "
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad"
+    )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
 # --- errors: exit 2, one line ----------------------------------------------------------
+
 
 def test_bad_targets_and_inputs_are_one_line(tmp_path):
     comp = write_jsonl(tmp_path / "c.jsonl", COMPLETIONS)
@@ -202,18 +217,23 @@ def test_bad_completion_files_are_one_line(tmp_path):
 
 # --- a real run: sampling from a tiny trained model ------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     from helpers import TINY
 
-    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.reporting import quiet_reporter
+    from gspo_cli.spec_loading import spec_from_dict
     from gspo_cli.train import train_experiment
 
     out = tmp_path_factory.mktemp("runs")
-    raw = {**TINY, "output_dir": str(out), "train": {"steps": 1},
-           "task": {**TINY["task"], "name": "math", "params": {**TINY["task"]["params"], "source": "synthetic"}},
-           "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}]}
+    raw = {
+        **TINY,
+        "output_dir": str(out),
+        "train": {"steps": 1},
+        "task": {**TINY["task"], "name": "math", "params": {**TINY["task"]["params"], "source": "synthetic"}},
+        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+    }
     (result,) = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     assert result.status == "completed"
     return Path(result.path)
@@ -238,7 +258,9 @@ def test_eval_of_a_run_directory(tiny_run):
 def test_eval_of_a_checkpoint_directory_with_options(tiny_run, tmp_path):
     ckpt = tiny_run / "checkpoints" / "step_000001"
     out = tmp_path / "ev"
-    result = gspo("eval", ckpt, "-k", 1, "-n", 2, "--top-p", 0.9, "--temperature", 0.5, "--max-tokens", 8, "-o", out, "-q")
+    result = gspo(
+        "eval", ckpt, "-k", 1, "-n", 2, "--top-p", 0.9, "--temperature", 0.5, "--max-tokens", 8, "-o", out, "-q"
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["sampling"] == {"samples": 1, "temperature": 0.5, "top_p": 0.9, "max_tokens": 8, "seed": 0}
@@ -250,7 +272,9 @@ def test_eval_of_a_checkpoint_directory_with_options(tiny_run, tmp_path):
 def test_eval_of_a_run_on_another_dataset(tiny_run, tmp_path):
     # The run trained on synthetic math; --dataset swaps the source and drops the synthetic knobs.
     out = tmp_path / "aime"
-    result = gspo("eval", tiny_run, "--dataset", FIXTURES / "aime_maxwell.json", "-k", 1, "--max-tokens", 4, "-o", out, "-q")
+    result = gspo(
+        "eval", tiny_run, "--dataset", FIXTURES / "aime_maxwell.json", "-k", 1, "--max-tokens", 4, "-o", out, "-q"
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "eval_problems.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["2024-I-1", "2024-I-2", "2024-II-1"]

@@ -56,13 +56,17 @@ def test_every_module_imports_on_its_own():
 
 
 def test_no_module_over_450_lines():
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 450}
+    long = {
+        str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450
+    }
     assert not long, long
 
 
-SPEC = {"name": "exp", "rollout": {"prompts_per_step": 2, "group_size": 2},
-        "arms": [{"name": "mine", "loss": "halved_gspo", "clip_low": 0.2, "clip_high": 0.2, "mini_batches": 2}]}
+SPEC = {
+    "name": "exp",
+    "rollout": {"prompts_per_step": 2, "group_size": 2},
+    "arms": [{"name": "mine", "loss": "halved_gspo", "clip_low": 0.2, "clip_high": 0.2, "mini_batches": 2}],
+}
 
 
 @pytest.fixture
@@ -92,8 +96,9 @@ def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path):
     path.write_text(yaml.safe_dump(SPEC))
     with pytest.raises(SpecError) as err:
         load_spec(path)  # not registered in this test
-    assert str(err.value) == ("arms[0].loss: unknown policy loss 'halved_gspo'; "
-                              f"registered: {', '.join(algorithms.POLICY_LOSSES)}")
+    assert str(err.value) == (
+        f"arms[0].loss: unknown policy loss 'halved_gspo'; registered: {', '.join(algorithms.POLICY_LOSSES)}"
+    )
     arm = {**SPEC["arms"][0], "loss": "gpso", "aggregation": "token_sum", "advantage": "rloo"}
     path.write_text(yaml.safe_dump({**SPEC, "arms": [arm]}))
     with pytest.raises(SpecError) as err:
@@ -101,8 +106,10 @@ def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path):
     lines = str(err.value).splitlines()
     assert lines[0].startswith("arms[0].loss: unknown policy loss 'gpso' (did you mean 'gspo'?); registered: ")
     assert lines[1].startswith("arms[0].aggregation: unknown aggregation 'token_sum' (did you mean")
-    assert lines[2] == ("arms[0].advantage: unknown advantage estimator 'rloo'; registered: "
-                        + ", ".join(algorithms.ADVANTAGE_ESTIMATORS))
+    assert lines[2] == (
+        "arms[0].advantage: unknown advantage estimator 'rloo'; registered: "
+        + ", ".join(algorithms.ADVANTAGE_ESTIMATORS)
+    )
 
 
 def test_version():
@@ -110,8 +117,7 @@ def test_version():
     assert res.exit_code == 0, res.output
     m = re.fullmatch(r"gspo-cli (\S+) \(torch (\S+), transformers (\S+), python (\S+)\)\n", res.stdout)
     assert m, res.stdout
-    assert m.groups()[:3] == (metadata.version("gspo-cli"), metadata.version("torch"),
-                              metadata.version("transformers"))
+    assert m.groups()[:3] == (metadata.version("gspo-cli"), metadata.version("torch"), metadata.version("transformers"))
     assert m.group(4) == ".".join(map(str, sys.version_info[:3]))
 
 

@@ -17,21 +17,25 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # --- extraction ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    (r"first \boxed{1}, then \boxed{42}.", "42"),  # the last box wins
-    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # nested braces
-    (r"\boxed{ \{1, 2\} }", r"\{1, 2\}"),
-    (r"\boxed{7} and the answer is 8", "7"),  # a box beats the fallbacks
-    ("So the answer is 33.", "33"),
-    ("The final answer is $\\frac{1}{2}$.", r"\frac{1}{2}"),
-    ("The answer is **7**.", "7"),
-    ("the answer is 3.5 because 7/2 = 3.5", "3.5"),
-    ("Reasoning...\n**Answer:** 204\n", "204"),
-    ("Answer: $17$", "17"),
-    (r"unclosed \boxed{12", None),
-    ("no answer here", None),
-    ("", None),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"first \boxed{1}, then \boxed{42}.", "42"),  # the last box wins
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # nested braces
+        (r"\boxed{ \{1, 2\} }", r"\{1, 2\}"),
+        (r"\boxed{7} and the answer is 8", "7"),  # a box beats the fallbacks
+        ("So the answer is 33.", "33"),
+        ("The final answer is $\\frac{1}{2}$.", r"\frac{1}{2}"),
+        ("The answer is **7**.", "7"),
+        ("the answer is 3.5 because 7/2 = 3.5", "3.5"),
+        ("Reasoning...\n**Answer:** 204\n", "204"),
+        ("Answer: $17$", "17"),
+        (r"unclosed \boxed{12", None),
+        ("no answer here", None),
+        ("", None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
@@ -46,17 +50,36 @@ def test_fallbacks_can_be_turned_off():
 
 # --- equivalence -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("gold, pred, ok", [
-    ("33", "033", True), ("033", "33", True),
-    ("1000", "1,000", True), ("1000", "1000.0", True), ("33", "33.", True), ("33", "33.5", False),
-    ("45", r"45^\circ", True), ("33", "x = 33", True), ("33", r"\text{33}", True), ("33", "$33$", True), ("-4", "-4", True),
-    # An integer gold needs a number: copying the expression into the box is not an answer.
-    ("10", "5+5", False), ("33", r"\frac{66}{2}", False),
-    (r"\frac{1}{2}", "0.5", True), ("0.5", r"\frac12", True), (r"\frac{1}{2}", r"\dfrac{1}{2}", True),
-    (r"3\sqrt{2}", r"\sqrt{18}", True), (r"\frac{1}{2}", r"\frac{1}{3}", False),
-    ("33", "abc", False), ("33", "", False), ("33", None, False), ("33", "3" * 500, False),
-    (r"\frac{1}{2}", "}}{{\\frac{", False),
-])
+
+@pytest.mark.parametrize(
+    "gold, pred, ok",
+    [
+        ("33", "033", True),
+        ("033", "33", True),
+        ("1000", "1,000", True),
+        ("1000", "1000.0", True),
+        ("33", "33.", True),
+        ("33", "33.5", False),
+        ("45", r"45^\circ", True),
+        ("33", "x = 33", True),
+        ("33", r"\text{33}", True),
+        ("33", "$33$", True),
+        ("-4", "-4", True),
+        # An integer gold needs a number: copying the expression into the box is not an answer.
+        ("10", "5+5", False),
+        ("33", r"\frac{66}{2}", False),
+        (r"\frac{1}{2}", "0.5", True),
+        ("0.5", r"\frac12", True),
+        (r"\frac{1}{2}", r"\dfrac{1}{2}", True),
+        (r"3\sqrt{2}", r"\sqrt{18}", True),
+        (r"\frac{1}{2}", r"\frac{1}{3}", False),
+        ("33", "abc", False),
+        ("33", "", False),
+        ("33", None, False),
+        ("33", "3" * 500, False),
+        (r"\frac{1}{2}", "}}{{\\frac{", False),
+    ],
+)
 def test_answers_match(gold, pred, ok):
     assert answers_match(gold, pred) is ok
 
@@ -84,8 +107,12 @@ def test_scoring_works_off_the_main_thread():
     t.join()
     assert out == [True]
     with ThreadPoolExecutor(4) as pool:
-        verdicts = list(pool.map(lambda c: task.score(p, c).correct, [r"\boxed{0.5}", r"\boxed{\frac{2}{4}}",
-                                                                       r"\boxed{0.4}", "garbage"] * 3))
+        verdicts = list(
+            pool.map(
+                lambda c: task.score(p, c).correct,
+                [r"\boxed{0.5}", r"\boxed{\frac{2}{4}}", r"\boxed{0.4}", "garbage"] * 3,
+            )
+        )
     assert verdicts == [True, True, False, False] * 3
 
 
@@ -100,6 +127,7 @@ def test_reward_is_correctness_plus_format_weight():
 
 
 # --- the synthetic source is arithmetic ------------------------------------------------
+
 
 def test_synthetic_math_makes_exactly_arithmetics_problems():
     knobs = {"num_operands": 2, "max_operand": 20}
@@ -126,6 +154,7 @@ def test_quickstart_uses_synthetic_math_with_arithmetics_problems():
 
 
 # --- real data -------------------------------------------------------------------------
+
 
 def test_h4_jsonl_loads_and_skips_malformed_rows():
     with pytest.warns(UserWarning, match="skipped 2 of 5 rows"):
@@ -155,15 +184,22 @@ def test_maxwell_json_with_capitalised_columns_and_integer_answers():
 def test_parquet_with_question_column_gaps_and_ratings(tmp_path):
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
-    df = pd.DataFrame({"Question": ["What is 2+2?", "What is 3+3?", "No answer here", None],
-                       "ANSWER": [4, 6, None, 1],  # a gap makes pandas store floats: 4.0, 6.0, NaN
-                       "rating": [800, 1200, 900, 1000]})
+    df = pd.DataFrame(
+        {
+            "Question": ["What is 2+2?", "What is 3+3?", "No answer here", None],
+            "ANSWER": [4, 6, None, 1],  # a gap makes pandas store floats: 4.0, 6.0, NaN
+            "rating": [800, 1200, 900, 1000],
+        }
+    )
     path = tmp_path / "set.parquet"
     df.to_parquet(path)
     with pytest.warns(UserWarning, match="skipped 2 of 4"):
         task = make_task("math", {"source": str(path), "prompt_template": "Q: {problem}\nA:"})
     probs = task.eval_problems(10)
-    assert [(p.id, p.prompt, p.answer) for p in probs] == [("0", "Q: What is 2+2?\nA:", "4"), ("1", "Q: What is 3+3?\nA:", "6")]
+    assert [(p.id, p.prompt, p.answer) for p in probs] == [
+        ("0", "Q: What is 2+2?\nA:", "4"),
+        ("1", "Q: What is 3+3?\nA:", "6"),
+    ]
     assert probs[1].meta == {"rating": 1200}
     assert task.fingerprint().startswith("math:")
 

@@ -6,12 +6,7 @@ import math
 import pytest
 import torch
 
-from gspo_cli.algorithms import (
-    MISMATCH_CORRECTIONS,
-    correction_stats,
-    get_mismatch_correction,
-    get_policy_loss,
-)
+from gspo_cli.algorithms import MISMATCH_CORRECTIONS, correction_stats, get_mismatch_correction, get_policy_loss
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS, MISMATCH_STAT_KEYS
 from gspo_cli.spec_loading import spec_from_dict
@@ -143,8 +138,11 @@ def test_gspo_token_equals_gspo_under_sequence_weights():
 def _spec(arm_extra, rollout=None):
     from helpers import TINY
 
-    raw = {**TINY, "rollout": {**TINY["rollout"], **(rollout or {})},
-           "arms": [{"name": "a", "preset": "paper-grpo", **arm_extra}]}
+    raw = {
+        **TINY,
+        "rollout": {**TINY["rollout"], **(rollout or {})},
+        "arms": [{"name": "a", "preset": "paper-grpo", **arm_extra}],
+    }
     return spec_from_dict(raw)
 
 
@@ -153,16 +151,30 @@ def test_spec_fields_defaults_and_refusals():
     assert (arm.mismatch.mode, arm.mismatch.low, arm.mismatch.high) == ("off", 0.5, 2.0)
     assert _spec({"mismatch": {"mode": "geo_mask", "low": 0.99, "high": 1.01}}).arms[0].mismatch.high == 1.01
     cases = [
-        ({"mismatch": {"mode": "tokn_tis"}}, None,
-         ("arms[0].mismatch.mode: unknown mismatch correction 'tokn_tis' (did you mean 'token_tis'?); "
-          "known: off, token_tis, token_mask, seq_tis, seq_mask, geo_mask")),
+        (
+            {"mismatch": {"mode": "tokn_tis"}},
+            None,
+            (
+                "arms[0].mismatch.mode: unknown mismatch correction 'tokn_tis' (did you mean 'token_tis'?); "
+                "known: off, token_tis, token_mask, seq_tis, seq_mask, geo_mask"
+            ),
+        ),
         ({"mismatch": {"mode": "token_tis", "high": 0.9}}, None, "arms[0].mismatch.high: Input should be greater"),
-        ({"mismatch": {"mode": "token_tis", "low": 1.0, "high": 1.0}}, None,
-         "arms[0].mismatch: low (1.0) must be below high (1.0)"),
-        ({"mismatch": {"mode": "seq_tis"}}, {"sampler_logprobs": False},
-         "arms[0].mismatch.mode: seq_tis needs the engine's log-probs"),
-        ({"mismatch": {"mode": "seq_tis"}}, {"engine": "vllm", "use_engine_logprobs": True},
-         "arms[0].mismatch.mode: seq_tis weights by pi_old(trainer) / pi(engine), but rollout.use_engine_logprobs"),
+        (
+            {"mismatch": {"mode": "token_tis", "low": 1.0, "high": 1.0}},
+            None,
+            "arms[0].mismatch: low (1.0) must be below high (1.0)",
+        ),
+        (
+            {"mismatch": {"mode": "seq_tis"}},
+            {"sampler_logprobs": False},
+            "arms[0].mismatch.mode: seq_tis needs the engine's log-probs",
+        ),
+        (
+            {"mismatch": {"mode": "seq_tis"}},
+            {"engine": "vllm", "use_engine_logprobs": True},
+            "arms[0].mismatch.mode: seq_tis weights by pi_old(trainer) / pi(engine), but rollout.use_engine_logprobs",
+        ),
         ({"routing_replay": "r3"}, {"sampler_logprobs": False}, "arms[0].routing_replay: r3 replays the routes"),
     ]
     for arm_extra, rollout, message in cases:

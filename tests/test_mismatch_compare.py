@@ -29,8 +29,12 @@ def _write(root, arm, seed, extra):
     for step in range(1, 6):
         r = {"step": step, "reward/mean": 0.5}
         if "mismatch" in extra:  # seed 0: weight 0.9, seed 1: 0.95; masked share 0.1 x step
-            r |= {"mismatch/weight_mean": 0.9 + 0.05 * seed, "mismatch/masked_token_frac": 0.1 * step,
-                  "mismatch/truncated_token_frac": 0.02, "mismatch/masked_seq_frac": 0.3}
+            r |= {
+                "mismatch/weight_mean": 0.9 + 0.05 * seed,
+                "mismatch/masked_token_frac": 0.1 * step,
+                "mismatch/truncated_token_frac": 0.02,
+                "mismatch/masked_seq_frac": 0.3,
+            }
         if extra.get("routing_replay") == "r3":
             r["moe/engine_route_diff_frac"] = 0.0
         recs.append(r)

@@ -9,10 +9,10 @@ from helpers import TINY
 from safetensors.torch import load_file
 
 from gspo_cli.config import ModelConfig
-from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.reporting import quiet_reporter
+from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.step import setup
 from gspo_cli.tasks import make_task
 from gspo_cli.train import train_experiment
@@ -31,10 +31,16 @@ def source():
 
 
 def _run(out, dtype):
-    raw = {**TINY, "output_dir": str(out), "name": f"mp_{dtype}", "model": {**TINY["model"], "dtype": dtype},
-           "optimizer": {"lr": 1e-5}, "train": {"steps": 2, "checkpoint_every": 0},
-           "task": {**TINY["task"], "eval_size": 0},
-           "arms": [{"name": "grpo", "preset": "paper-grpo", "mini_batches": 4}]}
+    raw = {
+        **TINY,
+        "output_dir": str(out),
+        "name": f"mp_{dtype}",
+        "model": {**TINY["model"], "dtype": dtype},
+        "optimizer": {"lr": 1e-5},
+        "train": {"steps": 2, "checkpoint_every": 0},
+        "task": {**TINY["task"], "eval_size": 0},
+        "arms": [{"name": "grpo", "preset": "paper-grpo", "mini_batches": 4}],
+    }
     (res,) = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     assert res.status == "completed"
     return sorted(glob.glob(f"{res.path}/checkpoints/step_*"))[-1]
@@ -60,8 +66,13 @@ def test_bf16_checkpoint_loads_in_bf16_and_resumes_in_fp32(tmp_path, source):
     ckpt = _run(tmp_path, "bfloat16")
     model = AutoModelForCausalLM.from_pretrained(ckpt)  # the user's default load
     assert next(model.parameters()).dtype == torch.bfloat16
-    spec = spec_from_dict({**TINY, "model": {**TINY["model"], "dtype": "bfloat16"},
-                           "arms": [{"name": "grpo", "preset": "paper-grpo", "mini_batches": 4}]})
+    spec = spec_from_dict(
+        {
+            **TINY,
+            "model": {**TINY["model"], "dtype": "bfloat16"},
+            "arms": [{"name": "grpo", "preset": "paper-grpo", "mini_batches": 4}],
+        }
+    )
     task = make_task("arithmetic", TINY["task"]["params"])
     ctx = setup(spec, spec.arms[0], 0, task, source, weights=ckpt)
     assert {p.dtype for p in ctx.model.parameters()} == {torch.float32}
@@ -77,5 +88,7 @@ def test_bf16_checkpoint_loads_in_bf16_and_resumes_in_fp32(tmp_path, source):
 def test_float16_training_is_refused_in_one_line():
     with pytest.raises(SpecError) as err:
         spec_from_dict({**TINY, "model": {**TINY["model"], "dtype": "float16"}})
-    assert str(err.value) == ("model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
-                              "(small gradients underflow); use bfloat16")
+    assert str(err.value) == (
+        "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
+        "(small gradients underflow); use bfloat16"
+    )

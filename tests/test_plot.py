@@ -137,8 +137,12 @@ def test_cli_vector_formats(exp, tmp_path, fmt):
 
 
 def test_cli_no_runs_and_bad_options_exit_2(exp, tmp_path):
-    for args in (["plot", str(tmp_path)], ["plot", str(exp), "-m", "nope"], ["plot", str(exp), "-f", "gif"],
-                 ["plot", str(exp), "--smooth", "1.5"]):
+    for args in (
+        ["plot", str(tmp_path)],
+        ["plot", str(exp), "-m", "nope"],
+        ["plot", str(exp), "-f", "gif"],
+        ["plot", str(exp), "--smooth", "1.5"],
+    ):
         res = runner.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)
         assert len(res.stderr.strip().splitlines()) == 1

@@ -22,14 +22,19 @@ from gspo_cli.tasks import make_task
 
 # --------------------------------------------------------------------------- vLLM layout
 
+
 def test_routes_from_vllm_places_each_position_by_hand():
     """Two rows, 2 layers, top-2. vLLM gives [len-1, layers, top_k] int16 per row, prompt first.
     Row 0: prompt 2 tokens (1 left pad in width P=3), response 2 -> 3 routed positions.
     Row 1: prompt 3 tokens, response 1 (width C=2) -> 3 routed positions."""
-    r0 = np.array([[[1, 2], [3, 4]],    # seq position 0: layer 0 experts (1, 2), layer 1 (3, 4)
-                   [[5, 6], [7, 0]],    # position 1 (last prompt token)
-                   [[2, 3], [4, 5]]],   # position 2 (response token 0); response token 1 unrouted
-                  dtype=np.int16)
+    r0 = np.array(
+        [
+            [[1, 2], [3, 4]],  # seq position 0: layer 0 experts (1, 2), layer 1 (3, 4)
+            [[5, 6], [7, 0]],  # position 1 (last prompt token)
+            [[2, 3], [4, 5]],
+        ],  # position 2 (response token 0); response token 1 unrouted
+        dtype=np.int16,
+    )
     r1 = np.array([[[7, 6], [5, 4]], [[3, 2], [1, 0]], [[6, 1], [2, 7]]], dtype=np.int16)
     out = routes_from_vllm([r0, r1], prompt_lens=[2, 3], response_lens=[2, 1], P=3, C=2)
     assert out.shape == (2, 2, 5, 2) and out.dtype == torch.int16  # (L, B, P+C, k)
@@ -51,8 +56,9 @@ def test_routes_from_vllm_refuses_other_shapes():
 
 
 def _completion(tokens, routed=None):
-    return SimpleNamespace(token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in tokens],
-                           routed_experts=routed)
+    return SimpleNamespace(
+        token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in tokens], routed_experts=routed
+    )
 
 
 def test_vllm_batch_carries_the_converted_routes():
@@ -64,13 +70,20 @@ def test_vllm_batch_carries_the_converted_routes():
     gen = np.random.default_rng(0)
     routed = [gen.integers(0, 4, (len(p) + 2 - 1, 3, 2)).astype(np.int16) for p in ids]
     outs = [_completion([three, eos], r) for r in routed]
-    batch = _to_batch(ids, outs, tok, torch.device("cpu"), with_routes=True)
+    batch = _to_batch(ids, outs, tok, torch.device("cpu"), [tok.eos_token_id], with_routes=True)
     expected = routes_from_vllm(routed, [len(p) for p in ids], [2, 2], batch.prompt_len, 2)
     assert torch.equal(batch.engine_routes, expected)
     assert torch.equal(batch.rows(torch.tensor([1])).engine_routes, expected[:, 1:])
-    assert _to_batch(ids, outs, tok, torch.device("cpu")).engine_routes is None
+    assert _to_batch(ids, outs, tok, torch.device("cpu"), [tok.eos_token_id]).engine_routes is None
     with pytest.raises(SpecError, match="vLLM returned no routed experts"):
-        _to_batch(ids, [_completion([three, eos]) for _ in ids], tok, torch.device("cpu"), with_routes=True)
+        _to_batch(
+            ids,
+            [_completion([three, eos]) for _ in ids],
+            tok,
+            torch.device("cpu"),
+            [tok.eos_token_id],
+            with_routes=True,
+        )
 
 
 def test_r3_with_vllm_is_refused_in_one_line_where_it_cannot_work():
@@ -85,6 +98,7 @@ def test_r3_with_vllm_is_refused_in_one_line_where_it_cannot_work():
 
 
 # --------------------------------------------------------------------------- training on the tiny MoE
+
 
 @pytest.fixture(scope="module")
 def source():
@@ -134,8 +148,13 @@ def _spy_replays(ctx):
 
 @pytest.mark.parametrize("mismatch", ["off", "token_tis"])
 def test_r3_replays_the_routes_recorded_during_generate(source, mismatch):
-    arm = {"name": "r3", "preset": "paper-grpo", "routing_replay": "r3", "mini_batches": 2,
-           "mismatch": {"mode": mismatch}}
+    arm = {
+        "name": "r3",
+        "preset": "paper-grpo",
+        "routing_replay": "r3",
+        "mini_batches": 2,
+        "mismatch": {"mode": mismatch},
+    }
     ctx, _ = _ctx(source, [arm])
     ctx.engine = cap = _Capture(ctx.engine)
     seen = _spy_replays(ctx)
@@ -174,7 +193,7 @@ def _expected(mode, lengths, rho):
     """Per-response (weight, masked, truncated) for a constant per-token ratio `rho`."""
     out = []
     for n in lengths:
-        prod = rho ** n
+        prod = rho**n
         if mode == "token_tis":
             out.append((min(rho, 2.0), False, rho > 2.0))
         elif mode == "token_mask":
@@ -234,8 +253,16 @@ def test_vllm_layout_round_trip_gives_the_same_log_probs():
     from gspo_cli.rollout import HFRolloutEngine, response_logprobs
 
     tok = build_tokenizer("0123456789+-=?\n")
-    size = BuiltinModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                              moe_intermediate_size=32, num_experts=6, experts_per_token=2)
+    size = BuiltinModelConfig(
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=6,
+        experts_per_token=2,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(build_config("tiny-moe", size, tok), experts_implementation="eager")
     routing = RoutingController(model)
@@ -246,11 +273,13 @@ def test_vllm_layout_round_trip_gives_the_same_log_probs():
     p_lens = b.attention_mask[:, :P].sum(-1).tolist()
     r_lens = b.response_mask.sum(-1).long().tolist()
     assert len(set(p_lens)) > 1 and min(r_lens) < C  # left and right padding both present
-    routed = [b.engine_routes[:, i, P - p:P + r - 1].permute(1, 0, 2).numpy().astype(np.int16)
-              for i, (p, r) in enumerate(zip(p_lens, r_lens))]
+    routed = [
+        b.engine_routes[:, i, P - p : P + r - 1].permute(1, 0, 2).numpy().astype(np.int16)
+        for i, (p, r) in enumerate(zip(p_lens, r_lens))
+    ]
     back = routes_from_vllm(routed, p_lens, r_lens, P, C, num_experts=6)
     for i, (p, r) in enumerate(zip(p_lens, r_lens)):
-        assert torch.equal(back[:, i, P - p:P + r - 1].long(), b.engine_routes[:, i, P - p:P + r - 1])
+        assert torch.equal(back[:, i, P - p : P + r - 1].long(), b.engine_routes[:, i, P - p : P + r - 1])
     assert not torch.equal(back.long(), b.engine_routes)  # the unrouted columns do differ
     model.eval()
     with torch.no_grad():

@@ -11,16 +11,16 @@ import time
 
 import pytest
 import yaml
+from helpers import TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from gspo_cli.cli import app
 from gspo_cli.config import ExperimentSpec
-from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, RunLockedError, read_jsonl, run_lock
-from helpers import TINY
+from gspo_cli.spec_loading import spec_from_dict
 
 RAW = {**TINY, "arms": [TINY["arms"][2]], "train": {"steps": 5, "checkpoint_every": 1, "eval_every": 2}}
 RUN = "e2e/gspo/seed0"
@@ -54,8 +54,9 @@ def reference(tmp_path_factory):
 def test_kill_9_at_a_random_moment_then_resume_reproduces_the_run(tmp_path, reference, kill_seed):
     spec_file = write_spec(tmp_path, RAW)
     rd = RunDir(tmp_path / "out" / RUN)
-    proc = subprocess.Popen(gspo("train", str(spec_file), "--quiet"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        gspo("train", str(spec_file), "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     rng = random.Random(kill_seed)
     target = rng.randint(1, 3)
     deadline = time.time() + 120
@@ -91,9 +92,16 @@ def test_second_writer_is_refused_and_a_dead_holder_is_not(tmp_path):
             with run_lock(run_dir):
                 pass
     # A holder killed with -9 leaves the lock file behind, but not the lock.
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from gspo_cli.runs import run_lock\n"
-                               f"with run_lock({str(run_dir)!r}):\n print('held', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from gspo_cli.runs import run_lock\n"
+            f"with run_lock({str(run_dir)!r}):\n print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(RunLockedError):
         with run_lock(run_dir):
@@ -117,6 +125,7 @@ def _poison_loss(monkeypatch, bad_calls):
             calls["n"] += 1
             loss, stats = fn(*a, **k)
             return (loss * float("nan"), stats) if calls["n"] in bad_calls else (loss, stats)
+
         return wrapped
 
     monkeypatch.setattr(step_mod, "get_policy_loss", fake_get)
@@ -143,8 +152,10 @@ def test_isolated_bad_batch_is_skipped_when_asked(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_entropy_collapse_detector(tmp_path):
-    spec_file = write_spec(tmp_path, {**RAW, "train": {
-        "steps": 5, "checkpoint_every": 1, "divergence": {"entropy_below": 100.0, "patience": 2}}})
+    spec_file = write_spec(
+        tmp_path,
+        {**RAW, "train": {"steps": 5, "checkpoint_every": 1, "divergence": {"entropy_below": 100.0, "patience": 2}}},
+    )
     res = CliRunner().invoke(app, ["train", str(spec_file)])
     assert res.exit_code == 3
     rd = RunDir(tmp_path / "out" / RUN)
@@ -189,13 +200,39 @@ def test_torn_and_garbage_lines_are_skipped(tmp_path):
 
 
 # Hostile specs: whatever the YAML holds, loading ends in a spec or a SpecError, never a crash.
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=8))
-keys = st.sampled_from(["name", "arms", "seeds", "model", "task", "rollout", "optimizer", "train", "sweep",
-                        "loss", "preset", "clip_low", "clip_high", "mini_batches", "group_size", "lr",
-                        "paper-grpo", "paper-gspo", "grpo", "gspo", "x"])
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(keys, inner, max_size=5)), max_leaves=20)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True), st.text(max_size=8)
+)
+keys = st.sampled_from(
+    [
+        "name",
+        "arms",
+        "seeds",
+        "model",
+        "task",
+        "rollout",
+        "optimizer",
+        "train",
+        "sweep",
+        "loss",
+        "preset",
+        "clip_low",
+        "clip_high",
+        "mini_batches",
+        "group_size",
+        "lr",
+        "paper-grpo",
+        "paper-gspo",
+        "grpo",
+        "gspo",
+        "x",
+    ]
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=5)),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,30 +19,75 @@ from gspo_cli.rundata import load_runs
 STEPS = 30
 
 
-def _write(root: Path, arm: str, loss: str, replay: str, seed: int, reward: float, clip: float,
-           change: float, status: str = "completed", evals: tuple[float, float] | None = None) -> None:
+def _write(
+    root: Path,
+    arm: str,
+    loss: str,
+    replay: str,
+    seed: int,
+    reward: float,
+    clip: float,
+    change: float,
+    status: str = "completed",
+    evals: tuple[float, float] | None = None,
+) -> None:
     d = root / "paper" / arm / f"seed{seed}"
     d.mkdir(parents=True)
-    spec = {"name": "paper", "model": {"name": "builtin:tiny-moe", "builtin": {"num_layers": 8}},
-            "rollout": {"prompts_per_step": 4, "group_size": 2},
-            "arms": [{"name": arm, "loss": loss, "routing_replay": replay, "mini_batches": 4}], "seeds": [seed]}
+    spec = {
+        "name": "paper",
+        "model": {"name": "builtin:tiny-moe", "builtin": {"num_layers": 8}},
+        "rollout": {"prompts_per_step": 4, "group_size": 2},
+        "arms": [{"name": arm, "loss": loss, "routing_replay": replay, "mini_batches": 4}],
+        "seeds": [seed],
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
-    recs = [{"step": t, "reward/mean": reward, "policy/clip_frac_token": clip, "policy/clip_frac_seq": clip,
-             "moe/expert_change_frac": change, "time/step_s": 1.0, "time/elapsed_s": float(t)}
-            for t in range(1, STEPS + 1)]
+    recs = [
+        {
+            "step": t,
+            "reward/mean": reward,
+            "policy/clip_frac_token": clip,
+            "policy/clip_frac_seq": clip,
+            "moe/expert_change_frac": change,
+            "time/step_s": 1.0,
+            "time/elapsed_s": float(t),
+        }
+        for t in range(1, STEPS + 1)
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     ev = evals or (0.1, reward / 2)
-    (d / "eval.jsonl").write_text("".join(
-        json.dumps({"step": s, "task": "math", "n": 10, "samples": 4, "scores": {"avg@4": v}}) + "\n"
-        for s, v in ((0, ev[0]), (STEPS, ev[1]))))
-    (d / "run.json").write_text(json.dumps({"status": status, "experiment": "paper", "arm": arm, "seed": seed,
-                                            "step": STEPS, "total_steps": STEPS, "wall_s": 60.0}))
+    (d / "eval.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "task": "math", "n": 10, "samples": 4, "scores": {"avg@4": v}}) + "\n"
+            for s, v in ((0, ev[0]), (STEPS, ev[1]))
+        )
+    )
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "status": status,
+                "experiment": "paper",
+                "arm": arm,
+                "seed": seed,
+                "step": STEPS,
+                "total_steps": STEPS,
+                "wall_s": 60.0,
+            }
+        )
+    )
 
 
-def _experiment(root: Path, rewards: dict[str, tuple[float, ...]], clips: dict[str, float],
-                status: dict[str, tuple[str, ...]] | None = None) -> Path:
-    roles = {"grpo": ("grpo", "off"), "grpo_rr": ("grpo", "r2"), "gspo": ("gspo", "off"),
-             "gspo_token": ("gspo_token", "off")}
+def _experiment(
+    root: Path,
+    rewards: dict[str, tuple[float, ...]],
+    clips: dict[str, float],
+    status: dict[str, tuple[str, ...]] | None = None,
+) -> Path:
+    roles = {
+        "grpo": ("grpo", "off"),
+        "grpo_rr": ("grpo", "r2"),
+        "gspo": ("gspo", "off"),
+        "gspo_token": ("gspo_token", "off"),
+    }
     for arm, values in rewards.items():
         loss, replay = roles[arm]
         for seed, r in enumerate(values):
@@ -80,9 +125,16 @@ def test_roles_come_from_the_spec_not_the_arm_name(tmp_path):
 
 
 def test_report_verdicts_when_the_findings_hold(tmp_path):
-    exp = _experiment(tmp_path, {"grpo": (0.20, 0.22, 0.24), "grpo_rr": (0.30, 0.32, 0.34),
-                                 "gspo": (0.40, 0.42, 0.44), "gspo_token": (0.40, 0.41, 0.45)},
-                      {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2, "gspo_token": 0.2})
+    exp = _experiment(
+        tmp_path,
+        {
+            "grpo": (0.20, 0.22, 0.24),
+            "grpo_rr": (0.30, 0.32, 0.34),
+            "gspo": (0.40, 0.42, 0.44),
+            "gspo_token": (0.40, 0.41, 0.45),
+        },
+        {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2, "gspo_token": 0.2},
+    )
     out = write_report(exp)
     text = out.read_text()
     assert out == exp / "REPORT.md"
@@ -106,9 +158,11 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
 
 
 def test_report_verdicts_when_they_do_not(tmp_path):
-    exp = _experiment(tmp_path, {"grpo": (0.40, 0.30, 0.50), "grpo_rr": (0.35, 0.45, 0.30),
-                                 "gspo": (0.20, 0.22, 0.24)},
-                      {"grpo": 0.01, "grpo_rr": 0.01, "gspo": 0.05})
+    exp = _experiment(
+        tmp_path,
+        {"grpo": (0.40, 0.30, 0.50), "grpo_rr": (0.35, 0.45, 0.30), "gspo": (0.20, 0.22, 0.24)},
+        {"grpo": 0.01, "grpo_rr": 0.01, "gspo": 0.05},
+    )
     text = write_report(exp, tmp_path / "out" / "R.md").read_text()
     assert "— not resolved.**" in text  # GSPO lower, but grpo's seeds are too spread to tell
     assert "clipping part does not hold" in text and "5x" in text
@@ -117,18 +171,19 @@ def test_report_verdicts_when_they_do_not(tmp_path):
 
 
 def test_diverged_grpo_without_replay_counts_for_finding_3(tmp_path):
-    exp = _experiment(tmp_path, {"grpo": (0.30, 0.31, 0.05), "grpo_rr": (0.31, 0.32, 0.30),
-                                 "gspo": (0.31, 0.30, 0.32)},
-                      {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2},
-                      status={"grpo": ("completed", "completed", "diverged")})
+    exp = _experiment(
+        tmp_path,
+        {"grpo": (0.30, 0.31, 0.05), "grpo_rr": (0.31, 0.32, 0.30), "gspo": (0.31, 0.30, 0.32)},
+        {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2},
+        status={"grpo": ("completed", "completed", "diverged")},
+    )
     text = write_report(exp).read_text()
     assert "— holds.** GRPO+RR − GRPO" in text
     assert "Diverged/failed runs: GRPO 1/3, GRPO+RR 0/3" in text
 
 
 def test_cli_report_and_bad_input(tmp_path):
-    exp = _experiment(tmp_path, {"grpo": (0.2, 0.3, 0.25), "gspo": (0.3, 0.35, 0.4)},
-                      {"grpo": 0.001, "gspo": 0.1})
+    exp = _experiment(tmp_path, {"grpo": (0.2, 0.3, 0.25), "gspo": (0.3, 0.35, 0.4)}, {"grpo": 0.001, "gspo": 0.1})
     res = CliRunner().invoke(app, ["report", str(exp)])
     assert res.exit_code == 0, res.output
     assert (exp / "REPORT.md").exists()

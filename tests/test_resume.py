@@ -1,7 +1,6 @@
 """Stop and resume: a resumed run must reproduce the uninterrupted one step for step."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -9,17 +8,17 @@ import time
 
 import pytest
 import yaml
+from helpers import TINY
 from typer.testing import CliRunner
 
 from gspo_cli.cli import app
-from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import InterruptedRun
-from gspo_cli.runs import RunDir
-from gspo_cli.tasks import make_task
 from gspo_cli.models import resolve_model_source
 from gspo_cli.reporting import quiet_reporter
+from gspo_cli.runs import RunDir
+from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.tasks import make_task
 from gspo_cli.train import StopFlag, train_experiment, train_run
-from helpers import TINY
 
 pytestmark = pytest.mark.slow
 
@@ -168,8 +167,7 @@ def test_nan_loss_marks_run_diverged_and_exits_3(tmp_path, monkeypatch):
 def test_spec_written_by_an_older_version_still_resumes(tmp_path):
     """A spec.yaml without fields added later (they take their defaults) is the same spec;
     a real difference or an unreadable file is not."""
-    from gspo_cli.spec_loading import dump_spec
-    from gspo_cli.spec_loading import same_spec
+    from gspo_cli.spec_loading import dump_spec, same_spec
 
     spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
     old = yaml.safe_load(dump_spec(spec))

@@ -12,9 +12,16 @@ from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, response_logprobs
 def build_tiny(kind: str, num_layers: int, num_experts: int, **from_config):
     """A randomly initialised (seed 0) built-in model and its character tokenizer."""
     tok = build_tokenizer("0123456789+-=?\n")
-    size = BuiltinModelConfig(hidden_size=32, num_layers=num_layers, num_heads=2, num_kv_heads=1,
-                              intermediate_size=64, moe_intermediate_size=32, num_experts=num_experts,
-                              experts_per_token=2)
+    size = BuiltinModelConfig(
+        hidden_size=32,
+        num_layers=num_layers,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=num_experts,
+        experts_per_token=2,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(build_config(kind, size, tok), **from_config), tok
 
@@ -71,10 +78,14 @@ def test_logprobs_do_not_depend_on_left_padding(tiny):
         keep = b.attention_mask[i, : b.prompt_len].bool()
         ids = torch.cat([b.input_ids[i, : b.prompt_len][keep], b.response_ids[i]]).unsqueeze(0)
         P = int(keep.sum())
-        single = RolloutBatch(input_ids=ids, attention_mask=torch.cat([torch.ones(1, P, dtype=torch.long),
-                                                                          b.response_mask[i:i + 1].long()], 1),
-                              response_mask=b.response_mask[i:i + 1], prompt_len=P, completions=[""],
-                              truncated=b.truncated[i:i + 1])
+        single = RolloutBatch(
+            input_ids=ids,
+            attention_mask=torch.cat([torch.ones(1, P, dtype=torch.long), b.response_mask[i : i + 1].long()], 1),
+            response_mask=b.response_mask[i : i + 1],
+            prompt_len=P,
+            completions=[""],
+            truncated=b.truncated[i : i + 1],
+        )
         alone = response_logprobs(model, single, temperature=0.7).logp
         m = b.response_mask[i].bool()
         torch.testing.assert_close(batched[i][m], alone[0][m], atol=1e-5, rtol=1e-5)

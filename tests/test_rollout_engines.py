@@ -8,16 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gspo_cli.spec_loading import spec_from_dict
 from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import build_tokenizer
-from gspo_cli.rollout import (
-    HFRolloutEngine,
-    RolloutBatch,
-    logprob_mismatch,
-    make_engine,
-)
+from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, logprob_mismatch, make_engine
 from gspo_cli.rollout.vllm_engine import _to_batch
+from gspo_cli.spec_loading import spec_from_dict
 
 ARM = {"name": "a", "preset": "paper-gspo"}
 
@@ -45,13 +40,16 @@ def test_vllm_engine_without_vllm_says_how_to_install():
         make_engine(_spec(engine="vllm").rollout, None, None, model_dir="unused")
 
 
-@pytest.mark.parametrize("rollout, arm, message", [
-    ({"use_engine_logprobs": True}, {}, "rollout.use_engine_logprobs: needs engine: vllm"),
-    ({"vllm": {"gpu_memory_utilization": 0.3}}, {}, "rollout.vllm: engine arguments given but engine is not vllm"),
-    ({"engine": "vllm", "vllm": {"seed": 3}}, {}, "rollout.vllm.seed: set by gspo-cli itself"),
-    ({"engine": "vllm", "temperature": 2.5}, {}, "rollout.temperature: 2.5 is above 2"),
-    ({"sampler_logprobs": False}, {"routing_replay": "r3"}, r"arms\[0\].routing_replay: r3 replays the routes"),
-])
+@pytest.mark.parametrize(
+    "rollout, arm, message",
+    [
+        ({"use_engine_logprobs": True}, {}, "rollout.use_engine_logprobs: needs engine: vllm"),
+        ({"vllm": {"gpu_memory_utilization": 0.3}}, {}, "rollout.vllm: engine arguments given but engine is not vllm"),
+        ({"engine": "vllm", "vllm": {"seed": 3}}, {}, "rollout.vllm.seed: set by gspo-cli itself"),
+        ({"engine": "vllm", "temperature": 2.5}, {}, "rollout.temperature: 2.5 is above 2"),
+        ({"sampler_logprobs": False}, {"routing_replay": "r3"}, r"arms\[0\].routing_replay: r3 replays the routes"),
+    ],
+)
 def test_engine_settings_are_checked_with_the_spec(rollout, arm, message):
     with pytest.raises(SpecError, match=message):
         spec_from_dict({"name": "x", "arms": [{**ARM, **arm}], "rollout": rollout})
@@ -72,7 +70,9 @@ def test_logprob_mismatch_over_response_tokens_only():
 
 
 def _completion(tokens, logps):
-    return SimpleNamespace(token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, logps)])
+    return SimpleNamespace(
+        token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, logps)]
+    )
 
 
 def test_vllm_outputs_become_the_hf_batch_layout():

@@ -1,4 +1,5 @@
 """Routing replay (R2) on real tiny Hugging Face MoE models built from configs."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,18 @@ from gspo_cli.models.routing import (
 )
 
 V, B, T, K, E, L = 64, 3, 6, 2, 8, 2
-COMMON = dict(vocab_size=V, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
-              eos_token_id=2, pad_token_id=0, experts_implementation="eager")
+COMMON = dict(
+    vocab_size=V,
+    hidden_size=32,
+    num_hidden_layers=L,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    experts_implementation="eager",
+)
 
 
 def _randomise_routers(model, std=1.0):
@@ -27,9 +37,17 @@ def _randomise_routers(model, std=1.0):
 
 
 def _qwen3_moe(seed=0):
-    cfg = tf.Qwen3MoeConfig(**COMMON, intermediate_size=64, moe_intermediate_size=32, head_dim=8,
-                            num_experts=E, num_experts_per_tok=K, norm_topk_prob=True,
-                            decoder_sparse_step=1, mlp_only_layers=[])
+    cfg = tf.Qwen3MoeConfig(
+        **COMMON,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        head_dim=8,
+        num_experts=E,
+        num_experts_per_tok=K,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
     torch.manual_seed(seed)
     model = tf.Qwen3MoeForCausalLM(cfg).eval()
     _randomise_routers(model)
@@ -163,8 +181,9 @@ def test_replay_on_row_subset(model):
 
 
 def test_dense_model_unsupported():
-    cfg = tf.Qwen3Config(**{k: v for k, v in COMMON.items() if k != "experts_implementation"},
-                         intermediate_size=64, head_dim=8)
+    cfg = tf.Qwen3Config(
+        **{k: v for k, v in COMMON.items() if k != "experts_implementation"}, intermediate_size=64, head_dim=8
+    )
     with pytest.raises(UnsupportedRoutingError, match="Qwen3ForCausalLM"):
         RoutingController(tf.Qwen3ForCausalLM(cfg))
 
@@ -192,20 +211,28 @@ def test_replay_token_count_mismatch(model):
 
 # ---- other architectures following the (logits, scores, indices) router contract ----
 def _other(name):
-    mla = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-               v_head_dim=8, num_key_value_heads=4, first_k_dense_replace=0,
-               moe_intermediate_size=32, n_routed_experts=E)
+    mla = dict(
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        num_key_value_heads=4,
+        first_k_dense_replace=0,
+        moe_intermediate_size=32,
+        n_routed_experts=E,
+    )
     kw = {
-        "Qwen2Moe": dict(moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                         num_experts=E, norm_topk_prob=False),
+        "Qwen2Moe": dict(
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=E, norm_topk_prob=False
+        ),
         "Mixtral": dict(num_local_experts=E),
         "Olmoe": dict(num_experts=E),
         "DeepseekV3": dict(mla, n_group=2, topk_group=1, routed_scaling_factor=2.5),
         "GptOss": dict(num_local_experts=E, head_dim=8),
         "Phimoe": dict(num_local_experts=E),
     }[name]
-    cfg = getattr(tf, f"{name}Config")(**{**COMMON, "intermediate_size": 64,
-                                          "num_experts_per_tok": K, **kw})
+    cfg = getattr(tf, f"{name}Config")(**{**COMMON, "intermediate_size": 64, "num_experts_per_tok": K, **kw})
     torch.manual_seed(0)
     model = getattr(tf, f"{name}ForCausalLM")(cfg).eval()
     _randomise_routers(model)

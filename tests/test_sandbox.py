@@ -106,8 +106,10 @@ class TestNamespaceLevels:
         # The parent is the wrapper `sh`, PID 1 of the namespace: root's program may not
         # signal it (another uid), rootless's may, but the kernel drops a SIGKILL sent to a
         # namespace's init from inside. Either way the run goes on and the judge survives.
-        body = ("import os\nprint(os.getppid(), flush=True)\ntry:\n    os.kill(os.getppid(), 9)\n"
-                "except PermissionError:\n    pass\nprint('survived')")
+        body = (
+            "import os\nprint(os.getppid(), flush=True)\ntry:\n    os.kill(os.getppid(), 9)\n"
+            "except PermissionError:\n    pass\nprint('survived')"
+        )
         res, elapsed, _ = run_marked(body)
         assert (res.status, res.stdout) == ("ok", "1\nsurvived\n") and elapsed < BOUND
         assert sandbox.run_program("print(1)").stdout == "1\n"  # the judge still works
@@ -120,9 +122,11 @@ class TestNamespaceLevels:
     def test_parent_environment_is_not_visible(self, monkeypatch):
         secret = f"secret-{uuid.uuid4().hex}"
         monkeypatch.setenv("GSPO_TEST_SECRET", secret)
-        body = ("import os, glob\nprint(dict(os.environ))\n"
-                "for p in glob.glob('/proc/*/environ'):\n"
-                "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass")
+        body = (
+            "import os, glob\nprint(dict(os.environ))\n"
+            "for p in glob.glob('/proc/*/environ'):\n"
+            "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass"
+        )
         res, _, _ = run_marked(body)
         assert res.status == "ok" and "GSPO_TEST_SECRET" not in res.stdout and secret not in res.stdout
 
@@ -143,11 +147,13 @@ class TestNamespaceLevels:
         target.write_text("original")
         target.chmod(0o666)
         marker = new_marker()
-        body = (f"import os\nfor p in ['/tmp/{marker}', '/var/tmp/{marker}', '/dev/shm/{marker}', "
-                f"'{tmp_path}/{marker}', '{world_dir}/{marker}']:\n"
-                "    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass\n"
-                f"try:\n    open('{target}', 'w').write('pwned')\nexcept OSError:\n    pass\n"
-                "open('local.txt', 'w').write('fine')\nprint(open('local.txt').read())")
+        body = (
+            f"import os\nfor p in ['/tmp/{marker}', '/var/tmp/{marker}', '/dev/shm/{marker}', "
+            f"'{tmp_path}/{marker}', '{world_dir}/{marker}']:\n"
+            "    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass\n"
+            f"try:\n    open('{target}', 'w').write('pwned')\nexcept OSError:\n    pass\n"
+            "open('local.txt', 'w').write('fine')\nprint(open('local.txt').read())"
+        )
         res, elapsed, _ = run_marked(body)
         assert res.status == "ok" and res.stdout == "fine\n" and elapsed < BOUND  # its own working dir is writable
         for d in (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), tmp_path, world_dir):
@@ -160,7 +166,8 @@ class TestNamespaceLevels:
             c.write_text("alive")
             c.chmod(0o644)
         body = "import os\n" + "".join(
-            f"try:\n    os.remove('{c}')\nexcept OSError as e:\n    print(e)\n" for c in canaries)
+            f"try:\n    os.remove('{c}')\nexcept OSError as e:\n    print(e)\n" for c in canaries
+        )
         res, elapsed, _ = run_marked(body)
         assert res.stdout.count("Read-only file system") + res.stdout.count("No such file") == 2
         assert elapsed < BOUND
@@ -170,9 +177,11 @@ class TestNamespaceLevels:
     def test_no_capability_to_undo_the_mounts(self):
         # rootless runs the program as uid 0 of its user namespace: without dropping every
         # capability it could remount / read-write.
-        body = ("import subprocess\nprint(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
-                "r = subprocess.run(['mount', '-o', 'remount,bind,rw', '/'], capture_output=True)\n"
-                "print(r.returncode != 0)\nopen('/etc/gspo-pwned', 'w')")
+        body = (
+            "import subprocess\nprint(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+            "r = subprocess.run(['mount', '-o', 'remount,bind,rw', '/'], capture_output=True)\n"
+            "print(r.returncode != 0)\nopen('/etc/gspo-pwned', 'w')"
+        )
         res, _, _ = run_marked(body)
         assert res.stdout == "0000000000000000\nTrue\n" and "Read-only file system" in res.stderr
         assert not Path("/etc/gspo-pwned").exists()
@@ -187,8 +196,10 @@ class TestNamespaceLevels:
         monkeypatch.setenv("HOME", str(home))
         sandbox.reset_isolation(ns_level.level)
         try:
-            body = (f"import os\nprint(os.listdir('{home}'), os.listdir('/run'), os.listdir('/home'))\n"
-                    f"open('{home}/secret.txt')")
+            body = (
+                f"import os\nprint(os.listdir('{home}'), os.listdir('/run'), os.listdir('/home'))\n"
+                f"open('{home}/secret.txt')"
+            )
             res, _, _ = run_marked(body)
         finally:
             monkeypatch.undo()
@@ -202,8 +213,10 @@ class TestNamespaceLevels:
 
     def test_hostile_corpus_in_parallel_is_bounded(self):
         markers = {name: new_marker() for name in HOSTILE}
-        jobs = [Job(f"# {markers[n]}\n{body}", timeout_s=TIMEOUT, memory_mb=128, output_limit_bytes=10_000)
-                for n, body in HOSTILE.items()]
+        jobs = [
+            Job(f"# {markers[n]}\n{body}", timeout_s=TIMEOUT, memory_mb=128, output_limit_bytes=10_000)
+            for n, body in HOSTILE.items()
+        ]
         t0 = time.monotonic()
         results = run_many(jobs)
         elapsed = time.monotonic() - t0
@@ -242,8 +255,10 @@ class TestBasicIsolation:
     def test_level_is_basic(self):
         assert detect_isolation().level == "basic" and detect_isolation().hidden == ()
 
-    @pytest.mark.parametrize("name,status", [("loop", "timeout"), ("memory_bomb", "memory"),
-                                             ("flood", "output_limit"), ("segfault", "killed")])
+    @pytest.mark.parametrize(
+        "name,status",
+        [("loop", "timeout"), ("memory_bomb", "memory"), ("flood", "output_limit"), ("segfault", "killed")],
+    )
     def test_bounded(self, name, status):
         res, elapsed, _ = run_marked(HOSTILE[name], memory_mb=128, output_limit_bytes=10_000)
         assert res.status == status and elapsed < BOUND

@@ -105,8 +105,19 @@ print(json.dumps(out))
 
 
 def _as_nobody(*argv: str, env: dict[str, str] | None = None, cwd: str = "/") -> subprocess.CompletedProcess:
-    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "env", "-i",
-           "PATH=/usr/bin:/bin", "HOME=/nonexistent", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]
+    cmd = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        "HOME=/nonexistent",
+        *(f"{k}={v}" for k, v in (env or {}).items()),
+        *argv,
+    ]
     return subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=cwd, timeout=60)
 
 
@@ -134,8 +145,9 @@ def package_for_nobody(world_dir):
 def test_rootless_as_an_ordinary_user(package_for_nobody, world_dir):
     """The case the rootless level is for: a judge running as an ordinary user gets PID,
     network and mount namespaces, and a root level it asks for is a one-line error."""
-    probe = _as_nobody("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--net",
-                       "--mount", "/bin/true")
+    probe = _as_nobody(
+        "unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--net", "--mount", "/bin/true"
+    )
     if probe.returncode != 0:
         pytest.skip(f"the kernel refuses unprivileged user namespaces here: {probe.stderr.strip()}")
     env = {"PYTHONPATH": str(package_for_nobody)}
@@ -143,8 +155,10 @@ def test_rootless_as_an_ordinary_user(package_for_nobody, world_dir):
     assert check.returncode == 0 and check.stdout.startswith("code sandbox: rootless isolation ("), check
     refused = _as_nobody("/usr/bin/python3", "-m", "gspo_cli.tasks.sandbox_check", env={**env, ENV_VAR: "root"})
     assert refused.returncode == 1 and refused.stdout == ""
-    assert refused.stderr == (f"error: {ENV_VAR}=root: this sandbox level does not work here (needs the judge "
-                              "to run as root); unset it to use the strongest level that does\n")
+    assert refused.stderr == (
+        f"error: {ENV_VAR}=root: this sandbox level does not work here (needs the judge "
+        "to run as root); unset it to use the strongest level that does\n"
+    )
 
     target = world_dir / "target.txt"
     target.write_text("original")

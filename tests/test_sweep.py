@@ -50,9 +50,16 @@ def test_plan_without_sweep_is_arms_times_seeds(tmp_path):
 
 
 def test_explicit_sets_and_clashing_short_names(tmp_path):
-    raw = {**BASE, "sweep": {"grid": {"optimizer.lr": [1e-5]},
-                             "sets": [{"rollout.temperature": 0.7, "model.cold_start.lr": 0.001},
-                                      {"rollout.temperature": 1.0, "model.cold_start.lr": 0.002}]}}
+    raw = {
+        **BASE,
+        "sweep": {
+            "grid": {"optimizer.lr": [1e-5]},
+            "sets": [
+                {"rollout.temperature": 0.7, "model.cold_start.lr": 0.001},
+                {"rollout.temperature": 1.0, "model.cold_start.lr": 0.002},
+            ],
+        },
+    }
     names = sorted({r.name for r in plan(write(tmp_path, raw))})
     # two keys end in `lr`: the full paths disambiguate them
     # (yaml.safe_dump sorted each set's keys; names follow the file's order)
@@ -84,8 +91,9 @@ def test_shard_parsing_and_job_array_environment():
         with pytest.raises(SpecError):
             parse_shard(bad)
     assert shard_from_env({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4"}) == (3, 4)
-    assert shard_from_env({"SLURM_ARRAY_TASK_ID": "12", "SLURM_ARRAY_TASK_COUNT": "4",
-                           "SLURM_ARRAY_TASK_MIN": "10"}) == (2, 4)
+    assert shard_from_env(
+        {"SLURM_ARRAY_TASK_ID": "12", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "10"}
+    ) == (2, 4)
     assert shard_from_env({"GSPO_SHARD": "1/2"}) == (1, 2)
     assert shard_from_env({}) is None
 
@@ -133,8 +141,11 @@ def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypat
         return "/nowhere"
 
     monkeypatch.setattr(models, "resolve_model_source", fake)
-    raw = {**BASE, "output_dir": str(tmp_path / "out"),
-           "sweep": {"grid": {"model.builtin.num_layers": [2, 3], "arms[*].clip_high": [0.3, 0.5]}}}
+    raw = {
+        **BASE,
+        "output_dir": str(tmp_path / "out"),
+        "sweep": {"grid": {"model.builtin.num_layers": [2, 3], "arms[*].clip_high": [0.3, 0.5]}},
+    }
     runs = plan(write(tmp_path, raw))  # 2 x 2 points x 2 arms x 2 seeds = 16 runs, 2 models
     assert len(runs) == 16
     assert prebuild_models(runs, log=lambda m: None) == 2
@@ -182,4 +193,3 @@ def test_sweep_skips_completed_runs_of_the_same_spec_only(tmp_path, monkeypatch)
     assert line.startswith("error: ") and "holds a completed run of a different spec" in line
     assert "optimizer.lr: 0.0001 -> 0.0002" in line and "--force" in line
     assert "Traceback" not in res.output
-

@@ -78,4 +78,4 @@ def test_default_score_batch_is_score_for_each_pair():
     comps = [f"so \\boxed{{{p.answer}}}" if i % 2 == 0 else "\\boxed{999}" for i, p in enumerate(probs)]
     batch = task.score_batch(probs, comps)
     assert batch == [task.score(p, c) for p, c in zip(probs, comps)]
-    assert [s.correct for s in batch] == [True, False, True, False][:len(probs)]
+    assert [s.correct for s in batch] == [True, False, True, False][: len(probs)]

@@ -5,15 +5,16 @@ import math
 import pytest
 import torch
 import yaml
+from helpers import TINY
 from safetensors.torch import load_file
 
-from gspo_cli.spec_loading import load_spec, spec_from_dict
-from gspo_cli.runs import RunDir
 from gspo_cli.reporting import quiet_reporter
+from gspo_cli.runs import RunDir
+from gspo_cli.spec_loading import load_spec, spec_from_dict
 from gspo_cli.train import train_experiment
-from helpers import TINY
 
 pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -62,9 +63,19 @@ def test_metrics_carry_the_losses_statistics(trained):
     _, results = trained
     by_arm = {r.arm: RunDir(r.path).metrics() for r in results}
     for arm, ms in by_arm.items():
-        for key in ("policy/clip_frac_token", "policy/clip_frac_token_low", "policy/clip_frac_token_high",
-                    "policy/clip_frac_seq", "policy/ratio_mean", "policy/kl_old_k3", "policy/entropy",
-                    "policy/grad_norm", "moe/expert_change_frac", "time/rollout_s", "perf/tokens_per_s"):
+        for key in (
+            "policy/clip_frac_token",
+            "policy/clip_frac_token_low",
+            "policy/clip_frac_token_high",
+            "policy/clip_frac_seq",
+            "policy/ratio_mean",
+            "policy/kl_old_k3",
+            "policy/entropy",
+            "policy/grad_norm",
+            "moe/expert_change_frac",
+            "time/rollout_s",
+            "perf/tokens_per_s",
+        ):
             assert key in ms[-1], (arm, key)
         assert all(0 <= m["policy/clip_frac_token"] <= 1 for m in ms)
     assert "policy/kl_ref_k3" in by_arm["grpo_kl"][-1]
@@ -138,8 +149,9 @@ def test_cli_train_end_to_end(tmp_path):
 
     spec_file = tmp_path / "exp.yaml"
     spec_file.write_text(yaml.safe_dump({**TINY, "arms": [TINY["arms"][2]], "train": {"steps": 1}}))
-    res = CliRunner().invoke(app, ["train", str(spec_file), "-o", str(tmp_path / "out"),
-                                   "--set", "arms.gspo.clip_high=5e-4"])
+    res = CliRunner().invoke(
+        app, ["train", str(spec_file), "-o", str(tmp_path / "out"), "--set", "arms.gspo.clip_high=5e-4"]
+    )
     assert res.exit_code == 0, res.output
     rd = RunDir(tmp_path / "out/e2e/gspo/seed0")
     assert rd.status() == "completed"
@@ -161,8 +173,13 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
     for flag in (True, False):
         calls.clear()
         out = tmp_path / str(flag)
-        raw = {**TINY, "output_dir": str(out), "arms": arms, "train": {"steps": 1},
-               "rollout": {**TINY["rollout"], "sampler_logprobs": flag, "logprob_check_every": 0}}
+        raw = {
+            **TINY,
+            "output_dir": str(out),
+            "arms": arms,
+            "train": {"steps": 1},
+            "rollout": {**TINY["rollout"], "sampler_logprobs": flag, "logprob_check_every": 0},
+        }
         train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
         runs[flag] = {a["name"]: RunDir(out / f"e2e/{a['name']}/seed0").metrics()[0] for a in arms}
         forwards[flag] = len(calls)
@@ -180,8 +197,13 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
 def test_sampler_logprob_check_logs_the_gap(tmp_path):
     """On the sampler path a full trainer forward checks the sampler's log-probs at step 1 and
     every N steps: the gap is logged (fp32: float rounding only) and nowhere else."""
-    raw = {**TINY, "output_dir": str(tmp_path), "arms": [TINY["arms"][2]], "train": {"steps": 3},
-           "rollout": {**TINY["rollout"], "logprob_check_every": 2}}
+    raw = {
+        **TINY,
+        "output_dir": str(tmp_path),
+        "arms": [TINY["arms"][2]],
+        "train": {"steps": 3},
+        "rollout": {**TINY["rollout"], "logprob_check_every": 2},
+    }
     train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
     ms = RunDir(tmp_path / "e2e/gspo/seed0").metrics()
     checked = [m["step"] for m in ms if "rollout/logprob_diff_mean" in m]

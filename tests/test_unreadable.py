@@ -9,18 +9,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from synthetic_runs import make_experiment
 from typer.testing import CliRunner
 
 from gspo_cli.cli import app
 from gspo_cli.errors import SpecError
 from gspo_cli.files import iter_lines, read_text
-from synthetic_runs import make_experiment
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H4 = FIXTURES / "aime_h4.jsonl"
 BINARY = b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x01binary\n"  # not UTF-8 (a PNG header, then 0xff)
-SPEC = {"name": "exp", "rollout": {"prompts_per_step": 4, "group_size": 2},
-        "arms": [{"name": "grpo", "preset": "paper-grpo"}]}
+SPEC = {
+    "name": "exp",
+    "rollout": {"prompts_per_step": 4, "group_size": 2},
+    "arms": [{"name": "grpo", "preset": "paper-grpo"}],
+}
 
 
 def one_error(result, names: Path | str, why: str = "not a UTF-8 text file") -> str:

@@ -11,13 +11,6 @@ from .advantages import (
 )
 from .aggregation import AGGREGATIONS, aggregate, aggregation_count, register_aggregation
 from .kl import kl_k3_BC
-from .mismatch import (
-    MISMATCH_CORRECTIONS,
-    Correction,
-    correction_stats,
-    get_mismatch_correction,
-    register_mismatch,
-)
 from .losses import (
     LOG_RATIO_CLAMP,
     POLICY_LOSSES,
@@ -27,6 +20,7 @@ from .losses import (
     gspo_token_loss,
     register_policy_loss,
 )
+from .mismatch import MISMATCH_CORRECTIONS, Correction, correction_stats, get_mismatch_correction, register_mismatch
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

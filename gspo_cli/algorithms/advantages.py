@@ -37,9 +37,7 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}") from None
 
 
 def _grouped(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -49,9 +47,7 @@ def _grouped(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if rewards_B.shape[0] % group_size != 0:
-        raise ValueError(
-            f"batch size {rewards_B.shape[0]} is not divisible by group_size {group_size}"
-        )
+        raise ValueError(f"batch size {rewards_B.shape[0]} is not divisible by group_size {group_size}")
     rewards_B = rewards_B if rewards_B.is_floating_point() else rewards_B.float()
     return rewards_B.reshape(-1, group_size)
 
@@ -76,9 +72,7 @@ def grpo_advantages(rewards_B: torch.Tensor, group_size: int, *, eps: float = 1e
     mean_Q1 = groups_QG.mean(dim=1, keepdim=True)
     std_Q1 = _group_std(groups_QG).unsqueeze(1)
     flat_Q1 = std_Q1 < ZERO_VARIANCE_STD
-    adv_QG = torch.where(
-        flat_Q1, torch.zeros_like(groups_QG), (groups_QG - mean_Q1) / (std_Q1 + eps)
-    )
+    adv_QG = torch.where(flat_Q1, torch.zeros_like(groups_QG), (groups_QG - mean_Q1) / (std_Q1 + eps))
     return adv_QG.reshape(-1)
 
 

@@ -85,8 +85,9 @@ def _lookup(mode: str) -> AggregationFn:
         raise ValueError(f"unknown aggregation {mode!r}; valid modes: {sorted(AGGREGATIONS)}") from None
 
 
-def aggregate(values_BC: torch.Tensor, mask_BC: torch.Tensor, mode: str,
-              denominator: torch.Tensor | float | None = None) -> torch.Tensor:
+def aggregate(
+    values_BC: torch.Tensor, mask_BC: torch.Tensor, mode: str, denominator: torch.Tensor | float | None = None
+) -> torch.Tensor:
     """Reduce ``values_BC`` (B, C) under ``mask_BC`` (B, C; >0 = response token) to a 0-d tensor.
 
     ``denominator``: what to divide this batch's total by instead of its own count (tokens

@@ -34,7 +34,6 @@ import torch
 from .aggregation import aggregate
 from .kl import LOG_RATIO_CLAMP, kl_k3_BC
 
-
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
@@ -90,15 +89,11 @@ def _advantages_BC(advantages: torch.Tensor, keep_BC: torch.Tensor) -> torch.Ten
     elif advantages.shape == keep_BC.shape:
         adv_BC = advantages
     else:
-        raise ValueError(
-            f"advantages must be (B,) or (B, C) = {tuple(keep_BC.shape)}, got {tuple(advantages.shape)}"
-        )
+        raise ValueError(f"advantages must be (B,) or (B, C) = {tuple(keep_BC.shape)}, got {tuple(advantages.shape)}")
     return torch.where(keep_BC, adv_BC, torch.zeros_like(adv_BC))
 
 
-def _clipped_surrogate_loss(
-    ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float
-) -> torch.Tensor:
+def _clipped_surrogate_loss(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
     """-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A), elementwise, any shape."""
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     return -torch.minimum(ratio * adv, clipped * adv)
@@ -146,8 +141,7 @@ def _stats(
             "ratio_mean": torch.where(keep_BC, ratio_BC, zeros_BC).sum() / n_tok,
             "ratio_min": resp_ratio.min() if has_tok else zero.clone(),
             "ratio_max": resp_ratio.max() if has_tok else zero.clone(),
-            "seq_ratio_mean": torch.where(nonempty_B, seq_ratio_B, torch.zeros_like(seq_ratio_B)).sum()
-            / n_seq,
+            "seq_ratio_mean": torch.where(nonempty_B, seq_ratio_B, torch.zeros_like(seq_ratio_B)).sum() / n_seq,
             "approx_kl": k3_BC.sum() / n_tok,
         }
 

@@ -80,8 +80,10 @@ def get_mismatch_correction(name: str) -> MismatchFn:
 def _log_ratio(trainer_logp_BC, engine_logp_BC, mask_BC) -> tuple[torch.Tensor, torch.Tensor]:
     """(log ρ (B, C), exactly 0 off the response; keep_BC bool)."""
     if trainer_logp_BC.shape != engine_logp_BC.shape or trainer_logp_BC.shape != mask_BC.shape:
-        raise ValueError(f"shape mismatch: trainer_logp {tuple(trainer_logp_BC.shape)}, engine_logp "
-                         f"{tuple(engine_logp_BC.shape)}, mask {tuple(mask_BC.shape)}")
+        raise ValueError(
+            f"shape mismatch: trainer_logp {tuple(trainer_logp_BC.shape)}, engine_logp "
+            f"{tuple(engine_logp_BC.shape)}, mask {tuple(mask_BC.shape)}"
+        )
     keep_BC = mask_BC > 0
     diff_BC = trainer_logp_BC.detach().float() - engine_logp_BC.detach().float()
     return torch.where(keep_BC, diff_BC, torch.zeros_like(diff_BC)), keep_BC

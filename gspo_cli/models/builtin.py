@@ -42,7 +42,11 @@ def build_tokenizer(corpus: str) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         padding_side="left",
     )
 
@@ -79,8 +83,14 @@ def build_config(kind: str, size: BuiltinModelConfig, tokenizer) -> Qwen3Config 
 
 def cache_key(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig, task: Task) -> str:
     blob = json.dumps(
-        {"kind": kind, "size": size.model_dump(), "cold": cold.model_dump(), "task": task.fingerprint(),
-         "recipe": RECIPE_VERSION, "torch": torch.__version__},
+        {
+            "kind": kind,
+            "size": size.model_dump(),
+            "cold": cold.model_dump(),
+            "task": task.fingerprint(),
+            "recipe": RECIPE_VERSION,
+            "torch": torch.__version__,
+        },
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -108,8 +118,9 @@ def _build_into(target: Path, kind, size, cold, task, log) -> Path:
         model, tok, final_loss = _build_and_cold_start(kind, size, cold, task, log)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "cold_start.json").write_text(json.dumps(
-            {"steps": cold.steps, "final_loss": final_loss, "seconds": round(time.time() - t0, 1)}))
+        (tmp / "cold_start.json").write_text(
+            json.dumps({"steps": cold.steps, "final_loss": final_loss, "seconds": round(time.time() - t0, 1)})
+        )
         try:
             os.rename(tmp, target)  # atomic: a concurrent builder either wins or finds ours
         except OSError:
@@ -127,8 +138,11 @@ def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
     tok = build_tokenizer(task.corpus_text(random.Random(cold.seed + 1)))
     config = build_config(kind, size, tok)
     torch.manual_seed(cold.seed)
-    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager") if kind == "tiny-moe" \
+    model = (
+        AutoModelForCausalLM.from_config(config, experts_implementation="eager")
+        if kind == "tiny-moe"
         else AutoModelForCausalLM.from_config(config)
+    )
     _init_routers(model)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)

@@ -46,8 +46,10 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
     if cfg.name.startswith("builtin:"):
         kind = cfg.name.split(":", 1)[1]
         if kind not in BUILTIN_KINDS:
-            raise SpecError(f"model.name: unknown built-in model {cfg.name!r}; known: "
-                            + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS))
+            raise SpecError(
+                f"model.name: unknown built-in model {cfg.name!r}; known: "
+                + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS)
+            )
         quiet_transformers()
         return str(builtin_model_dir(kind, cfg.builtin, cfg.cold_start, task, log=log))
     return cfg.name
@@ -75,7 +77,9 @@ def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> Loade
         config = AutoConfig.from_pretrained(source)
     except Exception as err:  # hub/network/parse failures all mean "cannot use this name"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SpecError(f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}") from None
+        raise SpecError(
+            f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}"
+        ) from None
     kwargs = {"dtype": torch.float32 if training else DTYPES[cfg.dtype]}
     if hasattr(config, "num_experts") or hasattr(config, "num_local_experts"):
         kwargs["experts_implementation"] = cfg.experts_implementation
@@ -89,8 +93,11 @@ def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> Loade
             if kwargs.get("experts_implementation", "eager") == "eager":
                 raise
             # An architecture without grouped experts: its own loop is the only choice.
-            print(f"warning: model: {source} does not support experts_implementation="
-                     f"{kwargs['experts_implementation']} ({str(err).splitlines()[0]}); using eager", file=sys.stderr)
+            print(
+                f"warning: model: {source} does not support experts_implementation="
+                f"{kwargs['experts_implementation']} ({str(err).splitlines()[0]}); using eager",
+                file=sys.stderr,
+            )
             kwargs["experts_implementation"] = "eager"
             model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source)

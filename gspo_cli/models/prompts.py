@@ -30,16 +30,22 @@ class PromptFormat:
     @classmethod
     def from_rollout(cls, cfg) -> PromptFormat:
         """From a RolloutConfig (or anything with its three prompt fields)."""
-        return cls(chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
-                   template_kwargs=dict(cfg.chat_template_kwargs))
+        return cls(
+            chat_template=cfg.chat_template,
+            system_prompt=cfg.system_prompt,
+            template_kwargs=dict(cfg.chat_template_kwargs),
+        )
 
     def formatter(self, tokenizer) -> PromptFormatter:
         has_template = bool(getattr(tokenizer, "chat_template", None))
         use = self.chat_template == "auto" and has_template
         if not use and (self.system_prompt is not None or self.template_kwargs):
             what = "rollout.system_prompt" if self.system_prompt is not None else "rollout.chat_template_kwargs"
-            why = "rollout.chat_template is none" if self.chat_template == "none" else \
-                "the tokenizer has no chat template"
+            why = (
+                "rollout.chat_template is none"
+                if self.chat_template == "none"
+                else "the tokenizer has no chat template"
+            )
             raise SpecError(f"{what}: needs a chat template, but {why}")
         return PromptFormatter(tokenizer, use, self.system_prompt, self.template_kwargs)
 
@@ -48,8 +54,13 @@ class PromptFormatter:
     """Callable: list of task prompts (user messages) -> list of texts to tokenize, with
     `add_special_tokens=False` (a template writes its own BOS)."""
 
-    def __init__(self, tokenizer, use_template: bool, system_prompt: str | None = None,
-                 template_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        use_template: bool,
+        system_prompt: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ):
         self.tokenizer = tokenizer
         self.use_template = use_template
         self.system_prompt = system_prompt
@@ -60,12 +71,20 @@ class PromptFormatter:
             return list(prompts)
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
         try:
-            return [self.tokenizer.apply_chat_template(head + [{"role": "user", "content": p}], tokenize=False,
-                                                       add_generation_prompt=True, **self.template_kwargs)
-                    for p in prompts]
+            return [
+                self.tokenizer.apply_chat_template(
+                    head + [{"role": "user", "content": p}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    **self.template_kwargs,
+                )
+                for p in prompts
+            ]
         except Exception as err:  # a Jinja error in the checkpoint's template, or a kwarg it rejects
-            raise SpecError(f"rollout.chat_template: the tokenizer's chat template failed: "
-                            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+            raise SpecError(
+                f"rollout.chat_template: the tokenizer's chat template failed: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from None
 
 
 def raw_prompts(tokenizer) -> PromptFormatter:
@@ -85,6 +104,7 @@ def stop_token_ids(model, tokenizer) -> list[int]:
             if i is not None and int(i) not in found:
                 found.append(int(i))
     if not found:
-        raise SpecError("model: neither the tokenizer nor the generation config names an EOS token; "
-                        "responses would never end")
+        raise SpecError(
+            "model: neither the tokenizer nor the generation config names an EOS token; responses would never end"
+        )
     return found

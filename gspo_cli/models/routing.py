@@ -19,6 +19,7 @@ raise :class:`UnsupportedRoutingError`, as does a model without any router (dens
 Verifying the contract numerically is more robust than a class-name allow-list: new
 architectures that keep the contract work, ones that silently change it are refused.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -26,8 +27,16 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-__all__ = ["UnsupportedRoutingError", "Routes", "RoutingController", "routes_to_BT",
-           "routes_from_BT", "routes_from_generate", "routes_from_vllm", "expert_change_frac"]
+__all__ = [
+    "UnsupportedRoutingError",
+    "Routes",
+    "RoutingController",
+    "routes_to_BT",
+    "routes_from_BT",
+    "routes_from_generate",
+    "routes_from_vllm",
+    "expert_change_frac",
+]
 
 # (activation, renormalise over the k slots); the router's routed_scaling_factor (default 1)
 # is tried on top.  Order = preference when several rules fit the probe equally well.
@@ -87,10 +96,12 @@ class RoutingController:
         if not self.routers:
             raise UnsupportedRoutingError(
                 f"{name}: no MoE router returning (logits, scores, indices) found "
-                "(dense model or unsupported MoE); routing replay unsupported")
+                "(dense model or unsupported MoE); routing replay unsupported"
+            )
         if len(top_ks) != 1 or len(experts) != 1:
             raise UnsupportedRoutingError(
-                f"{name}: routers disagree on top_k {sorted(top_ks)} / experts {sorted(experts)}")
+                f"{name}: routers disagree on top_k {sorted(top_ks)} / experts {sorted(experts)}"
+            )
         self.num_layers, self.top_k, self.num_experts = len(self.routers), top_ks.pop(), experts.pop()
         self._record: Routes | None = None
         self._replay: torch.Tensor | None = None
@@ -122,12 +133,16 @@ class RoutingController:
             if saved is not None:
                 with torch.no_grad():
                     mat.copy_(saved)
-        ok = (isinstance(out, tuple) and len(out) == 3 and all(torch.is_tensor(t) for t in out)
-              and out[0].dim() == 2 and out[1].shape == out[2].shape == (out[0].shape[0], top_k)
-              and not out[2].is_floating_point())
+        ok = (
+            isinstance(out, tuple)
+            and len(out) == 3
+            and all(torch.is_tensor(t) for t in out)
+            and out[0].dim() == 2
+            and out[1].shape == out[2].shape == (out[0].shape[0], top_k)
+            and not out[2].is_floating_point()
+        )
         if not ok:
-            raise UnsupportedRoutingError(
-                f"{name}: router {cls} does not return (logits, scores, indices)")
+            raise UnsupportedRoutingError(f"{name}: router {cls} does not return (logits, scores, indices)")
         logits, scores, idx = out
         pref = getattr(mod, "norm_topk_prob", None)
         rules = sorted(_RULES, key=lambda r: r[1] != pref) if isinstance(pref, bool) else _RULES
@@ -137,8 +152,7 @@ class RoutingController:
             for s in dict.fromkeys((scale, 1.0)):
                 if torch.allclose(_rescore(rule, logits, idx.long(), s), scores.float(), atol=tol, rtol=tol):
                     return (rule[0], rule[1], s), logits.shape[-1]
-        raise UnsupportedRoutingError(
-            f"{name}: router {cls} scores are not a softmax/sigmoid top-k of its logits")
+        raise UnsupportedRoutingError(f"{name}: router {cls} scores are not a softmax/sigmoid top-k of its logits")
 
     def _make_hook(self, layer: int):
         def hook(module, args, out):
@@ -154,13 +168,15 @@ class RoutingController:
                 if idx.shape[0] != logits.shape[0] or idx.shape[-1] != scores.shape[-1]:
                     raise ValueError(
                         f"routing replay: layer {layer} router saw {logits.shape[0]} tokens x top-"
-                        f"{scores.shape[-1]} but replayed routes have {tuple(idx.shape)}")
+                        f"{scores.shape[-1]} but replayed routes have {tuple(idx.shape)}"
+                    )
                 act, renorm, s = self._rules[layer]
                 scores = _rescore((act, renorm), logits, idx, s).to(scores.dtype)
                 out = (logits, scores, idx)
             if self._record is not None:  # several forwards in one context: last one wins
                 self._record._per_layer[layer] = idx.detach().long().clone()
             return out if self._replay is not None else None
+
         return hook
 
     @contextmanager
@@ -245,11 +261,13 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
     out = []
     for layer, calls in enumerate(steps):
         if len(calls) < 1 + n_decode:
-            raise RuntimeError(f"routing recording: layer {layer} saw {len(calls)} forwards, expected "
-                               f"1 prefill + {n_decode} decode steps")
+            raise RuntimeError(
+                f"routing recording: layer {layer} saw {len(calls)} forwards, expected "
+                f"1 prefill + {n_decode} decode steps"
+            )
         # With sharded weights (generate's synced_gpus) a process whose rows are all done keeps
         # running forwards until every process is: those come last and route nothing sampled.
-        calls = calls[:1 + n_decode]
+        calls = calls[: 1 + n_decode]
         pre = calls[0].reshape(B, P, -1)
         dec = [c.reshape(B, 1, -1) for c in calls[1:]]
         cols = torch.cat([pre, *dec], dim=1)  # (B, T-1, k)
@@ -257,8 +275,9 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
     return torch.stack(out) if L else torch.empty(0)
 
 
-def routes_from_vllm(routed: list, prompt_lens: list[int], response_lens: list[int], P: int, C: int,
-                     num_experts: int | None = None) -> torch.Tensor:
+def routes_from_vllm(
+    routed: list, prompt_lens: list[int], response_lens: list[int], P: int, C: int, num_experts: int | None = None
+) -> torch.Tensor:
     """vLLM's routed experts for B sequences as the trainer's (L, B, P+C, k) int16 routes.
 
     ``routed[b]`` is ``CompletionOutput.routed_experts`` of row b: an int array of shape
@@ -274,21 +293,26 @@ def routes_from_vllm(routed: list, prompt_lens: list[int], response_lens: list[i
     """
     B = len(routed)
     if not (len(prompt_lens) == len(response_lens) == B) or B == 0:
-        raise ValueError(f"routed experts for {B} rows, prompt lengths {len(prompt_lens)}, "
-                         f"response lengths {len(response_lens)}")
+        raise ValueError(
+            f"routed experts for {B} rows, prompt lengths {len(prompt_lens)}, response lengths {len(response_lens)}"
+        )
     arrays = [torch.as_tensor(r).to(torch.int16) for r in routed]
     if any(a.dim() != 3 for a in arrays) or len({tuple(a.shape[1:]) for a in arrays}) != 1:
-        raise ValueError(f"routed experts must be (tokens, layers, top_k) alike in every row, got "
-                         f"{sorted({tuple(a.shape) for a in arrays})}")
+        raise ValueError(
+            f"routed experts must be (tokens, layers, top_k) alike in every row, got "
+            f"{sorted({tuple(a.shape) for a in arrays})}"
+        )
     L, k = arrays[0].shape[1:]
     out = torch.arange(k, dtype=torch.int16).expand(L, B, P + C, k).clone()
     for b, (a, p, r) in enumerate(zip(arrays, prompt_lens, response_lens)):
         if not (1 <= p <= P and 0 <= r <= C) or a.shape[0] != p + r - 1:
-            raise ValueError(f"row {b}: {a.shape[0]} routed positions for a {p}-token prompt (width {P}) and "
-                             f"a {r}-token response (width {C}); expected prompt + response - 1 = {p + r - 1}")
+            raise ValueError(
+                f"row {b}: {a.shape[0]} routed positions for a {p}-token prompt (width {P}) and "
+                f"a {r}-token response (width {C}); expected prompt + response - 1 = {p + r - 1}"
+            )
         if num_experts is not None and a.numel() and (int(a.min()) < 0 or int(a.max()) >= num_experts):
             raise ValueError(f"row {b}: expert index outside [0, {num_experts})")
-        out[:, b, P - p:P - p + a.shape[0]] = a.permute(1, 0, 2)
+        out[:, b, P - p : P - p + a.shape[0]] = a.permute(1, 0, 2)
     return out
 
 

@@ -5,20 +5,24 @@ from __future__ import annotations
 from gspo_cli.distributed import rank_seed
 from gspo_cli.errors import SpecError
 from gspo_cli.models.prompts import PromptFormat, stop_token_ids
-from gspo_cli.rollout.base import (
-    RolloutBatch,
-    RolloutEngine,
-    logprob_mismatch,
-    response_logprobs,
-)
+from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, logprob_mismatch, response_logprobs
 from gspo_cli.rollout.hf import HFRolloutEngine
 
-__all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch", "make_engine",
-           "response_logprobs"]
+__all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch", "make_engine", "response_logprobs"]
 
 
-def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32", seed: int = 0,
-                routing=None, synced: bool = False, return_routes: bool = False) -> RolloutEngine:
+def make_engine(
+    cfg,
+    model,
+    tokenizer,
+    *,
+    model_dir: str,
+    dtype: str = "float32",
+    seed: int = 0,
+    routing=None,
+    synced: bool = False,
+    return_routes: bool = False,
+) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
     `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
     (a RoutingController) lets the hf engine record the routes it samples with;
@@ -28,23 +32,40 @@ def make_engine(cfg, model, tokenizer, *, model_dir: str, dtype: str = "float32"
     weights are sharded across processes (see HFRolloutEngine; SpecError with vllm). Under
     torchrun vllm runs one engine per process (see gspo_cli.rollout.vllm_engine)."""
     if cfg.engine == "hf":
-        return HFRolloutEngine(model, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                               sampler_logprobs=cfg.sampler_logprobs, routing=routing, synced=synced,
-                               stop_ids=stop_token_ids(model, tokenizer),
-                               prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer))
+        return HFRolloutEngine(
+            model,
+            tokenizer,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            sampler_logprobs=cfg.sampler_logprobs,
+            routing=routing,
+            synced=synced,
+            stop_ids=stop_token_ids(model, tokenizer),
+            prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
+        )
     if synced:
-        raise SpecError("rollout.engine: vllm with model.sharding: fsdp is not supported (each process's engine "
-                        "needs the whole weights every step); use model.sharding: ddp or rollout.engine: hf")
+        raise SpecError(
+            "rollout.engine: vllm with model.sharding: fsdp is not supported (each process's engine "
+            "needs the whole weights every step); use model.sharding: ddp or rollout.engine: hf"
+        )
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine, _import_vllm
 
     _import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
     # Under torchrun each process's engine samples its own share with its own seed; rank 0
     # keeps the run's, as one process would (the same rule as the trainer's torch seed).
-    return VLLMRolloutEngine(model, tokenizer, model_dir=model_dir, max_new_tokens=cfg.max_new_tokens,
-                             temperature=cfg.temperature, dtype=dtype, seed=rank_seed(seed, _rank()),
-                             engine_kwargs=cfg.vllm, stop_ids=stop_token_ids(model, tokenizer),
-                             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
-                             return_routes=return_routes)
+    return VLLMRolloutEngine(
+        model,
+        tokenizer,
+        model_dir=model_dir,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        dtype=dtype,
+        seed=rank_seed(seed, _rank()),
+        engine_kwargs=cfg.vllm,
+        stop_ids=stop_token_ids(model, tokenizer),
+        prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
+        return_routes=return_routes,
+    )
 
 
 def _rank() -> int:

@@ -33,13 +33,16 @@ class RolloutBatch:
 
     @property
     def response_ids(self) -> torch.Tensor:
-        return self.input_ids[:, self.prompt_len:]
+        return self.input_ids[:, self.prompt_len :]
 
     def rows(self, idx: torch.Tensor) -> "RolloutBatch":
         return RolloutBatch(
-            input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],
-            response_mask=self.response_mask[idx], prompt_len=self.prompt_len,
-            completions=[self.completions[i] for i in idx.tolist()], truncated=self.truncated[idx],
+            input_ids=self.input_ids[idx],
+            attention_mask=self.attention_mask[idx],
+            response_mask=self.response_mask[idx],
+            prompt_len=self.prompt_len,
+            completions=[self.completions[i] for i in idx.tolist()],
+            truncated=self.truncated[idx],
             engine_logp=None if self.engine_logp is None else self.engine_logp[idx],
             engine_entropy=None if self.engine_entropy is None else self.engine_entropy[idx],
             engine_routes=None if self.engine_routes is None else self.engine_routes[:, idx],
@@ -66,19 +69,21 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with
 
     Logits are divided by `temperature`: the distribution the sampler actually used.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, use_cache=False)
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+    )
     P = batch.prompt_len
     # Logits at position t predict token t+1: the response tokens are predicted by P-1 .. end-1.
-    logits = out.logits[:, P - 1:-1].float() / temperature  # (B, C, V)
+    logits = out.logits[:, P - 1 : -1].float() / temperature  # (B, C, V)
     logprobs = torch.log_softmax(logits, dim=-1)
     logp_BC = logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     ent_BC = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
     return LogProbs(logp=logp_BC, entropy=ent_BC, aux_loss=getattr(out, "aux_loss", None))
 
 
-def logprob_mismatch(engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor,
-                     mask_BC: torch.Tensor) -> dict[str, float]:
+def logprob_mismatch(
+    engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor, mask_BC: torch.Tensor
+) -> dict[str, float]:
     """How far the rollout engine's log-probs are from the trainer's for the same tokens:
     mean and max of |engine - trainer| over response tokens (nats). Both (B, C); an
     empty mask gives zeros. A gap here biases every importance ratio before any update."""

@@ -19,9 +19,20 @@ LOGITS_BUDGET = 1 << 30
 class HFRolloutEngine:
     """Samples with the trainer's own model: always the current policy, no weight sync."""
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-                 sampler_logprobs: bool = False, routing=None, stop_ids: list[int] | None = None,
-                 prompt_format=None, synced: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        sampler_logprobs: bool = False,
+        routing=None,
+        stop_ids: list[int] | None = None,
+        prompt_format=None,
+        synced: bool = False,
+    ):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
         the policy, and training's importance ratios would be biased.
 
@@ -43,9 +54,13 @@ class HFRolloutEngine:
         self.synced = synced
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
         self.format = prompt_format or raw_prompts(tokenizer)
-        self.gen_config = neutral_generation_config(temperature=temperature, top_p=top_p,
-                                                    max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
-                                                    pad_token_id=tokenizer.pad_token_id)
+        self.gen_config = neutral_generation_config(
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            stop_ids=self.stop_ids,
+            pad_token_id=tokenizer.pad_token_id,
+        )
 
     @torch.no_grad()
     def generate(self, prompts: list[str]) -> RolloutBatch:
@@ -63,8 +78,13 @@ class HFRolloutEngine:
         try:
             # steps: None unless routes are recorded
             with record as steps, _only_generation_config(self.model, self.gen_config):
-                res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self.gen_config,
-                                          synced_gpus=self.synced, **extra)
+                res = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=attn,
+                    generation_config=self.gen_config,
+                    synced_gpus=self.synced,
+                    **extra,
+                )
         finally:
             self.model.train(was_training)
         out = res.sequences if want else res
@@ -76,8 +96,14 @@ class HFRolloutEngine:
         truncated = ~is_eos.any(-1)
         full_attn = torch.cat([attn, resp_mask.long()], dim=1)
         texts = tok.batch_decode(resp.masked_fill(after_eos, tok.pad_token_id), skip_special_tokens=True)
-        batch = RolloutBatch(input_ids=out, attention_mask=full_attn, response_mask=resp_mask,
-                             prompt_len=P, completions=texts, truncated=truncated)
+        batch = RolloutBatch(
+            input_ids=out,
+            attention_mask=full_attn,
+            response_mask=resp_mask,
+            prompt_len=P,
+            completions=texts,
+            truncated=truncated,
+        )
         if want:
             # logits[j] (B, V) are the raw logits that sampled response token j.
             logits = torch.stack(res.logits, dim=1).float() / self.temperature  # (B, C, V)
@@ -89,19 +115,39 @@ class HFRolloutEngine:
         return batch
 
 
-def neutral_generation_config(*, temperature: float, top_p: float, max_new_tokens: int, stop_ids: list[int],
-                              pad_token_id: int | None) -> GenerationConfig:
+def neutral_generation_config(
+    *, temperature: float, top_p: float, max_new_tokens: int, stop_ids: list[int], pad_token_id: int | None
+) -> GenerationConfig:
     """Plain sampling at `temperature` (and `top_p`), nothing else. Every knob whose neutral
     value is not None is spelled out; the None ones (min_p, suppress_tokens, bad_words_ids,
     stop_strings...) transformers would fill from the model's own generation config, which
     `_only_generation_config` keeps out of the way while generate runs."""
     return GenerationConfig(
-        do_sample=True, temperature=temperature, top_k=0, top_p=top_p, min_p=None, typical_p=1.0,
-        epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0, encoder_repetition_penalty=1.0,
-        no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, length_penalty=1.0, min_length=0,
-        max_new_tokens=max_new_tokens, num_beams=1, num_return_sequences=1,
-        renormalize_logits=False, remove_invalid_values=False, output_scores=False, output_logits=False,
-        return_dict_in_generate=False, use_cache=True, pad_token_id=pad_token_id, eos_token_id=list(stop_ids),
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=top_p,
+        min_p=None,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        length_penalty=1.0,
+        min_length=0,
+        max_new_tokens=max_new_tokens,
+        num_beams=1,
+        num_return_sequences=1,
+        renormalize_logits=False,
+        remove_invalid_values=False,
+        output_scores=False,
+        output_logits=False,
+        return_dict_in_generate=False,
+        use_cache=True,
+        pad_token_id=pad_token_id,
+        eos_token_id=list(stop_ids),
         bos_token_id=None,
     )
 

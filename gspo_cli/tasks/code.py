@@ -41,8 +41,16 @@ from gspo_cli.tasks.lcb import LoadStats, lcb_prompt, load_lcb
 from gspo_cli.tasks.sandbox import detect_isolation
 
 Kind = Literal["pair", "int", "list", "word"]
-SYNTHETIC_ONLY = ("kinds", "max_operand", "max_const", "modifiers", "modifier_prob", "num_tests", "eval_fraction",
-                  "heldout")
+SYNTHETIC_ONLY = (
+    "kinds",
+    "max_operand",
+    "max_const",
+    "modifiers",
+    "modifier_prob",
+    "num_tests",
+    "eval_fraction",
+    "heldout",
+)
 LCB_ONLY = ("date_from", "date_to", "difficulties")
 
 
@@ -59,7 +67,8 @@ class CodeParams(BaseModel):
     num_tests: int = Field(3, ge=1, le=20, description="hidden tests per problem (the first is the example)")
     eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of problems (or programs) held out")
     heldout: Literal["problem", "program"] = Field(
-        "problem", description="hold out problems (a program may recur with other tests) or whole programs")
+        "problem", description="hold out problems (a program may recur with other tests) or whole programs"
+    )
     # LiveCodeBench filters (inclusive; contest_date is the problem's release date).
     date_from: date | None = None
     date_to: date | None = None
@@ -140,23 +149,43 @@ class CodeTask(Task):
 
     def _load(self) -> list[Problem]:
         try:
-            rows, stats = load_lcb(self.p.source, date_from=self.p.date_from, date_to=self.p.date_to,
-                                   difficulties=self.p.difficulties)
+            rows, stats = load_lcb(
+                self.p.source, date_from=self.p.date_from, date_to=self.p.date_to, difficulties=self.p.difficulties
+            )
         except (OSError, UnicodeDecodeError) as err:
             raise unreadable(self.p.source, err, "task.params.source") from None
         self.load_stats = stats
         if stats.malformed or stats.unsafe_pickle:
-            warnings.warn(f"task.params.source: {self.p.source}: skipped {stats.malformed} malformed and "
-                          f"{stats.unsafe_pickle} unsafe rows of {stats.rows} ({stats.reasons})")
+            warnings.warn(
+                f"task.params.source: {self.p.source}: skipped {stats.malformed} malformed and "
+                f"{stats.unsafe_pickle} unsafe rows of {stats.rows} ({stats.reasons})",
+                stacklevel=2,
+            )
         if not rows:
-            raise SpecError(f"task.params.source: {self.p.source}: no problems left ({stats.rows} rows, "
-                            f"{stats.filtered_date} outside the dates, {stats.filtered_difficulty} of "
-                            f"other difficulties, {stats.malformed + stats.unsafe_pickle} unusable)")
-        return [Problem(id=r.question_id, prompt=lcb_prompt(r), answer="", solution=None,
-                        meta={"tests": r.tests, "func_name": r.func_name, "lcb_imports": True,
-                              "num_public": r.num_public, "platform": r.platform, "difficulty": r.difficulty,
-                              "contest_date": r.contest_date.isoformat(), "title": r.title})
-                for r in rows]
+            raise SpecError(
+                f"task.params.source: {self.p.source}: no problems left ({stats.rows} rows, "
+                f"{stats.filtered_date} outside the dates, {stats.filtered_difficulty} of "
+                f"other difficulties, {stats.malformed + stats.unsafe_pickle} unusable)"
+            )
+        return [
+            Problem(
+                id=r.question_id,
+                prompt=lcb_prompt(r),
+                answer="",
+                solution=None,
+                meta={
+                    "tests": r.tests,
+                    "func_name": r.func_name,
+                    "lcb_imports": True,
+                    "num_public": r.num_public,
+                    "platform": r.platform,
+                    "difficulty": r.difficulty,
+                    "contest_date": r.contest_date.isoformat(),
+                    "title": r.title,
+                },
+            )
+            for r in rows
+        ]
 
     def _make(self, rng: random.Random) -> tuple[Problem, str]:
         """One synthetic problem and its split key (see `heldout`)."""
@@ -177,8 +206,13 @@ class CodeTask(Task):
         ex = tests[0]
         prompt = f"Read {reader_text}. Print {phrase}.\nInput: {ex.input.strip()}\nOutput: {ex.output.strip()}\n"
         digest = hashlib.sha256("|".join(x.input for x in tests).encode()).hexdigest()[:8]
-        prob = Problem(id=f"{tag}#{digest}", prompt=prompt, answer=program,
-                       solution=f"```python\n{program}\n```", meta={"tests": tests, "template": t.name})
+        prob = Problem(
+            id=f"{tag}#{digest}",
+            prompt=prompt,
+            answer=program,
+            solution=f"```python\n{program}\n```",
+            meta={"tests": tests, "template": t.name},
+        )
         return prob, program if self.p.heldout == "program" else prob.id
 
     def _test(self, kind: str, expr: str, rng: random.Random) -> TestCase:
@@ -225,9 +259,13 @@ class CodeTask(Task):
 
     def judge_spec(self, problem: Problem) -> JudgeSpec:
         meta = problem.meta or {}
-        return JudgeSpec(tests=tuple(meta.get("tests") or ()), func_name=meta.get("func_name"),
-                         lcb_imports=bool(meta.get("lcb_imports")), timeout_s=self.p.timeout_s,
-                         memory_mb=self.p.memory_mb)
+        return JudgeSpec(
+            tests=tuple(meta.get("tests") or ()),
+            func_name=meta.get("func_name"),
+            lcb_imports=bool(meta.get("lcb_imports")),
+            timeout_s=self.p.timeout_s,
+            memory_mb=self.p.memory_mb,
+        )
 
     def score(self, problem: Problem, completion: str) -> Score:
         return self.score_batch([problem], [completion])[0]
@@ -236,15 +274,26 @@ class CodeTask(Task):
         """Scores of completions[i] for problems[i], all programs judged in parallel: use
         this for a whole rollout batch (one `score` call judges one program at a time)."""
         codes = [extract_code(c) if isinstance(c, str) else None for c in completions]
-        verdicts = judge_many([(code, self.judge_spec(p)) for code, p in zip(codes, problems)],
-                              all_tests=self.p.partial_reward)
+        verdicts = judge_many(
+            [(code, self.judge_spec(p)) for code, p in zip(codes, problems)], all_tests=self.p.partial_reward
+        )
         scores = []
         for code, v in zip(codes, verdicts):
             fmt = 0.0 if code is None else 1.0
             base = 1.0 if v.correct else v.pass_frac if self.p.partial_reward else 0.0
-            scores.append(Score(reward=base + self.p.format_weight * fmt, correct=v.correct, components={
-                "correct": float(v.correct), "pass_frac": v.pass_frac, "timeout": float(v.timeout),
-                "runtime_error": float(v.runtime_error), "format": fmt}))
+            scores.append(
+                Score(
+                    reward=base + self.p.format_weight * fmt,
+                    correct=v.correct,
+                    components={
+                        "correct": float(v.correct),
+                        "pass_frac": v.pass_frac,
+                        "timeout": float(v.timeout),
+                        "runtime_error": float(v.runtime_error),
+                        "format": fmt,
+                    },
+                )
+            )
         return scores
 
     def fingerprint(self) -> str:

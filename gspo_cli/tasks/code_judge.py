@@ -180,7 +180,7 @@ def _passes(test: TestCase, res: RunResult, sentinel: str) -> bool:
     if at < 0:
         return False
     try:
-        got = json.loads(res.stdout[at + len(sentinel):].split("\n", 1)[0])
+        got = json.loads(res.stdout[at + len(sentinel) :].split("\n", 1)[0])
         return got == json.loads(test.output)
     except (ValueError, RecursionError):
         return False
@@ -191,8 +191,9 @@ _cache: OrderedDict[tuple, Verdict] = OrderedDict()
 _CACHE_SIZE = 8192  # rollouts of one group often repeat a program verbatim
 
 
-def judge_many(items: Sequence[tuple[str | None, JudgeSpec]], *, all_tests: bool = False,
-               output_limit_bytes: int = 1 << 20) -> list[Verdict]:
+def judge_many(
+    items: Sequence[tuple[str | None, JudgeSpec]], *, all_tests: bool = False, output_limit_bytes: int = 1 << 20
+) -> list[Verdict]:
     """Verdicts for (program, spec) pairs, running every sandboxed test of the batch in
     parallel. A program of None (nothing extracted) fails without running. Results are
     cached per process by (program, spec, all_tests). Never raises for a bad program."""
@@ -227,20 +228,30 @@ def _run_tests(keys: list[tuple], all_tests: bool, output_limit_bytes: int) -> l
     specs = [spec for _, spec, _ in keys]
 
     def jobs(pairs: list[tuple[int, int]]) -> list[Job]:
-        return [Job(programs[k], specs[k].tests[t].input, specs[k].timeout_s, specs[k].memory_mb,
-                    output_limit_bytes) for k, t in pairs]
+        return [
+            Job(programs[k], specs[k].tests[t].input, specs[k].timeout_s, specs[k].memory_mb, output_limit_bytes)
+            for k, t in pairs
+        ]
 
     # Phase 1: the first test of every program; phase 2: the other tests, where worth it.
     runs = [[r] for r in run_many(jobs([(k, 0) for k in range(len(keys))]))]
-    rest = [(k, t) for k in range(len(keys)) for t in range(1, len(specs[k].tests))
-            if runs[k][0].status != "timeout" and (all_tests or _passes(specs[k].tests[0], runs[k][0], sentinel))]
+    rest = [
+        (k, t)
+        for k in range(len(keys))
+        for t in range(1, len(specs[k].tests))
+        if runs[k][0].status != "timeout" and (all_tests or _passes(specs[k].tests[0], runs[k][0], sentinel))
+    ]
     for (k, _), res in zip(rest, run_many(jobs(rest))):
         runs[k].append(res)
-    return [Verdict(passed=sum(_passes(spec.tests[t], r, sentinel) for t, r in enumerate(rs)),
-                    total=len(spec.tests),
-                    timeout=any(r.status == "timeout" for r in rs),
-                    runtime_error=any(r.status not in ("ok", "timeout") for r in rs))
-            for spec, rs in zip(specs, runs)]
+    return [
+        Verdict(
+            passed=sum(_passes(spec.tests[t], r, sentinel) for t, r in enumerate(rs)),
+            total=len(spec.tests),
+            timeout=any(r.status == "timeout" for r in rs),
+            runtime_error=any(r.status not in ("ok", "timeout") for r in rs),
+        )
+        for spec, rs in zip(specs, runs)
+    ]
 
 
 def _cache_get(key: tuple) -> Verdict | None:

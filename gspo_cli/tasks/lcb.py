@@ -165,15 +165,27 @@ def parse_row(row: Any) -> LcbProblem:
             json.loads(t.output)
             [json.loads(line) for line in t.input.split("\n") if line.strip()]
     return LcbProblem(
-        question_id=str(row["question_id"]), title=str(row.get("question_title") or ""),
-        content=str(row["question_content"]), platform=str(row.get("platform") or ""),
-        contest_id=str(row.get("contest_id") or ""), contest_date=_parse_date(row.get("contest_date")),
-        difficulty=difficulty, starter_code=str(row.get("starter_code") or ""),
-        func_name=func_name if kinds == {"functional"} else None, tests=tuple(tests), num_public=len(public))
+        question_id=str(row["question_id"]),
+        title=str(row.get("question_title") or ""),
+        content=str(row["question_content"]),
+        platform=str(row.get("platform") or ""),
+        contest_id=str(row.get("contest_id") or ""),
+        contest_date=_parse_date(row.get("contest_date")),
+        difficulty=difficulty,
+        starter_code=str(row.get("starter_code") or ""),
+        func_name=func_name if kinds == {"functional"} else None,
+        tests=tuple(tests),
+        num_public=len(public),
+    )
 
 
-def load_lcb(path: str | Path, *, date_from: date | None = None, date_to: date | None = None,
-             difficulties: Iterable[str] | None = None) -> tuple[list[LcbProblem], LoadStats]:
+def load_lcb(
+    path: str | Path,
+    *,
+    date_from: date | None = None,
+    date_to: date | None = None,
+    difficulties: Iterable[str] | None = None,
+) -> tuple[list[LcbProblem], LoadStats]:
     """Problems of a LiveCodeBench JSONL file whose contest_date lies in
     [date_from, date_to] (inclusive, either open) and whose difficulty is listed, in file
     order, and the counts of what was skipped and why. OSError if the file can't be read."""
@@ -211,7 +223,11 @@ def lcb_prompt(p: LcbProblem) -> str:
     """The prompt a model sees, in the spirit of LiveCodeBench's generation prompt."""
     head = f"### Question:\n{p.content.strip()}\n\n"
     if p.func_name:
-        return (head + "### Format: Complete the starter code below. Put your whole solution in one "
-                f"```python block.\n```python\n{p.starter_code.rstrip()}\n```\n\n### Answer:\n")
-    return (head + "### Format: Read the input from stdin, solve the problem and write the answer to "
-            "stdout. Put your whole program in one ```python block.\n\n### Answer:\n")
+        return (
+            head + "### Format: Complete the starter code below. Put your whole solution in one "
+            f"```python block.\n```python\n{p.starter_code.rstrip()}\n```\n\n### Answer:\n"
+        )
+    return (
+        head + "### Format: Read the input from stdin, solve the problem and write the answer to "
+        "stdout. Put your whole program in one ```python block.\n\n### Answer:\n"
+    )

@@ -102,7 +102,9 @@ class MathTask(Task):
         if self._synthetic is not None:
             # Same problems as arithmetic with these knobs, so the same cached cold start.
             return self._synthetic.fingerprint()
-        digest = hashlib.sha256(json.dumps([(p.prompt, p.answer, p.solution) for p in self.problems]).encode()).hexdigest()
+        digest = hashlib.sha256(
+            json.dumps([(p.prompt, p.answer, p.solution) for p in self.problems]).encode()
+        ).hexdigest()
         return f"{self.name}:{digest[:16]}"
 
 
@@ -123,13 +125,25 @@ def load_math_problems(source: str, *, split: str = "train", template: str = DEF
         if pid in seen:
             raise SpecError(f"task.params.source: {source}: duplicate id {pid!r} (ids must be unique)")
         seen.add(pid)
-        problems.append(Problem(id=pid, prompt=template.replace("{problem}", text.strip()), answer=answer,
-                                solution=_reference(row.get("solution"), answer), meta=_meta(row)))
+        problems.append(
+            Problem(
+                id=pid,
+                prompt=template.replace("{problem}", text.strip()),
+                answer=answer,
+                solution=_reference(row.get("solution"), answer),
+                meta=_meta(row),
+            )
+        )
     if not problems:
-        raise SpecError(f"task.params.source: {source}: no usable problems "
-                        f"({len(rows)} rows, none with both a problem and an answer)")
+        raise SpecError(
+            f"task.params.source: {source}: no usable problems "
+            f"({len(rows)} rows, none with both a problem and an answer)"
+        )
     if skipped:
-        warnings.warn(f"task.params.source: {source}: skipped {skipped} of {len(rows)} rows without a problem or an answer")
+        warnings.warn(
+            f"task.params.source: {source}: skipped {skipped} of {len(rows)} rows without a problem or an answer",
+            stacklevel=2,
+        )
     return problems
 
 
@@ -153,6 +167,9 @@ def _reference(solution: Any, answer: str) -> str | None:
 
 
 def _meta(row: dict[str, Any]) -> dict[str, Any] | None:
-    meta = {k: row[k] for k in ("rating", "difficulty")
-            if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)}
+    meta = {
+        k: row[k]
+        for k in ("rating", "difficulty")
+        if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
+    }
     return meta or None

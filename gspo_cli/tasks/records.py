@@ -27,7 +27,7 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
     naming `field` and the file.
     """
     if source.startswith(HUB_PREFIX):
-        rows = _load_hub(source[len(HUB_PREFIX):], split, field)
+        rows = _load_hub(source[len(HUB_PREFIX) :], split, field)
     else:
         path = Path(source).expanduser()
         if path.is_dir():
@@ -42,8 +42,9 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
         elif suffix == ".parquet":
             rows = _load_parquet(path, field)
         else:
-            raise SpecError(f"{field}: {source}: unknown format {suffix or '(no suffix)'}; "
-                            "expected .jsonl, .json or .parquet")
+            raise SpecError(
+                f"{field}: {source}: unknown format {suffix or '(no suffix)'}; expected .jsonl, .json or .parquet"
+            )
     return [{str(k).lower(): _plain(v) for k, v in row.items()} for row in rows]
 
 
@@ -89,8 +90,10 @@ def _load_hub(dataset_id: str, split: str, field: str) -> list[dict]:
     try:
         import datasets  # optional: only hub sources need it
     except ImportError:
-        raise SpecError(f"{field}: hub:{dataset_id} needs the `datasets` package (pip install datasets), "
-                        "or export the dataset to a local .jsonl/.parquet file") from None
+        raise SpecError(
+            f"{field}: hub:{dataset_id} needs the `datasets` package (pip install datasets), "
+            "or export the dataset to a local .jsonl/.parquet file"
+        ) from None
     try:
         return [dict(r) for r in datasets.load_dataset(dataset_id, split=split)]
     except Exception as err:  # noqa: BLE001 - offline, unknown id, unknown split: one line

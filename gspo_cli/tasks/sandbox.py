@@ -74,15 +74,7 @@ from pathlib import Path
 from typing import Literal
 
 from gspo_cli.errors import RunError, SpecError
-from gspo_cli.tasks.sandbox_setup import (
-    ENV_VAR,
-    LEVELS,
-    NOGROUP,
-    Isolation,
-    hidden_dirs,
-    summary,
-    wrapper_argv,
-)
+from gspo_cli.tasks.sandbox_setup import ENV_VAR, LEVELS, NOGROUP, Isolation, hidden_dirs, summary, wrapper_argv
 
 Status = Literal["ok", "timeout", "runtime_error", "memory", "output_limit", "killed"]
 
@@ -179,15 +171,19 @@ def _detect(requested: str) -> Isolation:
             major, minor = (int(v) for v in res.stdout.split())
             iso = Isolation(level, python, drop, (major, minor), iso.hidden)
             if level == "basic" and requested == "auto":
-                warnings.warn(f"{summary(iso)}: the kernel or this machine allows no stronger level")
+                warnings.warn(f"{summary(iso)}: the kernel or this machine allows no stronger level", stacklevel=2)
             return iso
         why = f"{res.status}: {' '.join(res.stderr.split())[-300:] or f'exit code {res.returncode}'}"  # one line
     if requested != "auto":
-        raise RunError(f"{ENV_VAR}={requested}: this sandbox level does not work here ({why}); "
-                       f"unset it to use the strongest level that does")
+        raise RunError(
+            f"{ENV_VAR}={requested}: this sandbox level does not work here ({why}); "
+            f"unset it to use the strongest level that does"
+        )
     # Every program would fail and every reward be 0: a run must not go on silently.
-    raise RunError(f"the code sandbox cannot run {python} ({why}); "
-                   "set GSPO_SANDBOX_PYTHON to an interpreter that any user may execute")
+    raise RunError(
+        f"the code sandbox cannot run {python} ({why}); "
+        "set GSPO_SANDBOX_PYTHON to an interpreter that any user may execute"
+    )
 
 
 # Sandbox slots: each concurrent run gets a distinct uid (see the module docstring).
@@ -215,8 +211,9 @@ def _slot():
         _slot_queue.put(slot)
 
 
-def run_program(code: str, stdin: str = "", *, timeout_s: float = 2.0, memory_mb: int = 256,
-                output_limit_bytes: int = 1 << 20) -> RunResult:
+def run_program(
+    code: str, stdin: str = "", *, timeout_s: float = 2.0, memory_mb: int = 256, output_limit_bytes: int = 1 << 20
+) -> RunResult:
     """Run `code` with `stdin` in the sandbox. `timeout_s` is wall-clock seconds;
     `memory_mb` caps the address space of each process; stdout and stderr are each cut at
     `output_limit_bytes` (status "output_limit" when exceeded). Never raises for anything
@@ -251,8 +248,16 @@ def _run(iso: Isolation, code: str, stdin: str, timeout_s: float, memory_mb: int
         t0 = time.monotonic()
         with open(io / "stdin", "rb") as fin, open(io / "stdout", "wb") as fout, open(io / "stderr", "wb") as ferr:
             try:
-                proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, env=_ENV, cwd=io_dir,
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=fin,
+                    stdout=fout,
+                    stderr=ferr,
+                    env=_ENV,
+                    cwd=io_dir,
+                    start_new_session=True,
+                    close_fds=True,
+                )
             except OSError as err:
                 return RunResult("runtime_error", "", f"could not start sandbox: {err}", None, 0.0)
             rc: int | None = _wait(proc, timeout_s)
@@ -312,8 +317,9 @@ def _kill_uid(uid: int) -> None:
     """SIGKILL every process running as `uid`: kill(-1) sent *as* that uid reaches exactly
     those (and, unlike a /proc scan, cannot miss a child forked meanwhile)."""
     argv = ["setpriv", f"--reuid={uid}", f"--regid={NOGROUP}", "--clear-groups", "--", "/bin/sh", "-c", "kill -9 -1"]
-    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env=_ENV, check=False)
+    subprocess.run(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_ENV, check=False
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -384,8 +390,8 @@ def run_many(jobs: Sequence[Job], *, total_timeout_s: float | None = None) -> li
             timeout = min(timeout, deadline - time.monotonic())
             if timeout <= 0:
                 return RunResult("timeout", "", "not run: the batch time cap was reached", None, 0.0)
-        return run_program(job.code, job.stdin, timeout_s=timeout, memory_mb=job.memory_mb,
-                           output_limit_bytes=job.output_limit_bytes)
+        return run_program(
+            job.code, job.stdin, timeout_s=timeout, memory_mb=job.memory_mb, output_limit_bytes=job.output_limit_bytes
+        )
 
     return list(_shared_pool().map(one, jobs))
-

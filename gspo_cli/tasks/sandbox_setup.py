@@ -26,7 +26,7 @@ NOGROUP = 65534
 ISOLATES = {
     "root": "PID, network and mount namespaces, read-only root, private /tmp, a uid of its own per program",
     "rootless": "PID, network and mount namespaces in a user namespace, read-only root, private /tmp; "
-                "runs as the judging user, not a uid of its own",
+    "runs as the judging user, not a uid of its own",
     "basic": "rlimits, killed as a session, private working directory; NO network, PID or filesystem isolation",
 }
 
@@ -89,9 +89,11 @@ def wrapper_argv(iso: Isolation, uid: int, workdir: str | None, limits: dict[str
             # ordinary user would: `unshare -r` straight from root would map real uid 0.
             ns = [*drop.split(), *ns]
     hides = "".join(f"mount -t tmpfs -o ro,size=16k,mode=0755 tmpfs {shlex.quote(d)} && " for d in iso.hidden)
-    mounts = (f"{hides}mount -o remount,bind,ro / && "
-              "mount -t tmpfs -o size=32m,mode=1777,nosuid,nodev tmpfs /tmp && "
-              "{ [ ! -d /dev/shm ] || mount -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs /dev/shm; }")
+    mounts = (
+        f"{hides}mount -o remount,bind,ro / && "
+        "mount -t tmpfs -o size=32m,mode=1777,nosuid,nodev tmpfs /tmp && "
+        "{ [ ! -d /dev/shm ] || mount -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs /dev/shm; }"
+    )
     # `; exit $?` keeps sh from exec-ing the program: sh must stay PID 1 of the namespace
     # so that killing it takes every descendant down.
     script = f"{mounts} && cd /tmp && unset OLDPWD && {ulimits} || exit {SETUP_FAILED}\n{py}; exit $?"

@@ -20,5 +20,3 @@ from gspo_cli.tasks import make_task
 def tiny_source() -> str:
     spec = tiny_spec()
     return resolve_model_source(spec.model, make_task(spec.task.name, spec.task.params), log=lambda m: None)
-
-

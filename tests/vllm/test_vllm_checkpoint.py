@@ -10,11 +10,21 @@ from vllm_tiny import PROMPTS, tiny_spec
 from gspo_cli.models import load_model
 from gspo_cli.rollout import make_engine, response_logprobs
 
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
-            "Q: {{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
+    "Q: {{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+)
 # What generate would apply from the checkpoint; vLLM must not (generation_config="vllm").
-SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_k": 3, "top_p": 0.5, "min_p": 0.3,
-                     "repetition_penalty": 1.5, "max_new_tokens": 3, "min_new_tokens": 5}
+SAMPLING_DEFAULTS = {
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_k": 3,
+    "top_p": 0.5,
+    "min_p": 0.3,
+    "repetition_penalty": 1.5,
+    "max_new_tokens": 3,
+    "min_new_tokens": 5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +32,12 @@ def chat(tiny_source, tmp_path_factory):
     spec = tiny_spec(rollout={**tiny_spec().rollout.model_dump(), "system_prompt": "be brief", "max_new_tokens": 24})
     vocab = load_model(tiny_source, spec.model).tokenizer.get_vocab()
     extra = [vocab["x"], vocab["{"]]  # written early in most of its answers to this template
-    path = edited_model_copy(tiny_source, tmp_path_factory.mktemp("chat") / "m",
-                             tokenizer_config={"chat_template": TEMPLATE},
-                             generation_config={**SAMPLING_DEFAULTS, "eos_token_id": extra})
+    path = edited_model_copy(
+        tiny_source,
+        tmp_path_factory.mktemp("chat") / "m",
+        tokenizer_config={"chat_template": TEMPLATE},
+        generation_config={**SAMPLING_DEFAULTS, "eos_token_id": extra},
+    )
     lm = load_model(str(path), spec.model)
     engine = make_engine(spec.rollout, lm.model, lm.tokenizer, model_dir=str(path), seed=0)
     yield lm, engine, extra

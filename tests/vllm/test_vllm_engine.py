@@ -32,12 +32,19 @@ def _diff(engine_logp, trainer_logp, mask):
 def _hf_greedy(lm, prompts, max_new):
     tok = lm.tokenizer
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    out = lm.model.generate(**enc, do_sample=False, max_new_tokens=max_new, top_k=0, top_p=1.0,
-                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    resp = out[:, enc.input_ids.shape[1]:]
+    out = lm.model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=max_new,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    resp = out[:, enc.input_ids.shape[1] :]
     rows = []
     for r in resp.tolist():  # up to and including EOS, as the engines' response masks
-        rows.append(r[:r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r)
+        rows.append(r[: r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r)
     return rows
 
 

@@ -18,8 +18,10 @@ from gspo_cli.spec_loading import dump_spec
 # the tiny model was cold-started on, both engines then pick the argmax. Exact greedy (T = 0)
 # is not an evaluation setting `gspo eval` accepts.
 NEAR_GREEDY = "0.001"
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
-            "Q: {{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]{% else %}"
+    "Q: {{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+)
 
 
 def _run_dir(path, model_dir, **rollout):
@@ -32,8 +34,25 @@ def _run_dir(path, model_dir, **rollout):
 
 
 def _eval(target, engine, *extra):
-    res = CliRunner().invoke(app, ["eval", str(target), "--limit", "12", "--samples", "2", "--temperature", NEAR_GREEDY,
-                                   "--out", str(target / engine), "--engine", engine, "--quiet", *extra])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            str(target),
+            "--limit",
+            "12",
+            "--samples",
+            "2",
+            "--temperature",
+            NEAR_GREEDY,
+            "--out",
+            str(target / engine),
+            "--engine",
+            engine,
+            "--quiet",
+            *extra,
+        ],
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads((target / engine / "eval_summary.json").read_text())
     rows = [json.loads(line) for line in (target / engine / "eval_problems.jsonl").read_text().splitlines()]
@@ -48,10 +67,12 @@ def chat_model(tiny_source, tmp_path_factory):
     from transformers import AutoTokenizer
 
     vocab = AutoTokenizer.from_pretrained(tiny_source).get_vocab()
-    return edited_model_copy(tiny_source, tmp_path_factory.mktemp("chat") / "m",
-                             tokenizer_config={"chat_template": TEMPLATE},
-                             generation_config={"eos_token_id": [vocab["{"]], "temperature": 0.3,
-                                                "top_k": 2, "max_new_tokens": 3})
+    return edited_model_copy(
+        tiny_source,
+        tmp_path_factory.mktemp("chat") / "m",
+        tokenizer_config={"chat_template": TEMPLATE},
+        generation_config={"eos_token_id": [vocab["{"]], "temperature": 0.3, "top_k": 2, "max_new_tokens": 3},
+    )
 
 
 @pytest.mark.parametrize("model", ["plain", "chat"])
@@ -65,8 +86,11 @@ def test_vllm_and_hf_evaluate_alike(tmp_path, tiny_source, chat_model, model):
     hf, hf_completions = _eval(run, "hf")
     vl, vl_completions = _eval(run, "vllm", "--vllm-arg", "max_num_seqs=8")
     assert (vl["engine"], vl["vllm_args"], hf["engine"]) == ("vllm", {"max_num_seqs": 8}, "hf")
-    assert vl["sampling"] == hf["sampling"] == {"samples": 2, "temperature": 0.001, "top_p": 1.0, "max_tokens": 16,
-                                                "seed": 0}
+    assert (
+        vl["sampling"]
+        == hf["sampling"]
+        == {"samples": 2, "temperature": 0.001, "top_p": 1.0, "max_tokens": 16, "seed": 0}
+    )
     assert vl_completions == hf_completions
     assert vl["scores"] == hf["scores"]
     texts = [c for cs in vl_completions.values() for c in cs]
@@ -80,8 +104,9 @@ def test_vllm_and_hf_evaluate_alike(tmp_path, tiny_source, chat_model, model):
 
 def test_missing_vllm_is_one_line(tiny_source, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now fails, as where it is not installed
-    res = CliRunner().invoke(app, ["eval", tiny_source, "--task", "arithmetic", "--engine", "vllm",
-                                   "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app, ["eval", tiny_source, "--task", "arithmetic", "--engine", "vllm", "--out", str(tmp_path)]
+    )
     assert res.exit_code == 2 and res.stdout == ""
     assert res.stderr.startswith("error: --engine: vllm is not installed") and res.stderr.count("\n") == 1
     assert not (tmp_path / "eval_summary.json").exists()

@@ -23,13 +23,22 @@ def test_two_processes_train_with_an_engine_each(tmp_path, tiny_source):
     were closed, which fails if closing an engine destroyed the trainer's process group.
     Evaluation samples on rank 0 alone while rank 1 waits: an engine that waited for the
     other process's engine would hang here (the timeout)."""
-    raw = {**TINY, "output_dir": str(tmp_path / "out"),
-           "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
-                    {"name": "grpo", "preset": "paper-grpo", "mini_batches": 2}]}
+    raw = {
+        **TINY,
+        "output_dir": str(tmp_path / "out"),
+        "arms": [
+            {"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
+            {"name": "grpo", "preset": "paper-grpo", "mini_batches": 2},
+        ],
+    }
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(raw))
-    res = subprocess.run(TORCHRUN + ["-m", "gspo_cli", "train", str(spec), "--quiet", "--json"],
-                         capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        TORCHRUN + ["-m", "gspo_cli", "train", str(spec), "--quiet", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert [(r["arm"], r["status"]) for r in json.loads(res.stdout)] == [("gspo", "completed"), ("grpo", "completed")]
     for arm in ("gspo", "grpo"):

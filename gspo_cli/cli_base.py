@@ -1,0 +1,31 @@
+"""What every `gspo` command shares: the error console and the one-line failure."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from gspo_cli.errors import GspoError
+
+err_console = Console(stderr=True)
+
+
+def _fail(err: GspoError) -> None:
+    for i, line in enumerate(str(err).splitlines() or [type(err).__name__]):
+        # soft_wrap: never break a problem over two lines (Rich wraps at 80 columns off a terminal).
+        err_console.print(("error: " if i == 0 else "       ") + line, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(err.exit_code)
+
+
+def _print_table(columns: list[str], rows: list[list]) -> None:
+    from rich.table import Table
+
+    table = Table()
+    for c in columns:
+        table.add_column(c)
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    # Off a terminal (pipes, job logs) Rich would squeeze to 80 columns and cut paths.
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250).print(table)

@@ -1,0 +1,189 @@
+"""The `gspo` commands that read run directories only: list, compare, plot, report.
+
+None imports torch; each renders what gspo_cli.compare / plot / report compute.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from gspo_cli.cli_base import _fail, _print_table, err_console
+from gspo_cli.errors import GspoError, SpecError
+
+
+def list_runs(
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="run or experiment directories")],
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+) -> None:
+    """Show the runs under PATH with status, step, last reward and wall time."""
+    from gspo_cli.runs import find_runs
+
+    rows = []
+    try:
+        for rd in find_runs(paths):
+            info, metrics = rd.info(), rd.metrics()
+            last = metrics[-1] if metrics else {}
+            rows.append(
+                {
+                    "path": str(rd.path),
+                    "status": info.get("status"),
+                    "step": info.get("step", 0),
+                    "total_steps": info.get("total_steps"),
+                    "reward_last": last.get("reward/mean"),
+                    "wall_s": info.get("wall_s"),
+                }
+            )
+    except GspoError as err:
+        _fail(err)
+    if not rows:
+        _fail(SpecError(f"no run directories (with run.json) under {', '.join(map(str, paths))}"))
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    _print_table(
+        ["path", "status", "step", "reward (last)", "wall s"],
+        [
+            [
+                r["path"],
+                r["status"],
+                f"{r['step']}/{r['total_steps']}",
+                "" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
+                r["wall_s"] or "",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _split_list(values: list[str] | None) -> list[str] | None:
+    """--metrics a,b --metrics c -> [a, b, c]; None when not given."""
+    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    return out or None
+
+
+def compare(
+    paths: Annotated[
+        list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")
+    ],
+    group_by: Annotated[
+        str,
+        typer.Option(
+            "--group-by",
+            "-g",
+            help="arm (default), experiment, or a spec field: clip_high, arms.0.loss, rollout.group_size",
+        ),
+    ] = "arm",
+    metrics: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--metrics",
+            "-m",
+            help="columns, comma-separated or repeated: steps, reward, "
+            "accuracy, eval, threshold, clip, clip_low, clip_high, expert_change, kl, "
+            "entropy, length, grad_norm, step_time, wall, or a metric key",
+        ),
+    ] = None,
+    last: Annotated[
+        int, typer.Option("--last", help="final train reward = mean of the last N steps (also the threshold window)")
+    ] = 10,
+    threshold: Annotated[
+        Optional[float], typer.Option("--threshold", help="add steps and time to reach this train reward")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, markdown, csv or json")] = "table",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write to this file instead of stdout")] = None,
+) -> None:
+    """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
+
+    Reads run directories only (never a model); running or dead runs count with what is on disk.
+    """
+    from gspo_cli import compare as cmp
+
+    try:
+        if fmt not in cmp.FORMATS:
+            raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(cmp.FORMATS)})")
+        result = cmp.compare_runs(
+            paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold
+        )
+    except GspoError as err:
+        _fail(err)
+    if out is None and fmt == "table":
+        console = Console()
+        console.print(cmp.rich_table(result))
+        for note in result.notes:
+            console.print(note, style="dim", markup=False, highlight=False)
+        return
+    text = cmp.render(result, fmt)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        err_console.print(f"wrote {out}", markup=False, highlight=False)
+
+
+def plot(
+    paths: Annotated[
+        list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")
+    ],
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="output folder (default: <experiment dir>/plots)")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="png, svg or pdf")] = "png",
+    metrics: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--metrics",
+            "-m",
+            help="figures, comma-separated or repeated: reward, "
+            "reward_time, eval, clip, expert_change, kl, entropy, length, grad_norm",
+        ),
+    ] = None,
+    x: Annotated[
+        str, typer.Option("--x", help="x axis: step, time (training seconds) or tokens (response tokens)")
+    ] = "step",
+    smooth: Annotated[
+        float, typer.Option("--smooth", help="EMA weight in [0, 1) applied to each seed before averaging; 0: off")
+    ] = 0.0,
+    group_by: Annotated[str, typer.Option("--group-by", "-g", help="as for `compare`")] = "arm",
+) -> None:
+    """Draw reward, eval, clip-fraction, expert-change, KL, entropy, length and grad-norm
+    curves from run directories: one line per arm, mean over seeds with a 95% CI band."""
+    from gspo_cli.plot import plot_runs
+
+    try:
+        written, skipped = plot_runs(
+            paths, out=out, fmt=fmt, metrics=_split_list(metrics), x=x, smooth=smooth, group_by=group_by
+        )
+    except GspoError as err:
+        _fail(err)
+    for name in skipped:
+        err_console.print(f"skipped {name}: no run logs it", markup=False, highlight=False)
+    for path in written:
+        typer.echo(str(path))
+
+
+def report(
+    experiment: Annotated[Path, typer.Argument(help="an experiment directory, e.g. results/paper_tiny")],
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out", "-o", help="Markdown file (default: <experiment>/REPORT.md); figures go to figures/ beside it"
+        ),
+    ] = None,
+    last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps")] = 25,
+    smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
+) -> None:
+    """The GSPO paper's four findings checked on an experiment's runs: compare's table, plot's
+    figures, and per finding a difference of arm means with a 95% CI and a verdict."""
+    from gspo_cli.report import write_report
+
+    try:
+        path = write_report(experiment, out, last=last, smooth=smooth)
+    except GspoError as err:
+        _fail(err)
+    typer.echo(str(path))
