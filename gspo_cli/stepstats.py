@@ -20,6 +20,7 @@ from gspo_cli import distributed
 from gspo_cli.algorithms import zero_variance_group_frac
 from gspo_cli.distributed import DistInfo
 from gspo_cli.metrics import LOSS_STAT_KEYS
+from gspo_cli.rollout.base import logprob_gaps
 
 
 class StepStats:
@@ -89,8 +90,9 @@ def _combine(vals: list[tuple]):
 
 
 def record_gap(stats: StepStats, engine_logp_BC, trainer_logp_BC, mask_BC) -> None:
-    """|sampler - trainer| log-prob over response tokens: token-weighted mean and max."""
-    diff = (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+    """|sampler - trainer| log-prob over response tokens (rollout.base.logprob_gaps):
+    token-weighted mean and max, as parts that add up across ranks."""
+    diff = logprob_gaps(engine_logp_BC, trainer_logp_BC, mask_BC)
     stats.mean("rollout/logprob_diff_mean", diff.sum().item(), diff.numel())
     stats.max("rollout/logprob_diff_max", diff.max().item() if diff.numel() else 0.0)
 

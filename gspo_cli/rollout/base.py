@@ -81,13 +81,17 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with
     return LogProbs(logp=logp_BC, entropy=ent_BC, aux_loss=getattr(out, "aux_loss", None))
 
 
+def logprob_gaps(engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
+    """|engine - trainer| log-prob (nats, float32) of every response token, flat (N,): the
+    sampler/trainer gap that biases every importance ratio before any update. Both (B, C)."""
+    return (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+
+
 def logprob_mismatch(
     engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor, mask_BC: torch.Tensor
 ) -> dict[str, float]:
-    """How far the rollout engine's log-probs are from the trainer's for the same tokens:
-    mean and max of |engine - trainer| over response tokens (nats). Both (B, C); an
-    empty mask gives zeros. A gap here biases every importance ratio before any update."""
-    diff = (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+    """Mean and max of `logprob_gaps` over response tokens (nats); an empty mask gives zeros."""
+    diff = logprob_gaps(engine_logp_BC, trainer_logp_BC, mask_BC)
     if diff.numel() == 0:
         return {"rollout/logprob_diff_mean": 0.0, "rollout/logprob_diff_max": 0.0}
     return {"rollout/logprob_diff_mean": diff.mean().item(), "rollout/logprob_diff_max": diff.max().item()}
