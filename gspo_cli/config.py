@@ -200,6 +200,12 @@ class OptimizerConfig(_Strict):
     beta2: float = Field(0.999, ge=0, lt=1)
     grad_clip: float = Field(1.0, gt=0)
     warmup_steps: int = Field(0, ge=0)
+    router_lr_scale: float = Field(
+        1.0,
+        gt=0,
+        description="MoE only: the routers' learning rate is lr x this (1: one rate for all weights); "
+        "a router that moves faster than the rest of the network flips more expert choices per update",
+    )
 
 
 class DivergenceConfig(_Strict):

@@ -97,6 +97,19 @@ def describe(key: str) -> tuple[str, str]:
         return METRICS[key]
     if key.startswith("eval/"):
         return (f"held-out score {key[5:]}", "score")
+    if key.startswith("ratio/logvar_mb"):
+        return (
+            f"variance of token log(pi_theta / pi_old) over the response tokens of mini-batch {key[15:]} of the "
+            "step (0: the on-policy one)",
+            "nats^2",
+        )
+    if key.startswith("ratio/logvar_len_"):
+        lo, hi = key[17:].split("_")
+        return (
+            f"variance of token log(pi_theta / pi_old) over the tokens of responses {lo}-{hi} tokens long, "
+            "all mini-batches",
+            "nats^2",
+        )
     return (key, "")
 
 

@@ -81,6 +81,56 @@ FIGURES: dict[str, FigureSpec] = {
 }
 
 
+# Profiles: one point per bucket of a metric family (mean over each run's steps), not a curve
+# over training. The GSPO paper's diagnostic: token log-ratio variance by response length and
+# by mini-batch index (later mini-batches are further off-policy).
+PROFILES: dict[str, tuple[str, str, str]] = {
+    # figure id: (metric prefix, title, x label)
+    "logvar_length": (
+        "ratio/logvar_len_",
+        "Token log-ratio variance by response length",
+        "response length bucket [tokens]",
+    ),
+    "logvar_minibatch": (
+        "ratio/logvar_mb",
+        "Token log-ratio variance by mini-batch",
+        "mini-batch index within the step (0: on-policy)",
+    ),
+}
+
+
+def _profile_buckets(groups: list[Group], prefix: str) -> list[str]:
+    """The bucket suffixes any run logs under `prefix`, in numeric order."""
+    found = {c[len(prefix) :] for g in groups for r in g.runs for c in r.metrics.columns if c.startswith(prefix)}
+    return sorted(found, key=lambda b: [int(t) if t.isdigit() else float("inf") for t in b.split("_")])
+
+
+def profile_panel(fid: str, groups: list[Group], colours: dict) -> Panel | None:
+    """Mean over seeds (± 95% CI) of each run's mean over steps, per bucket of the family."""
+    prefix, title, xlabel = PROFILES[fid]
+    buckets = _profile_buckets(groups, prefix)
+    if not buckets:
+        return None
+    pos = pd.Series(np.arange(len(buckets), dtype=float))
+    curves = []
+    for g in groups:
+        ys = {}
+        for i, run in enumerate(g.runs):
+            vals = [run.series(prefix + b).dropna().mean() if prefix + b in run.metrics else np.nan for b in buckets]
+            ys[i] = pd.Series(vals, index=pos.index, dtype=float)
+        curves.append((g, _curve(ys, {i: pos for i in ys})))
+
+    def draw(ax: Axes) -> None:
+        ax.set_yscale("log", nonpositive="clip")
+        for g, c in curves:
+            if c is not None:
+                _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
+        ax.set_xticks(pos.to_numpy(), [b.replace("_inf", "+").replace("_", "-") for b in buckets])
+        _finish(ax, title, xlabel, "var log(π_θ/π_old), mean over steps", groups)
+
+    return Panel(fid, draw)
+
+
 @dataclass
 class Curve:
     """Seed statistics along x: mean, band [lo, hi] (NaN where < 2 seeds), seeds per point n."""
@@ -254,14 +304,16 @@ def build_plot(groups: list[Group], metrics: list[str] | None = None, x: str = "
     if not 0 <= smooth < 1:
         raise SpecError(f"--smooth: the EMA weight must be in [0, 1), got {smooth}")
     for fid in metrics or []:
-        if fid not in FIGURES:
-            raise SpecError(f"--metrics: unknown figure {fid!r} (known: {', '.join(FIGURES)})")
+        if fid not in FIGURES and fid not in PROFILES:
+            raise SpecError(f"--metrics: unknown figure {fid!r} (known: {', '.join([*FIGURES, *PROFILES])})")
     colours = group_colours(groups)
     out = Plot([])
-    for fid in metrics or FIGURES:
+    for fid in metrics or [*FIGURES, *PROFILES]:
         if fid == "reward_time" and x == "time" and not metrics:
             continue  # the reward figure already is reward vs time
-        if fid == "eval":
+        if fid in PROFILES:
+            panels = [p] if (p := profile_panel(fid, groups, colours)) is not None else []
+        elif fid == "eval":
             tasks = sorted({t for g in groups for r in g.runs for t in r.eval_scores.task})
             panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x)) is not None]
         else:
@@ -269,7 +321,7 @@ def build_plot(groups: list[Group], metrics: list[str] | None = None, x: str = "
         out.panels += panels
         out.skipped += [] if panels else [fid]
     if not out.panels:
-        raise SpecError("nothing to plot: no run logs any of " + ", ".join(metrics or FIGURES))
+        raise SpecError("nothing to plot: no run logs any of " + ", ".join(metrics or [*FIGURES, *PROFILES]))
     return out
 
 

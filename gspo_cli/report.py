@@ -22,6 +22,7 @@ import numpy as np
 from gspo_cli.compare import Comparison, compare_runs, render
 from gspo_cli.errors import SpecError
 from gspo_cli.plot import plot_runs
+from gspo_cli.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
 from gspo_cli.rundata import Group, Run, group_runs, load_runs, t975
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
@@ -39,7 +40,17 @@ TABLE_METRICS = [
     "step_time",
     "wall",
 ]
-FIGURES = ["reward", "reward_time", "eval", "clip", "expert_change", "engine_route_diff", "mismatch"]
+FIGURES = [
+    "reward",
+    "reward_time",
+    "eval",
+    "clip",
+    "expert_change",
+    "engine_route_diff",
+    "mismatch",
+    "logvar_length",
+    "logvar_minibatch",
+]
 FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
 PAPER_EXPERT_CHANGE = 0.10
@@ -89,7 +100,7 @@ class Diff:
     def text(self, fmt: str = "+.3f") -> str:
         if not math.isfinite(self.delta):
             return "n/a"
-        ci = f" ± {self.ci95:.3f}" if math.isfinite(self.ci95) else " (no CI)"
+        ci = f" ± {self.ci95:{fmt.lstrip('+')}}" if math.isfinite(self.ci95) else " (no CI)"
         word = {1: "significant", -1: "significant", 0: "not resolved"}[self.significant]
         return f"{self.delta:{fmt}}{ci} ({word})"
 
@@ -188,9 +199,11 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += render(comp, "markdown").rstrip("\n").splitlines()
     lines += [""]
     lines += _ratio_lines(roles, comp)
+    lines += diagnostic_lines(groups)
     lines += ["## Findings", ""]
     lines += _findings(roles, comp, diff, vals, eval_col, eval_label, runs)
-    lines += ["", RULES]
+    lines += stability_finding(roles, welch_diff)
+    lines += ["", RULES + STABILITY_RULE]
     lines += ["## Figures", ""]
     for p in written:
         lines += [f"![{p.stem}]({rel(p)})", ""]

@@ -43,7 +43,7 @@ from gspo_cli.models.routing import (
 )
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
 from gspo_cli.rollout.base import LogProbs
-from gspo_cli.stepstats import StepStats, record_batch, record_gap, record_update
+from gspo_cli.stepstats import StepStats, record_batch, record_gap, record_logratio_var, record_update
 from gspo_cli.tasks import Task
 
 
@@ -111,7 +111,10 @@ def setup(
     train_model = distributed.wrap(model, dist_info, spec.model.sharding)  # before the optimizer sees parameters
     opt_cfg = spec.optimizer
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=opt_cfg.lr, betas=(opt_cfg.beta1, opt_cfg.beta2), weight_decay=opt_cfg.weight_decay
+        _param_groups(model, routing, opt_cfg.lr, opt_cfg.router_lr_scale, spec.model.name),
+        lr=opt_cfg.lr,
+        betas=(opt_cfg.beta1, opt_cfg.beta2),
+        weight_decay=opt_cfg.weight_decay,
     )
     warm = opt_cfg.warmup_steps * arm.mini_batches * arm.epochs  # warmup counted in rollout steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
@@ -145,6 +148,21 @@ def setup(
         train_model=train_model,
         compute=functools.partial(compute_context, spec.model.dtype, spec.model.device),
     )
+
+
+def _param_groups(model, routing, lr: float, router_scale: float, model_name: str) -> list[dict]:
+    """AdamW parameter groups: one, or (optimizer.router_lr_scale != 1) the routers' weights
+    in a second group at lr x router_scale. A router scale on a dense model is a spec error."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if router_scale == 1.0:
+        return [{"params": params}]
+    if routing is None:
+        raise SpecError(f"optimizer.router_lr_scale: {router_scale} needs an MoE model; {model_name} has no routers")
+    router_ids = {id(p) for r in routing.routers for p in r.parameters()}
+    return [
+        {"params": [p for p in params if id(p) not in router_ids]},
+        {"params": [p for p in params if id(p) in router_ids], "lr": lr * router_scale},
+    ]
 
 
 def train_step(ctx: Ctx, step: int) -> dict:
@@ -234,6 +252,7 @@ def learn(
                 step=step,
                 route_mask_BT=route_mask_BT,
                 weights_BC=weights_BC,
+                minibatch=n_updates + skipped,
             )
             n_updates += done
             skipped += not done
@@ -336,6 +355,7 @@ def _update(
     step: int,
     route_mask_BT: torch.Tensor,
     weights_BC=None,
+    minibatch: int = 0,
 ) -> bool:
     """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
     its statistics go into `stats`. `weights_BC` (B, C): the mismatch correction's per-token
@@ -388,6 +408,7 @@ def _update(
     ctx.optimizer.step()
     ctx.scheduler.step()
     record_update(stats, loss, loss_stats, extra, grad_norm, m_bc)
+    record_logratio_var(stats, new.logp, old_logp_BC[rows], m_bc, minibatch)
     if routes_now is not None and route_key is not None:
         tokens_N = route_mask_BT[rows].reshape(-1)
         frac = expert_change_frac(routes_from_BT(old_routes[:, rows]), routes_now, tokens_N)

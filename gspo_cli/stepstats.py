@@ -54,6 +54,12 @@ class StepStats:
         _, n, s1, s2 = self.parts.get(key, ("std", 0, 0.0, 0.0))
         self.parts[key] = ("std", n + len(values), s1 + sum(values), s2 + sum(v * v for v in values))
 
+    def var(self, key: str, values) -> None:
+        """Population variance of all ranks' `values` (a 1-D tensor or list) together."""
+        vals = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        _, n, s1, s2 = self.parts.get(key, ("var", 0, 0.0, 0.0))
+        self.parts[key] = ("var", n + vals.numel(), s1 + vals.sum().item(), s2 + (vals * vals).sum().item())
+
     def reduce(self, info: DistInfo) -> dict:
         """The step's metrics over every rank, as plain numbers."""
         ranks = distributed.gather_objects(self.parts, info)
@@ -82,6 +88,9 @@ def _combine(vals: list[tuple]):
         if n < 2:
             return 0.0
         return math.sqrt(max(s2 - s1 * s1 / n, 0.0) / (n - 1))
+    if kind == "var":
+        n, s1, s2 = (sum(v[i] for v in vals) for i in (1, 2, 3))
+        return max(s2 / n - (s1 / n) ** 2, 0.0) if n else None
     raise ValueError(f"unknown reduction {kind!r}")
 
 
@@ -95,6 +104,34 @@ def record_gap(stats: StepStats, engine_logp_BC, trainer_logp_BC, mask_BC) -> No
     diff = logprob_gaps(engine_logp_BC, trainer_logp_BC, mask_BC)
     stats.mean("rollout/logprob_diff_mean", diff.sum().item(), diff.numel())
     stats.max("rollout/logprob_diff_max", diff.max().item() if diff.numel() else 0.0)
+
+
+# Response-length buckets of the log-ratio diagnostic: (lo, hi] in tokens, the last open-ended.
+LOGVAR_LENGTH_EDGES = (16, 32, 64, 128, 256)
+
+
+def logvar_length_key(length: int) -> str:
+    """`ratio/logvar_len_<lo>_<hi>` for a response of `length` tokens (the last bucket: `_<lo>_inf`)."""
+    lo = 0
+    for hi in LOGVAR_LENGTH_EDGES:
+        if length <= hi:
+            return f"ratio/logvar_len_{lo + 1}_{hi}"
+        lo = hi
+    return f"ratio/logvar_len_{lo + 1}_inf"
+
+
+def record_logratio_var(stats: StepStats, new_logp_BC, old_logp_BC, mask_BC, minibatch: int) -> None:
+    """The paper's diagnostic: the variance of token log-ratios log(pi_theta / pi_old) over the
+    response tokens of a mini-batch, by the mini-batch's index in the step (0: on-policy; later
+    ones drift further) and by each response's length bucket. (B, C) tensors; `mask_BC` 1 on
+    response tokens."""
+    logr_BC = (new_logp_BC.detach().float() - old_logp_BC.float()) * mask_BC
+    on = mask_BC > 0
+    stats.var(f"ratio/logvar_mb{minibatch}", logr_BC[on])
+    keys = [logvar_length_key(int(n)) if n else None for n in mask_BC.sum(-1).tolist()]
+    for key in dict.fromkeys(k for k in keys if k is not None):
+        rows = torch.tensor([k == key for k in keys])
+        stats.var(key, logr_BC[rows][on[rows]])
 
 
 def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_size: int, lr: float) -> None:

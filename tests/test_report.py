@@ -30,6 +30,7 @@ def _write(
     change: float,
     status: str = "completed",
     evals: tuple[float, float] | None = None,
+    extra: dict | None = None,
 ) -> None:
     d = root / "paper" / arm / f"seed{seed}"
     d.mkdir(parents=True)
@@ -50,6 +51,7 @@ def _write(
             "moe/expert_change_frac": change,
             "time/step_s": 1.0,
             "time/elapsed_s": float(t),
+            **(extra or {}),
         }
         for t in range(1, STEPS + 1)
     ]
@@ -196,3 +198,40 @@ def test_cli_report_and_bad_input(tmp_path):
     assert res.exit_code == 2 and "not a directory" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["report", str(exp), "-o", str(exp / "REPORT.md" / "R.md")])  # parent is a file
     assert res.exit_code == 2 and "cannot write" in res.output and "Traceback" not in res.output
+
+
+def _logvar_experiment(root: Path, grpo_var: tuple[float, ...], other_var: float, grpo_status=("completed",) * 3):
+    """grpo / grpo_rr / gspo, 3 seeds; mini-batch 0 on-policy (1e-10), mini-batches 1-3 at the
+    seed's variance, length buckets 1-16 and 33-64 at 1x and 3x it."""
+    for arm, loss, replay in (("grpo", "grpo", "off"), ("grpo_rr", "grpo", "r2"), ("gspo", "gspo", "off")):
+        for seed in range(3):
+            v = grpo_var[seed] if arm == "grpo" else other_var * (1 + 0.1 * seed)
+            extra = {"ratio/logvar_mb0": 1e-10, **{f"ratio/logvar_mb{i}": v for i in (1, 2, 3)}}
+            extra |= {"ratio/logvar_len_1_16": v, "ratio/logvar_len_33_64": 3 * v}
+            status = grpo_status[seed] if arm == "grpo" else "completed"
+            _write(root, arm, loss, replay, seed, 0.3, 0.01, 0.05, status, extra=extra)
+    return root / "paper"
+
+
+def test_ratio_diagnostic_tables_and_finding_5(tmp_path):
+    exp = _logvar_experiment(tmp_path, (1.0e-3, 1.2e-3, 1.4e-3), 1e-4)
+    text = write_report(exp).read_text()
+    # seed means: grpo 1.2e-3 (buckets 1.2e-3 and 3.6e-3), others 1.1e-4 / 3.3e-4
+    assert "| arm | length 1-16 | length 33-64 |" in text
+    assert "| grpo | 0.0012 | 0.0036 |" in text and "| gspo | 0.00011 | 0.00033 |" in text
+    assert "| grpo | 1e-10 | 0.0012 | 0.0012 | 0.0012 |" in text
+    assert "**5. Without routing replay GRPO's token ratios are noisier and it trains less stably — holds.**" in text
+    # Welch: grpo (1.0, 1.2, 1.4)e-3 vs (1.0, 1.1, 1.2)e-4: delta 1.09e-3
+    assert "GRPO − GRPO+RR +0.00109 ±" in text
+    assert "GRPO 3x, GRPO + routing replay 3x, GSPO 3x" in text
+    assert "Finding 5 (without routing replay" in text
+    for fig in ("logvar_length", "logvar_minibatch"):
+        assert (exp / "figures" / f"{fig}.png").stat().st_size > 1000
+
+
+def test_finding_5_does_not_hold_and_diverged_grpo_counts(tmp_path):
+    text = write_report(_logvar_experiment(tmp_path / "a", (1e-4, 2e-4, 3e-4), 1e-4)).read_text()
+    assert "trains less stably — does not hold.**" in text
+    diverged = _logvar_experiment(tmp_path / "b", (1e-4, 2e-4, 3e-4), 1e-4, ("completed", "diverged", "completed"))
+    text = write_report(diverged).read_text()
+    assert "trains less stably — holds.**" in text and "GRPO 1/3, GRPO + routing replay 0/3, GSPO 0/3" in text

@@ -79,3 +79,34 @@ def test_default_score_batch_is_score_for_each_pair():
     batch = task.score_batch(probs, comps)
     assert batch == [task.score(p, c) for p, c in zip(probs, comps)]
     assert [s.correct for s in batch] == [True, False, True, False][: len(probs)]
+
+
+def test_arithmetic_rewrite_style_hand_written_and_self_consistent():
+    rewrite = make_task("arithmetic", {"num_operands": 4, "max_operand": 9, "style": "rewrite"})
+    steps = make_task("arithmetic", {"num_operands": 4, "max_operand": 9})
+    a, b = rewrite.train_problems(random.Random(2), 30), steps.train_problems(random.Random(2), 30)
+    assert [p.id for p in a] == [p.id for p in b]  # the same problems, only the worked solution differs
+    for p in a:
+        lines = p.solution.split(" ")
+        assert lines[-1] == rf"\boxed{{{p.answer}}}" and len(lines) == 4  # 3 rewrites + the answer
+        # every rewrite is an expression equal to the problem's value
+        assert all(eval(line[1:]) == int(p.answer) for line in lines[:-1])  # noqa: S307 - our own expressions
+        assert lines[-2] == f"={p.answer}"
+        assert rewrite.score(p, p.solution).correct
+
+    class Scripted:  # hands out 5, 2, 7, 1 and then -, +, +
+        def __init__(self):
+            self.nums, self.ops = [5, 2, 7, 1], ["-", "+", "+"]
+
+        def randint(self, lo, hi):
+            return self.nums.pop(0)
+
+        def choice(self, options):
+            return self.ops.pop(0)
+
+    made = rewrite._make(Scripted())
+    assert (made.id, made.answer) == ("5-2+7+1", "11")
+    assert made.solution == r"=3+7+1 =10+1 =11 \boxed{11}"
+    # fingerprints: the default style keeps the pre-existing one (cached cold starts stay valid)
+    assert steps.fingerprint() == 'arithmetic:{"num_operands":4,"max_operand":9,"operators":"+-","format_weight":0.0}'
+    assert rewrite.fingerprint().endswith(',"style":"rewrite"}')

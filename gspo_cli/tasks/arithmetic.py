@@ -8,6 +8,7 @@ set by the number of operands and their size.
 from __future__ import annotations
 
 import random
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +22,12 @@ class ArithmeticParams(BaseModel):
     max_operand: int = Field(99, ge=1, le=10**6)
     operators: str = Field("+-", pattern=r"^[+\-*]+$")
     format_weight: float = Field(0.0, ge=0, le=1, description="reward for a \\boxed{} answer, wrong or right")
+    style: Literal["steps", "rewrite"] = Field(
+        "steps",
+        description="worked solution: steps writes each operation ('3+5=8 8-2=6'); rewrite writes the "
+        "whole remaining expression after each one ('=8-2+7 =6+7 =13'), longer responses in which "
+        "each line is a local edit of the one before",
+    )
 
 
 class ArithmeticTask(Task):
@@ -39,7 +46,15 @@ class ArithmeticTask(Task):
             new = acc + n if o == "+" else acc - n if o == "-" else acc * n
             steps.append(f"{acc}{o}{n}={new}")
             acc = new
-        solution = " ".join(steps) + f" \\boxed{{{acc}}}"
+        if self.p.style == "rewrite":
+            # After operation i, the value so far followed by the operations not yet done.
+            values = [int(st.rsplit("=", 1)[1]) for st in steps]
+            lines = [
+                f"={v}" + "".join(f"{o}{n}" for o, n in zip(ops[i + 1 :], nums[i + 2 :])) for i, v in enumerate(values)
+            ]
+            solution = " ".join(lines) + f" \\boxed{{{acc}}}"
+        else:
+            solution = " ".join(steps) + f" \\boxed{{{acc}}}"
         return Problem(id=expr, prompt=f"{expr}=?\n", answer=str(acc), solution=solution)
 
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
@@ -75,4 +90,5 @@ class ArithmeticTask(Task):
         return Score(reward=reward, correct=correct, components={"correct": float(correct), "format": fmt})
 
     def fingerprint(self) -> str:
-        return f"{self.name}:{self.p.model_dump_json()}"
+        # The default style stays out of the fingerprint: caches made before the field existed stay valid.
+        return f"{self.name}:{self.p.model_dump_json(exclude={'style'} if self.p.style == 'steps' else None)}"
