@@ -6,10 +6,15 @@ import copy
 import math
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import psutil
 import pytest
 import torch
+import yaml
 from helpers import TINY, tiny_model_dir
 from safetensors.torch import load_file
 
@@ -119,6 +124,46 @@ def test_sigterm_then_resume_is_identical(tmp_path, reference):
     assert final.keys() == ref_final.keys()
     assert all(torch.equal(final[k], ref_final[k]) for k in final)
     assert worker_children() == []
+
+
+
+def group_processes(pgid: int) -> list[int]:
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return alive
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_the_cli_stops_cleanly_then_resumes(tmp_path, reference):
+    """Ctrl-C reaches the whole process group, worker included: the trainer still checkpoints
+    and exits 4, nothing of the group survives, and the rerun finishes as if never stopped."""
+    _, ref_rd = reference
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump({**RAW, "output_dir": str(tmp_path / "out")}))
+    rd = RunDir(tmp_path / "out/e2e/grpo_rr/seed0")
+    cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while len(rd.metrics()) < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal landed")
+    assert proc.returncode == 4, err
+    assert "stopped by SIGINT" in err and "Traceback" not in err
+    deadline = time.time() + 10  # the worker exits on its own once its parent is gone
+    while group_processes(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert group_processes(proc.pid) == []
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert strip(rd.metrics()) == strip(ref_rd.metrics())
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ class AsyncSampler:
             name="gspo-rollout-worker",
             daemon=True,  # belt and braces: multiprocessing also ends it at interpreter exit
         )
-        with _no_main_module():
+        with _no_main_module(), _stop_signals_blocked():
             self.proc.start()
         self.outstanding: int | None = None  # step of the request being sampled
 
@@ -154,6 +154,21 @@ def _no_main_module():
             sys.modules["__main__"] = main
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """While the worker starts: SIGINT/SIGTERM blocked (held pending, not lost) in this thread.
+    The child inherits the mask and unblocks only after ignoring them, so a Ctrl-C during its
+    seconds of imports cannot kill it (multiprocessing's resource tracker does the same)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 # ---------------------------------------------------------------------------------------
 # Worker process
 
@@ -168,8 +183,9 @@ def _die_with_parent() -> None:
 
 
 def _worker_main(args: WorkerArgs, shared: dict, requests, results) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _die_with_parent()
     try:
         torch.set_num_threads(args.threads)
