@@ -36,6 +36,8 @@ from gspo_cli.errors import RunError
 POLL_S = 0.5
 # Seeds per step of a run: generation at step k of seed s is seeded s * STRIDE + k.
 SEED_STRIDE = 1_000_003
+# How long (s) `close` lets the worker finish the batch it is sampling before terminating it.
+STOP_TIMEOUT_S = 30
 
 
 def sample_seed(seed: int, step: int) -> int:
@@ -121,7 +123,15 @@ class AsyncSampler:
                 self.requests.put(("stop",))
             except (ValueError, OSError):  # queue already closed
                 pass
-            self.proc.join(timeout=10)
+            # A batch still being sampled is put on `results` before the worker reads "stop";
+            # reading it lets the worker's queue flush, so that it can exit.
+            deadline = time.time() + STOP_TIMEOUT_S
+            while self.proc.is_alive() and time.time() < deadline:
+                try:
+                    self.results.get(timeout=POLL_S)
+                except (queue.Empty, OSError, EOFError):
+                    pass
+            self.proc.join(timeout=POLL_S)
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(timeout=5)
