@@ -66,14 +66,14 @@ class StaleRollouts:
 
     def __init__(self, ctx: Ctx, *, source: str, seed: int, pending: dict | None = None):
         self.steps = ctx.spec.train.steps
+        self.next: Pending | None = Pending(**pending) if pending else None
         self.threads_before = torch.get_num_threads()
         trainer_threads, worker_threads = split_threads(self.threads_before)
-        torch.set_num_threads(trainer_threads)
         args = WorkerArgs(
             source=source, model_cfg=ctx.spec.model, rollout_cfg=ctx.spec.rollout, seed=seed, threads=worker_threads
         )
-        self.sampler = AsyncSampler(args, ctx.model.state_dict())
-        self.next: Pending | None = Pending(**pending) if pending else None
+        self.sampler = AsyncSampler(args, ctx.model.state_dict())  # the last thing that can fail
+        torch.set_num_threads(trainer_threads)
 
     def step(self, ctx: Ctx, step: int) -> dict:
         spec = ctx.spec

@@ -27,8 +27,8 @@ from gspo_cli.models import resolve_model_source
 from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, truncate_jsonl, versions
 from gspo_cli.sinks import make_sinks
-from gspo_cli.stale import CHECKPOINT_KEY, StaleRollouts, check_supported
 from gspo_cli.spec_loading import check_stored_spec, dump_spec
+from gspo_cli.stale import CHECKPOINT_KEY, StaleRollouts, check_supported
 from gspo_cli.step import Ctx, setup, train_step
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals

@@ -126,7 +126,6 @@ def test_sigterm_then_resume_is_identical(tmp_path, reference):
     assert worker_children() == []
 
 
-
 def group_processes(pgid: int) -> list[int]:
     alive = []
     for proc in psutil.process_iter(["pid", "status"]):
