@@ -152,6 +152,14 @@ class RolloutConfig(_Strict):
         "step 1) compare the sampler's log-probs with one full "
         "trainer forward (rollout/logprob_diff_*); 0: never",
     )
+    staleness: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="0: each step samples from the current policy; 1: a separate worker process "
+        "samples step k+1's batch from the weights after step k-1 while step k trains (pi_old is "
+        "that sampling policy; hf engine, one process)",
+    )
     # Prompts as the checkpoint defines them (gspo_cli.models.prompts), in training and evaluation.
     chat_template: Literal["auto", "none"] = Field(
         "auto",
@@ -176,6 +184,8 @@ class RolloutConfig(_Strict):
                 problems.append("vllm: engine arguments given but engine is not vllm")
         elif self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
+        if self.engine == "vllm" and self.staleness:
+            problems.append("staleness: 1 runs an hf sampler in a worker process; not supported with engine: vllm")
         if self.chat_template == "none":
             if self.system_prompt is not None:
                 problems.append("system_prompt: needs a chat template, but chat_template is none")
@@ -381,6 +391,11 @@ def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str
                 f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs: "
                 "rollout.sampler_logprobs: true (hf) or rollout.engine: vllm"
             )
+    if arm.mismatch.mode != "off" and rollout.staleness:
+        problems.append(
+            f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the trainer's forward of the sampling "
+            "weights, which rollout.staleness: 1 does not keep; use staleness 0"
+        )
     if arm.routing_replay == "r3" and hf_without:
         problems.append(
             f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "

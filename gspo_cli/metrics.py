@@ -65,6 +65,15 @@ METRICS: dict[str, tuple[str, str]] = {
         "|sampler - trainer| log-prob of the sampled tokens, max over response tokens",
         "nats",
     ),
+    "rollout/staleness": (
+        "rollout.staleness 1: policy versions (finished steps) between the weights that sampled the "
+        "batch and those it trains: 0 at step 1, then 1",
+        "steps",
+    ),
+    "perf/rollout_wait_s": (
+        "rollout.staleness 1: time the trainer waited for the worker's batch (0 when sampling kept up)",
+        "s",
+    ),
     "policy/skipped_minibatches": ("non-finite mini-batches dropped this step (divergence.skip_bad_batches)", "count"),
     "time/rollout_s": ("generation time", "s"),
     "time/score_s": ("verifier time", "s"),

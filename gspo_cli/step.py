@@ -42,7 +42,7 @@ from gspo_cli.models.routing import (
     routes_to_BT,
 )
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
-from gspo_cli.rollout.base import LogProbs
+from gspo_cli.rollout.base import LogProbs, check_due
 from gspo_cli.stepstats import StepStats, record_batch, record_gap, record_logratio_var, record_update
 from gspo_cli.tasks import Task
 
@@ -214,12 +214,14 @@ def learn(
         record_gap(stats, batch.engine_logp, old.logp, mask_BC)
         if spec.rollout.use_engine_logprobs:
             old_logp = batch.engine_logp
-    elif from_sampler and _check_due(spec.rollout.logprob_check_every, step):
-        # The sampler's log-probs are pi_old here; compare them with one full trainer forward.
-        with torch.no_grad(), ctx.compute():
-            record_gap(
-                stats, batch.engine_logp, response_logprobs(ctx.model, batch, spec.rollout.temperature).logp, mask_BC
-            )
+    elif from_sampler and check_due(spec.rollout.logprob_check_every, step):
+        # The sampler's log-probs are pi_old here; compare them with one full forward of the
+        # weights that sampled: the trainer's own, or (rollout.staleness 1) the worker's.
+        full_logp = batch.check_logp
+        if full_logp is None:
+            with torch.no_grad(), ctx.compute():
+                full_logp = response_logprobs(ctx.model, batch, spec.rollout.temperature).logp
+        record_gap(stats, batch.engine_logp, full_logp, mask_BC)
     bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
     if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
@@ -326,10 +328,6 @@ def _mismatch_weights(
     for k, (total, weight) in correction_stats(corr, mask_BC).items():  # weights: tokens or responses
         stats.mean(MISMATCH_STAT_KEYS[k][0], total, weight)
     return corr.weight_BC
-
-
-def _check_due(every: int, step: int) -> bool:
-    return every > 0 and (step == 1 or step % every == 0)
 
 
 def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:

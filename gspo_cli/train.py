@@ -28,6 +28,7 @@ from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, truncate_jsonl, versions
 from gspo_cli.sinks import make_sinks
 from gspo_cli.spec_loading import check_stored_spec, dump_spec
+from gspo_cli.stale import CHECKPOINT_KEY, StaleRollouts, check_supported
 from gspo_cli.step import Ctx, setup, train_step
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
@@ -64,6 +65,7 @@ def train_experiment(
     seed_list = seeds if seeds else spec.seeds
     task = make_task(spec.task.name, spec.task.params)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
+    check_supported(spec, info.world_size)
     distributed.check_divisible(
         spec.rollout.prompts_per_step, spec.rollout.group_size, [a.mini_batches for a in selected], info
     )
@@ -193,8 +195,9 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
     ckpt = Path(ckpt_path) if ckpt_path else None
     ctx = setup(spec, arm, seed, task, source, weights=ckpt_path, dist_info=info)
     t_start = time.time()
+    pending = None  # rollout.staleness 1: the batch the checkpoint pre-sampled for the next step
     if ckpt is not None:
-        start_step = _restore(ctx, rd, ckpt)
+        start_step, pending = _restore(ctx, rd, ckpt)
         reporter.log(f"[{name}] resuming from {ckpt.name}")
         rd.update_info(
             status="running",
@@ -229,7 +232,8 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
         rd.update_info(status=status, ended_at=now_iso(), wall_s=round(prior_wall + time.time() - t_start, 2), **fields)
 
     try:
-        summary = _loop(ctx, rd, name, reporter, start_step, stop if stop is not None else StopFlag())
+        stop = stop if stop is not None else StopFlag()
+        summary = _loop(ctx, rd, name, reporter, start_step, stop, source=source, seed=seed, pending=pending)
     except InterruptedRun:
         finish("interrupted")
         raise
@@ -265,7 +269,7 @@ def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
     return ckpts[-1]
 
 
-def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
+def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> tuple[int, dict | None]:
     state = load_trainer_state(ckpt, ctx.model, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
     step = int(state["step"])
     ctx.train_time = float(state.get("train_time", 0.0))
@@ -278,35 +282,41 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> int:
         for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
             if later.name > ckpt.name:
                 shutil.rmtree(later, ignore_errors=True)
-    return step
+    return step, state.get(CHECKPOINT_KEY)
 
 
-def _loop(ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag) -> dict:
+def _loop(
+    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, *, source, seed, pending
+) -> dict:
     spec = ctx.spec
     steps = spec.train.steps
     eval_problems = ctx.task.eval_problems(spec.task.eval_size)
     reporter.run_started(name, steps)
     # metrics.jsonl stays the truth; sinks are views, written by rank 0 like everything else
     sinks = make_sinks(list(spec.train.sinks) if ctx.dist.is_main else [], rd.path, spec.to_dict())
+    # staleness 1: the worker process starts now, loading while step 0 evaluates
+    stale = StaleRollouts(ctx, source=source, seed=seed, pending=pending) if spec.rollout.staleness else None
     try:
         if start_step == 0:
             _evaluate(ctx, rd, eval_problems, step=0, sinks=sinks)
-        _steps(ctx, rd, name, reporter, start_step, stop, eval_problems, sinks)
+        _steps(ctx, rd, name, reporter, start_step, stop, eval_problems, sinks, stale)
     finally:
+        if stale is not None:
+            stale.close()  # on every way out: the worker is never left behind
         for sink in sinks:
             sink.close()
     return _summary(rd, steps)
 
 
 def _steps(
-    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, eval_problems, sinks
+    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, eval_problems, sinks, stale
 ) -> None:
     spec = ctx.spec
     steps = spec.train.steps
     watch = CollapseWatch(spec.train.divergence, rd.metrics())
     gap_warning = GapWarning(name, ctx.arm.clip_low, ctx.arm.clip_high)
     for step in range(start_step + 1, steps + 1):
-        metrics = train_step(ctx, step)
+        metrics = stale.step(ctx, step) if stale is not None else train_step(ctx, step)
         ctx.train_time += metrics["time/step_s"]
         metrics["time/elapsed_s"] = round(ctx.train_time, 3)
         _check_finite(metrics, step)
@@ -323,7 +333,7 @@ def _steps(
             _evaluate(ctx, rd, eval_problems, step=step, sinks=sinks)
         due = spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0
         if is_last or stopping or due:
-            _checkpoint(ctx, rd, step)
+            _checkpoint(ctx, rd, step, extra=stale.checkpoint_state() if stale is not None else None)
         if stopping and not is_last:
             raise InterruptedRun(
                 f"{name}: stopped by {stop.signal_name or 'a signal to rank 0'} after step {step}; "
@@ -331,8 +341,9 @@ def _steps(
             )
 
 
-def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
-    """Rank 0 writes the checkpoint; a failure (disk full...) fails the run on every rank."""
+def _checkpoint(ctx: Ctx, rd: RunDir, step: int, extra: dict | None = None) -> None:
+    """Rank 0 writes the checkpoint (with `extra` in its trainer state); a failure (disk
+    full...) fails the run on every rank."""
     failure = None
     model_state, optimizer_state = distributed.full_states(ctx.model, ctx.optimizer, ctx.dist)  # every rank
     if ctx.dist.is_main:
@@ -349,7 +360,7 @@ def _checkpoint(ctx: Ctx, rd: RunDir, step: int) -> None:
                 keep=ctx.spec.train.keep_checkpoints,
                 dtype=ctx.spec.model.dtype,
                 model_state=model_state,
-                extra={"train_time": ctx.train_time, "skipped": ctx.skipped},
+                extra={"train_time": ctx.train_time, "skipped": ctx.skipped, **(extra or {})},
             )
         except RunError as err:
             failure = str(err)

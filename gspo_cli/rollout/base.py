@@ -25,6 +25,9 @@ class RolloutBatch:
     # of the sampling forward passes (column P+C-1 has none: see routes_from_generate).
     engine_entropy: torch.Tensor | None = None
     engine_routes: torch.Tensor | None = None
+    # (B, C) float32: one full forward of the weights that sampled, when the sampler ran it
+    # (the async worker of rollout.staleness 1, on logprob-check steps); None otherwise.
+    check_logp: torch.Tensor | None = None
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -46,6 +49,7 @@ class RolloutBatch:
             engine_logp=None if self.engine_logp is None else self.engine_logp[idx],
             engine_entropy=None if self.engine_entropy is None else self.engine_entropy[idx],
             engine_routes=None if self.engine_routes is None else self.engine_routes[:, idx],
+            check_logp=None if self.check_logp is None else self.check_logp[idx],
         )
 
 
@@ -95,3 +99,9 @@ def logprob_mismatch(
     if diff.numel() == 0:
         return {"rollout/logprob_diff_mean": 0.0, "rollout/logprob_diff_max": 0.0}
     return {"rollout/logprob_diff_mean": diff.mean().item(), "rollout/logprob_diff_max": diff.max().item()}
+
+
+def check_due(every: int, step: int) -> bool:
+    """Whether step `step` compares the sampler's log-probs with a full forward
+    (rollout.logprob_check_every = `every`): at step 1 and every `every` steps; never for 0."""
+    return every > 0 and (step == 1 or step % every == 0)

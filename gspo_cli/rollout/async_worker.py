@@ -1,0 +1,276 @@
+"""A rollout worker in its own process, for one-step-off-policy training (rollout.staleness 1).
+
+The trainer keeps one request outstanding at a time:
+
+- trainer: writes its weights into `shared` (a state dict in shared memory, allocated once)
+  only while the worker is idle, then sends ("sample", step, version, prompts, check);
+- worker: copies `shared` into its own model, seeds torch from (seed, step), samples with
+  the hf engine, completes pi_old (log-probs, entropy, MoE routes) from one full forward of
+  the same weights when generate did not return them, adds a full forward for the
+  log-prob check when `check`, and answers ("ok", step, version, batch, seconds);
+- any failure in the worker answers ("error", message); ("stop",) ends it.
+
+The worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the trainer
+decides when to stop and then stops the worker) and dies with its parent (PR_SET_PDEATHSIG),
+so it is never left behind, even when the trainer is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import queue
+import signal
+import sys
+import time
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gspo_cli.errors import RunError
+
+# How often (s) a waiting side checks that the other is still alive.
+POLL_S = 0.5
+# Seeds per step of a run: generation at step k of seed s is seeded s * STRIDE + k.
+SEED_STRIDE = 1_000_003
+# How long (s) `close` lets the worker finish the batch it is sampling before terminating it.
+STOP_TIMEOUT_S = 30
+
+
+def sample_seed(seed: int, step: int) -> int:
+    """The torch seed the worker samples the batch of training step `step` with: a function of
+    (run seed, step) only, so a resumed run samples exactly what an uninterrupted one did."""
+    return seed * SEED_STRIDE + step
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    source: str  # HF model directory the worker builds its model from (weights come from `shared`)
+    model_cfg: Any  # ModelConfig
+    rollout_cfg: Any  # RolloutConfig
+    seed: int
+    threads: int  # torch threads of the worker process
+
+
+class AsyncSampler:
+    """Client side: starts the worker (spawn), hands it weights and prompts, collects batches.
+
+    `weights`: the trainer model's state dict (name -> tensor); shared memory of the same
+    shapes is allocated once and refreshed by `publish`. Use as a context manager, or call
+    `close()`: the worker is always stopped, and killed if it does not stop."""
+
+    def __init__(self, args: WorkerArgs, weights: dict[str, torch.Tensor]):
+        self.shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in weights.items()}
+        mp = torch.multiprocessing.get_context("spawn")
+        self.requests, self.results = mp.Queue(), mp.Queue()
+        self.proc = mp.Process(
+            target=_worker_main,
+            args=(args, self.shared, self.requests, self.results),
+            name="gspo-rollout-worker",
+            daemon=True,  # belt and braces: multiprocessing also ends it at interpreter exit
+        )
+        with _no_main_module(), _stop_signals_blocked():
+            self.proc.start()
+        self.outstanding: int | None = None  # step of the request being sampled
+
+    def publish(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy `weights` into shared memory; only while no request is outstanding (the worker
+        reads shared memory only while it serves one)."""
+        if self.outstanding is not None:
+            raise RuntimeError("AsyncSampler.publish while a request is outstanding")
+        with torch.no_grad():
+            for name, t in weights.items():
+                self.shared[name].copy_(t.detach())
+
+    def request(self, step: int, version: int, prompts: list[str], check: bool) -> None:
+        """Ask for training step `step`'s batch from the published weights (policy `version`)."""
+        if self.outstanding is not None:
+            raise RuntimeError("AsyncSampler.request while another request is outstanding")
+        self.outstanding = step
+        self.requests.put(("sample", step, version, list(prompts), bool(check)))
+
+    def wait(self):
+        """(batch, version, generation seconds) of the outstanding request. A worker that
+        failed or died is a RunError, never a hang."""
+        if self.outstanding is None:
+            raise RuntimeError("AsyncSampler.wait without a request")
+        while True:
+            try:
+                msg = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise RunError(
+                        f"rollout worker (rollout.staleness 1) exited unexpectedly with code {self.proc.exitcode}"
+                    ) from None
+                continue
+            if msg[0] == "ready":
+                continue
+            if msg[0] == "error":
+                raise RunError(f"rollout worker (rollout.staleness 1) failed: {msg[1]}")
+            _, step, version, batch, seconds = msg
+            if step != self.outstanding:
+                raise RuntimeError(f"rollout worker answered step {step}, expected {self.outstanding}")
+            self.outstanding = None
+            return batch, version, seconds
+
+    def close(self) -> None:
+        """Stop the worker: ask, then terminate, then kill; returns once it is gone."""
+        if self.proc.is_alive():
+            try:
+                self.requests.put(("stop",))
+            except (ValueError, OSError):  # queue already closed
+                pass
+            # A batch still being sampled is put on `results` before the worker reads "stop";
+            # reading it lets the worker's queue flush, so that it can exit.
+            deadline = time.time() + STOP_TIMEOUT_S
+            while self.proc.is_alive() and time.time() < deadline:
+                try:
+                    self.results.get(timeout=POLL_S)
+                except (queue.Empty, OSError, EOFError):
+                    pass
+            self.proc.join(timeout=POLL_S)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        # Messages the worker left unread must not block this process's exit.
+        self.requests.cancel_join_thread()
+        self.requests.close()
+        self.results.close()
+
+    def __enter__(self) -> "AsyncSampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def _no_main_module():
+    """While a spawned child is prepared: hide the parent's __main__. spawn re-imports it in
+    the child, which would run a user's script again if it lacks an `if __name__ ==
+    "__main__"` guard (and costs the CLI's imports); the worker needs nothing from it."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__, no __spec__
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """While the worker starts: SIGINT/SIGTERM blocked (held pending, not lost) in this thread.
+    The child inherits the mask and unblocks only after ignoring them, so a Ctrl-C during its
+    seconds of imports cannot kill it (multiprocessing's resource tracker does the same)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker process
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this process when its parent dies."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _worker_main(args: WorkerArgs, shared: dict, requests, results) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    _die_with_parent()
+    try:
+        torch.set_num_threads(args.threads)
+        sampler = _WorkerSampler(args)
+        results.put(("ready",))
+        parent = multiprocessing.parent_process()
+        while True:
+            try:
+                msg = requests.get(timeout=POLL_S)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    return
+                continue
+            if msg[0] == "stop":
+                return
+            _, step, version, prompts, check = msg
+            t = time.time()
+            batch = sampler.sample(shared, step, prompts, check)
+            results.put(("ok", step, version, batch, time.time() - t))
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the trainer as one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        results.put(("error", f"{type(err).__name__}: {first}"))
+
+
+class _WorkerSampler:
+    """The worker's own model (float32 master copy, as the trainer's) and hf engine."""
+
+    def __init__(self, args: WorkerArgs):
+        from gspo_cli.models import compute_context, load_model
+        from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError
+        from gspo_cli.rollout import make_engine
+
+        lm = load_model(args.source, args.model_cfg)
+        self.model = lm.model.eval().requires_grad_(False)
+        self.routing = None
+        if lm.is_moe:
+            try:
+                self.routing = RoutingController(self.model)
+            except UnsupportedRoutingError:
+                pass  # the trainer refused any replay already; nothing to record
+        self.engine = make_engine(
+            args.rollout_cfg,
+            self.model,
+            lm.tokenizer,
+            model_dir=lm.source,
+            dtype=args.model_cfg.dtype,
+            seed=args.seed,
+            routing=self.routing,
+        )
+        self.temperature = args.rollout_cfg.temperature
+        self.seed = args.seed
+        self.compute = lambda: compute_context(args.model_cfg.dtype, args.model_cfg.device)
+
+    @torch.no_grad()
+    def sample(self, shared: dict, step: int, prompts: list[str], check: bool):
+        from gspo_cli.models.routing import routes_to_BT
+        from gspo_cli.rollout.base import response_logprobs
+
+        for name, t in self.model.state_dict().items():
+            t.copy_(shared[name])
+        torch.manual_seed(sample_seed(self.seed, step))
+        with self.compute():
+            batch = self.engine.generate(prompts)
+            incomplete = batch.engine_logp is None or batch.engine_entropy is None
+            if incomplete or (self.routing is not None and batch.engine_routes is None):
+                # generate kept no logits (sampler_logprobs off, or over LOGITS_BUDGET): pi_old
+                # from one full forward of these same weights, routes recorded in it.
+                if self.routing is None:
+                    old = response_logprobs(self.model, batch, self.temperature, with_entropy=True)
+                else:
+                    with self.routing.recording() as rec:
+                        old = response_logprobs(self.model, batch, self.temperature, with_entropy=True)
+                    batch.engine_routes = routes_to_BT(rec.routes, *batch.input_ids.shape)
+                batch.engine_logp = old.logp * batch.response_mask
+                batch.engine_entropy = old.entropy * batch.response_mask
+            if check:
+                batch.check_logp = response_logprobs(self.model, batch, self.temperature).logp
+        return batch
