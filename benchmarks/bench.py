@@ -83,6 +83,13 @@ def main(argv=None) -> None:
         help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
         "quickstart.json, which later bench reports include",
     )
+    p.add_argument(
+        "--probe-steps",
+        type=int,
+        default=3,
+        help="measured steps per block of the thread probe (each side at 1 and all cores; with --threads "
+        "default, or auto on a box idle at start; 0: skip, torch's default)",
+    )
     p.add_argument("--profile-steps", type=int, default=3, help="steps under cProfile per profiled arm (0: skip)")
     p.add_argument(
         "--quick",
@@ -110,7 +117,7 @@ def main(argv=None) -> None:
         return
     if a.quick:
         a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
-        a.quickstart_steps, a.profile_steps = 0, 1
+        a.quickstart_steps, a.profile_steps, a.probe_steps = 0, 1, 1
         if a.out == DEFAULT_OUT:  # a smoke run never replaces the real results
             a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"
     result = orchestrate(a)

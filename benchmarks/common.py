@@ -28,12 +28,17 @@ SHARED_LOAD = 2.5  # 1-minute load average above which the box counts as shared 
 # The benchmark's spec
 
 
-def base_raw(*, prompts: int, group: int, max_new: int, mini_batches: int, steps: int, preset: str) -> dict:
-    """The quickstart spec (model, task, optimizer) with the benchmark's rollout sizes and one arm."""
+def base_raw(
+    *, prompts: int, group: int, max_new: int, mini_batches: int, steps: int, preset: str, staleness: int = 0
+) -> dict:
+    """The quickstart spec (model, task, optimizer) with the benchmark's rollout sizes and one
+    arm; `staleness` is rollout.staleness (1: a worker process samples one step ahead)."""
     import yaml
 
     raw = yaml.safe_load(QUICKSTART.read_text())
-    raw["rollout"].update(prompts_per_step=prompts, group_size=group, max_new_tokens=max_new, temperature=1.0)
+    raw["rollout"].update(
+        prompts_per_step=prompts, group_size=group, max_new_tokens=max_new, temperature=1.0, staleness=staleness
+    )
     raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0)
     raw["arms"] = [{"name": preset, "preset": preset, "mini_batches": mini_batches, "epochs": 1}]
     return raw

@@ -9,88 +9,26 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
-import sys
-import tempfile
 import time
 
-from benchmarks.common import (
-    RESULT_TAG,
-    ROOT,
-    SHARED_LOAD,
-    base_raw,
-    load_spec_and_task,
-    loadavg,
-    median,
-    model_source,
-    pick_threads,
-)
+from benchmarks.blocks import equal_cores, probe_threads, summarize_equal_cores
+from benchmarks.common import SHARED_LOAD, base_raw, load_spec_and_task, loadavg, median, model_source, pick_threads
+from benchmarks.procs import Worker, run_worker
 from benchmarks.quickstart import quickstart_memory
 
-# Workers are this script run with `--worker KIND JSON` (bench.py dispatches to them).
-BENCH_SCRIPT = ROOT / "benchmarks" / "bench.py"
 
-
-class Worker:
-    """A worker process; its stderr goes to a temporary file, shown if it fails."""
-
-    def __init__(self, kind: str, cfg: dict):
-        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.kind, self.label = kind, f"{kind} {cfg.get('preset', '')}".strip()
-        self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
-        self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH_SCRIPT), "--worker", kind, json.dumps(cfg)],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.err,
-            text=True,
-        )
-
-    def recv(self) -> dict:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                self.proc.wait()
-                self.err.seek(0)
-                sys.stderr.write(self.err.read()[-8000:])
-                raise SystemExit(f"bench: worker {self.label} failed (exit {self.proc.returncode})")
-            if line.startswith(RESULT_TAG):
-                return json.loads(line[len(RESULT_TAG) :])
-
-    def send(self, cmd: str) -> None:
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-
-    def finish(self) -> dict:
-        res = self.recv()
-        self.proc.stdin.close()
-        self.proc.wait()
-        self.err.close()
-        res["process_wall_s"] = time.perf_counter() - self.t0
-        return res
-
-
-def run_worker(kind: str, cfg: dict, log) -> dict:
-    """A worker that runs to completion and answers once."""
-    w = Worker(kind, cfg)
-    res = w.finish()
-    log(f"  {w.label:22s} done in {res['process_wall_s']:5.1f} s (load {loadavg():.2f})")
-    return res
-
-
-def ours_vs_trl(cfg: dict, reps: int, warmup: int, steps: int, log) -> dict:
+def ours_vs_trl(cfg: dict, reps: int, warmup: int, steps: int, log, threads: dict | None = None) -> dict:
     """`reps` pairs of fresh processes; inside each, the two sides alternate step by step
-    (who goes first alternates too), so both see the same load at nearly the same time."""
+    (who goes first alternates too), so both see the same load at nearly the same time.
+    `threads`: torch threads by side ("ours", "trl"; default: cfg's). Sound at equal cores
+    too: the side not stepping is blocked reading its stdin, its OpenMP threads asleep."""
     records = {"ours": [], "trl": []}
     finals = {"ours": [], "trl": []}
+    threads = threads or {"ours": cfg["threads"], "trl": cfg["threads"]}
     for rep in range(reps):
         # a new seed per repetition (the same for both sides: same prompts), so the samples differ
         rep_cfg = {**cfg, "rounds": warmup + steps, "seed": cfg["seed"] + rep}
-        workers = {side: Worker(side, rep_cfg) for side in ("ours", "trl")}
+        workers = {side: Worker(side, {**rep_cfg, "threads": threads[side]}) for side in ("ours", "trl")}
         ready = {side: w.recv() for side, w in workers.items()}
         for i in range(warmup + steps):
             order = ("ours", "trl") if (i + rep) % 2 == 0 else ("trl", "ours")
@@ -216,9 +154,13 @@ def orchestrate(a) -> dict:
     source = model_source(spec, task)
     log(f"model: {source} ({time.perf_counter() - t:.1f} s to resolve)")
 
-    # 1. Ours vs TRL: one process each, stepped alternately.
+    # 1. Ours vs TRL at equal cores: each side's best thread count, then one process each,
+    # stepped alternately (synchronous), then blocks of ours, ours with staleness 1 and TRL.
+    side_threads, side_why, probe = _side_threads(a, {**common, "preset": "paper-gspo"}, threads, threads_why, log)
     log("1/5 ours vs TRL (GSPO): two processes stepped alternately")
-    duel = ours_vs_trl({**common, "preset": "paper-gspo"}, a.reps, a.warmup, a.steps, log)
+    duel = ours_vs_trl({**common, "preset": "paper-gspo"}, a.reps, a.warmup, a.steps, log, side_threads)
+    log("1b/5 equal cores in blocks: ours, ours with rollout.staleness 1, TRL, one fresh process each in turn")
+    eq = equal_cores({**common, "preset": "paper-gspo"}, side_threads, a.reps, a.warmup, a.steps, log)
 
     # 2. Arm overheads, 3. scaling: our trainer, variants round-robin in one process each.
     arms, scaling, scale_variants = _variants(a, common, log)
@@ -246,6 +188,8 @@ def orchestrate(a) -> dict:
 
     loads.append(loadavg())
     loads += [r["load"] for side in ("ours", "trl") for r in duel["records"][side]]
+    loads += [b["load"] for bs in eq["blocks"].values() for b in bs]
+    eq_summary = summarize_equal_cores(eq, side_why, probe)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "host": {
@@ -261,15 +205,19 @@ def orchestrate(a) -> dict:
             "reps": a.reps,
             "model_source": source,
             "threads_why": threads_why,
+            "threads_by_side": side_threads,
         },
         "load": {"start": loads[0], "max": max(loads), "median": median(loads), "shared": max(loads) > SHARED_LOAD},
         **summarize_runs(duel, arms["records"], scaling["records"], scale_variants, base=f"G={a.group}"),
+        "equal_cores": eq_summary,
         "quickstart_memory": qs_mem,
         "quickstart_full": qs_full,
         "profiles": profiles,
         "raw": {"ours_vs_trl": duel, "arms": arms, "scaling": scaling},
         "bench_wall_s": time.time() - started,
     }
+    # ours with staleness 1 / TRL, blocks paired by repetition (the lockstep can't hold it)
+    result["ratio"]["step_paired_async"] = eq_summary["ratio"]["async_vs_trl"]
     return result
 
 
@@ -315,6 +263,29 @@ def summarize_runs(duel: dict, arm_records: dict, scale_records: dict, scale_var
             for v in scale_variants
         },
     }
+
+
+def _side_threads(a, cfg: dict, threads: int, threads_why: str, log) -> tuple[dict, dict, dict | None]:
+    """(torch threads by side, why by side, the probe or None). Every side may use all cores:
+    on a box that is idle at start (`threads` 0, torch's default) the lockstep sides ("ours",
+    "trl") each get their fastest count out of 1 and all cores, measured in blocks
+    (a.probe_steps steps after a.warmup; 0: no probe, torch's default); staleness 1
+    ("ours_async") gets all cores, split between trainer and worker as the trainer splits
+    them. A given count (or auto's 1 on a busy box) goes to every side as it is."""
+    cores = os.cpu_count() or 1
+    if threads or cores == 1 or not a.probe_steps:
+        return (
+            {"ours": threads, "trl": threads, "ours_async": threads},
+            {side: threads_why for side in ("ours", "trl", "ours_async")},
+            None,
+        )
+    candidates = sorted({1, cores})
+    log(f"0/5 thread probe: ours and TRL at {candidates} torch threads, one block each")
+    probe = probe_threads(cfg, candidates, max(1, a.warmup), a.probe_steps, log)
+    best = probe["best"]
+    why = {side: f"{best[side]} (fastest of {candidates}, probed)" for side in best}
+    why["ours_async"] = f"{cores}, split between trainer and worker (all cores)"
+    return {**best, "ours_async": cores}, why, probe
 
 
 def _versions() -> dict:

@@ -25,9 +25,11 @@ def pct(x) -> str:
 
 def render(r: dict) -> str:
     """The markdown report of a result dict (bench.json's keys; `quickstart_memory`,
-    `quickstart_full` and `profiles` may be None or empty: their sections are left out).
+    `quickstart_full` and `profiles` may be None or empty, `equal_cores` absent (runs before
+    it existed): their sections are left out).
     A missing required key raises KeyError."""
-    lines = [*_header(r), *_ours_vs_trl(r), *_arms(r), *_scaling(r), *_quickstart(r), *_profiles(r), *_targets(r)]
+    lines = [*_header(r), *_ours_vs_trl(r), *_equal_cores(r), *_arms(r), *_scaling(r), *_quickstart(r)]
+    lines += [*_profiles(r), *_targets(r)]
     return "\n".join(lines) + "\n"
 
 
@@ -110,6 +112,66 @@ def _ours_vs_trl(r: dict) -> list[str]:
         ),
     ]
     return lines
+
+
+def _equal_cores(r: dict) -> list[str]:
+    e = r.get("equal_cores")
+    if not e:
+        return []
+    c, sides, q = r["config"], e["sides"], e["ratio"]
+    names = {"ours": "gspo-cli, synchronous", "ours_async": "gspo-cli, rollout.staleness 1", "trl": "TRL GRPOTrainer"}
+    vs_trl = {"ours": q["sync_vs_trl"], "ours_async": q["async_vs_trl"], "trl": 1.0}
+    lines = [
+        "",
+        "## Equal cores: synchronous, staleness 1 and TRL, in blocks",
+        "",
+        (
+            f"Every side may use all {r['host']['cores']} cores. Torch threads: {_threads_text(e['threads_why'])}. "
+            f"A block is one fresh process alone on the box: {e['warmup']['ours']} warm-up step(s) (staleness 1: "
+            f"{e['warmup']['ours_async']}, the worker's start included), then {c['steps']} steps back to back; its "
+            "s/step is the measured steps' wall time over their number, so staleness 1's overlap and its waits for "
+            f"the sampler both count. {c['reps']} rotations of the three sides; ratios are medians over "
+            "repetitions of blocks of the same repetition. (Lockstep would let our sampler run during TRL's step.)"
+        ),
+        "",
+        "| | torch threads | s/step (median block) | per repetition | generation | updates | waited for the sampler "
+        "| vs TRL (paired blocks) |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for side, s in sides.items():
+        lines.append(
+            f"| {names[side]} | {s['torch_threads']} | {fmt_s(s['s_per_step'])} | "
+            f"{', '.join(f'{x:.3f}' for x in s['per_rep_s_per_step'])} | {fmt_s(s['rollout_s'])} | "
+            f"{fmt_s(s['update_s'])} | {fmt_s(s['wait_s']) if s['wait_s'] is not None else ''} | "
+            f"**{vs_trl[side]:.2f}x** |"
+        )
+    lines += [
+        "",
+        (
+            f"Staleness 1 / synchronous: {q['async_vs_sync']:.2f}x (paired blocks). Synchronous / TRL stepped in "
+            f"lockstep (above): {r['ratio']['step_paired']:.2f}x. Staleness 1's generation runs in the worker, "
+            "beside the updates; its CPU time is not in the trainer's."
+        ),
+    ]
+    if e.get("probe"):
+        per = e["probe"]["s_per_step"]
+        counts = sorted(per["ours"], key=int)
+        lines += [
+            "",
+            "Thread probe (one block per cell, s/step):",
+            "",
+            "| torch threads | ours | TRL |",
+            "|---:|---:|---:|",
+        ]
+        lines += [f"| {n} | {fmt_s(per['ours'][n])} | {fmt_s(per['trl'][n])} |" for n in counts]
+    return lines
+
+
+def _threads_text(why: dict) -> str:
+    """Why each side got its torch threads, said once if the sides share the reason."""
+    if len(set(why.values())) == 1:
+        return f"{why['ours']}, every process (staleness 1: its trainer and its worker each)"
+    return f"ours {why['ours']}; ours with staleness 1 {why['ours_async']}; TRL {why['trl']} (lockstep above: the same)"
 
 
 def _arms(r: dict) -> list[str]:
@@ -218,6 +280,14 @@ def _targets(r: dict) -> list[str]:
         (
             f"- ours ≤ 0.5x TRL per RL step: {q['step_paired']:.2f}x wall (paired), {q['cpu_paired']:.2f}x CPU — "
             f"{'met' if q['step_paired'] <= 0.5 else 'missed'}"
+        ),
+        *(
+            [
+                f"- ours with rollout.staleness 1 ≤ 0.5x TRL per RL step, equal cores: {q['step_paired_async']:.2f}x "
+                f"(paired blocks) — {'met' if q['step_paired_async'] <= 0.5 else 'missed'}"
+            ]
+            if q.get("step_paired_async") is not None
+            else []
         ),
         (
             f"- routing replay ≤ +10% step time: {pct(r['rr_overhead'])} wall, {pct(r['rr_overhead_cpu'])} CPU — "

@@ -19,7 +19,8 @@ from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, 
 def _spec_for(
     cfg: dict, *, steps: int, group: int | None = None, max_new: int | None = None, preset: str | None = None
 ):
-    """(spec, task) of the quickstart at a worker's sizes; group/max_new/preset override cfg's."""
+    """(spec, task) of the quickstart at a worker's sizes; group/max_new/preset override cfg's,
+    cfg["staleness"] (default 0) is rollout.staleness."""
     raw = base_raw(
         prompts=cfg["prompts"],
         group=group or cfg["group"],
@@ -27,30 +28,50 @@ def _spec_for(
         mini_batches=cfg["mini_batches"],
         steps=steps,
         preset=preset or cfg["preset"],
+        staleness=cfg.get("staleness", 0),
     )
     return load_spec_and_task(raw)
 
 
 def worker_ours(cfg: dict) -> None:
-    """Our trainer: setup() once, then one train_step() per "step"."""
+    """Our trainer: setup() once, then `rounds` steps, each on "step" (lockstep), or back to
+    back with cfg["block"] (a block: the orchestrator runs nothing else meanwhile). With
+    cfg["staleness"] = 1 the steps are stale.StaleRollouts' (a worker process samples one step
+    ahead, torch threads split as the trainer splits them); the spec then has one step more
+    than is run, so every measured step overlaps the next step's sampling (steady state)."""
     import torch
 
+    from gspo_cli.stale import StaleRollouts, split_threads
     from gspo_cli.step import setup, train_step
 
     set_threads(cfg)
-    spec, task = _spec_for(cfg, steps=cfg["rounds"])
+    block, stale_on = cfg.get("block", False), bool(cfg.get("staleness"))
+    spec, task = _spec_for(cfg, steps=cfg["rounds"] + stale_on)
     source = model_source(spec, task)
+    threads = torch.get_num_threads()
     t0 = time.perf_counter()
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, source)
+    # the worker process starts here, inside the set-up time; its first batch is warm-up's
+    stale = StaleRollouts(ctx, source=source, seed=cfg["seed"]) if stale_on else None
     emit({"ready": True, "setup_s": time.perf_counter() - t0})
     B = cfg["prompts"] * cfg["group"]
-    i = 0
-    while wait_for_step():
-        i += 1
-        c0 = time.process_time()
-        m = train_step(ctx, i)
-        emit({**our_step_record(m, B), "cpu_s": time.process_time() - c0})
-    emit({"final": True, "peak_rss_mb": peak_rss_mb(), "torch_threads": torch.get_num_threads()})
+    try:
+        for i in range(1, cfg["rounds"] + 1):
+            if not block and not wait_for_step():
+                break
+            c0 = time.process_time()
+            m = stale.step(ctx, i) if stale else train_step(ctx, i)
+            rec = {**our_step_record(m, B), "cpu_s": time.process_time() - c0, "t_end": time.perf_counter()}
+            if stale:
+                rec["wait_s"] = m["perf/rollout_wait_s"]
+            emit(rec)
+    finally:
+        if stale:
+            stale.close()
+    if not block:
+        wait_for_step()  # "done"
+    threads_desc = "{} trainer + {} worker".format(*split_threads(threads)) if stale else threads
+    emit({"final": True, "peak_rss_mb": peak_rss_mb(), "torch_threads": threads_desc})
 
 
 def our_step_record(m: dict, B: int) -> dict:
@@ -169,7 +190,8 @@ def _time_trl_phases(trainer) -> tuple[dict[str, list[float]], list[int], list[i
 
 
 def worker_trl(cfg: dict) -> None:
-    """TRL's GRPOTrainer doing the same step; one round = one generation + `mini_batches` optimizer steps."""
+    """TRL's GRPOTrainer doing the same step; one round = one generation + `mini_batches` optimizer
+    steps, each on "step" (lockstep), or back to back with cfg["block"]."""
     import torch
     import trl
     from transformers import TrainerCallback
@@ -191,7 +213,7 @@ def worker_trl(cfg: dict) -> None:
         """Hold the training loop at every round boundary until the orchestrator says "step"."""
 
         def _go(self):
-            if not wait_for_step():
+            if not cfg.get("block") and not wait_for_step():
                 raise SystemExit("bench worker: stopped before the last round")
             self.t0, self.c0 = time.perf_counter(), time.process_time()
 
@@ -218,6 +240,7 @@ def worker_trl(cfg: dict) -> None:
                     "length_mean": gen_tokens[r] / B,
                     "length_max": gen_longest[r],
                     "gen_ms_per_token_step": 1000 * gen / max(gen_longest[r], 1),
+                    "t_end": time.perf_counter(),
                 }
             )
             if state.global_step < args.max_steps:
@@ -226,7 +249,8 @@ def worker_trl(cfg: dict) -> None:
     trainer.add_callback(Lockstep())
     trainer.train()
     shutil.rmtree(out_dir, ignore_errors=True)
-    wait_for_step()  # "done"
+    if not cfg.get("block"):
+        wait_for_step()  # "done"
     emit(
         {
             "final": True,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.blocks import block_stats, paired_blocks
 from benchmarks.orchestrate import paired, summarize_side
 from benchmarks.render import pct, profile_text, render, vllm_rollout_text
 
@@ -235,3 +236,102 @@ def test_vllm_rollout_text_lays_out_the_four_lines():
         "log-prob |engine - trainer|: mean 1.2e-07, max 3.1e-06 nats",
         "",
     ]
+
+
+def _block(rep: int, s: float, **over) -> dict:
+    return {"rep": rep, "s_per_step": s, **over}
+
+
+def equal_cores_result(probe=None) -> dict:
+    """small_result() with an equal_cores key: ours 0.4 / 0.6, staleness 1 0.3 / 0.3, TRL 0.8 / 1.0 s/step."""
+    blocks = {
+        "ours": [_block(0, 0.4), _block(1, 0.6)],
+        "ours_async": [_block(0, 0.3), _block(1, 0.3)],
+        "trl": [_block(0, 0.8), _block(1, 1.0)],
+    }
+
+    def side(per_rep, threads, wait_s=None):
+        return {
+            "s_per_step": sum(per_rep) / 2,
+            "step_median": sum(per_rep) / 2,
+            "rollout_s": 0.1,
+            "update_s": 0.2,
+            "wait_s": wait_s,
+            "per_rep_s_per_step": per_rep,
+            "n_steps": 8,
+            "torch_threads": threads,
+            "peak_rss_mb": 500.0,
+        }
+
+    eq = {
+        "sides": {
+            "ours": side([0.4, 0.6], 2),
+            "ours_async": side([0.3, 0.3], "1 trainer + 1 worker", wait_s=0.01),
+            "trl": side([0.8, 1.0], 1),
+        },
+        "warmup": {"ours": 1, "ours_async": 2, "trl": 1},
+        "threads_why": {"ours": "2 (probed)", "trl": "1 (probed)", "ours_async": "2, split"},
+        "probe": probe,
+        "ratio": {
+            "sync_vs_trl": paired_blocks(blocks["ours"], blocks["trl"]),
+            "async_vs_trl": paired_blocks(blocks["ours_async"], blocks["trl"]),
+            "async_vs_sync": paired_blocks(blocks["ours_async"], blocks["ours"]),
+        },
+        "blocks": blocks,
+    }
+    r = small_result(equal_cores=eq)
+    r["ratio"]["step_paired_async"] = eq["ratio"]["async_vs_trl"]
+    return r
+
+
+def test_paired_blocks_match_repetitions_and_take_the_median_ratio():
+    r = equal_cores_result()
+    q = r["equal_cores"]["ratio"]
+    # per repetition: 0.4/0.8 = 0.5 and 0.6/1.0 = 0.6 -> 0.55; staleness 1: 0.375, 0.3 -> 0.3375
+    assert q["sync_vs_trl"] == pytest.approx(0.55)
+    assert q["async_vs_trl"] == pytest.approx(0.3375)
+    assert q["async_vs_sync"] == pytest.approx((0.75 + 0.5) / 2)
+    assert paired_blocks([_block(0, 1.0), _block(2, 9.0)], [_block(0, 4.0)]) == 0.25  # rep 2 has no partner
+    assert paired_blocks([_block(0, 1.0)], []) is None
+
+
+def test_block_stats_time_the_measured_steps_from_the_end_of_warm_up():
+    # step ends at 10, 11, 11.5, 12.5 s: warm-up 1 -> 3 measured steps in 12.5 - 10 = 2.5 s
+    recs = [{"step_s": s, "t_end": t, "update_s": 0.1} for s, t in [(3.0, 10.0), (0.9, 11.0), (0.5, 11.5), (1.0, 12.5)]]
+    block = {"setup_s": 2.0, "records": recs, "final": {"peak_rss_mb": 400.0, "torch_threads": 2}, "load": 0.5}
+    st = block_stats(block, warmup=1)
+    assert st["s_per_step"] == pytest.approx(2.5 / 3) and st["step_median"] == 0.9 and st["n_steps"] == 3
+    assert st["update_s"] == 0.1 and st["wait_s"] is None  # no record has a wait: none, not zero
+    assert block_stats(block, warmup=2)["s_per_step"] == pytest.approx(1.5 / 2)
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="warm-up"):
+            block_stats(block, warmup=bad)
+
+
+def test_equal_cores_section_and_async_target_render():
+    text = render(equal_cores_result())
+    lines = text.splitlines()
+    assert "## Equal cores: synchronous, staleness 1 and TRL, in blocks" in lines
+    assert "| gspo-cli, synchronous | 2 | 0.500 s | 0.400, 0.600 | 0.100 s | 0.200 s |  | **0.55x** |" in lines
+    assert (
+        "| gspo-cli, rollout.staleness 1 | 1 trainer + 1 worker | 0.300 s | 0.300, 0.300 | 0.100 s | 0.200 s "
+        "| 0.010 s | **0.34x** |"
+    ) in lines
+    assert "| TRL GRPOTrainer | 1 | 0.900 s | 0.800, 1.000 | 0.100 s | 0.200 s |  | **1.00x** |" in lines
+    assert (
+        "Staleness 1 / synchronous: 0.62x (paired blocks). Synchronous / TRL stepped in lockstep (above): 0.50x."
+        in text
+    )
+    assert "ours 2 (probed); ours with staleness 1 2, split; TRL 1 (probed)" in text
+    assert "- ours with rollout.staleness 1 ≤ 0.5x TRL per RL step, equal cores: 0.34x (paired blocks) — met" in lines
+    assert "Thread probe" not in text
+    # runs from before the blocks (the committed reference) render without the section
+    assert "## Equal cores" not in render(small_result()) and "staleness 1 ≤" not in render(small_result())
+
+
+def test_thread_probe_renders_the_same_from_memory_and_from_json():
+    probe = {"s_per_step": {"ours": {1: 0.7, 2: 0.5}, "trl": {1: 0.9, 2: 1.1}}, "best": {"ours": 2, "trl": 1}}
+    r = equal_cores_result(probe)
+    text = render(r)
+    assert "| 1 | 0.700 s | 0.900 s |" in text.splitlines() and "| 2 | 0.500 s | 1.100 s |" in text.splitlines()
+    assert render(json.loads(json.dumps(r))) == text  # json turns the thread counts into strings
