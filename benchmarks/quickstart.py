@@ -8,6 +8,7 @@ ends the benchmark with its output's tail and a one-line message.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -81,5 +82,6 @@ def quickstart_full(log, threads_arg: str) -> dict:
         "cold_start_s": cold.get("seconds"),
         "load": {"start": load0, "end": load1},
         "threads": why,
+        "cores": os.cpu_count(),
         "shared": max(load0, load1) > SHARED_LOAD,
     }

@@ -246,8 +246,9 @@ def _quickstart(r: dict) -> list[str]:
                 f"{qs['wall_s']:.0f} s | {qs['max_rss_mb']:.0f} MB |"
             )
         if qf:
+            on = f" on {qf['cores']} cores" if qf.get("cores") else ""  # runs before it was recorded: unsaid
             lines.append(
-                f"| `make run` equivalent (sweep --jobs 2 + compare + plot) from an empty model cache, cold start "
+                f"| `make run` equivalent (sweep --jobs 2 + compare + plot) from an empty model cache{on}, cold start "
                 f"{qf['cold_start_s']:.0f} s included ({qf['when']}, load {qf['load']['start']:.1f}"
                 f"→{qf['load']['end']:.1f}{', box shared' if qf['shared'] else ''}; torch threads: "
                 f"{qf.get('threads', 'default').split(' (')[0]}) | "
@@ -300,8 +301,10 @@ def _targets(r: dict) -> list[str]:
             f"(train.steps={qs['steps']}) — {'met' if qs['max_rss_mb'] <= 4096 else 'missed'}"
         )
     if qf:
+        on = f" on {qf['cores']} cores" if qf.get("cores") else ""
         lines.append(
-            f"- quickstart ≤ 5 min with cold start: {qf['total_s'] / 60:.1f} min — "
+            f"- quickstart ≤ 5 min with cold start{on}: "
+            f"{qf['total_s'] / 60:.1f} min — "
             f"{'met' if qf['total_s'] <= 300 else 'missed'}" + (" (box shared)" if qf["shared"] else "")
         )
     lines += [

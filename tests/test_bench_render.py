@@ -147,6 +147,10 @@ def test_quickstart_and_profile_sections_render_when_present():
     ) in lines
     assert "- quickstart peak memory ≤ 4 GB: 4097 MB max RSS (train.steps=20) — missed" in lines
     assert "- quickstart ≤ 5 min with cold start: 4.0 min — met" in lines
+    # a quickstart.json that records its cores says them (the time is on this box's cores)
+    text = render(small_result(quickstart_full={**qf, "cores": 2}))
+    assert "from an empty model cache on 2 cores, cold start 36 s included" in text
+    assert "- quickstart ≤ 5 min with cold start on 2 cores: 4.0 min — met" in text.splitlines()
     assert "paper-gspo (2.00 s CPU profiled; details in `profile_paper-gspo.txt`):" in lines
     assert "- 50.0% rollout (`hf.py:1 generate`)" in lines
     assert "  - 25.0% sampling (`utils.py:2 _sample`)" in lines  # an indented bucket nests
