@@ -117,9 +117,6 @@ def generation_trial(ctx, prompts: list[str], iters: int) -> list[dict]:
 
     engine, model = ctx.engine, ctx.model
     cfg, routing = engine.gen_config, engine.routing
-    # dynamo caches compiled code per code object: the training trial's entries for the same
-    # forward would count against the recompile limit here
-    torch._dynamo.reset()
     out = []
     variants = [("dynamic cache, eager (shipped)", None, True, True), ("static cache, eager", "static", True, True)]
     variants.append(("static cache, compiled decode", "static", False, True))
@@ -134,6 +131,9 @@ def generation_trial(ctx, prompts: list[str], iters: int) -> list[dict]:
 
     for name, cache, no_compile, record in variants:
         engine.routing = routing if record else None
+        # dynamo caches compiled code per code object: entries of an earlier variant (or of the
+        # training trial) for the same forward would count against its recompile limit
+        torch._dynamo.reset()
         cfg.cache_implementation, cfg.disable_compile = cache, no_compile
         cc = CompileConfig(fullgraph=False, dynamic=False)
         cc._compile_all_devices = True  # transformers compiles only on accelerators unless told
