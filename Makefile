@@ -65,10 +65,16 @@ test-vllm: $(VLLM_STAMP)
 # benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
 # Writes results/bench/ (git-ignored); the committed reference run is benchmarks/reference/.
 .PHONY: bench
-# The GSPO paper's findings at tiny scale: 4 arms x 3 seeds, two processes at a time, then the
-# same at a 4x learning rate; resumable (rerun after an interruption); writes
-# results/paper_tiny/REPORT.md and results/paper_tiny_offpolicy/REPORT.md.
+# The GSPO paper's MoE findings on the built-in MoE testbed (experiments/paper_moe.yaml): arms x
+# 5 seeds, two processes at a time; resumable (rerun after an interruption); writes
+# results/paper_moe/REPORT.md. `make reproduce-tiny`: the earlier 16-expert study (paper_tiny and
+# its 4x learning-rate variant).
+.PHONY: reproduce-tiny
 reproduce: setup
+	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
+	$(BIN)/gspo report results/paper_moe
+
+reproduce-tiny: setup
 	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2
 	$(BIN)/gspo sweep experiments/paper_tiny_offpolicy.yaml --jobs 2
 	$(BIN)/gspo report results/paper_tiny
