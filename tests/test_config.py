@@ -692,3 +692,7 @@ def test_every_shipped_experiment_spec_is_valid():
     assert (gpu.model.dtype, gpu.model.sharding, gpu.model.device) == ("bfloat16", "fsdp", "cuda")
     assert gpu.train.gradient_checkpointing and gpu.rollout.prompts_per_step % 8 == 0
     assert [a.routing_replay for a in gpu.arms] == ["off", "r2", "off"]
+    moe = loaded["paper_moe"]  # the testbed: fine-grained routing, fast routers, 5 seeds
+    b = moe.model.builtin
+    assert (b.num_experts, b.experts_per_token, moe.optimizer.router_lr_scale) == (64, 8, 60.0)
+    assert len(moe.seeds) == 5 and [a.routing_replay for a in moe.arms] == ["off", "r2", "off"]
