@@ -140,7 +140,8 @@ def plot(
             "--metrics",
             "-m",
             help="figures, comma-separated or repeated: reward, "
-            "reward_time, eval, clip, expert_change, kl, entropy, length, grad_norm",
+            "reward_time, eval, clip, expert_change, engine_route_diff, mismatch, mismatch_dropped, kl, entropy, "
+            "length, grad_norm, logvar_length, logvar_minibatch",
         ),
     ] = None,
     x: Annotated[
