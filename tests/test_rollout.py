@@ -164,3 +164,56 @@ def test_routes_from_generate_layout():
     assert r[0, :, :, 0].tolist() == [[0, 1, 2, 3, 4, 4], [10, 11, 12, 13, 14, 14]]
     with pytest.raises(RuntimeError, match="expected 1 prefill"):
         routes_from_generate(steps, B, P, T + 1)
+
+
+def _hand_batch(tok, prompts: list[str], resp_lens: list[int], C: int) -> RolloutBatch:
+    """Left-padded prompts, then right-padded random responses of the given lengths."""
+    g = torch.Generator().manual_seed(0)
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    P, B = max(map(len, ids)), len(prompts)
+    input_ids = torch.full((B, P + C), tok.pad_token_id)
+    attn = torch.zeros(B, P + C, dtype=torch.long)
+    resp = torch.zeros(B, C)
+    for b, (p, n) in enumerate(zip(ids, resp_lens)):
+        input_ids[b, P - len(p) : P] = torch.tensor(p)
+        input_ids[b, P : P + n] = torch.randint(4, len(tok), (n,), generator=g)
+        attn[b, P - len(p) : P + n] = 1
+        resp[b, :n] = 1
+    return RolloutBatch(input_ids, attn, resp, P, [""] * B, torch.zeros(B, dtype=torch.bool))
+
+
+def test_trimmed_minibatch_keeps_logprobs_and_routes(tiny_moe):
+    """A mini-batch's forward runs only over the columns its rows use: the same log-probs
+    (float32 rounding) and experts as the full-width forward, on every response token."""
+    from gspo_cli.models.routing import routes_to_BT
+
+    model, tok, routing = tiny_moe
+    b = _hand_batch(tok, ["123+456=?\n", "1+2=?\n", "5=?\n", "31+4=?\n"], [12, 3, 7, 5], C=12)
+    P = b.prompt_len
+    assert P == 10
+    sub = b.rows(torch.tensor([3, 1]))  # prompts of 7 and 6 tokens, responses of 5 and 3
+    cut, lo, c = sub.trimmed()
+    assert (lo, c) == (3, 5)  # 3 columns of left padding in both rows; 7 response columns unused
+    assert cut.input_ids.shape == (2, 7 + 5) and cut.prompt_len == 7
+    assert torch.equal(cut.response_ids, sub.response_ids[:, :5])
+    assert torch.equal(cut.position_ids, sub.position_ids[:, 3:15])
+    with torch.no_grad(), routing.recording() as full_rec:
+        full = response_logprobs(model, sub, with_entropy=True)
+    with torch.no_grad(), routing.recording() as cut_rec:
+        small = response_logprobs(model, cut, with_entropy=True)
+    mask = cut.response_mask > 0
+    assert mask.sum() == 8
+    assert (full.logp[:, :c] - small.logp).abs()[mask].max() < 1e-5
+    assert (full.entropy[:, :c] - small.entropy).abs()[mask].max() < 1e-5
+    full_routes = routes_to_BT(full_rec.routes, 2, P + 12)[:, :, lo : P + c]
+    cut_routes = routes_to_BT(cut_rec.routes, 2, P - lo + c)
+    real = cut.attention_mask.bool()
+    assert torch.equal(full_routes.sort(-1).values[:, real], cut_routes.sort(-1).values[:, real])
+    # the sampler's tensors are cut with it; a batch with nothing to trim comes back as it is
+    eng_routes = torch.arange(3 * 4 * 22 * 2).reshape(3, 4, 22, 2)
+    b.engine_routes, b.engine_logp = eng_routes, torch.randn(4, 12)
+    cut2, _, _ = b.rows(torch.tensor([3, 1])).trimmed()
+    assert torch.equal(cut2.engine_routes, eng_routes[:, [3, 1], 3:15])
+    assert torch.equal(cut2.engine_logp, b.engine_logp[[3, 1], :5])
+    whole, lo0, c0 = b.trimmed()
+    assert whole is b and (lo0, c0) == (0, 12)

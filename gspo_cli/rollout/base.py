@@ -38,6 +38,43 @@ class RolloutBatch:
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_len :]
 
+    def trimmed(self) -> tuple["RolloutBatch", int, int]:
+        """This batch without the columns that are padding in every row: leading prompt columns
+        (left padding) and response columns past the longest response. Returns (batch, lo, c):
+        the new batch holds input columns lo .. P+c-1 and response columns 0 .. c-1 of this one.
+        Every row's log-probs, routes and losses are those of the untrimmed batch (positions come
+        from the attention mask; padding is masked either way); the forward and backward of a
+        mini-batch just skip what its own rows do not need."""
+        P = self.prompt_len
+        used_T = self.attention_mask.bool().any(0)
+        lo = int(used_T[:P].nonzero()[0, 0]) if bool(used_T[:P].any()) else P - 1
+        lo = min(lo, P - 1)  # keep column P-1: it predicts the first response token
+        resp_C = (self.response_mask > 0).any(0).nonzero()
+        c = int(resp_C[-1, 0]) + 1 if resp_C.numel() else 1
+        if lo == 0 and c == self.response_mask.shape[1]:
+            return self, 0, c
+        hi = P + c
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[:, :c]
+
+        return (
+            RolloutBatch(
+                input_ids=self.input_ids[:, lo:hi],
+                attention_mask=self.attention_mask[:, lo:hi],
+                response_mask=self.response_mask[:, :c],
+                prompt_len=P - lo,
+                completions=self.completions,
+                truncated=self.truncated,
+                engine_logp=cut(self.engine_logp),
+                engine_entropy=cut(self.engine_entropy),
+                engine_routes=None if self.engine_routes is None else self.engine_routes[:, :, lo:hi],
+                check_logp=cut(self.check_logp),
+            ),
+            lo,
+            c,
+        )
+
     def rows(self, idx: torch.Tensor) -> "RolloutBatch":
         return RolloutBatch(
             input_ids=self.input_ids[idx],
