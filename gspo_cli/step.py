@@ -41,6 +41,7 @@ from gspo_cli.models.routing import (
     routes_from_BT,
     routes_to_BT,
 )
+from gspo_cli.optim import make_optimizer
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
 from gspo_cli.rollout.base import LogProbs, check_due
 from gspo_cli.stepstats import StepStats, record_batch, record_gap, record_logratio_var, record_update
@@ -110,13 +111,7 @@ def setup(
         distributed.shard_(ref_model)
     train_model = distributed.wrap(model, dist_info, spec.model.sharding)  # before the optimizer sees parameters
     opt_cfg = spec.optimizer
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, routing, opt_cfg.lr, opt_cfg.router_lr_scale, spec.model.name),
-        lr=opt_cfg.lr,
-        betas=(opt_cfg.beta1, opt_cfg.beta2),
-        weight_decay=opt_cfg.weight_decay,
-        fused=_fused_adamw_ok(model, sharded) or None,
-    )
+    optimizer = make_optimizer(model, routing, opt_cfg, spec.model.name, sharded)
     warm = opt_cfg.warmup_steps * arm.mini_batches * arm.epochs  # warmup counted in rollout steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
     engine = make_engine(
@@ -149,32 +144,6 @@ def setup(
         train_model=train_model,
         compute=functools.partial(compute_context, spec.model.dtype, spec.model.device),
     )
-
-
-def _fused_adamw_ok(model: torch.nn.Module, sharded: bool) -> bool:
-    """Whether AdamW can take torch's fused kernel (one pass over each parameter, not a dozen
-    element-wise ops): plain (unsharded) floating-point parameters on CPU or CUDA. On the
-    built-in tiny MoE the optimizer step goes from 5-7 ms to 2-3 ms per mini-batch on one
-    thread; parameters agree with the default path to float32 rounding (1e-7)."""
-    if sharded:
-        return False
-    params = [p for p in model.parameters() if p.requires_grad]
-    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-
-
-def _param_groups(model, routing, lr: float, router_scale: float, model_name: str) -> list[dict]:
-    """AdamW parameter groups: one, or (optimizer.router_lr_scale != 1) the routers' weights
-    in a second group at lr x router_scale. A router scale on a dense model is a spec error."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if router_scale == 1.0:
-        return [{"params": params}]
-    if routing is None:
-        raise SpecError(f"optimizer.router_lr_scale: {router_scale} needs an MoE model; {model_name} has no routers")
-    router_ids = {id(p) for r in routing.routers for p in r.parameters()}
-    return [
-        {"params": [p for p in params if id(p) not in router_ids]},
-        {"params": [p for p in params if id(p) in router_ids], "lr": lr * router_scale},
-    ]
 
 
 def train_step(ctx: Ctx, step: int) -> dict:

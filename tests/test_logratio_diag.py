@@ -123,7 +123,7 @@ def tiny_moe():
 
 
 def test_router_lr_scale_moves_routers_that_much_faster(tiny_moe):
-    from gspo_cli.step import _param_groups
+    from gspo_cli.optim import param_groups as _param_groups
 
     model, routing = tiny_moe
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -6,9 +6,10 @@ import torch
 from helpers import TINY
 
 from gspo_cli.models import resolve_model_source
+from gspo_cli.optim import fused_adamw_ok
 from gspo_cli.rollout import RolloutBatch
 from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.step import _fused_adamw_ok, setup, train_step
+from gspo_cli.step import setup, train_step
 from gspo_cli.tasks import make_task
 
 
@@ -89,19 +90,19 @@ def test_fused_adamw_trains_as_the_default_path(tmp_path, monkeypatch):
     AdamW steps) gives the weights the default (for-each-parameter) AdamW gives, to float32
     rounding. (One step only: a rounding-level change in the weights may flip a sampled token
     in the next step's batch, which then differs outright.)"""
-    import gspo_cli.step as step_mod
+    import gspo_cli.optim as optim_mod
 
     ctx = _ctx(tmp_path / "a", "gspo")
     start = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     assert ctx.optimizer.param_groups[0]["fused"] is True
     train_step(ctx, 1)
     fused = ctx.model.state_dict()
-    monkeypatch.setattr(step_mod, "_fused_adamw_ok", lambda model, sharded: False)
+    monkeypatch.setattr(optim_mod, "fused_adamw_ok", lambda model, sharded: False)
     ref = _ctx(tmp_path / "b", "gspo")
     assert not ref.optimizer.param_groups[0]["fused"]
     train_step(ref, 1)
     for k, v in ref.model.state_dict().items():
         assert torch.allclose(fused[k], v, atol=1e-6), k
     assert sum(not torch.equal(start[k], v) for k, v in fused.items()) > len(fused) // 2  # it trained
-    assert not _fused_adamw_ok(ctx.model, sharded=True)  # FSDP's sharded parameters: the default path
-    assert not _fused_adamw_ok(torch.nn.Linear(2, 2).requires_grad_(False), sharded=False)  # nothing to train
+    assert not fused_adamw_ok(ctx.model, sharded=True)  # FSDP's sharded parameters: the default path
+    assert not fused_adamw_ok(torch.nn.Linear(2, 2).requires_grad_(False), sharded=False)  # nothing to train
