@@ -46,9 +46,8 @@ class RolloutBatch:
         from the attention mask; padding is masked either way); the forward and backward of a
         mini-batch just skip what its own rows do not need."""
         P = self.prompt_len
-        used_T = self.attention_mask.bool().any(0)
-        lo = int(used_T[:P].nonzero()[0, 0]) if bool(used_T[:P].any()) else P - 1
-        lo = min(lo, P - 1)  # keep column P-1: it predicts the first response token
+        first = self.attention_mask[:, :P].bool().any(0).nonzero()
+        lo = min(int(first[0, 0]), P - 1) if first.numel() else P - 1  # column P-1 predicts the first response token
         resp_C = (self.response_mask > 0).any(0).nonzero()
         c = int(resp_C[-1, 0]) + 1 if resp_C.numel() else 1
         if lo == 0 and c == self.response_mask.shape[1]:
