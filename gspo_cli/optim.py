@@ -12,13 +12,26 @@ from gspo_cli.errors import SpecError
 def make_optimizer(model, routing, cfg: OptimizerConfig, model_name: str, sharded: bool) -> torch.optim.AdamW:
     """AdamW for `model` (after any DDP/FSDP wrapping: it must see the parameters it steps).
     `routing`: the model's RoutingController, or None for a dense model."""
-    return torch.optim.AdamW(
+    fused = fused_adamw_ok(model, sharded)
+    opt = torch.optim.AdamW(
         param_groups(model, routing, cfg.lr, cfg.router_lr_scale, model_name),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         weight_decay=cfg.weight_decay,
-        fused=fused_adamw_ok(model, sharded) or None,
+        fused=fused or None,
     )
+    if fused:
+        opt.register_step_post_hook(_bump_versions)
+    return opt
+
+
+def _bump_versions(opt: torch.optim.Optimizer, args, kwargs) -> None:
+    """The fused kernel writes parameters without bumping their version counters, which is how
+    the vLLM engine tells that the trainer's weights changed and must be synced again
+    (`_weights_version`): bump them, as the default path's in-place ops do."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            torch.autograd.graph.increment_version(p)
 
 
 def fused_adamw_ok(model: torch.nn.Module, sharded: bool) -> bool:

@@ -94,8 +94,12 @@ def test_fused_adamw_trains_as_the_default_path(tmp_path, monkeypatch):
 
     ctx = _ctx(tmp_path / "a", "gspo")
     start = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    versions = {n: p._version for n, p in ctx.model.named_parameters()}
     assert ctx.optimizer.param_groups[0]["fused"] is True
     train_step(ctx, 1)
+    # The vLLM engine re-syncs weights when a version counter moves; the fused kernel alone
+    # leaves them as they were (CI's vLLM tests caught engines sampling from step-1 weights).
+    assert all(p._version > versions[n] for n, p in ctx.model.named_parameters())
     fused = ctx.model.state_dict()
     monkeypatch.setattr(optim_mod, "fused_adamw_ok", lambda model, sharded: False)
     ref = _ctx(tmp_path / "b", "gspo")
