@@ -696,3 +696,12 @@ def test_every_shipped_experiment_spec_is_valid():
     b = moe.model.builtin
     assert (b.num_experts, b.experts_per_token, moe.optimizer.router_lr_scale) == (64, 8, 60.0)
     assert len(moe.seeds) == 5 and [a.routing_replay for a in moe.arms] == ["off", "r2", "off"]
+
+
+def test_router_lr_scale_on_the_builtin_dense_model_is_refused_at_load():
+    """Before the cold start, not after it: the built-in dense model has no routers to speed up.
+    (Hub and local models are checked when built; tests/test_logratio_diag.py.)"""
+    raw = base(model={"name": "builtin:tiny-dense"}, optimizer={"router_lr_scale": 10})
+    assert spec_error(raw) == ["optimizer.router_lr_scale: 10.0 needs an MoE model; builtin:tiny-dense has no routers"]
+    ok = spec_from_dict(base(model={"name": "builtin:tiny-dense"}, optimizer={"router_lr_scale": 1.0}))
+    assert ok.optimizer.router_lr_scale == 1.0
