@@ -344,7 +344,7 @@ def _update(
     arm, spec = ctx.arm, ctx.spec
     # The mini-batch's rows, without the columns that are padding in all of them: the same
     # log-probs and loss, with a forward and backward only as wide as these rows need.
-    sub, lo, c = batch.rows(rows).trimmed()
+    sub, lo, c = batch.rows(rows, sampler=False).trimmed()
     hi = batch.prompt_len + c
     m_bc = sub.response_mask
     old_logp_bc = old_logp_BC[rows][:, :c]

@@ -140,6 +140,10 @@ def test_sampler_logprobs_entropy_and_routes_match_a_full_forward(tiny_moe):
     sub = b.rows(torch.tensor([2, 0]))
     assert torch.equal(sub.engine_routes, b.engine_routes[:, [2, 0]])
     assert torch.equal(sub.engine_entropy, b.engine_entropy[[2, 0]])
+    # ... unless the caller is a trainer's forward, which reads only tokens and masks
+    bare = b.rows(torch.tensor([2, 0]), sampler=False)
+    assert bare.engine_routes is None and bare.engine_logp is None and bare.engine_entropy is None
+    assert torch.equal(bare.input_ids, sub.input_ids) and torch.equal(bare.response_mask, sub.response_mask)
 
 
 def test_sampler_logprobs_fall_back_over_the_logits_budget(tiny_moe, monkeypatch):

@@ -74,7 +74,14 @@ class RolloutBatch:
             c,
         )
 
-    def rows(self, idx: torch.Tensor) -> "RolloutBatch":
+    def rows(self, idx: torch.Tensor, sampler: bool = True) -> "RolloutBatch":
+        """The rows `idx`. `sampler=False` leaves out what the sampler recorded (its log-probs,
+        entropy, routes), which a trainer's forward does not read: on a large MoE with R3 the
+        routes alone are layers x rows x tokens x k integers, not worth copying per mini-batch."""
+
+        def pick(t: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
+            return None if t is None or not sampler else t.index_select(dim, idx)
+
         return RolloutBatch(
             input_ids=self.input_ids[idx],
             attention_mask=self.attention_mask[idx],
@@ -82,10 +89,10 @@ class RolloutBatch:
             prompt_len=self.prompt_len,
             completions=[self.completions[i] for i in idx.tolist()],
             truncated=self.truncated[idx],
-            engine_logp=None if self.engine_logp is None else self.engine_logp[idx],
-            engine_entropy=None if self.engine_entropy is None else self.engine_entropy[idx],
-            engine_routes=None if self.engine_routes is None else self.engine_routes[:, idx],
-            check_logp=None if self.check_logp is None else self.check_logp[idx],
+            engine_logp=pick(self.engine_logp),
+            engine_entropy=pick(self.engine_entropy),
+            engine_routes=pick(self.engine_routes, 1),
+            check_logp=pick(self.check_logp),
         )
 
 
