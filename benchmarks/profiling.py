@@ -69,7 +69,7 @@ PROFILE_BUCKETS = [
     ),
     ("backward (loss.backward)", "torch/_tensor.py", "backward"),
     ("clip_grad_norm_", "torch/nn/utils/clip_grad.py", "clip_grad_norm_"),
-    ("optimizer.step (AdamW, single-tensor path on CPU)", "torch/optim/adam.py", "adam"),
+    ("optimizer.step (AdamW, fused kernel where parameters are plain)", "torch/optim/adam.py", "adam"),
     ("policy loss function", "gspo_cli/algorithms/losses.py", "*_loss"),
     ("routing hooks (record / replay)", "gspo_cli/models/routing.py", "RoutingController.hook"),
     ("  replay rescoring (_rescore)", "gspo_cli/models/routing.py", "_rescore"),
