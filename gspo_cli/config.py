@@ -345,12 +345,9 @@ class ExperimentSpec(_Strict):
                     f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
                 )
             problems += _engine_problems(i, arm, self.rollout)
-        if self.optimizer.router_lr_scale != 1.0 and self.model.name == "builtin:tiny-dense":
-            # Hub and local models are checked once built (whether they route is in their code).
-            problems.append(
-                f"optimizer.router_lr_scale: {self.optimizer.router_lr_scale} needs an MoE model; "
-                "builtin:tiny-dense has no routers"
-            )
+        scale = self.optimizer.router_lr_scale  # hub and local models: checked once built
+        if scale != 1.0 and self.model.name == "builtin:tiny-dense":
+            problems.append(f"optimizer.router_lr_scale: {scale} needs an MoE model; builtin:tiny-dense has no routers")
         if self.model.dtype == "float16":
             problems.append(
                 "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "

@@ -1,0 +1,110 @@
+"""Where do an MoE's route changes come from? One Adam-like step on a saved checkpoint, three
+ways, and the share of chosen experts that change in each layer:
+
+- all: every weight moved by lr x sign(its gradient) (Adam's first step, bias-corrected);
+- routers only: only the routers' weights (`mlp.gate.weight`) moved;
+- all but routers: everything else moved, the routers kept: route changes that come only from
+  the hidden states reaching the routers (the cascade through earlier layers).
+
+The gradient is that of a GRPO-like surrogate: random N(0, 1) advantages times each sampled
+response's mean token log-prob, on responses sampled at temperature 1 from the task's
+training prompts. The expert change is `moe/expert_change_frac`'s: the share of (token, slot)
+experts not in the token's earlier top-k set, over every prompt and response token.
+
+    OMP_NUM_THREADS=1 python benchmarks/route_flips.py MODEL_DIR --lr 5e-5 --seeds 0 1 2
+
+MODEL_DIR: a Hugging Face MoE directory that returns router logits (Qwen3-MoE and similar),
+e.g. a cold-started built-in model under $GSPO_CACHE_DIR/models/. Task: synthetic math
+(--operands, --max-operand). Prints one table per seed; writes nothing. The numbers quoted
+in the README's `paper_moe` section came from this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gspo_cli.models.routing import expert_change_frac  # noqa: E402
+from gspo_cli.tasks.arithmetic import ArithmeticTask  # noqa: E402
+
+
+def routes(model, ids, mask, k: int) -> torch.Tensor:
+    """(L, N, k) chosen experts of every position."""
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    return torch.stack([lg.topk(k, -1).indices for lg in out.router_logits])
+
+
+def one_seed(model, tok, task: ArithmeticTask, lr: float, seed: int, prompts: int, new_tokens: int) -> dict:
+    torch.manual_seed(seed)
+    texts = [p.prompt for p in task.train_problems(random.Random(seed), prompts)]
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True)
+    P = enc.input_ids.shape[1]
+    with torch.no_grad():
+        ids = model.generate(
+            **enc, do_sample=True, temperature=1.0, max_new_tokens=new_tokens, pad_token_id=tok.pad_token_id
+        )
+    mask = torch.cat([enc.attention_mask, (ids[:, P:] != tok.pad_token_id).long()], 1)
+    k = model.config.num_experts_per_tok
+    tokens = mask.reshape(-1).bool()
+    before = routes(model, ids, mask, k)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, P - 1 : -1]
+    logp = logits.log_softmax(-1).gather(-1, ids[:, P:, None])[..., 0]
+    rmask = mask[:, P:].float()
+    adv = torch.randn(ids.shape[0])
+    (-((logp * rmask).sum(1) / rmask.sum(1).clamp(min=1) * adv).mean()).backward()
+    step = {n: lr * p.grad.sign() for n, p in model.named_parameters()}
+
+    def is_router(name: str) -> bool:
+        return name.endswith("mlp.gate.weight")
+
+    res = {}
+    variants = (("all", lambda n: True), ("routers only", is_router), ("all but routers", lambda n: not is_router(n)))
+    for label, moved in variants:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n] - step[n] if moved(n) else start[n])
+        after = routes(model, ids, mask, k)
+        res[label] = [expert_change_frac(before[i : i + 1], after[i : i + 1], tokens) for i in range(len(before))]
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir", type=Path)
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=30)
+    ap.add_argument("--operands", type=int, default=3)
+    ap.add_argument("--max-operand", type=int, default=20)
+    a = ap.parse_args()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    task = ArithmeticTask(num_operands=a.operands, max_operand=a.max_operand)
+    print(f"{a.model_dir.name}: {model.config.num_hidden_layers} layers, lr {a.lr}")
+    for seed in a.seeds:
+        res = one_seed(model, tok, task, a.lr, seed, a.prompts, a.new_tokens)
+        print(f"\nseed {seed}\n\n| moved | mean | per layer (%) |\n|---|---:|---|")
+        for label, per_layer in res.items():
+            mean = 100 * sum(per_layer) / len(per_layer)
+            print(f"| {label} | {mean:.2f}% | {' '.join(f'{100 * x:.2f}' for x in per_layer)} |")
+
+
+if __name__ == "__main__":
+    main()
