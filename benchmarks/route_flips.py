@@ -7,9 +7,10 @@ ways, and the share of chosen experts that change in each layer:
   the hidden states reaching the routers (the cascade through earlier layers).
 
 The gradient is that of a GRPO-like surrogate: random N(0, 1) advantages times each sampled
-response's mean token log-prob, on responses sampled at temperature 1 from the task's
-training prompts. The expert change is `moe/expert_change_frac`'s: the share of (token, slot)
-experts not in the token's earlier top-k set, over every prompt and response token.
+response's mean token log-prob (the trainer's `response_logprobs`), on responses sampled at
+temperature 1 by the trainer's hf engine from the task's training prompts. The expert change
+is `moe/expert_change_frac`'s: the share of (token, slot) experts not in the token's earlier
+top-k set, over every prompt and response token.
 
     OMP_NUM_THREADS=1 python benchmarks/route_flips.py MODEL_DIR --lr 5e-5 --seeds 0 1 2
 
@@ -31,37 +32,36 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gspo_cli.models.routing import expert_change_frac  # noqa: E402
+from gspo_cli.rollout.base import RolloutBatch, response_logprobs  # noqa: E402
+from gspo_cli.rollout.hf import HFRolloutEngine  # noqa: E402
 from gspo_cli.tasks.arithmetic import ArithmeticTask  # noqa: E402
 
 
-def routes(model, ids, mask, k: int) -> torch.Tensor:
-    """(L, N, k) chosen experts of every position."""
+def routes(model, batch: RolloutBatch, k: int) -> torch.Tensor:
+    """(L, N, k) chosen experts of every position of `batch` (positions as the trainer's)."""
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            output_router_logits=True,
+        )
     return torch.stack([lg.topk(k, -1).indices for lg in out.router_logits])
 
 
 def one_seed(model, tok, task: ArithmeticTask, lr: float, seed: int, prompts: int, new_tokens: int) -> dict:
+    engine = HFRolloutEngine(model, tok, max_new_tokens=new_tokens, temperature=1.0)
     torch.manual_seed(seed)
-    texts = [p.prompt for p in task.train_problems(random.Random(seed), prompts)]
-    tok.padding_side = "left"
-    enc = tok(texts, return_tensors="pt", padding=True)
-    P = enc.input_ids.shape[1]
-    with torch.no_grad():
-        ids = model.generate(
-            **enc, do_sample=True, temperature=1.0, max_new_tokens=new_tokens, pad_token_id=tok.pad_token_id
-        )
-    mask = torch.cat([enc.attention_mask, (ids[:, P:] != tok.pad_token_id).long()], 1)
+    batch = engine.generate([p.prompt for p in task.train_problems(random.Random(seed), prompts)])
     k = model.config.num_experts_per_tok
-    tokens = mask.reshape(-1).bool()
-    before = routes(model, ids, mask, k)
+    tokens = batch.attention_mask.reshape(-1).bool()
+    before = routes(model, batch, k)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     model.zero_grad(set_to_none=True)
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, P - 1 : -1]
-    logp = logits.log_softmax(-1).gather(-1, ids[:, P:, None])[..., 0]
-    rmask = mask[:, P:].float()
-    adv = torch.randn(ids.shape[0])
+    logp = response_logprobs(model, batch).logp
+    rmask = batch.response_mask.float()
+    adv = torch.randn(logp.shape[0])
     (-((logp * rmask).sum(1) / rmask.sum(1).clamp(min=1) * adv).mean()).backward()
     step = {n: lr * p.grad.sign() for n, p in model.named_parameters()}
 
@@ -74,7 +74,7 @@ def one_seed(model, tok, task: ArithmeticTask, lr: float, seed: int, prompts: in
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(start[n] - step[n] if moved(n) else start[n])
-        after = routes(model, ids, mask, k)
+        after = routes(model, batch, k)
         res[label] = [expert_change_frac(before[i : i + 1], after[i : i + 1], tokens) for i in range(len(before))]
     with torch.no_grad():
         for n, p in model.named_parameters():
