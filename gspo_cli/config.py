@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import SpecError, router_scale_problem
 from gspo_cli.presets import PRESETS  # noqa: F401 - part of the spec vocabulary
 
 
@@ -345,9 +345,8 @@ class ExperimentSpec(_Strict):
                     f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
                 )
             problems += _engine_problems(i, arm, self.rollout)
-        scale = self.optimizer.router_lr_scale  # hub and local models: checked once built
-        if scale != 1.0 and self.model.name == "builtin:tiny-dense":
-            problems.append(f"optimizer.router_lr_scale: {scale} needs an MoE model; builtin:tiny-dense has no routers")
+        if self.optimizer.router_lr_scale != 1.0 and self.model.name == "builtin:tiny-dense":
+            problems.append(router_scale_problem(self.optimizer.router_lr_scale, self.model.name))  # hub: once built
         if self.model.dtype == "float16":
             problems.append(
                 "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "

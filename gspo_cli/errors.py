@@ -38,3 +38,9 @@ EXIT_CODES = {
     3: "a run diverged",
     4: "interrupted (resumable)",
 }
+
+
+def router_scale_problem(scale: float, model_name: str) -> str:
+    """optimizer.router_lr_scale on a model without routers: refused at spec load for the
+    built-in dense model (config.py), once built for hub and local ones (optim.py)."""
+    return f"optimizer.router_lr_scale: {scale} needs an MoE model; {model_name} has no routers"

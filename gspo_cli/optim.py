@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from gspo_cli.config import OptimizerConfig
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import SpecError, router_scale_problem
 
 
 def make_optimizer(model, routing, cfg: OptimizerConfig, model_name: str, sharded: bool) -> torch.optim.AdamW:
@@ -52,7 +52,7 @@ def param_groups(model, routing, lr: float, router_scale: float, model_name: str
     if router_scale == 1.0:
         return [{"params": params}]
     if routing is None:
-        raise SpecError(f"optimizer.router_lr_scale: {router_scale} needs an MoE model; {model_name} has no routers")
+        raise SpecError(router_scale_problem(router_scale, model_name))
     router_ids = {id(p) for r in routing.routers for p in r.parameters()}
     return [
         {"params": [p for p in params if id(p) not in router_ids]},
