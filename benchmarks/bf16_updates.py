@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import TINY  # noqa: E402 - the tests' tiny MoE
 
-from gspo_cli.config import ModelConfig  # noqa: E402
 from gspo_cli.models import resolve_model_source  # noqa: E402
-from gspo_cli.reporting import quiet_reporter  # noqa: E402
-from gspo_cli.spec_loading import spec_from_dict  # noqa: E402
+from gspo_cli.spec import ModelConfig  # noqa: E402
+from gspo_cli.spec.loading import spec_from_dict  # noqa: E402
 from gspo_cli.tasks import make_task  # noqa: E402
-from gspo_cli.train import train_experiment  # noqa: E402
+from gspo_cli.train.loop import train_experiment  # noqa: E402
+from gspo_cli.train.reporting import quiet_reporter  # noqa: E402
 
 
 def weights(directory) -> dict:

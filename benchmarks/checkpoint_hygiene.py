@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from gspo_cli.models import resolve_model_source
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.step import setup, train_step
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
+from gspo_cli.train.step import setup, train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import TINY  # noqa: E402 - the tests' tiny MoE, so both measure the same model

@@ -47,7 +47,7 @@ def base_raw(
 def load_spec_and_task(raw: dict):
     """(Spec, Task) of a raw spec dict; the spec's warnings are silenced (they would interleave
     with the workers' tagged output)."""
-    from gspo_cli.spec_loading import spec_from_dict
+    from gspo_cli.spec.loading import spec_from_dict
     from gspo_cli.tasks import make_task
 
     with warnings.catch_warnings():

@@ -174,7 +174,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from gspo_cli.step import setup
+    from gspo_cli.train.step import setup
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -41,7 +41,7 @@ SIZE = {
 
 
 def spec_for(kind: str, engine: str, device: str, dtype: str, steps: int):
-    from gspo_cli.spec_loading import spec_from_dict
+    from gspo_cli.spec.loading import spec_from_dict
 
     rollout = {"engine": engine, "prompts_per_step": 16, "group_size": 8, "max_new_tokens": 48}
     if engine == "vllm" and device == "cuda":
@@ -71,8 +71,8 @@ def check(kind: str, engine: str, device: str, dtype: str, steps: int) -> dict:
     """Train `steps` steps; returns the numbers of one output line."""
     from gspo_cli.models import resolve_model_source
     from gspo_cli.rollout import response_logprobs
-    from gspo_cli.step import setup, train_step
     from gspo_cli.tasks import make_task
+    from gspo_cli.train.step import setup, train_step
 
     spec = spec_for(kind, engine, device, dtype, steps)
     task = make_task(spec.task.name, spec.task.params)

@@ -22,7 +22,7 @@ from benchmarks.render import profile_text
 def worker_profile(cfg: dict) -> None:
     """cProfile (CPU time, so other users of the box do not count) of a few of our steps
     after warm-up, for one arm; writes profile_<preset>.txt."""
-    from gspo_cli.step import setup, train_step
+    from gspo_cli.train.step import setup, train_step
 
     set_threads(cfg)
     raw = base_raw(

@@ -32,7 +32,7 @@ def main():
     from gspo_cli.models import load_model, resolve_model_source
     from gspo_cli.rollout import HFRolloutEngine, logprob_mismatch, response_logprobs
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
-    from gspo_cli.spec_loading import spec_from_dict
+    from gspo_cli.spec.loading import spec_from_dict
     from gspo_cli.tasks import make_task
 
     ap = argparse.ArgumentParser()

@@ -41,8 +41,8 @@ def worker_ours(cfg: dict) -> None:
     than is run, so every measured step overlaps the next step's sampling (steady state)."""
     import torch
 
-    from gspo_cli.stale import StaleRollouts, split_threads
-    from gspo_cli.step import setup, train_step
+    from gspo_cli.train.staleness import StaleRollouts, split_threads
+    from gspo_cli.train.step import setup, train_step
 
     set_threads(cfg)
     block, stale_on = cfg.get("block", False), bool(cfg.get("staleness"))
@@ -266,7 +266,7 @@ def worker_variants(cfg: dict) -> None:
     so that load changes on the box affect them alike. Variant keys: label, preset, group,
     max_new, ignore_eos (sample exactly max_new tokens: only the rollout's stopping rule
     changes; rewards and the loss still end at the first EOS)."""
-    from gspo_cli.step import setup, train_step
+    from gspo_cli.train.step import setup, train_step
 
     set_threads(cfg)
     ctxs = []

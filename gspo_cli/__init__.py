@@ -10,5 +10,5 @@ Shape letters. A tensor's name ends in the letters of its axes (`logp_BC`, `adv_
     k  experts chosen per token (top-k)      N  token positions flattened over a batch (B * T)
 
 A `1` keeps a singleton axis (`mean_Q1`). Counts in score names are not axes: avg@K and
-pass@k count samples per problem (`gspo_cli.evaluate`).
+pass@k count samples per problem (`gspo_cli.eval.scores`).
 """

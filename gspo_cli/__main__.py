@@ -1,4 +1,4 @@
-from gspo_cli.cli import main
+from gspo_cli.cli.app import main
 
 if __name__ == "__main__":
     main()

@@ -62,7 +62,7 @@ def edited_model_copy(base, dest, *, config=None, generation_config=None, tokeni
 def tiny_model_dir():
     """Directory of TINY's built-in model (built once per cache, ~20 s cold start)."""
     from gspo_cli.models import resolve_model_source
-    from gspo_cli.spec_loading import spec_from_dict
+    from gspo_cli.spec.loading import spec_from_dict
     from gspo_cli.tasks import make_task
 
     spec = spec_from_dict(TINY)

@@ -9,14 +9,14 @@ from helpers import TINY, edited_model_copy, tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from gspo_cli.errors import SpecError
-from gspo_cli.eval_run import Sampling, Target, evaluate_model
+from gspo_cli.eval.run import Sampling, Target, evaluate_model
 from gspo_cli.models import load_model
 from gspo_cli.models.loading import disable_dropout
 from gspo_cli.models.prompts import PromptFormat, stop_token_ids
 from gspo_cli.rollout import make_engine, response_logprobs
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.step import setup, train_step
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
+from gspo_cli.train.step import setup, train_step
 
 PROMPTS = ["1+2=?\n", "3+4=?\n", "0+1=?\n", "2+2=?\n"] * 4
 # Every sampling, length, stopping and output option of transformers 5.24's GenerationConfig,

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
-from gspo_cli.config import ModelConfig
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
+from gspo_cli.spec import ModelConfig
 
 runner = CliRunner()
 
@@ -35,29 +35,29 @@ def _restore_showwarning(monkeypatch):
 
 @pytest.fixture
 def fake_train(monkeypatch):
-    """Stand-in for gspo_cli.train: records the call instead of building models."""
+    """Stand-in for gspo_cli.train.loop: records the call instead of building models."""
     calls = []
-    fake = types.ModuleType("gspo_cli.train")
+    fake = types.ModuleType("gspo_cli.train.loop")
 
     def train_experiment(spec, *, arms=None, seeds=None, reporter=None, force=False):
         calls.append({"spec": spec, "arms": arms, "seeds": seeds, "force": force})
         return []
 
     fake.train_experiment = train_experiment
-    monkeypatch.setitem(sys.modules, "gspo_cli.train", fake)
+    monkeypatch.setitem(sys.modules, "gspo_cli.train.loop", fake)
     return calls
 
 
 @pytest.fixture
 def no_train(monkeypatch):
     """Any call into the trainer fails the test: the error must come before it."""
-    fake = types.ModuleType("gspo_cli.train")
+    fake = types.ModuleType("gspo_cli.train.loop")
 
     def train_experiment(*args, **kwargs):
         raise AssertionError("train_experiment reached: the error should have been raised before")
 
     fake.train_experiment = train_experiment
-    monkeypatch.setitem(sys.modules, "gspo_cli.train", fake)
+    monkeypatch.setitem(sys.modules, "gspo_cli.train.loop", fake)
 
 
 def spec_file(tmp_path, raw=None, text=None):

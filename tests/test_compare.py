@@ -14,10 +14,10 @@ import pytest
 from synthetic_runs import make_experiment
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
-from gspo_cli.compare import compare_runs, render
+from gspo_cli.analysis.compare import compare_runs, render
+from gspo_cli.analysis.rundata import ema, seed_stats, t975
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
-from gspo_cli.rundata import ema, seed_stats, t975
 
 runner = CliRunner()
 T2 = 4.303  # t_{0.975} with 2 degrees of freedom (3 seeds), from a printed table
@@ -185,9 +185,9 @@ def test_bad_input_is_one_line_exit_2(exp, tmp_path, args, message):
 
 def test_compare_and_plot_never_import_torch(exp):
     code = (
-        "import sys; import gspo_cli.compare, gspo_cli.plot, gspo_cli.sinks, gspo_cli.cli\n"
+        "import sys; import gspo_cli.analysis.compare, gspo_cli.analysis.plot, gspo_cli.train.sinks, gspo_cli.cli.app\n"
         "from typer.testing import CliRunner\n"
-        f"r = CliRunner().invoke(gspo_cli.cli.app, ['compare', {str(exp)!r}, '-f', 'csv'])\n"
+        f"r = CliRunner().invoke(gspo_cli.cli.app.app, ['compare', {str(exp)!r}, '-f', 'csv'])\n"
         "assert r.exit_code == 0, r.output\n"
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "assert not bad, bad"

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gspo_cli.config import PRESETS, ExperimentSpec, OnPolicyWarning
 from gspo_cli.errors import SpecError
-from gspo_cli.spec_loading import apply_override, dump_spec, load_spec, spec_from_dict
+from gspo_cli.spec import PRESETS, ExperimentSpec, OnPolicyWarning
+from gspo_cli.spec.loading import apply_override, dump_spec, load_spec, spec_from_dict
 
 BASE = {
     "name": "exp",
@@ -648,7 +648,7 @@ def test_arm_lookup_unknown_name():
 
 
 def test_spec_differences_name_each_changed_field_in_order(tmp_path):
-    from gspo_cli.spec_loading import check_stored_spec, spec_differences
+    from gspo_cli.spec.loading import check_stored_spec, spec_differences
 
     spec = spec_from_dict(BASE)
     assert spec_differences(dump_spec(spec), spec) == []

@@ -13,9 +13,9 @@ import torch
 import yaml
 from helpers import TINY
 
-from gspo_cli.config import ModelConfig
 from gspo_cli.models import resolve_model_source
 from gspo_cli.runs import RunDir
+from gspo_cli.spec import ModelConfig
 from gspo_cli.tasks import make_task
 
 pytestmark = pytest.mark.slow

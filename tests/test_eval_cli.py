@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
-from gspo_cli.evaluate import ProblemResult, elo_rating, pass_ks, summarize
+from gspo_cli.cli.app import app
+from gspo_cli.eval.scores import ProblemResult, elo_rating, pass_ks, summarize
 from gspo_cli.tasks import Problem, Score
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -179,7 +179,7 @@ def test_failure_shares_for_tasks_that_record_them():
 def test_completions_path_never_imports_torch(tmp_path):
     comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
     code = (
-        "import sys; from typer.testing import CliRunner; from gspo_cli.cli import app; "
+        "import sys; from typer.testing import CliRunner; from gspo_cli.cli.app import app; "
         f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}]); "
         "assert r.exit_code == 0, r.output; "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad"
@@ -222,9 +222,9 @@ def test_bad_completion_files_are_one_line(tmp_path):
 def tiny_run(tmp_path_factory):
     from helpers import TINY
 
-    from gspo_cli.reporting import quiet_reporter
-    from gspo_cli.spec_loading import spec_from_dict
-    from gspo_cli.train import train_experiment
+    from gspo_cli.spec.loading import spec_from_dict
+    from gspo_cli.train.loop import train_experiment
+    from gspo_cli.train.reporting import quiet_reporter
 
     out = tmp_path_factory.mktemp("runs")
     raw = {
@@ -283,7 +283,7 @@ def test_eval_of_a_run_on_another_dataset(tiny_run, tmp_path):
 @pytest.mark.slow
 def test_completions_for_a_run_use_its_task_and_directory(tiny_run):
     # The run's task is synthetic math with its own knobs; its held-out ids are expressions.
-    from gspo_cli.spec_loading import load_spec
+    from gspo_cli.spec.loading import load_spec
     from gspo_cli.tasks import make_task
 
     spec = load_spec(tiny_run / "spec.yaml")

@@ -2,7 +2,7 @@ from math import comb
 
 import pytest
 
-from gspo_cli.evaluate import evaluate_samples, pass_at_k
+from gspo_cli.eval.scores import evaluate_samples, pass_at_k
 from gspo_cli.tasks import Problem, make_task
 
 

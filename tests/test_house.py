@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 import gspo_cli
 from gspo_cli import algorithms
 from gspo_cli.algorithms import kl_k3_BC, register_policy_loss
-from gspo_cli.cli import app
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
-from gspo_cli.spec_loading import load_spec
+from gspo_cli.spec.loading import load_spec
 
 PACKAGE = Path(gspo_cli.__file__).parent
 
@@ -37,7 +37,7 @@ def test_every_module_imports_on_its_own():
     gspo_cli dropped from sys.modules before each import (torch and other third-party
     packages stay loaded, which is what keeps this fast)."""
     modules = all_modules()
-    assert "gspo_cli.spec_loading" in modules and "gspo_cli.algorithms.kl" in modules and len(modules) > 30
+    assert "gspo_cli.spec.loading" in modules and "gspo_cli.algorithms.kl" in modules and len(modules) > 30
     code = (
         "import importlib, sys, traceback\n"
         f"failed = []\n"
@@ -136,3 +136,71 @@ def test_reference_kl_k3_hand_values():
     assert lp.grad.tolist()[0] == pytest.approx([0.5, 0.0, -1.0], abs=1e-6)
     with pytest.raises(ValueError, match="shape mismatch"):
         kl_k3_BC(logp, ref[:, :2])
+
+
+# The layers, lowest first: a module may import its own package and anything lower, never higher.
+# `analysis` (torch-free, run directories only) sits beside `train` and `eval` and imports neither.
+LAYERS = [
+    {"errors", "files", "metrics", "runs", "distributed"},
+    {"algorithms"},
+    {"spec"},
+    {"tasks"},
+    {"models"},
+    {"rollout"},
+    {"eval"},
+    {"train"},
+    {"analysis"},
+    {"cli", "__main__"},
+]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+SIDEWAYS_FORBIDDEN = {("analysis", "train"), ("analysis", "eval")}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """Top-level gspo_cli components a module imports, anywhere in it (lazy imports too)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gspo_cli"):
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                out.add(parts[1])
+            else:  # from gspo_cli import x
+                out.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("gspo_cli."))
+    return out
+
+
+def test_imports_run_one_way():
+    """No module imports a higher layer: the folders tell the architecture, bottom to top."""
+    climbs = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        own = parts[0]
+        assert own in RANK, f"{path}: a top-level component missing from LAYERS"
+        for dep in _imported_packages(path) - {own}:
+            assert dep in RANK, f"{path} imports gspo_cli.{dep}, a component missing from LAYERS"
+            if RANK[dep] > RANK[own] or (own, dep) in SIDEWAYS_FORBIDDEN:
+                climbs.append(f"{path.relative_to(PACKAGE)} -> {dep}")
+    assert not climbs, climbs
+
+
+def test_analysis_side_never_imports_torch():
+    """compare, plot, report and list read files only: the torch-free half of the package."""
+    mods = sorted(
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts) for p in (PACKAGE / "analysis").glob("*.py")
+    )
+    assert "gspo_cli.analysis.report" in mods
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods + ['gspo_cli.cli.app', 'gspo_cli.runs', 'gspo_cli.metrics']!r}:\n"
+        "    importlib.import_module(m)\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr

@@ -12,12 +12,12 @@ import torch
 import yaml
 from helpers import TINY, tiny_model_dir
 
+from gspo_cli.analysis.plot import build_plot, make_figures
+from gspo_cli.analysis.rundata import group_runs, load_runs
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
-from gspo_cli.plot import build_plot, make_figures
-from gspo_cli.rundata import group_runs, load_runs
-from gspo_cli.stepstats import StepStats, _combine, logvar_length_key, record_logratio_var
+from gspo_cli.train.stats import StepStats, _combine, logvar_length_key, record_logratio_var
 
 
 def test_length_buckets():
@@ -114,16 +114,16 @@ def test_profile_figures_are_seed_means_of_step_means(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_moe():
-    from gspo_cli.config import ModelConfig
     from gspo_cli.models import load_model
     from gspo_cli.models.routing import RoutingController
+    from gspo_cli.spec import ModelConfig
 
     lm = load_model(str(tiny_model_dir()), ModelConfig(**{**TINY["model"], "name": "builtin:tiny-moe"}))
     return lm.model, RoutingController(lm.model)
 
 
 def test_router_lr_scale_moves_routers_that_much_faster(tiny_moe):
-    from gspo_cli.optim import param_groups as _param_groups
+    from gspo_cli.train.optim import param_groups as _param_groups
 
     model, routing = tiny_moe
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

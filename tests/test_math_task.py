@@ -144,7 +144,7 @@ def test_synthetic_math_makes_exactly_arithmetics_problems():
 
 
 def test_quickstart_uses_synthetic_math_with_arithmetics_problems():
-    from gspo_cli.spec_loading import load_spec
+    from gspo_cli.spec.loading import load_spec
 
     spec = load_spec(Path(__file__).parent.parent / "experiments" / "quickstart.yaml")
     assert spec.task.name == "math" and spec.task.params.get("source") == "synthetic"

@@ -9,7 +9,7 @@ import torch
 from gspo_cli.algorithms import MISMATCH_CORRECTIONS, correction_stats, get_mismatch_correction, get_policy_loss
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS, MISMATCH_STAT_KEYS
-from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.spec.loading import spec_from_dict
 
 # Two responses; rho = pi_old(trainer) / pi(engine) per token. Row 0 has 2 tokens (one pad),
 # row 1 has 3. Row 0's product is 2.5 * 0.4 = 1, row 1's 3 * 1.2 * 1 = 3.6.

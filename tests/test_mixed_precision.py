@@ -8,14 +8,14 @@ import torch
 from helpers import TINY
 from safetensors.torch import load_file
 
-from gspo_cli.config import ModelConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
-from gspo_cli.reporting import quiet_reporter
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.step import setup
+from gspo_cli.spec import ModelConfig
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
-from gspo_cli.train import train_experiment
+from gspo_cli.train.loop import train_experiment
+from gspo_cli.train.reporting import quiet_reporter
+from gspo_cli.train.step import setup
 
 pytestmark = pytest.mark.slow
 

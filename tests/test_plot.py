@@ -10,10 +10,10 @@ from matplotlib.collections import PolyCollection
 from synthetic_runs import BATCH, GRPO_R, gspo_reward, length, make_experiment
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
+from gspo_cli.analysis.plot import build_plot, make_figures, make_panel, plot_runs
+from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
-from gspo_cli.plot import build_plot, make_figures, make_panel, plot_runs
-from gspo_cli.rundata import group_runs, load_runs
 
 runner = CliRunner()
 T2 = 4.303  # t_{0.975}, 2 degrees of freedom

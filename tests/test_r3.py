@@ -11,14 +11,14 @@ import pytest
 import torch
 from helpers import TINY
 
-from gspo_cli.config import ModelConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.models.routing import routes_from_BT, routes_from_vllm
 from gspo_cli.rollout.vllm_engine import _check_routes_supported, _to_batch
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.step import setup, train_step
+from gspo_cli.spec import ModelConfig
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
+from gspo_cli.train.step import setup, train_step
 
 # --------------------------------------------------------------------------- vLLM layout
 
@@ -247,10 +247,10 @@ def test_vllm_layout_round_trip_gives_the_same_log_probs():
     replaying either gives the same response log-probs: those columns affect no log-prob."""
     from transformers import AutoModelForCausalLM
 
-    from gspo_cli.config import BuiltinModelConfig
     from gspo_cli.models.builtin import build_config, build_tokenizer
     from gspo_cli.models.routing import RoutingController
     from gspo_cli.rollout import HFRolloutEngine, response_logprobs
+    from gspo_cli.spec import BuiltinModelConfig
 
     tok = build_tokenizer("0123456789+-=?\n")
     size = BuiltinModelConfig(

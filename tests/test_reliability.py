@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
-from gspo_cli.config import ExperimentSpec
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, RunLockedError, read_jsonl, run_lock
-from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.spec import ExperimentSpec
+from gspo_cli.spec.loading import spec_from_dict
 
 RAW = {**TINY, "arms": [TINY["arms"][2]], "train": {"steps": 5, "checkpoint_every": 1, "eval_every": 2}}
 RUN = "e2e/gspo/seed0"
@@ -113,7 +113,7 @@ def test_second_writer_is_refused_and_a_dead_holder_is_not(tmp_path):
 
 
 def _poison_loss(monkeypatch, bad_calls):
-    import gspo_cli.step as step_mod
+    import gspo_cli.train.step as step_mod
 
     real = step_mod._update.__globals__["get_policy_loss"]
     calls = {"n": 0}
@@ -133,8 +133,8 @@ def _poison_loss(monkeypatch, bad_calls):
 
 @pytest.mark.slow
 def test_isolated_bad_batch_is_skipped_when_asked(tmp_path, monkeypatch):
-    from gspo_cli.reporting import quiet_reporter
-    from gspo_cli.train import train_experiment
+    from gspo_cli.train.loop import train_experiment
+    from gspo_cli.train.reporting import quiet_reporter
 
     _poison_loss(monkeypatch, bad_calls={3})
     raw = {**RAW, "output_dir": str(tmp_path), "train": {"steps": 2, "divergence": {"skip_bad_batches": True}}}
@@ -166,7 +166,7 @@ def test_entropy_collapse_detector(tmp_path):
 
 @pytest.mark.slow
 def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
-    import gspo_cli.checkpoint as ck
+    import gspo_cli.train.checkpoint as ck
 
     real_save = ck.torch.save
     calls = {"n": 0}
@@ -249,7 +249,7 @@ def test_random_specs_load_or_fail_with_one_clear_error(raw):
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=200))
 def test_random_text_files_never_crash_the_loader(tmp_path_factory, text):
-    from gspo_cli.spec_loading import load_spec
+    from gspo_cli.spec.loading import load_spec
 
     p = tmp_path_factory.mktemp("h") / "s.yaml"
     p.write_text(text)

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
+from gspo_cli.analysis.report import arm_role, welch_diff, write_report
+from gspo_cli.analysis.rundata import load_runs
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
-from gspo_cli.report import arm_role, welch_diff, write_report
-from gspo_cli.rundata import load_runs
 
 STEPS = 30
 

@@ -11,14 +11,14 @@ import yaml
 from helpers import TINY
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
+from gspo_cli.cli.app import app
 from gspo_cli.errors import InterruptedRun
 from gspo_cli.models import resolve_model_source
-from gspo_cli.reporting import quiet_reporter
 from gspo_cli.runs import RunDir
-from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
-from gspo_cli.train import StopFlag, train_experiment, train_run
+from gspo_cli.train.loop import StopFlag, train_experiment, train_run
+from gspo_cli.train.reporting import quiet_reporter
 
 pytestmark = pytest.mark.slow
 
@@ -141,7 +141,7 @@ def test_changed_spec_refuses_to_resume(tmp_path):
 
 
 def test_nan_loss_marks_run_diverged_and_exits_3(tmp_path, monkeypatch):
-    import gspo_cli.train as train_mod
+    import gspo_cli.train.loop as train_mod
 
     real = train_mod.train_step
 
@@ -167,7 +167,7 @@ def test_nan_loss_marks_run_diverged_and_exits_3(tmp_path, monkeypatch):
 def test_spec_written_by_an_older_version_still_resumes(tmp_path):
     """A spec.yaml without fields added later (they take their defaults) is the same spec;
     a real difference or an unreadable file is not."""
-    from gspo_cli.spec_loading import dump_spec, same_spec
+    from gspo_cli.spec.loading import dump_spec, same_spec
 
     spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
     old = yaml.safe_load(dump_spec(spec))

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_cli.config import BuiltinModelConfig
 from gspo_cli.models.builtin import build_config, build_tokenizer
 from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, response_logprobs
+from gspo_cli.spec import BuiltinModelConfig
 
 
 def build_tiny(kind: str, num_layers: int, num_experts: int, **from_config):

@@ -12,7 +12,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import build_tokenizer
 from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, logprob_mismatch, make_engine
 from gspo_cli.rollout.vllm_engine import _to_batch
-from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.spec.loading import spec_from_dict
 
 ARM = {"name": "a", "preset": "paper-gspo"}
 

@@ -8,9 +8,9 @@ import types
 import pytest
 from pydantic import ValidationError
 
-from gspo_cli.config import TrainConfig
 from gspo_cli.errors import SpecError
-from gspo_cli.sinks import make_sinks
+from gspo_cli.spec import TrainConfig
+from gspo_cli.train.sinks import make_sinks
 
 
 def test_tensorboard_events_read_back(tmp_path):

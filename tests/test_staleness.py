@@ -18,18 +18,18 @@ import yaml
 from helpers import TINY, tiny_model_dir
 from safetensors.torch import load_file
 
-from gspo_cli import stale as stale_mod
 from gspo_cli.errors import InterruptedRun, RunError, SpecError
 from gspo_cli.models import resolve_model_source
-from gspo_cli.reporting import quiet_reporter
 from gspo_cli.rollout import response_logprobs
 from gspo_cli.rollout.async_worker import AsyncSampler, WorkerArgs
 from gspo_cli.runs import RunDir
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.stale import StaleRollouts, check_supported, split_threads
-from gspo_cli.step import setup
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
-from gspo_cli.train import StopFlag, train_experiment, train_run
+from gspo_cli.train import staleness as stale_mod
+from gspo_cli.train.loop import StopFlag, train_experiment, train_run
+from gspo_cli.train.reporting import quiet_reporter
+from gspo_cli.train.staleness import StaleRollouts, check_supported, split_threads
+from gspo_cli.train.step import setup
 
 # grpo_rr: an MoE arm with routing replay r2, so pi_old's routes come from the worker too.
 RAW = {

@@ -6,11 +6,11 @@ import torch
 from helpers import TINY
 
 from gspo_cli.models import resolve_model_source
-from gspo_cli.optim import fused_adamw_ok
 from gspo_cli.rollout import RolloutBatch
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.step import setup, train_step
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
+from gspo_cli.train.optim import fused_adamw_ok
+from gspo_cli.train.step import setup, train_step
 
 
 def _uneven(generate, pad_id: int):
@@ -90,7 +90,7 @@ def test_fused_adamw_trains_as_the_default_path(tmp_path, monkeypatch):
     AdamW steps) gives the weights the default (for-each-parameter) AdamW gives, to float32
     rounding. (One step only: a rounding-level change in the weights may flip a sampled token
     in the next step's batch, which then differs outright.)"""
-    import gspo_cli.optim as optim_mod
+    import gspo_cli.train.optim as optim_mod
 
     ctx = _ctx(tmp_path / "a", "gspo")
     start = {k: v.clone() for k, v in ctx.model.state_dict().items()}

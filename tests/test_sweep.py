@@ -6,9 +6,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
-from gspo_cli.sweep import parse_shard, plan, shard, shard_from_env, sweep_points
+from gspo_cli.train.sweep import parse_shard, plan, shard, shard_from_env, sweep_points
 
 BASE = {
     "name": "sw",
@@ -128,7 +128,7 @@ def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypat
     model name refuses the sweep."""
     import gspo_cli.models as models
     from gspo_cli.errors import RunError
-    from gspo_cli.sweep import prebuild_models
+    from gspo_cli.train.sweep import prebuild_models
 
     built = []
 
@@ -171,7 +171,7 @@ def test_sweep_skips_completed_runs_of_the_same_spec_only(tmp_path, monkeypatch)
     before any model is built or process started."""
     import subprocess
 
-    from gspo_cli.spec_loading import dump_spec
+    from gspo_cli.spec.loading import dump_spec
 
     def no_process(*a, **k):
         raise AssertionError("a training process was started")

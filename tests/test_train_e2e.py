@@ -8,10 +8,10 @@ import yaml
 from helpers import TINY
 from safetensors.torch import load_file
 
-from gspo_cli.reporting import quiet_reporter
 from gspo_cli.runs import RunDir
-from gspo_cli.spec_loading import load_spec, spec_from_dict
-from gspo_cli.train import train_experiment
+from gspo_cli.spec.loading import load_spec, spec_from_dict
+from gspo_cli.train.loop import train_experiment
+from gspo_cli.train.reporting import quiet_reporter
 
 pytestmark = pytest.mark.slow
 
@@ -128,8 +128,8 @@ def test_dense_model_trains_and_refuses_routing_replay(tmp_path):
 def test_builtin_model_is_cached_by_its_settings():
     import time
 
-    from gspo_cli.config import ModelConfig
     from gspo_cli.models import resolve_model_source
+    from gspo_cli.spec import ModelConfig
     from gspo_cli.tasks import make_task
 
     task = make_task("arithmetic", TINY["task"]["params"])
@@ -145,7 +145,7 @@ def test_builtin_model_is_cached_by_its_settings():
 def test_cli_train_end_to_end(tmp_path):
     from typer.testing import CliRunner
 
-    from gspo_cli.cli import app
+    from gspo_cli.cli.app import app
 
     spec_file = tmp_path / "exp.yaml"
     spec_file.write_text(yaml.safe_dump({**TINY, "arms": [TINY["arms"][2]], "train": {"steps": 1}}))
@@ -163,7 +163,7 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
     """rollout.sampler_logprobs (default) and a separate old-log-prob pass train the same run:
     same samples and rewards, ratios and losses equal to float rounding, one forward fewer
     per step; with routing replay too."""
-    import gspo_cli.step as step_mod
+    import gspo_cli.train.step as step_mod
 
     calls = []
     real = step_mod.response_logprobs

@@ -12,7 +12,7 @@ import yaml
 from synthetic_runs import make_experiment
 from typer.testing import CliRunner
 
-from gspo_cli.cli import app
+from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 from gspo_cli.files import iter_lines, read_text
 
@@ -107,8 +107,8 @@ def test_run_spec_read_by_eval_train_and_sweep(tmp_path):
 def test_train_reads_its_run_directory_through_the_same_reader(tmp_path):
     from gspo_cli.distributed import DistInfo
     from gspo_cli.runs import RunDir
-    from gspo_cli.spec_loading import spec_from_dict
-    from gspo_cli.train import _decide_start, run_spec
+    from gspo_cli.spec.loading import spec_from_dict
+    from gspo_cli.train.loop import _decide_start, run_spec
 
     spec = spec_from_dict({**SPEC, "output_dir": str(tmp_path)})
     rd = RunDir(tmp_path / "exp/grpo/seed0")

@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
 
-from gspo_cli.config import BuiltinModelConfig, ColdStartConfig
+from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import Task
 
 BUILTIN_KINDS = ("tiny-moe", "tiny-dense")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from gspo_cli.config import ModelConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
+from gspo_cli.spec import ModelConfig
 from gspo_cli.tasks import Task
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -9,10 +9,10 @@ import sys
 
 import yaml
 
-import gspo_cli.step as step_mod
-from gspo_cli.spec_loading import spec_from_dict
-from gspo_cli.reporting import quiet_reporter
-from gspo_cli.train import train_experiment
+import gspo_cli.train.step as step_mod
+from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.train.reporting import quiet_reporter
+from gspo_cli.train.loop import train_experiment
 
 
 def poison(get_loss):

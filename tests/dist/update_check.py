@@ -18,9 +18,9 @@ import sys
 import torch
 import yaml
 
-import gspo_cli.step as step_mod
+import gspo_cli.train.step as step_mod
 from gspo_cli import distributed
-from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.rollout import RolloutBatch, response_logprobs
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score

@@ -10,8 +10,8 @@ from helpers import edited_model_copy
 from typer.testing import CliRunner
 from vllm_tiny import TINY, tiny_spec
 
-from gspo_cli.cli import app
-from gspo_cli.spec_loading import dump_spec
+from gspo_cli.cli.app import app
+from gspo_cli.spec.loading import dump_spec
 
 # Near-greedy: vLLM and the trainer's forward agree to ~1e-6 in log-prob (test_vllm_engine), so
 # at T = 1e-3 only tokens within ~1e-2 of the top logit could ever be drawn; on the problems

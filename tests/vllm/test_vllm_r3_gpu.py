@@ -13,11 +13,11 @@ from vllm_tiny import PROMPTS, TINY, tiny_spec
 
 from gspo_cli.models import load_model
 from gspo_cli.models.routing import RoutingController, expert_change_frac, routes_from_BT
-from gspo_cli.reporting import quiet_reporter
 from gspo_cli.rollout import response_logprobs
 from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
 from gspo_cli.runs import RunDir
-from gspo_cli.train import train_experiment
+from gspo_cli.train.loop import train_experiment
+from gspo_cli.train.reporting import quiet_reporter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM returns routed experts only on a GPU")
 GPU = {"gpu_memory_utilization": 0.3}

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from vllm_tiny import TINY
 
-from gspo_cli.config import RolloutConfig
 from gspo_cli.errors import SpecError
 from gspo_cli.rollout import make_engine
 from gspo_cli.runs import RunDir
+from gspo_cli.spec import RolloutConfig
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 

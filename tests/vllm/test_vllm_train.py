@@ -7,9 +7,9 @@ from safetensors.torch import load_file
 from vllm_tiny import TINY, tiny_spec
 
 from gspo_cli.errors import SpecError
-from gspo_cli.reporting import quiet_reporter
 from gspo_cli.runs import RunDir
-from gspo_cli.train import train_experiment
+from gspo_cli.train.loop import train_experiment
+from gspo_cli.train.reporting import quiet_reporter
 
 
 def _run(tmp_path, tiny_source, **rollout):

@@ -2,7 +2,7 @@
 
 import copy
 
-from gspo_cli.spec_loading import spec_from_dict
+from gspo_cli.spec.loading import spec_from_dict
 
 # Head dimension 32 (hidden 64 / 2 heads): vLLM's CPU attention has no kernel for 16.
 TINY = {

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, seed_stats
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS
-from gspo_cli.rundata import Group, Run, Stats, group_runs, load_runs, seed_stats
 from gspo_cli.runs import STATUSES
 
 FORMATS = ("table", "markdown", "csv", "json")

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.config import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.errors import SpecError
-from gspo_cli.evaluate import ProblemResult, sample_completions, sample_counts, score_problems, summarize
+from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize
 from gspo_cli.files import iter_lines
 from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
-from gspo_cli.spec_loading import load_spec
+from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
+from gspo_cli.spec.loading import load_spec
 from gspo_cli.tasks import TASKS, Task, make_task
 
 SUMMARY_FILE = "eval_summary.json"
@@ -209,7 +209,7 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
 
     Each line: {"id": ..., "completion": "..."} (several lines per problem give several
     samples) or {"id": ..., "completions": [...]}. Problems may have different numbers of
-    samples (see `gspo_cli.evaluate`: avg@K is a mean of per-problem means, pass@k uses each
+    samples (see `gspo_cli.eval.scores`: avg@K is a mean of per-problem means, pass@k uses each
     problem's own count). Ids the task does not know, and problems without completions, are
     warned about and left out. SpecError when the file is unreadable or nothing matches.
     """

@@ -18,20 +18,20 @@ from pathlib import Path
 import torch
 
 from gspo_cli import distributed
-from gspo_cli.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
-from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
-from gspo_cli.evaluate import evaluate_policy
+from gspo_cli.eval.scores import evaluate_policy
 from gspo_cli.models import resolve_model_source
-from gspo_cli.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, truncate_jsonl, versions
-from gspo_cli.sinks import make_sinks
-from gspo_cli.spec_loading import check_stored_spec, dump_spec
-from gspo_cli.stale import CHECKPOINT_KEY, StaleRollouts, check_supported
-from gspo_cli.step import Ctx, setup, train_step
+from gspo_cli.spec import ArmConfig, ExperimentSpec
+from gspo_cli.spec.loading import check_stored_spec, dump_spec
 from gspo_cli.tasks import Task, make_task
-from gspo_cli.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
+from gspo_cli.train.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
+from gspo_cli.train.reporting import PlainReporter, Reporter, quiet_reporter
+from gspo_cli.train.sinks import make_sinks
+from gspo_cli.train.staleness import CHECKPOINT_KEY, StaleRollouts, check_supported
+from gspo_cli.train.step import Ctx, setup, train_step
+from gspo_cli.train.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
 
 
 @dataclass

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.config import ExperimentSpec
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
-from gspo_cli.spec_loading import apply_override, check_stored_spec, dump_spec, read_spec_file, set_path, spec_from_dict
+from gspo_cli.spec import ExperimentSpec
+from gspo_cli.spec.loading import apply_override, check_stored_spec, dump_spec, read_spec_file, set_path, spec_from_dict
 
 
 @dataclass(frozen=True)

@@ -29,3 +29,16 @@ def _print_table(columns: list[str], rows: list[list]) -> None:
         table.add_row(*(str(v) for v in row))
     # Off a terminal (pipes, job logs) Rich would squeeze to 80 columns and cut paths.
     Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250).print(table)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _exit_code(statuses: list[str]) -> int:
+    """Worst outcome wins: a failed (or locked) run (1) over a diverged one (3) over success (0)."""
+    if any(st not in ("completed", "diverged") for st in statuses):
+        return 1
+    if "diverged" in statuses:
+        return 3
+    return 0

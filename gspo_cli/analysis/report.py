@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gspo_cli.compare import Comparison, compare_runs, render
+from gspo_cli.analysis.compare import Comparison, compare_runs, render
+from gspo_cli.analysis.plot import plot_runs
+from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
+from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
 from gspo_cli.errors import SpecError
-from gspo_cli.plot import plot_runs
-from gspo_cli.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
-from gspo_cli.rundata import Group, Run, group_runs, load_runs, t975
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}

@@ -11,10 +11,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gspo_cli.config import ExperimentSpec, OnPolicyWarning, _did_you_mean, _Problems
 from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
-from gspo_cli.presets import PRESETS
+from gspo_cli.spec.base import _did_you_mean, _Problems
+from gspo_cli.spec.experiment import ExperimentSpec, OnPolicyWarning
+from gspo_cli.spec.presets import PRESETS
 
 
 def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:

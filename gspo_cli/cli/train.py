@@ -1,8 +1,5 @@
-"""The `gspo` command line: parse, load the spec, call one core function, render.
-
-Errors a user can cause end in one line on stderr and exit code 2 (bad usage or spec) or
-1 (a run failed); bugs still raise with a traceback.
-"""
+"""`gspo train` and `gspo sweep`: run an experiment's arms x seeds (one process, torchrun, or a
+sweep's job pool). Torch is imported only once the spec has loaded."""
 
 from __future__ import annotations
 
@@ -13,52 +10,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-from gspo_cli.cli_base import _fail, _print_table, err_console
-from gspo_cli.cli_views import compare, list_runs, plot, report
+from gspo_cli.cli.common import _exit_code, _fail, _print_table, _show_warning, err_console
 from gspo_cli.errors import GspoError, SpecError
-
-app = typer.Typer(
-    name="gspo",
-    help="Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=True,
-)
-
-
-def _print_version(value: bool) -> None:
-    if not value:
-        return
-    from gspo_cli.runs import versions
-
-    # Read from the installed packages' metadata: importing torch to ask it would take seconds.
-    v = versions()
-    typer.echo(
-        f"gspo-cli {v.get('gspo-cli', 'unknown')} (torch {v.get('torch', 'not installed')}, "
-        f"transformers {v.get('transformers', 'not installed')}, python {v['python']})"
-    )
-    raise typer.Exit(0)
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            callback=_print_version,
-            is_eager=True,
-            help="print the gspo-cli, torch and transformers versions and exit",
-        ),
-    ] = False,
-) -> None:
-    """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot."""
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _unique(items: list | None) -> list | None:
@@ -71,22 +25,13 @@ def _check_selection(spec, arms: list[str] | None, seeds: list[int] | None) -> N
     A --seed need not be listed in the spec's `seeds`: running an extra seed of an existing
     experiment is a normal thing to do, and its run directory records the seed it used.
     """
-    from gspo_cli.config import SEED_LIMIT
+    from gspo_cli.spec import SEED_LIMIT
 
     for name in arms or []:
         spec.arm(name)  # SpecError naming the known arms
     for s in seeds or []:
         if not 0 <= s < SEED_LIMIT:
             raise SpecError(f"--seed: {s} is out of range (0 <= seed < {SEED_LIMIT})")
-
-
-def _exit_code(statuses: list[str]) -> int:
-    """Worst outcome wins: a failed (or locked) run (1) over a diverged one (3) over success (0)."""
-    if any(st not in ("completed", "diverged") for st in statuses):
-        return 1
-    if "diverged" in statuses:
-        return 3
-    return 0
 
 
 def _resume_target(run_dir: Path) -> tuple[Path, list[str]]:
@@ -100,7 +45,6 @@ def _resume_target(run_dir: Path) -> tuple[Path, list[str]]:
     return rd.spec_file, [f"output_dir={json.dumps(str(rd.path.resolve().parents[2]))}"]
 
 
-@app.command()
 def train(
     spec_path: Annotated[Optional[Path], typer.Argument(metavar="SPEC", help="experiment spec (YAML)")] = None,
     set_: Annotated[
@@ -137,7 +81,7 @@ def train(
     Exit codes: 0 done, 1 a run failed, 2 bad usage/spec/file, 3 a run diverged,
     4 stopped by SIGINT/SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
     """
-    from gspo_cli.spec_loading import load_spec
+    from gspo_cli.spec.loading import load_spec
 
     warnings.showwarning = _show_warning
     try:
@@ -156,8 +100,8 @@ def train(
         arm, seed = _unique(arm), _unique(seed)
         _check_selection(spec, arm, seed)
         # Imported only now: torch and transformers take seconds, and usage errors should not wait.
-        from gspo_cli.progress import make_reporter, render_summary
-        from gspo_cli.train import train_experiment
+        from gspo_cli.cli.progress import make_reporter, render_summary
+        from gspo_cli.train.loop import train_experiment
 
         reporter = make_reporter(quiet=quiet, to_stderr=as_json)
         with reporter:
@@ -177,7 +121,6 @@ def train(
     raise typer.Exit(code)
 
 
-@app.command()
 def sweep(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec with a `sweep:` section")],
     set_: Annotated[
@@ -203,7 +146,7 @@ def sweep(
     """Expand the spec's sweep x arms x seeds into named runs and train them (idempotent:
     completed runs of the same spec are skipped, of another spec refused, interrupted ones
     resume). Exit codes as for `train`."""
-    from gspo_cli import sweep as sw
+    from gspo_cli.train import sweep as sw
 
     warnings.showwarning = _show_warning
     try:
@@ -272,136 +215,3 @@ def _show_plan(runs, as_json: bool) -> None:
         ],
     )
     typer.echo(f"{len(rows)} run(s) planned")
-
-
-@app.command(name="eval")
-def eval_(
-    target: Annotated[
-        Optional[str],
-        typer.Argument(
-            help="run directory, checkpoint or model directory, hub id, or "
-            "builtin:<kind>; with --completions: a run (for its task) or nothing"
-        ),
-    ] = None,
-    completions: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--completions",
-            "-c",
-            help="score this JSONL of {\"id\", \"completion\"} lines instead of sampling (no model)",
-        ),
-    ] = None,
-    task: Annotated[Optional[str], typer.Option("--task", "-t", help="task name (default: the run's)")] = None,
-    dataset: Annotated[
-        Optional[str],
-        typer.Option(
-            "--dataset",
-            "-d",
-            help="the task's data: a .jsonl/.json/.parquet file or hub:<id> (sets task.params.source)",
-        ),
-    ] = None,
-    checkpoint: Annotated[
-        Optional[str], typer.Option("--checkpoint", help="a run's checkpoint, e.g. step_000050 (default: the latest)")
-    ] = None,
-    samples: Annotated[
-        Optional[int],
-        typer.Option("--samples", "-k", help="completions per problem, K (default: the run's eval_samples, else 1)"),
-    ] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the run's, else 1.0")] = None,
-    top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 1.0,
-    max_tokens: Annotated[
-        Optional[int],
-        typer.Option("--max-tokens", help="new tokens per completion (default: the run's max_new_tokens, else 1024)"),
-    ] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="evaluate the first N problems only")] = None,
-    out: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--out",
-            "-o",
-            help="write results here (default: the run directory, the completions' folder, or results/eval/<model>)",
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
-    batch_size: Annotated[
-        Optional[int],
-        typer.Option("--batch-size", help="sequences per generate call (default: 64 with hf, all at once with vllm)"),
-    ] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="e.g. cuda (default: the run's, else cpu)")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16")] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            "--engine",
-            help="hf (transformers' generate) or vllm (needs vLLM "
-            "installed; prompts, stops and sampling as in training)",
-        ),
-    ] = "hf",
-    vllm_arg: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--vllm-arg",
-            help="KEY=VALUE, repeatable: a vllm.LLM "
-            "argument (YAML value) over the run's rollout.vllm, e.g. "
-            "gpu_memory_utilization=0.9",
-        ),
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
-) -> None:
-    """Score a checkpoint or model (avg@K, pass@k, maj@K, failure shares, rating) on a task's
-    held-out problems, or score completions made elsewhere; writes eval_problems.jsonl and
-    eval_summary.json."""
-    from gspo_cli import eval_run as ev
-
-    warnings.showwarning = _show_warning
-    log = (lambda msg: None) if quiet else (lambda msg: err_console.print(msg, markup=False, highlight=False))
-    try:
-        if target is None and completions is None:
-            raise SpecError("TARGET: give a run, checkpoint or model to sample from, or --completions FILE")
-        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
-            raise SpecError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
-        if completions is not None:
-            resolved = ev.resolve_run(target) if target is not None else None
-            results, summary = ev.evaluate_completions(
-                completions, ev.resolve_task(resolved.spec if resolved else None, task, dataset), limit
-            )
-        else:
-            resolved = ev.resolve_target(target, checkpoint)
-            sampling = ev.Sampling(
-                samples=samples,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_tokens,
-                seed=seed,
-                batch_size=batch_size,
-                device=device,
-                dtype=dtype,
-                engine=engine,
-                vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"),
-            )
-            results, summary = ev.evaluate_model(
-                resolved, ev.resolve_task(resolved.spec, task, dataset), sampling, limit, log=log
-            )
-        written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)
-    except GspoError as err:
-        _fail(err)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        raise typer.Exit(130) from None
-    ev.render(summary, Console())
-    err_console.print(f"wrote {written} and {written.with_name(ev.PROBLEMS_FILE).name}", markup=False, highlight=False)
-
-
-# The commands that read run directories only (cli_views): no torch import.
-app.command(name="list")(list_runs)
-app.command()(compare)
-app.command()(plot)
-app.command()(report)
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

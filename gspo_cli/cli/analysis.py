@@ -1,6 +1,6 @@
 """The `gspo` commands that read run directories only: list, compare, plot, report.
 
-None imports torch; each renders what gspo_cli.compare / plot / report compute.
+None imports torch; each renders what gspo_cli.analysis.compare / plot / report compute.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from gspo_cli.cli_base import _fail, _print_table, err_console
+from gspo_cli.cli.common import _fail, _print_table, err_console
 from gspo_cli.errors import GspoError, SpecError
 
 
@@ -101,7 +101,7 @@ def compare(
 
     Reads run directories only (never a model); running or dead runs count with what is on disk.
     """
-    from gspo_cli import compare as cmp
+    from gspo_cli.analysis import compare as cmp
 
     try:
         if fmt not in cmp.FORMATS:
@@ -154,7 +154,7 @@ def plot(
 ) -> None:
     """Draw reward, eval, clip-fraction, expert-change, KL, entropy, length and grad-norm
     curves from run directories: one line per arm, mean over seeds with a 95% CI band."""
-    from gspo_cli.plot import plot_runs
+    from gspo_cli.analysis.plot import plot_runs
 
     try:
         written, skipped = plot_runs(
@@ -181,7 +181,7 @@ def report(
 ) -> None:
     """The GSPO paper's four findings checked on an experiment's runs: compare's table, plot's
     figures, and per finding a difference of arm means with a 95% CI and a verdict."""
-    from gspo_cli.report import write_report
+    from gspo_cli.analysis.report import write_report
 
     try:
         path = write_report(experiment, out, last=last, smooth=smooth)

@@ -29,7 +29,6 @@ from gspo_cli.algorithms import (
     get_policy_loss,
     kl_k3_BC,
 )
-from gspo_cli.config import ArmConfig, ExperimentSpec
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.metrics import MISMATCH_STAT_KEYS
@@ -41,11 +40,12 @@ from gspo_cli.models.routing import (
     routes_from_BT,
     routes_to_BT,
 )
-from gspo_cli.optim import make_optimizer
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
 from gspo_cli.rollout.base import LogProbs, check_due
-from gspo_cli.stepstats import StepStats, record_batch, record_gap, record_logratio_var, record_update
+from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
+from gspo_cli.train.optim import make_optimizer
+from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
 
 
 @dataclass

@@ -8,7 +8,7 @@ import signal
 import threading
 
 from gspo_cli.errors import DivergedError
-from gspo_cli.reporting import Reporter
+from gspo_cli.train.reporting import Reporter
 
 
 @contextlib.contextmanager

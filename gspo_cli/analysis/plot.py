@@ -22,9 +22,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
-from gspo_cli.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
 
 FORMATS = ("png", "svg", "pdf")
 X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]", "tokens": "response tokens generated"}

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gspo_cli.reporting import PlainReporter, format_step
+from gspo_cli.train.reporting import PlainReporter, format_step
 
 
 class RichReporter(PlainReporter):

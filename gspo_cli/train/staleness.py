@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo_cli.config import ExperimentSpec
 from gspo_cli.errors import SpecError
 from gspo_cli.rollout.async_worker import AsyncSampler, WorkerArgs
 from gspo_cli.rollout.base import RolloutBatch, check_due
-from gspo_cli.step import Ctx, learn
+from gspo_cli.spec import ExperimentSpec
+from gspo_cli.train.step import Ctx, learn
 
 CHECKPOINT_KEY = "pending_rollout"
 

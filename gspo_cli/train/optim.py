@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from gspo_cli.config import OptimizerConfig
 from gspo_cli.errors import SpecError, router_scale_problem
+from gspo_cli.spec import OptimizerConfig
 
 
 def make_optimizer(model, routing, cfg: OptimizerConfig, model_name: str, sharded: bool) -> torch.optim.AdamW:

@@ -1,0 +1,70 @@
+"""The `gspo` command line: parse, load the spec, call one core function, render.
+
+Errors a user can cause end in one line on stderr and exit code 2 (bad usage or spec) or
+1 (a run failed); bugs still raise with a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gspo_cli.cli.analysis import compare, list_runs, plot, report
+from gspo_cli.cli.eval import eval_
+from gspo_cli.cli.train import sweep, train
+
+app = typer.Typer(
+    name="gspo",
+    help="Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from gspo_cli.runs import versions
+
+    # Read from the installed packages' metadata: importing torch to ask it would take seconds.
+    v = versions()
+    typer.echo(
+        f"gspo-cli {v.get('gspo-cli', 'unknown')} (torch {v.get('torch', 'not installed')}, "
+        f"transformers {v.get('transformers', 'not installed')}, python {v['python']})"
+    )
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print the gspo-cli, torch and transformers versions and exit",
+        ),
+    ] = False,
+) -> None:
+    """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot."""
+
+
+app.command()(train)
+app.command()(sweep)
+app.command(name="eval")(eval_)
+# The commands that read run directories only: no torch import.
+app.command(name="list")(list_runs)
+app.command()(compare)
+app.command()(plot)
+app.command()(report)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

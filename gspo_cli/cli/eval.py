@@ -1,0 +1,131 @@
+"""`gspo eval`: score a run, checkpoint or model on a task's held-out problems, or score
+completions made elsewhere."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from gspo_cli.cli.common import _fail, _show_warning, err_console
+from gspo_cli.errors import GspoError, SpecError
+
+
+def eval_(
+    target: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="run directory, checkpoint or model directory, hub id, or "
+            "builtin:<kind>; with --completions: a run (for its task) or nothing"
+        ),
+    ] = None,
+    completions: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--completions",
+            "-c",
+            help="score this JSONL of {\"id\", \"completion\"} lines instead of sampling (no model)",
+        ),
+    ] = None,
+    task: Annotated[Optional[str], typer.Option("--task", "-t", help="task name (default: the run's)")] = None,
+    dataset: Annotated[
+        Optional[str],
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="the task's data: a .jsonl/.json/.parquet file or hub:<id> (sets task.params.source)",
+        ),
+    ] = None,
+    checkpoint: Annotated[
+        Optional[str], typer.Option("--checkpoint", help="a run's checkpoint, e.g. step_000050 (default: the latest)")
+    ] = None,
+    samples: Annotated[
+        Optional[int],
+        typer.Option("--samples", "-k", help="completions per problem, K (default: the run's eval_samples, else 1)"),
+    ] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the run's, else 1.0")] = None,
+    top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 1.0,
+    max_tokens: Annotated[
+        Optional[int],
+        typer.Option("--max-tokens", help="new tokens per completion (default: the run's max_new_tokens, else 1024)"),
+    ] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="evaluate the first N problems only")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            "-o",
+            help="write results here (default: the run directory, the completions' folder, or results/eval/<model>)",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
+    batch_size: Annotated[
+        Optional[int],
+        typer.Option("--batch-size", help="sequences per generate call (default: 64 with hf, all at once with vllm)"),
+    ] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="e.g. cuda (default: the run's, else cpu)")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16")] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="hf (transformers' generate) or vllm (needs vLLM "
+            "installed; prompts, stops and sampling as in training)",
+        ),
+    ] = "hf",
+    vllm_arg: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--vllm-arg",
+            help="KEY=VALUE, repeatable: a vllm.LLM "
+            "argument (YAML value) over the run's rollout.vllm, e.g. "
+            "gpu_memory_utilization=0.9",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+) -> None:
+    """Score a checkpoint or model (avg@K, pass@k, maj@K, failure shares, rating) on a task's
+    held-out problems, or score completions made elsewhere; writes eval_problems.jsonl and
+    eval_summary.json."""
+    from gspo_cli.eval import run as ev
+
+    warnings.showwarning = _show_warning
+    log = (lambda msg: None) if quiet else (lambda msg: err_console.print(msg, markup=False, highlight=False))
+    try:
+        if target is None and completions is None:
+            raise SpecError("TARGET: give a run, checkpoint or model to sample from, or --completions FILE")
+        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+            raise SpecError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
+        if completions is not None:
+            resolved = ev.resolve_run(target) if target is not None else None
+            results, summary = ev.evaluate_completions(
+                completions, ev.resolve_task(resolved.spec if resolved else None, task, dataset), limit
+            )
+        else:
+            resolved = ev.resolve_target(target, checkpoint)
+            sampling = ev.Sampling(
+                samples=samples,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                seed=seed,
+                batch_size=batch_size,
+                device=device,
+                dtype=dtype,
+                engine=engine,
+                vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"),
+            )
+            results, summary = ev.evaluate_model(
+                resolved, ev.resolve_task(resolved.spec, task, dataset), sampling, limit, log=log
+            )
+        written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)
+    except GspoError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise typer.Exit(130) from None
+    ev.render(summary, Console())
+    err_console.print(f"wrote {written} and {written.with_name(ev.PROBLEMS_FILE).name}", markup=False, highlight=False)

@@ -1,0 +1,31 @@
+"""The experiment spec: typed pydantic models, one module per section (`model`, `task`,
+`rollout`, `training`, `arm`, `experiment`), named presets (`presets`), and YAML loading with
+`--set` overrides and stored-spec comparison (`loading`). The public names are re-exported here:
+`from gspo_cli.spec import ExperimentSpec`."""
+
+from gspo_cli.spec.arm import ArmConfig, MismatchConfig
+from gspo_cli.spec.experiment import SEED_LIMIT, ExperimentSpec, OnPolicyWarning, SweepConfig
+from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, ModelConfig
+from gspo_cli.spec.presets import PRESETS
+from gspo_cli.spec.rollout import VLLM_RESERVED_KWARGS, RolloutConfig
+from gspo_cli.spec.task import TaskConfig
+from gspo_cli.spec.training import DivergenceConfig, OptimizerConfig, TrainConfig
+
+__all__ = [
+    "PRESETS",
+    "SEED_LIMIT",
+    "VLLM_RESERVED_KWARGS",
+    "ArmConfig",
+    "BuiltinModelConfig",
+    "ColdStartConfig",
+    "DivergenceConfig",
+    "ExperimentSpec",
+    "MismatchConfig",
+    "ModelConfig",
+    "OnPolicyWarning",
+    "OptimizerConfig",
+    "RolloutConfig",
+    "SweepConfig",
+    "TaskConfig",
+    "TrainConfig",
+]

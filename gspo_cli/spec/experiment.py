@@ -1,0 +1,160 @@
+"""The whole experiment: name, seeds, every section, the arms and an optional sweep, with
+the checks that need more than one section (mini-batches vs batch size, engine needs,
+registered names)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator, model_validator
+
+from gspo_cli.errors import SpecError, router_scale_problem
+from gspo_cli.spec.arm import ArmConfig
+from gspo_cli.spec.base import _check_dir_name, _did_you_mean, _Problems, _Strict
+from gspo_cli.spec.model import ModelConfig
+from gspo_cli.spec.rollout import RolloutConfig
+from gspo_cli.spec.task import TaskConfig
+from gspo_cli.spec.training import OptimizerConfig, TrainConfig
+
+SEED_LIMIT = 2**32  # numpy's bound; torch and random accept it too
+
+
+class SweepConfig(_Strict):
+    """Variants of the experiment for `gspo sweep`: the grid's cartesian product, times each
+    explicit override set. Keys are spec paths; `arms[*].x` sets x in every arm."""
+
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    sets: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self):
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid.{key}: needs at least one value")
+        return self
+
+
+class ExperimentSpec(_Strict):
+    name: str
+    output_dir: str = Field("results", min_length=1)
+    seeds: list[Annotated[int, Field(ge=0, lt=SEED_LIMIT)]] = Field(default_factory=lambda: [0], min_length=1)
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    train: TrainConfig = TrainConfig()
+    arms: list[ArmConfig] = Field(min_length=1)
+    sweep: SweepConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        return _check_dir_name(v, "experiment names")
+
+    @model_validator(mode="after")
+    def _check(self):
+        b = self.rollout.batch_size
+        problems = _unregistered_names(self.arms)
+        for i, arm in enumerate(self.arms):
+            if b % arm.mini_batches:
+                problems.append(
+                    f"arms[{i}].mini_batches: {arm.mini_batches} does not divide the rollout batch "
+                    f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
+                )
+            problems += _engine_problems(i, arm, self.rollout)
+        if self.optimizer.router_lr_scale != 1.0 and self.model.name == "builtin:tiny-dense":
+            problems.append(router_scale_problem(self.optimizer.router_lr_scale, self.model.name))  # hub: once built
+        if self.model.dtype == "float16":
+            problems.append(
+                "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
+                "(small gradients underflow); use bfloat16"
+            )
+        names = [a.name for a in self.arms]
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                problems.append(f"arms[{i}].name: duplicate arm name {n!r} (also arms[{names.index(n)}])")
+        dupes = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if dupes:
+            problems.append(f"seeds: duplicate seeds {dupes}")
+        if problems:
+            raise _Problems("\n".join(problems))
+        return self
+
+    def arm(self, name: str) -> ArmConfig:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        names = [a.name for a in self.arms]
+        raise SpecError(f"--arm: no arm named {name!r}{_did_you_mean(name, names)}; arms: {', '.join(names)}")
+
+    def on_policy_arms(self) -> list[str]:
+        return [a.name for a in self.arms if a.mini_batches == 1 and a.epochs == 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str]:
+    """What an arm's mismatch correction and R3 need from the rollout engine."""
+    problems = []
+    hf_without = rollout.engine == "hf" and not rollout.sampler_logprobs
+    if arm.mismatch.mode != "off":
+        if rollout.use_engine_logprobs:
+            problems.append(
+                f"arms[{i}].mismatch.mode: {arm.mismatch.mode} weights by pi_old(trainer) / pi(engine), "
+                "but rollout.use_engine_logprobs makes pi_old the engine's (every weight 1); "
+                "use one or the other"
+            )
+        if hf_without:
+            problems.append(
+                f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs: "
+                "rollout.sampler_logprobs: true (hf) or rollout.engine: vllm"
+            )
+    if arm.mismatch.mode != "off" and rollout.staleness:
+        problems.append(
+            f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the trainer's forward of the sampling "
+            "weights, which rollout.staleness: 1 does not keep; use staleness 0"
+        )
+    if arm.routing_replay == "r3" and hf_without:
+        problems.append(
+            f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "
+            "needs rollout.sampler_logprobs: true (or use r2)"
+        )
+    return problems
+
+
+def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
+    """One `arms[i].field: ...` line per loss, aggregation or advantage name that its registry
+    lacks. The registries are the one list of names: registering a loss makes it selectable.
+
+    Checked here, after every field validated, not in ArmConfig's field validators: the
+    registries live beside their torch code, and importing them costs ~2 s of torch import
+    that a spec with a typo elsewhere should not wait for. Importing this module stays
+    torch-free (compare, plot, eval --completions)."""
+    from gspo_cli import algorithms
+
+    registries = {
+        "loss": (algorithms.POLICY_LOSSES, "policy loss"),
+        "aggregation": (algorithms.AGGREGATIONS, "aggregation"),
+        "advantage": (algorithms.ADVANTAGE_ESTIMATORS, "advantage estimator"),
+    }
+    problems = []
+    for i, arm in enumerate(arms):
+        for field, (registry, what) in registries.items():
+            name = getattr(arm, field)
+            if name not in registry:
+                problems.append(
+                    f"arms[{i}].{field}: unknown {what} {name!r}{_did_you_mean(name, registry)}; "
+                    f"registered: {', '.join(registry)}"
+                )
+        modes = ["off", *algorithms.MISMATCH_CORRECTIONS]  # off: no correction, not a registered one
+        if arm.mismatch.mode not in modes:
+            problems.append(
+                f"arms[{i}].mismatch.mode: unknown mismatch correction {arm.mismatch.mode!r}"
+                f"{_did_you_mean(arm.mismatch.mode, modes)}; known: {', '.join(modes)}"
+            )
+    return problems
+
+
+class OnPolicyWarning(UserWarning):
+    """A comparison whose arms cannot differ."""

@@ -1,0 +1,59 @@
+"""`optimizer:` and `train:` the update's optimizer, the run's length, schedules, divergence
+guards and memory options."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gspo_cli.spec.base import _Strict
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    router_lr_scale: float = Field(
+        1.0,
+        gt=0,
+        description="MoE only: the routers' learning rate is lr x this (1: one rate for all weights); "
+        "a router that moves faster than the rest of the network flips more expert choices per update",
+    )
+
+
+class DivergenceConfig(_Strict):
+    """When a run is declared diverged. NaN/Inf in the loss, gradients or log-probs always
+    counts; the collapse detectors are off unless given a threshold."""
+
+    skip_bad_batches: bool = Field(
+        False,
+        description="skip a mini-batch with a non-finite loss or gradient instead of stopping (isolated bad batches)",
+    )
+    max_skipped: int = Field(3, ge=0, description="with skip_bad_batches: diverge after this many skips in a run")
+    reward_below: float | None = Field(None, description="collapse: mean reward below this for `patience` steps")
+    entropy_below: float | None = Field(None, ge=0, description="collapse: entropy below this for `patience` steps")
+    patience: int = Field(10, ge=1)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(20, ge=1)
+    checkpoint_every: int = Field(
+        50, ge=0, description="steps between checkpoints (resume points); 0: only the final one"
+    )
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int = Field(0, ge=0, description="0: evaluate only at the end")
+    eval_samples: int = Field(1, ge=1, description="samples per eval problem (avg@k)")
+    sinks: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.train.sinks)"
+    )
+    divergence: DivergenceConfig = DivergenceConfig()
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in "
+        "backward instead of keeping them (less memory, "
+        "~1 extra forward per update)",
+    )
