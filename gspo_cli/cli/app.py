@@ -12,14 +12,17 @@ import typer
 
 from gspo_cli.cli.analysis import compare, list_runs, plot, report
 from gspo_cli.cli.eval import eval_
+from gspo_cli.cli.schema import schema
 from gspo_cli.cli.train import sweep, train
 
 app = typer.Typer(
     name="gspo",
-    help="Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
+    # Markdown: a docstring's paragraphs are reflowed to the terminal's width, so the source can wrap
+    # them at any column (rich mode would keep every line break of the source).
+    rich_markup_mode="markdown",
 )
 
 
@@ -60,6 +63,7 @@ app.command(name="list")(list_runs)
 app.command()(compare)
 app.command()(plot)
 app.command()(report)
+app.command()(schema)
 
 
 def main() -> None:

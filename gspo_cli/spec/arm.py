@@ -29,20 +29,21 @@ class MismatchConfig(_Strict):
 class ArmConfig(_Strict):
     """One arm of the experiment: an algorithm with every setting that defines it."""
 
-    name: str
-    preset: str | None = None
+    name: str = Field(description="arm name: the run directory <experiment>/<arm>/")
+    preset: str | None = Field(None, description="fill the other fields from this preset first")
     loss: str = Field(description="a policy loss registered in gspo_cli.algorithms.POLICY_LOSSES")
-    clip_low: float = Field(gt=0, lt=1)
-    clip_high: float = Field(gt=0)
+    clip_low: float = Field(gt=0, lt=1, description="epsilon_low: ratios below 1 - clip_low are clipped")
+    clip_high: float = Field(gt=0, description="epsilon_high: ratios above 1 + clip_high are clipped")
     aggregation: str = Field("seq_mean_token_mean", description="registered in gspo_cli.algorithms.AGGREGATIONS")
-    mini_batches: int = Field(1, ge=1)
-    epochs: int = Field(1, ge=1)
-    # r2: replay pi_old's routes (the trainer's); r3: the rollout engine's routes
-    routing_replay: Literal["off", "r2", "r3"] = "off"
-    kl_coef: float = Field(0.0, ge=0)
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per rollout batch (all but the first off-policy)")
+    epochs: int = Field(1, ge=1, description="passes over each rollout batch")
+    routing_replay: Literal["off", "r2", "r3"] = Field(
+        "off", description="MoE: r2 replays pi_old's routes (the trainer's), r3 the rollout engine's"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the initial policy")
     advantage: str = Field("grpo", description="registered in gspo_cli.algorithms.ADVANTAGE_ESTIMATORS")
-    adv_eps: float = Field(1e-6, ge=0)
-    mismatch: MismatchConfig = MismatchConfig()
+    adv_eps: float = Field(1e-6, ge=0, description="added to the group std before dividing")
+    mismatch: MismatchConfig = Field(MismatchConfig(), description="rollout/trainer mismatch correction")
 
     @field_validator("name")
     @classmethod

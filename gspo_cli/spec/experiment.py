@@ -23,8 +23,12 @@ class SweepConfig(_Strict):
     """Variants of the experiment for `gspo sweep`: the grid's cartesian product, times each
     explicit override set. Keys are spec paths; `arms[*].x` sets x in every arm."""
 
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
-    sets: list[dict[str, Any]] = Field(default_factory=list)
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict, description="spec path -> values; every combination is a run"
+    )
+    sets: list[dict[str, Any]] = Field(
+        default_factory=list, description="explicit override sets (spec path -> value), each crossed with the grid"
+    )
 
     @model_validator(mode="after")
     def _check(self):
@@ -35,16 +39,20 @@ class SweepConfig(_Strict):
 
 
 class ExperimentSpec(_Strict):
-    name: str
-    output_dir: str = Field("results", min_length=1)
-    seeds: list[Annotated[int, Field(ge=0, lt=SEED_LIMIT)]] = Field(default_factory=lambda: [0], min_length=1)
+    """An experiment: arms x seeds trained on one model, task and rollout set-up."""
+
+    name: str = Field(description="experiment name: runs go to <output_dir>/<name>/<arm>/seed<k>/")
+    output_dir: str = Field("results", min_length=1, description="directory of the experiments' run directories")
+    seeds: list[Annotated[int, Field(ge=0, lt=SEED_LIMIT)]] = Field(
+        default_factory=lambda: [0], min_length=1, description="one run per arm and seed"
+    )
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     train: TrainConfig = TrainConfig()
-    arms: list[ArmConfig] = Field(min_length=1)
-    sweep: SweepConfig | None = None
+    arms: list[ArmConfig] = Field(min_length=1, description="the algorithms compared, one per arm")
+    sweep: SweepConfig | None = Field(None, description="variants for gspo sweep")
 
     @field_validator("name")
     @classmethod

@@ -13,15 +13,15 @@ from gspo_cli.spec.base import _Problems, _Strict
 class BuiltinModelConfig(_Strict):
     """Size of a built-in tiny model (Qwen3 / Qwen3-MoE architecture)."""
 
-    hidden_size: int = Field(128, ge=8)
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    intermediate_size: int = Field(256, ge=8)
-    num_experts: int = Field(8, ge=2)
-    experts_per_token: int = Field(2, ge=1)
-    moe_intermediate_size: int = Field(128, ge=8)
-    max_positions: int = Field(256, ge=16)
+    hidden_size: int = Field(128, ge=8, description="width of the residual stream")
+    num_layers: int = Field(4, ge=1, description="decoder layers")
+    num_heads: int = Field(4, ge=1, description="attention heads; must divide hidden_size")
+    num_kv_heads: int = Field(2, ge=1, description="key/value heads (grouped-query attention)")
+    intermediate_size: int = Field(256, ge=8, description="MLP width of the dense model")
+    num_experts: int = Field(8, ge=2, description="experts per MoE layer")
+    experts_per_token: int = Field(2, ge=1, description="experts each token is routed to (top-k)")
+    moe_intermediate_size: int = Field(128, ge=8, description="MLP width of each expert")
+    max_positions: int = Field(256, ge=16, description="longest sequence, prompt and response, in tokens")
 
     @model_validator(mode="after")
     def _check(self):
@@ -40,25 +40,33 @@ class BuiltinModelConfig(_Strict):
 class ColdStartConfig(_Strict):
     """Supervised warm start of a built-in model on the task's reference solutions."""
 
-    steps: int = Field(300, ge=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    seed: int = 0
+    steps: int = Field(300, ge=0, description="supervised steps on reference solutions; 0: none")
+    batch_size: int = Field(64, ge=1, description="sequences per cold-start step")
+    lr: float = Field(3e-3, gt=0, description="cold-start learning rate")
+    seed: int = Field(0, description="seed of the cold start (part of the cached model's key)")
 
 
 class ModelConfig(_Strict):
+    """The policy: a built-in tiny model, a hub id or a local HF directory, and how it runs."""
+
     name: str = Field("builtin:tiny-moe", description="builtin:tiny-moe, builtin:tiny-dense, a hub id or a local path")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute dtype (bfloat16: autocast over float32 master weights); float16 is refused"
+    )
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
     builtin: BuiltinModelConfig = BuiltinModelConfig()
     cold_start: ColdStartConfig = ColdStartConfig()
     # The router load-balancing loss moves weights even when every advantage is 0, so it is
     # an explicit choice, off for the paper's presets.
-    router_aux_loss_coef: float = Field(0.0, ge=0)
+    router_aux_loss_coef: float = Field(0.0, ge=0, description="weight of the MoE load-balancing loss")
     # How MoE expert layers run in the trainer. grouped_mm: one grouped matmul per layer
     # (same forward as eager, ~16% faster updates on the tiny MoE); eager: a Python loop over
     # experts; batched_mm is not offered (it ran a 24 GB box out of memory on the tiny MoE).
-    experts_implementation: Literal["grouped_mm", "eager"] = "grouped_mm"
+    experts_implementation: Literal["grouped_mm", "eager"] = Field(
+        "grouped_mm", description="MoE expert layers: one grouped matmul (faster) or a loop over experts"
+    )
     # Under torchrun: ddp keeps a whole copy of the model per process; fsdp (PyTorch FSDP2)
     # shards parameters, gradients and optimizer state across processes.
-    sharding: Literal["ddp", "fsdp"] = "ddp"
+    sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="under torchrun: a whole copy per process (ddp) or FSDP2 shards (fsdp)"
+    )

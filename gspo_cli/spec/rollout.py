@@ -22,14 +22,16 @@ VLLM_RESERVED_KWARGS = (
 
 
 class RolloutConfig(_Strict):
+    """How responses are sampled: engine, batch shape (prompts_per_step x group_size), prompts."""
+
     engine: Literal["hf", "vllm"] = Field(
         "hf",
         description="hf: the trainer's own model.generate; vllm: an in-process vLLM engine, weights synced every step",
     )
-    prompts_per_step: int = Field(16, ge=1)
-    group_size: int = Field(8, ge=2)
-    max_new_tokens: int = Field(48, ge=1)
-    temperature: float = Field(1.0, gt=0)
+    prompts_per_step: int = Field(16, ge=1, description="prompts sampled per step")
+    group_size: int = Field(8, ge=2, description="responses per prompt (G); advantages are relative to the group")
+    max_new_tokens: int = Field(48, ge=1, description="longest response, in tokens")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (vllm: at most 2)")
     use_engine_logprobs: bool = Field(
         False,
         description="vllm only: take pi_old's log-probs from the engine "

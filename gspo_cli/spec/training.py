@@ -11,12 +11,14 @@ from gspo_cli.spec.base import _Strict
 
 
 class OptimizerConfig(_Strict):
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.999, ge=0, lt=1)
-    grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0)
+    """AdamW over the policy's parameters, one optimizer step per mini-batch."""
+
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay")
+    beta2: float = Field(0.999, ge=0, lt=1, description="AdamW second-moment decay")
+    grad_clip: float = Field(1.0, gt=0, description="largest global gradient norm; larger ones are scaled down")
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up, in RL steps")
     router_lr_scale: float = Field(
         1.0,
         gt=0,
@@ -36,15 +38,17 @@ class DivergenceConfig(_Strict):
     max_skipped: int = Field(3, ge=0, description="with skip_bad_batches: diverge after this many skips in a run")
     reward_below: float | None = Field(None, description="collapse: mean reward below this for `patience` steps")
     entropy_below: float | None = Field(None, ge=0, description="collapse: entropy below this for `patience` steps")
-    patience: int = Field(10, ge=1)
+    patience: int = Field(10, ge=1, description="steps a collapse condition must hold")
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(20, ge=1)
+    """A run's length, evaluation, checkpoints, metric sinks and memory options."""
+
+    steps: int = Field(20, ge=1, description="RL steps per run (one rollout batch each)")
     checkpoint_every: int = Field(
         50, ge=0, description="steps between checkpoints (resume points); 0: only the final one"
     )
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="most recent checkpoints kept on disk")
     eval_every: int = Field(0, ge=0, description="0: evaluate only at the end")
     eval_samples: int = Field(1, ge=1, description="samples per eval problem (avg@k)")
     sinks: list[Literal["tensorboard", "wandb"]] = Field(
