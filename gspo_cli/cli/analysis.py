@@ -20,7 +20,10 @@ def list_runs(
     paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="run or experiment directories")],
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
 ) -> None:
-    """Show the runs under PATH with status, step, last reward and wall time."""
+    """Show the runs under PATH with status, step, last reward and wall time.
+
+    Example: `gspo list results/quickstart`
+    """
     from gspo_cli.runs import find_runs
 
     rows = []
@@ -100,6 +103,8 @@ def compare(
     """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
 
     Reads run directories only (never a model); running or dead runs count with what is on disk.
+
+    Example: `gspo compare results/quickstart -f markdown`
     """
     from gspo_cli.analysis import compare as cmp
 
@@ -131,7 +136,7 @@ def plot(
         list[str], typer.Argument(metavar="PATH...", help="run directories, experiment directories or (quoted) globs")
     ],
     out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="output folder (default: <experiment dir>/plots)")
+        Optional[Path], typer.Option("--out", "-o", help="output folder (default: `<experiment dir>/plots`)")
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="png, svg or pdf")] = "png",
     metrics: Annotated[
@@ -153,7 +158,10 @@ def plot(
     group_by: Annotated[str, typer.Option("--group-by", "-g", help="as for `compare`")] = "arm",
 ) -> None:
     """Draw reward, eval, clip-fraction, expert-change, KL, entropy, length and grad-norm
-    curves from run directories: one line per arm, mean over seeds with a 95% CI band."""
+    curves from run directories: one line per arm, mean over seeds with a 95% CI band.
+
+    Example: `gspo plot results/quickstart -m reward,clip`
+    """
     from gspo_cli.analysis.plot import plot_runs
 
     try:
@@ -173,14 +181,17 @@ def report(
     out: Annotated[
         Optional[Path],
         typer.Option(
-            "--out", "-o", help="Markdown file (default: <experiment>/REPORT.md); figures go to figures/ beside it"
+            "--out", "-o", help="Markdown file (default: `<experiment>/REPORT.md`); figures go to figures/ beside it"
         ),
     ] = None,
     last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps")] = 25,
     smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
 ) -> None:
     """The GSPO paper's four findings checked on an experiment's runs: compare's table, plot's
-    figures, and per finding a difference of arm means with a 95% CI and a verdict."""
+    figures, and per finding a difference of arm means with a 95% CI and a verdict.
+
+    Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
+    """
     from gspo_cli.analysis.report import write_report
 
     try:

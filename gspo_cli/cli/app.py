@@ -52,7 +52,10 @@ def _root(
         ),
     ] = False,
 ) -> None:
-    """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot."""
+    """Compare GRPO and GSPO for RL post-training: train, evaluate, compare, plot.
+
+    Example: `gspo train experiments/quickstart.yaml`
+    """
 
 
 app.command()(train)

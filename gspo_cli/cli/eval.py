@@ -19,7 +19,7 @@ def eval_(
         Optional[str],
         typer.Argument(
             help="run directory, checkpoint or model directory, hub id, or "
-            "builtin:<kind>; with --completions: a run (for its task) or nothing"
+            "`builtin:<kind>`; with --completions: a run (for its task) or nothing"
         ),
     ] = None,
     completions: Annotated[
@@ -36,7 +36,7 @@ def eval_(
         typer.Option(
             "--dataset",
             "-d",
-            help="the task's data: a .jsonl/.json/.parquet file or hub:<id> (sets task.params.source)",
+            help="the task's data: a .jsonl/.json/.parquet file or `hub:<id>` (sets task.params.source)",
         ),
     ] = None,
     checkpoint: Annotated[
@@ -58,7 +58,7 @@ def eval_(
         typer.Option(
             "--out",
             "-o",
-            help="write results here (default: the run directory, the completions' folder, or results/eval/<model>)",
+            help="write results here (default: the run directory, the completions' folder, or `results/eval/<model>`)",
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
@@ -89,7 +89,10 @@ def eval_(
 ) -> None:
     """Score a checkpoint or model (avg@K, pass@k, maj@K, failure shares, rating) on a task's
     held-out problems, or score completions made elsewhere; writes eval_problems.jsonl and
-    eval_summary.json."""
+    eval_summary.json.
+
+    Example: `gspo eval results/quickstart/gspo/seed0 -k 8`
+    """
     from gspo_cli.eval import run as ev
 
     warnings.showwarning = _show_warning

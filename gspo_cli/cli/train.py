@@ -78,8 +78,11 @@ def train(
 
     Runs already completed with the same spec are skipped (a completed run of another spec
     is refused: --force or another -o); a run with a checkpoint resumes from it.
-    Exit codes: 0 done, 1 a run failed, 2 bad usage/spec/file, 3 a run diverged,
-    4 stopped by SIGINT/SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
+
+    Exit codes: 0 done, 1 a run failed, 2 bad usage, spec or file, 3 a run diverged, 4 stopped
+    by SIGINT or SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
+
+    Example: `gspo train experiments/quickstart.yaml --set train.steps=20 -o /tmp/runs`
     """
     from gspo_cli.spec.loading import load_spec
 
@@ -143,9 +146,13 @@ def sweep(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final summary")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
 ) -> None:
-    """Expand the spec's sweep x arms x seeds into named runs and train them (idempotent:
-    completed runs of the same spec are skipped, of another spec refused, interrupted ones
-    resume). Exit codes as for `train`."""
+    """Expand the spec's sweep x arms x seeds into named runs and train them.
+
+    Idempotent: completed runs of the same spec are skipped, of another spec refused, and
+    interrupted ones resume. Exit codes as for `gspo train`.
+
+    Example: `gspo sweep experiments/sweep_clip.yaml --dry-run`
+    """
     from gspo_cli.train import sweep as sw
 
     warnings.showwarning = _show_warning
