@@ -1,0 +1,244 @@
+"""The documentation runs: every command in a `bash` block of README.md and docs/**/*.md is run
+here (the cheap ones, on hand-written run directories), or is shown to be run by a named test,
+or is marked as needing a GPU (`# GPU`) or a SLURM cluster (`# SLURM`). Also: the README stays a
+front door, its links resolve, the contributing guide's walk-throughs run, the site builds."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import TINY
+from synthetic_runs import make_experiment
+from typer.testing import CliRunner
+
+from gspo_cli.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FIXTURES = Path(__file__).parent / "fixtures"
+MARKER = re.compile(r"^(GPU|SLURM)\b")
+
+# Cheap commands this file runs itself (results/..., /tmp/runs/... become hand-written runs).
+RUN_HERE = [
+    r"gspo --help",
+    r"gspo train --help",
+    r"gspo --version",
+    r"gspo schema",
+    r"gspo sweep experiments/sweep_clip\.yaml --dry-run",
+    r"gspo (list|compare|plot) \S+.*",
+    r"gspo eval --completions samples\.jsonl --task math --dataset aime_2024\.jsonl",
+]
+
+# Expensive commands and the tests that run them (the same command on a tiny spec or model).
+COVERED = {
+    r"gspo train experiments/quickstart\.yaml": ["tests/test_train_e2e.py::test_cli_train_end_to_end"],
+    r"gspo train exp\.yaml --arm gspo --seed 1": ["tests/test_cli.py::test_set_and_options_reach_the_trainer"],
+    r"gspo train (exp|experiments/quickstart)\.yaml --set \S+ --set \S+ -o /tmp/runs": [
+        "tests/test_cli.py::test_set_and_options_reach_the_trainer",
+        "tests/test_train_e2e.py::test_cli_train_end_to_end",
+    ],
+    r"gspo train exp\.yaml --force": [
+        "tests/test_resume.py::test_completed_run_skips_and_exit_codes",
+        "tests/test_train_e2e.py::test_completed_run_is_skipped_and_force_reruns",
+    ],
+    r"python -m gspo_cli train exp\.yaml": ["tests/test_resume.py::test_sigterm_subprocess_then_rerun_resumes"],
+    r"gspo sweep experiments/(quickstart|sweep_clip)\.yaml --jobs 2": [
+        "tests/test_docs.py::test_sweep_with_jobs_trains_each_run_in_its_own_process"
+    ],
+    r"gspo sweep experiments/sweep_clip\.yaml --shard 0/4": [
+        "tests/test_sweep.py::test_shards_partition_the_plan_exactly",
+        "tests/test_sweep.py::test_cli_dry_run_json_and_errors",
+        "tests/test_docs.py::test_sweep_with_jobs_trains_each_run_in_its_own_process",
+    ],
+    r"gspo eval results/quickstart/gspo/seed0 -k 8": ["tests/test_eval_cli.py::test_eval_of_a_run_directory"],
+    r"gspo eval results/quickstart/gspo/seed0 --checkpoint step_000050": [
+        "tests/test_eval_cli.py::test_eval_of_a_checkpoint_directory_with_options"
+    ],
+    r"gspo eval \./my-model --task math --dataset aime_2024\.parquet -k 32 --max-tokens 4096": [
+        "tests/test_eval_cli.py::test_eval_of_a_checkpoint_directory_with_options",
+        "tests/test_eval_cli.py::test_eval_of_a_run_on_another_dataset",
+        "tests/test_math_task.py::test_parquet_with_question_column_gaps_and_ratings",
+    ],
+    r"gspo report results/paper_tiny": ["tests/test_report.py::test_cli_report_and_bad_input"],
+    r"torchrun --nproc-per-node 2 -m gspo_cli train exp\.yaml": [
+        "tests/test_distributed.py::test_torchrun_trains_writes_once_and_resumes_with_one_process"
+    ],
+    # CI (.ci/run) runs `make test`, which runs `make setup` first; `make run` is its three
+    # commands (test_make_run_is_three_documented_commands).
+    r"make (setup|test)": [".ci/run"],
+    r"make run": ["tests/test_docs.py::test_make_run_is_three_documented_commands"],
+}
+
+
+def doc_commands() -> list[tuple[str, str, str]]:
+    """(page, command, trailing comment) for every command line of every `bash` block."""
+    out = []
+    for page in PAGES:
+        for block in re.findall(r"^ *```bash\n(.*?)^ *```", page.read_text(encoding="utf-8"), re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                command, comment = re.fullmatch(r"(.*?)(?:\s+#\s*(.*))?", line).groups()
+                out.append((str(page.relative_to(ROOT)), " ".join(command.split()), (comment or "").strip()))
+    return out
+
+
+COMMANDS = doc_commands()
+
+
+def matches(patterns, command: str) -> list[str]:
+    return [p for p in patterns if re.fullmatch(p, command)]
+
+
+def test_every_documented_command_is_run_covered_or_marked():
+    unaccounted = [
+        f"{page}: {cmd}"
+        for page, cmd, comment in COMMANDS
+        if not MARKER.match(comment) and not matches(RUN_HERE, cmd) and not matches(COVERED, cmd)
+    ]
+    assert unaccounted == [], "run it in tests/test_docs.py, name the test that runs it, or mark it # GPU / # SLURM"
+
+
+def test_covering_tests_exist_and_every_entry_is_used():
+    for pattern, targets in COVERED.items():
+        assert any(re.fullmatch(pattern, cmd) for _, cmd, _ in COMMANDS), f"no documented command is {pattern!r}"
+        for target in targets:
+            path, _, name = target.partition("::")
+            text = (ROOT / path).read_text()
+            assert (f"def {name}(" in text) if name else ("make test" in text), target
+    for pattern in RUN_HERE:
+        assert any(re.fullmatch(pattern, cmd) for _, cmd, _ in COMMANDS), f"no documented command is {pattern!r}"
+
+
+def test_make_run_is_three_documented_commands():
+    recipe = re.search(r"^run: setup\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    steps = [line.strip().replace("$(BIN)/", "") for line in recipe.splitlines()]
+    assert steps == [
+        "gspo sweep experiments/quickstart.yaml --jobs 2",
+        "gspo compare results/quickstart",
+        "gspo plot results/quickstart",
+    ]
+    for step in steps:
+        assert matches(RUN_HERE, step) or matches(COVERED, step), step
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory) -> Path:
+    return make_experiment(tmp_path_factory.mktemp("runs"))
+
+
+def _args(command: str, experiment: Path, tmp: Path) -> list[str]:
+    """The documented command's arguments, with its paths pointed at hand-written files."""
+    args = shlex.split(command)[1:]
+    out, prev = [], None
+    for a in args:
+        if prev in ("-o", "--out"):
+            a = str(tmp / a)
+        elif re.match(r"(results|/tmp/runs)/", a):  # an experiment directory, or a glob below one
+            a = re.sub(r"^(results|/tmp/runs)/[^/]+", str(experiment), a)
+        elif a == "samples.jsonl":
+            a = str(tmp / a)
+            rows = [json.loads(line) for line in (FIXTURES / "aime_h4.jsonl").read_text().splitlines()]
+            Path(a).write_text("".join(json.dumps({"id": r["id"], "completion": r["solution"]}) + "\n" for r in rows))
+        elif a == "aime_2024.jsonl":
+            a = str(FIXTURES / "aime_h4.jsonl")
+        elif a.startswith("experiments/"):
+            a = str(ROOT / a)
+        out.append(a)
+        prev = a if a.startswith("-") else None
+    return out
+
+
+RUN = sorted({cmd for _, cmd, comment in COMMANDS if not MARKER.match(comment) and matches(RUN_HERE, cmd)})
+
+
+@pytest.mark.parametrize(
+    "command",
+    # Every figure of a plot takes 15-20 s on 2 cores: end-to-end tier.
+    [pytest.param(c, marks=pytest.mark.slow) if c.startswith("gspo plot") and " -m " not in c else c for c in RUN],
+)
+def test_documented_command_runs(command, experiment, tmp_path):
+    args = _args(command, experiment, tmp_path)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, f"{command} -> gspo {' '.join(args)}\n{res.output}"
+    assert res.output.strip()
+
+
+def test_readme_is_a_front_door():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 220
+    assert lines[2:6] == [
+        "```bash",
+        "make run    # set up (first time) and train the quickstart: GRPO vs GSPO on a built-in tiny MoE, CPU, offline",
+        "make test   # set up (first time) and run the test suite",
+        "```",
+    ]
+    text = "\n".join(lines)
+    assert "arXiv:2507.18071" in text and "@article{" in text
+    for command in ("gspo train", "gspo eval", "gspo compare", "gspo plot"):
+        assert f"\n{command} " in text
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name == "README.md"] + [ROOT / "results/README.md"])
+def test_relative_links_outside_the_site_resolve(page):
+    """README.md is read on GitHub, not in the site: its links are checked here (mkdocs checks
+    the pages under docs/)."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+        if "://" not in target and not target.startswith("#"):
+            assert (page.parent / target.split("#")[0]).exists(), f"{page.name}: {target}"
+
+
+def test_the_site_builds_strict(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra (make docs installs it)")
+    res = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "site" / "reference" / "spec" / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_contributing_walk_throughs_run():
+    """The loss, task and engine walk-throughs of docs/contributing.md, run as written, in a
+    process of their own (they register a loss and a task)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/contributing.md").read_text(), re.S)
+    assert len(blocks) == 3
+    code = "\n".join(f"exec(compile({b!r}, 'walk-through {i}', 'exec'), {{}})" for i, b in enumerate(blocks))
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.slow
+def test_sweep_with_jobs_trains_each_run_in_its_own_process(tmp_path):
+    """`gspo sweep SPEC --jobs 2` (as `make run` does): both arms trained, each by its own
+    `gspo train` process, two at a time; a second sweep skips them."""
+    raw = {
+        **TINY,
+        "output_dir": str(tmp_path / "out"),
+        "arms": [TINY["arms"][0], TINY["arms"][2]],
+        "train": {"steps": 1},
+    }
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--jobs", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    records = json.loads(res.stdout)
+    assert sorted((r["run"], r["status"], r["skipped"]) for r in records) == [
+        ("grpo", "completed", False),
+        ("gspo", "completed", False),
+    ]
+    again = json.loads(CliRunner().invoke(app, ["sweep", str(spec), "--jobs", "2", "--json"]).stdout)
+    assert all(r["skipped"] for r in again)
