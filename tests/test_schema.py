@@ -81,6 +81,21 @@ def test_the_readme_spec_validates_and_loads(validator):
     assert [a.loss for a in spec.arms] == ["grpo", "gspo"] and spec.arms[1].clip_high == 5e-4
 
 
+def test_every_whole_spec_in_the_docs_validates_and_loads(validator):
+    """A `yaml` block of README.md or docs/ that is a whole spec (name and arms) is one a user
+    can copy: the schema accepts it and so does the loader."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    whole = []
+    for page in pages:
+        for block in re.findall(r"^```yaml\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
+            raw = yaml.safe_load(block)
+            if isinstance(raw, dict) and {"name", "arms"} <= set(raw):
+                whole.append(page.name)
+                assert errors(validator, raw) == [], page
+                spec_from_dict(raw)
+    assert len(whole) >= 2
+
+
 def test_registry_fields_list_exactly_the_registered_names():
     defs = spec_schema()["$defs"]
     arm = defs["ArmConfig"]["properties"]
