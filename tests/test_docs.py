@@ -207,7 +207,11 @@ def test_the_site_builds_strict(tmp_path):
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert (tmp_path / "site" / "reference" / "spec" / "index.html").is_file()
+    site = tmp_path / "site"
+    assert (site / "reference" / "spec" / "index.html").is_file()
+    # Repository files served beside the pages (the hook) never replace a page of the same path.
+    assert "The earlier 16-expert study" in (site / "results" / "index.html").read_text()
+    assert (site / "results" / "paper_moe" / "figures" / "eval_math.png").is_file()
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 # Repository files the site serves beside the pages (globs relative to the repository root).
-SERVED = ("results/README.md", "results/*/REPORT.md", "results/*/figures/*.png", "benchmarks/README.md")
+# (No README.md: MkDocs would publish it as the folder's index.html, over the page of the same name.)
+SERVED = ("results/*/REPORT.md", "results/*/figures/*.png")
 
 _LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 
