@@ -246,3 +246,18 @@ def test_sweep_with_jobs_trains_each_run_in_its_own_process(tmp_path):
     ]
     again = json.loads(CliRunner().invoke(app, ["sweep", str(spec), "--jobs", "2", "--json"]).stdout)
     assert all(r["skipped"] for r in again)
+
+
+def test_every_registered_name_has_an_algorithm_page_entry():
+    """Each loss, advantage estimator, aggregation and mismatch correction is described (formula,
+    source, preset) somewhere under docs/algorithms/, named in backticks."""
+    from gspo_cli import algorithms
+
+    text = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "algorithms").glob("*.md"))
+    names = [
+        *algorithms.POLICY_LOSSES,
+        *algorithms.ADVANTAGE_ESTIMATORS,
+        *algorithms.AGGREGATIONS,
+        *algorithms.MISMATCH_CORRECTIONS,
+    ]
+    assert [n for n in names if f"`{n}`" not in text] == []
