@@ -261,3 +261,29 @@ def test_every_registered_name_has_an_algorithm_page_entry():
         *algorithms.MISMATCH_CORRECTIONS,
     ]
     assert [n for n in names if f"`{n}`" not in text] == []
+
+
+def test_the_presets_table_is_the_presets():
+    """docs/algorithms/index.md shows each preset's fields; they must be what PRESETS holds."""
+    from gspo_cli.spec import PRESETS
+
+    text = (ROOT / "docs" / "algorithms" / "index.md").read_text(encoding="utf-8")
+    header, rows = None, {}
+    for line in text.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if cells[0] == "preset":
+            header = cells
+        elif header and len(cells) == len(header) and cells[0] in PRESETS:
+            rows[cells[0]] = dict(zip(header, cells))
+    assert set(rows) == set(PRESETS)
+    for name, row in rows.items():
+        p = PRESETS[name]
+        low, high = (float(x) for x in row["clip_low / clip_high"].split("/"))
+        shown = {k: row[k] for k in ("loss", "aggregation", "routing_replay", "advantage")}
+        assert shown == {k: p[k] for k in shown}, name
+        assert (low, high) == (p["clip_low"], p["clip_high"]), name
+        assert (int(row["mini_batches"]), int(row["epochs"]), float(row["kl_coef"])) == (
+            p["mini_batches"],
+            p["epochs"],
+            p["kl_coef"],
+        ), name
