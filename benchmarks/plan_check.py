@@ -268,10 +268,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "plan_check.md"))
     ap.add_argument("--only", help="run only configurations whose name contains this")
+    ap.add_argument("--replan", nargs="+", metavar="JSON", help="re-render saved measurements with the current plan")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args.worker)
+        return
+    if args.replan:
+        results = [r for path in args.replan for r in json.loads(Path(path).read_text())]
+        for r in results:
+            r["plan"] = replan(r)
+        write(render(results), results, args.out)
         return
     results = []
     for name, model, world, sharding, ckpt in CONFIGS:
@@ -296,11 +303,29 @@ def main() -> None:
             }
         )
         print(json.dumps(results[-1]), flush=True)
-    text = render(results)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+    write(render(results), results, args.out)
+
+
+def write(text: str, results: list[dict], out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+    Path(out).with_suffix(".json").write_text(json.dumps(results, indent=1))
     print(text)
+
+
+def replan(r: dict) -> dict:
+    """The current plan for a saved measurement (its configuration found again by name,
+    processes and checkpointing; a local model's config.json written to a scratch directory)."""
+    name, model, world, sharding, ckpt = next(
+        c for c in CONFIGS if c[0] == r["name"] and c[2] == r["world"] and c[4] == r["ckpt"]
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = None
+        if "local" in model:
+            model_dir = tmp
+            Path(tmp, "config.json").write_text(json.dumps(model["local"]))
+        raw = raw_spec(model, sharding, ckpt, Path(tmp) / "out", model_dir)
+        return plan_for(raw, world, max(x["prompt_len"] for x in r["ranks"]))
 
 
 if __name__ == "__main__":

@@ -30,9 +30,11 @@ LOGIT_CHUNK_ROWS = 1
 # Today's hf engine keeps the sampler's logits for its log-probs only below this (rollout/hf.py).
 HF_LOGITS_BUDGET = 1 << 30
 VLLM_DEFAULT_UTILIZATION = 0.92  # vLLM's own default
-# Today: peak host memory of one process's fp32 from_pretrained, as a multiple of the fp32
-# model (DESIGN.md: 1.6x resident after load, 2.2x at peak, random 0.49 B Qwen3-MoE).
-TODAY_LOAD_PEAK = 2.2
+# model.device cpu (a process's memory is its RSS): what loading transformers' modeling code and
+# the first forward/backward add to a process whatever the model's size (kernels, autograd,
+# allocator arenas, gloo buffers). Measured with benchmarks/plan_check.py on an 11 M-parameter model.
+CPU_LOAD_LIBRARIES = 140 * 2**20
+CPU_STEP_RUNTIME = 250 * 2**20
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,14 @@ class Phase:
     def host_total(self) -> int:
         return sum(b for _, b in self.host)
 
-    def dominant(self, where: str = "device") -> str:
+    resident: frozenset[str] = frozenset()  # names of the terms every phase keeps (weights, AdamW...)
+
+    def dominant(self, where: str = "device", transient: bool = False) -> str:
+        """The largest term's name; `transient`: the largest of what this phase adds over the
+        state every phase keeps (the term a spec change can shrink)."""
         terms = self.device if where == "device" else self.host
+        if transient:
+            terms = [t for t in terms if t[0] not in self.resident and not t[0].startswith(("CUDA", "runtime"))]
         return max(terms, key=lambda t: t[1])[0] if terms else "-"
 
 
@@ -235,7 +243,11 @@ def plan_memory(
         return rows * (T * V * c + 3 * wl.new_tokens * V * FP32)
 
     chunk_rows = lambda rows: rows if today else min(rows, LOGIT_CHUNK_ROWS)  # noqa: E731
-    runtime_dev = [("CUDA context, NCCL, allocator slack", CUDA_RUNTIME)] if kind == "cuda" else []
+    runtime_dev = (
+        [("CUDA context, NCCL, allocator slack", CUDA_RUNTIME)]
+        if kind == "cuda"
+        else [("CPU kernels, autograd, allocator (fixed)", CPU_STEP_RUNTIME)]
+    )
     host_proc = HOST_RUNTIME[kind]
     procs_on_node = min(hw.gpus_per_node, W)
 
@@ -248,25 +260,36 @@ def plan_memory(
     phases = []
 
     # load
+    ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
     if today:
-        dev = [("whole fp32 model before sharding", FP32 * P)]
+        # from_pretrained maps the safetensors files; an fp32 checkpoint's tensors are used in
+        # place (pages shared by every process on the node through the page cache), any other
+        # dtype is converted into an fp32 copy per process. Then the whole model moves to the
+        # device before fully_shard (measured on CPU: benchmarks/README.md, "gspo plan").
+        converted = ck != FP32
+        if kind == "cpu":
+            dev = [("fp32 copy of the checkpoint", FP32 * P)] if converted else []
+            if fsdp:
+                dev.append((f"fp32 shards made by fully_shard (1/{W})", FP32 * P // W))
+            host_extra = []
+        else:
+            dev = [("whole fp32 model before sharding", FP32 * P)]
+            host_extra = [
+                (f"fp32 copy per process ({procs_on_node})", procs_on_node * FP32 * P)
+                if converted
+                else ("checkpoint pages (page cache, shared)", FP32 * P)
+            ]
         if wl.kl:
             dev.append(("KL reference (whole, fp32)", FP32 * P))
-        host_extra = [
-            (f"fp32 from_pretrained per process (x{TODAY_LOAD_PEAK})", int(procs_on_node * TODAY_LOAD_PEAK * FP32 * P))
-        ]
-        if kind == "cpu":
-            dev = [(f"fp32 from_pretrained (x{TODAY_LOAD_PEAK})", int(TODAY_LOAD_PEAK * FP32 * P))] + dev[1:]
-            host_extra = []
     else:
-        ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
         dev = [(f"fp32 master shard (1/{share})", FP32 * P // share)]
         if wl.kl:
             dev.append((f"KL reference shard (1/{share})", FP32 * P // share))
         biggest = shape.vocab * shape.hidden
         dev.append(("one tensor in flight (largest: embedding)", (ck + FP32) * biggest))
         host_extra = [(f"rank 0's one copy in the checkpoint dtype ({shape.checkpoint_dtype})", ck * P)]
-    phase = Phase("load", runtime_dev + dev)
+    libraries = [("libraries loaded with the model", CPU_LOAD_LIBRARIES)]
+    phase = Phase("load", (runtime_dev if kind == "cuda" else libraries) + dev)
     phase.host = host_terms(host_extra, phase.device_total)
     phases.append(phase)
 
@@ -292,8 +315,8 @@ def plan_memory(
         dev.append(("prefill activations (one layer)", rows * wl.prompt_tokens * max(live_elems) * c))
         sampler = rows * wl.new_tokens * V * FP32
         if spec.rollout.sampler_logprobs and today and sampler <= HF_LOGITS_BUDGET:
-            # generate's per-step logits, stacked, /temperature, log-softmax, exp (entropy)
-            dev.append(("sampler logits for log-probs", 5 * sampler))
+            # generate's per-step logits, stacked, /temperature, log-softmax, exp and product (entropy)
+            dev.append(("sampler logits for log-probs", 6 * sampler))
         elif spec.rollout.sampler_logprobs and not today:
             # log-probs and entropy taken at each decoding step: a few [rows, vocab] tensors
             dev.append(("sampler log-probs per decoding step", 3 * rows * V * FP32))
@@ -317,7 +340,8 @@ def plan_memory(
     ur = wl.update_rows
     dev = list(resident) + gathered
     if fsdp:
-        dev.append(("unsharded gradients of one layer", (c + FP32) * shape.largest_layer_params()))
+        grad_bytes = FP32 if today else c + FP32  # bf16 gradients, cast to fp32 for the reduce-scatter
+        dev.append(("unsharded gradients of one layer", grad_bytes * shape.largest_layer_params()))
     if wl.checkpointing:
         dev.append(("activations: layer inputs (checkpointed)", ur * T * shape.hidden * c * shape.layers))
         dev.append(("activations: one layer recomputed", ur * T * max(layer_elems) * c))
@@ -353,6 +377,8 @@ def plan_memory(
     phase.host = host_terms(host_extra, phase.device_total)
     phases.append(phase)
 
+    for phase in phases:
+        phase.resident = frozenset(name for name, _ in resident)
     if spec.train.gradient_checkpointing is False and shape.layers > 8:
         notes.append("train.gradient_checkpointing is off: the update keeps every layer's activations")
     return Plan(layout=layout, params=P, world=W, device_kind=kind, phases=phases, hardware=hw, notes=notes)
