@@ -71,6 +71,13 @@ def test_qwen3_30b_a3b_headline_figures():
     per_gpu = sum(b for name, b in state.items() if name.startswith(("fp32 master", "fp32 gradients", "AdamW")))
     assert per_gpu == 16 * P // 8 - (16 * P // 8) % 4  # three terms, each floored
     assert round(per_gpu / 1e9, 1) == 61.1
+    # The shipped GPU spec is what the plan says fits 8 x 80 GB; the paper's 64 x 4096 does not.
+    assert plan.problems() == []
+    big = spec.model_copy(
+        update={"rollout": spec.rollout.model_copy(update={"prompts_per_step": 64, "max_new_tokens": 4096})}
+    )
+    too_big = plan_memory(shape, big, Hardware(gpus_per_node=8, gpu_bytes=80 * 10**9), prompt_tokens=512)
+    assert [line.split(":")[0] for line in too_big.problems()] == ["rollout", "pi_old", "update"]
     # Rank 0's one copy at load is the checkpoint's dtype (bf16): half the fp32 model.
     assert dict(plan.phase("load").host)["rank 0's one copy in the checkpoint dtype (bfloat16)"] == 2 * P
 

@@ -269,8 +269,8 @@ def plan_memory(
         converted = ck != FP32
         if kind == "cpu":
             dev = [("fp32 copy of the checkpoint", FP32 * P)] if converted else []
-            if fsdp:
-                dev.append((f"fp32 shards made by fully_shard (1/{W})", FP32 * P // W))
+            if fsdp:  # fully_shard reads every mapped tensor to split it: the whole file is paged in
+                dev.append(("checkpoint pages read by fully_shard", FP32 * P))
             host_extra = []
         else:
             dev = [("whole fp32 model before sharding", FP32 * P)]
