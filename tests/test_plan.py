@@ -51,7 +51,13 @@ SMALL = {"vocab_size": 97, "hidden_size": 48, "num_hidden_layers": 3, "num_atten
     ],
 )  # fmt: skip
 def test_parameter_counts_equal_a_meta_device_build(cfg):
-    assert shape_from_config(cfg).total_params() == meta_count(cfg)
+    n = meta_count(cfg)
+    assert shape_from_config(cfg).total_params() == n
+    # As transformers writes it (config.json of a saved model: num_experts -> num_local_experts).
+    from transformers import AutoConfig
+
+    saved = json.loads(AutoConfig.for_model(**cfg).to_json_string())
+    assert shape_from_config(saved).total_params() == n
 
 
 def test_qwen3_30b_a3b_headline_figures():

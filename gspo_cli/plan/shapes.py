@@ -16,6 +16,9 @@ from gspo_cli.spec import ExperimentSpec
 # tests/test_plan.py). Others with the same fields are sized as the nearest of these, with a warning.
 EXACT_TYPES = ("qwen3", "qwen3_moe")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Other names for the same field: transformers 5 saves Qwen3-MoE's num_experts as
+# num_local_experts; the published configs use num_experts.
+CONFIG_ALIASES = {"num_local_experts": "num_experts"}
 # transformers' defaults (Qwen3Config / Qwen3MoeConfig) for fields a config.json may leave out;
 # Qwen3's head_dim defaults to 128, not hidden_size / heads.
 _QWEN = {"vocab_size": 151936, "tie_word_embeddings": False, "attention_bias": False, "num_attention_heads": 32}
@@ -102,7 +105,11 @@ def shape_from_config(cfg: dict, where: str = "config.json") -> ModelShape:
     """A ModelShape from a parsed HF `config.json` (Qwen3 / Qwen3-MoE fields; llama-like
     configs without experts work too). A missing required field is a SpecError naming it."""
 
-    cfg = {**CONFIG_DEFAULTS.get(cfg.get("model_type", ""), {}), **{k: v for k, v in cfg.items() if v is not None}}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    for alias, name in CONFIG_ALIASES.items():
+        if alias in cfg and name not in cfg:
+            cfg[name] = cfg[alias]
+    cfg = {**CONFIG_DEFAULTS.get(cfg.get("model_type", ""), {}), **cfg}
 
     def need(key: str):
         if key not in cfg:
@@ -110,7 +117,7 @@ def shape_from_config(cfg: dict, where: str = "config.json") -> ModelShape:
         return cfg[key]
 
     hidden, layers, heads = int(need("hidden_size")), int(need("num_hidden_layers")), int(need("num_attention_heads"))
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    experts = int(cfg.get("num_experts") or 0)
     step = int(cfg.get("decoder_sparse_step") or 1)
     only_dense = set(cfg.get("mlp_only_layers") or [])
     moe_layers = tuple(i for i in range(layers) if i not in only_dense and (i + 1) % step == 0) if experts > 0 else ()
