@@ -260,8 +260,14 @@ def render(results: list[dict]) -> str:
                 f"{'yes' if r['ckpt'] else 'no'} | {phase} | {meas:,.0f} | {today:,.0f} | "
                 f"{today / max(meas, 1):.2f} | {after:,.0f} |"
             )
+    ratios = [r["plan"]["today"][ph] / 2**20 / max(r["measured_mb"][ph], 1) for r in results for ph in PHASES]
+    within = sum(0.75 <= x <= 1.25 for x in ratios)
     base = ", ".join(f"{r['name']} x{r['world']}: {r['baseline_mb']:,.0f}" for r in results)
-    return "\n".join(lines) + f"\n\nBaselines (MB, largest rank): {base}\n"
+    return (
+        "\n".join(lines)
+        + f"\n\nWithin 25% of measured: {within} of {len(ratios)} phases "
+        + f"(plan / measured {min(ratios):.2f}-{max(ratios):.2f}). Baselines (MB, largest rank): {base}\n"
+    )
 
 
 def main() -> None:

@@ -262,23 +262,30 @@ def plan_memory(
     # load
     ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
     if today:
-        # from_pretrained maps the safetensors files; an fp32 checkpoint's tensors are used in
-        # place (pages shared by every process on the node through the page cache), any other
-        # dtype is converted into an fp32 copy per process. Then the whole model moves to the
-        # device before fully_shard (measured on CPU: benchmarks/README.md, "gspo plan").
+        # from_pretrained maps the safetensors files: an fp32 checkpoint's dense tensors are used
+        # in place (pages shared by the node's processes through the page cache); MoE experts,
+        # stored one per expert, are concatenated into new fused tensors (their pages read and a
+        # copy made); a checkpoint in another dtype is converted into an fp32 copy per process.
+        # Then the whole model moves to the device before fully_shard (measured on CPU:
+        # benchmarks/README.md, "gspo plan against measured peaks").
         converted = ck != FP32
+        experts = FP32 * shape.expert_params()
+        if converted:
+            per_proc = [("fp32 copy of the checkpoint", FP32 * P)]
+        elif experts:
+            per_proc = [("experts fused at load (pages read + fused copy)", 2 * experts)]
+        else:
+            per_proc = []
         if kind == "cpu":
-            dev = [("fp32 copy of the checkpoint", FP32 * P)] if converted else []
-            if fsdp:  # fully_shard reads every mapped tensor to split it: the whole file is paged in
-                dev.append(("checkpoint pages read by fully_shard", FP32 * P))
+            dev = list(per_proc)
+            if fsdp and not converted:  # fully_shard reads every tensor: the rest of the file is paged in
+                dev.append(("checkpoint pages read by fully_shard", FP32 * P - experts))
             host_extra = []
         else:
             dev = [("whole fp32 model before sharding", FP32 * P)]
-            host_extra = [
-                (f"fp32 copy per process ({procs_on_node})", procs_on_node * FP32 * P)
-                if converted
-                else ("checkpoint pages (page cache, shared)", FP32 * P)
-            ]
+            host_extra = [(f"{n} x {procs_on_node} processes", procs_on_node * b) for n, b in per_proc]
+            if not converted:
+                host_extra.append(("checkpoint pages (page cache, shared)", FP32 * P))
         if wl.kl:
             dev.append(("KL reference (whole, fp32)", FP32 * P))
     else:
