@@ -97,14 +97,14 @@ def plan(
 
 
 def _render(plans, shape, spec, prompt_tokens: int) -> None:
-    from gspo_cli.plan import gb
+    from gspo_cli.plan.memory import count, gb
 
     p = plans["sharded"]
     hw = p.hardware
     dev = "GPU" if p.device_kind == "cuda" else "process (model.device cpu: host memory)"
     typer.echo(
-        f"{spec.model.name}: {shape.model_type}, {shape.total_params() / 1e9:.2f} B parameters "
-        f"({shape.active_params() / 1e9:.2f} B active), {gb(4 * shape.total_params())} in fp32; "
+        f"{spec.model.name}: {shape.model_type}, {count(shape.total_params())} parameters "
+        f"({count(shape.active_params())} active), {gb(4 * shape.total_params())} in fp32; "
         f"{hw.world} processes ({hw.nodes} node(s) x {hw.gpus_per_node}), model.sharding {spec.model.sharding}, "
         f"model.dtype {spec.model.dtype}, prompt {prompt_tokens} + response {spec.rollout.max_new_tokens} tokens"
     )

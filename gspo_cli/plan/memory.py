@@ -73,7 +73,11 @@ class Phase:
         state every phase keeps (the term a spec change can shrink)."""
         terms = self.device if where == "device" else self.host
         if transient:
-            terms = [t for t in terms if t[0] not in self.resident and not t[0].startswith(("CUDA", "runtime"))]
+            terms = [
+                t
+                for t in terms
+                if t[0] not in self.resident and not t[0].startswith(("CUDA", "CPU", "runtime", "libraries"))
+            ]
         return max(terms, key=lambda t: t[1])[0] if terms else "-"
 
 
@@ -116,7 +120,15 @@ class Plan:
 
 
 def gb(n: int | float | None) -> str:
-    return "-" if n is None else f"{n / 1e9:,.1f} GB"
+    """Bytes for people: GB (1e9) with one decimal, MB (1e6) below 1 GB; "-" for None."""
+    if n is None:
+        return "-"
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.0f} MB"
+
+
+def count(n: int) -> str:
+    """A parameter count: "30.53 B", "11.2 M"."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 @dataclass(frozen=True)
