@@ -227,3 +227,17 @@ def test_size_units():
     assert parse_size("141", "x") == 141 * 10**9
     with pytest.raises(SpecError, match="--host-memory: '1 PB'"):
         parse_size("1 PB", "--host-memory")
+
+
+def test_the_documented_command(tmp_path):
+    """docs/scaling/plan.md's command and the per-GPU totals it explains."""
+    args = ["plan", str(ROOT / "experiments" / "gpu_qwen3_moe.yaml"), "--gpus", "8", "--gpu-memory", "80GB"]
+    args += ["--config", str(QWEN3_30B), "--host-memory", "1TB", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    phases = json.loads(res.stdout)["layouts"]["sharded"]["phases"]
+    totals = {p["phase"]: round(p["device_bytes"] / 1e9, 1) for p in phases}
+    assert totals == {"load": 20.1, "rollout": 70.2, "pi_old": 74.0, "update": 78.2, "checkpoint": 64.1}
+    assert all(p["device_fits"] and p["host_fits"] for p in phases)
+    doc = (ROOT / "docs" / "scaling" / "plan.md").read_text()
+    assert all(f"{v} GB" in doc for v in totals.values())
