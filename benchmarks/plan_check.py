@@ -74,8 +74,8 @@ CONFIGS = [
     ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 2, "fsdp", False),
     ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 1, "ddp", False),
     ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 2, "fsdp", True),
-    ("moe-250M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True),
-    ("moe-250M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False),
+    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True),
+    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False),
 ]
 
 
