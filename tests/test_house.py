@@ -145,6 +145,7 @@ LAYERS = [
     {"algorithms"},
     {"spec"},
     {"tasks"},
+    {"plan"},  # torch-free: sizes a run from the spec and a config.json
     {"models"},
     {"rollout"},
     {"eval"},

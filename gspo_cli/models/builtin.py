@@ -11,7 +11,6 @@ import math
 import os
 import random
 import shutil
-import string
 import tempfile
 import time
 from pathlib import Path
@@ -22,9 +21,10 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
 
 from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import Task
+from gspo_cli.tasks.base import TOKENIZER_SPECIALS, character_vocabulary
 
 BUILTIN_KINDS = ("tiny-moe", "tiny-dense")
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+SPECIALS = list(TOKENIZER_SPECIALS)
 # Bumped whenever the recipe below changes, so stale cached models are never reused.
 RECIPE_VERSION = "1"
 
@@ -36,8 +36,7 @@ def cache_root() -> Path:
 def build_tokenizer(corpus: str) -> PreTrainedTokenizerFast:
     """One token per character. The vocabulary is every printable ASCII character plus any
     other character in `corpus`, so unseen-but-typeable text still round-trips."""
-    chars = sorted((set(string.printable) - set("\x0b\x0c\r")) | set(corpus))
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    vocab = {tok: i for i, tok in enumerate(character_vocabulary(corpus))}
     # BPE with no merges is a character tokenizer that saves and loads as a normal HF one.
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.decoder = decoders.Fuse()

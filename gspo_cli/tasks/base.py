@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import string
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,18 @@ class Task(ABC):
     def fingerprint(self) -> str:
         """Everything that determines the problems a cold start sees (for caching)."""
         return self.name
+
+
+# The built-in character tokenizer's special tokens, ids 0..3 (gspo_cli.models.builtin).
+TOKENIZER_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+
+
+def character_vocabulary(corpus: str) -> list[str]:
+    """The built-in tokenizer's tokens in id order: the specials, then every printable ASCII
+    character plus any other character in `corpus`, sorted (so unseen-but-typeable text still
+    round-trips). Torch-free so that `gspo plan` sizes a built-in model without building it."""
+    chars = sorted((set(string.printable) - set("\x0b\x0c\r")) | set(corpus))
+    return [*TOKENIZER_SPECIALS, *chars]
 
 
 def in_eval_split(key: str, eval_fraction: float = 0.1) -> bool:

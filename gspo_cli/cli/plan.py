@@ -1,0 +1,184 @@
+"""`gspo plan`: the memory a spec's run will need, per phase, per device and per host, before
+any queue wait. Reads the spec and the model's config.json only: no weights, no GPU."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gspo_cli.cli.common import _fail, _print_table, err_console
+from gspo_cli.errors import GspoError, SpecError
+
+UNITS = {"": 10**9, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """Bytes from "80GB", "141 GB", "96GiB", "1TB" or a bare number of GB. 1 GB = 1e9 bytes,
+    1 GiB = 2**30. Anything else is a SpecError naming `option`."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in UNITS or float(m.group(1)) <= 0:
+        raise SpecError(f"{option}: {text!r} is not a size (e.g. 80GB, 141GB, 96GiB, 1TB)")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("yes" if ok else "NO")
+
+
+def plan(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec (YAML)")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs (training processes) per node")] = 1,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="nodes")] = 1,
+    gpu_memory: Annotated[
+        Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="memory of one GPU, e.g. 80GB")
+    ] = None,
+    host_memory: Annotated[
+        Optional[str], typer.Option("--host-memory", metavar="SIZE", help="memory of one node, e.g. 1TB")
+    ] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--config", metavar="PATH", help="the model's config.json (or its directory) instead of model.name's"
+        ),
+    ] = None,
+    prompt_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            "--prompt-tokens", min=1, help="longest prompt in tokens (default: measured for built-in models, else 512)"
+        ),
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", "-s", metavar="KEY.PATH=VALUE", help="override a spec field")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Memory per phase (load, rollout, pi_old, update, checkpoint) per GPU and per host, and
+    whether it fits, for the run as it will be once issue 25 lands (FSDP2 full shard, bf16
+    all-gathers, chunked log-probs, sharded checkpoints); today's code is shown beside it.
+
+    Warns, never refuses: a run whose plan does not fit can still be started."""
+    from gspo_cli.plan import Hardware, model_shape, plan_memory
+    from gspo_cli.plan.shapes import builtin_prompt_tokens
+    from gspo_cli.spec.loading import load_spec
+
+    try:
+        hw = Hardware(
+            gpus_per_node=gpus,
+            nodes=nodes,
+            gpu_bytes=None if gpu_memory is None else parse_size(gpu_memory, "--gpu-memory"),
+            host_bytes=None if host_memory is None else parse_size(host_memory, "--host-memory"),
+        )
+        spec = load_spec(spec_path, set_)
+        shape, warnings = model_shape(spec, config)
+        if prompt_tokens is None:
+            builtin = spec.model.name.startswith("builtin:") and config is None
+            prompt_tokens = builtin_prompt_tokens(spec) if builtin else 512
+            if not builtin:
+                warnings.append("prompt length assumed 512 tokens (--prompt-tokens to change)")
+    except GspoError as err:
+        _fail(err)
+    plans = {
+        layout: plan_memory(shape, spec, hw, prompt_tokens=prompt_tokens, layout=layout)
+        for layout in ("sharded", "today")
+    }
+    if as_json:
+        typer.echo(json.dumps(_as_dict(plans, shape, spec, prompt_tokens, warnings), indent=2))
+        return
+    _render(plans, shape, spec, prompt_tokens)
+    for w in warnings + plans["sharded"].notes:
+        err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
+    for line in plans["sharded"].problems():
+        err_console.print(f"warning: does not fit: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _render(plans, shape, spec, prompt_tokens: int) -> None:
+    from gspo_cli.plan.memory import count, gb
+
+    p = plans["sharded"]
+    hw = p.hardware
+    dev = "GPU" if p.device_kind == "cuda" else "process (model.device cpu: host memory)"
+    typer.echo(
+        f"{spec.model.name}: {shape.model_type}, {count(shape.total_params())} parameters "
+        f"({count(shape.active_params())} active), {gb(4 * shape.total_params())} in fp32; "
+        f"{hw.world} processes ({hw.nodes} node(s) x {hw.gpus_per_node}), model.sharding {spec.model.sharding}, "
+        f"model.dtype {spec.model.dtype}, prompt {prompt_tokens} + response {spec.rollout.max_new_tokens} tokens"
+    )
+    typer.echo(
+        "Layout: after issue 25 (meta-device load from rank 0's one copy, FSDP2 full shard with "
+        "bf16 all-gathers, chunked log-probs, per-rank checkpoints). Per "
+        f"{dev}: the busiest rank; per host: rank 0's node."
+    )
+    rows = []
+    today = plans["today"]
+    for ph in p.phases:
+        d_ok, h_ok = p.fits(ph)
+        t_ok, _ = today.fits(today.phase(ph.name))
+        rows.append(
+            [
+                ph.name,
+                gb(ph.device_total),
+                _verdict(d_ok),
+                ph.dominant(),
+                ph.dominant(transient=True),
+                gb(ph.host_total),
+                _verdict(h_ok),
+                f"{gb(today.phase(ph.name).device_total)} ({_verdict(t_ok)})",
+            ]
+        )
+    _print_table(
+        [
+            "phase",
+            f"per {'GPU' if p.device_kind == 'cuda' else 'process'}",
+            f"fits {gb(hw.gpu_bytes)}",
+            "largest term",
+            "largest beyond weights/grads/AdamW",
+            "per host",
+            f"fits {gb(hw.host_bytes)}",
+            "today's code, per device",
+        ],
+        rows,
+    )
+    for ph in p.phases:
+        typer.echo(f"{ph.name}: " + "; ".join(f"{name} {gb(b)}" for name, b in ph.device if b))
+
+
+def _as_dict(plans, shape, spec, prompt_tokens: int, warnings: list[str]) -> dict:
+    def one(p) -> dict:
+        return {
+            "phases": [
+                {
+                    "phase": ph.name,
+                    "device_bytes": ph.device_total,
+                    "host_bytes": ph.host_total,
+                    "device_fits": p.fits(ph)[0],
+                    "host_fits": p.fits(ph)[1],
+                    "largest_device_term": ph.dominant(),
+                    "largest_transient_device_term": ph.dominant(transient=True),
+                    "largest_host_term": ph.dominant("host"),
+                    "device_terms": dict(ph.device),
+                    "host_terms": dict(ph.host),
+                }
+                for ph in p.phases
+            ],
+            "problems": p.problems(),
+            "notes": p.notes,
+        }
+
+    hw = plans["sharded"].hardware
+    return {
+        "model": spec.model.name,
+        "model_type": shape.model_type,
+        "params": shape.total_params(),
+        "active_params": shape.active_params(),
+        "world": hw.world,
+        "gpu_bytes": hw.gpu_bytes,
+        "host_bytes": hw.host_bytes,
+        "prompt_tokens": prompt_tokens,
+        "warnings": warnings,
+        "layouts": {name: one(p) for name, p in plans.items()},
+    }

@@ -1,0 +1,403 @@
+"""Memory per phase of an RL step, per device and per host, from a ModelShape and the spec.
+
+Two layouts. `sharded` is the run as issue 25 makes it: the model built on the meta device and
+filled from rank 0's one copy in the checkpoint's dtype; FSDP2 full sharding of fp32 master
+weights, gradients and AdamW state, with bf16 all-gathers (MixedPrecisionPolicy) when
+model.dtype is bfloat16; log-probs and entropy computed a few rows at a time; per-rank
+checkpoints (torch.distributed.checkpoint). `today` is the code before it: every process loads
+the whole fp32 model on the host and moves it to its device before sharding, FSDP gathers fp32
+under autocast, log-probs build [rows, tokens, vocab] fp32 logits, and a checkpoint gathers the
+whole weights and AdamW state on rank 0's host.
+
+Units are bytes; 1 GB = 1e9 bytes (a '30.5 B parameter model is 122 GB in fp32').
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape
+from gspo_cli.spec import ExperimentSpec
+
+LAYOUTS = ("sharded", "today")
+FP32 = 4
+# Per device: CUDA context, NCCL buffers and allocator slack (a flat allowance, not derived).
+CUDA_RUNTIME = 3 * 10**9
+# Per process on the host: Python, torch, transformers and their libraries.
+HOST_RUNTIME = {"cuda": 4 * 10**9, "cpu": 6 * 10**8}
+# Rows whose [rows, tokens, vocab] logits exist at once in the `sharded` layout's log-prob pass.
+LOGIT_CHUNK_ROWS = 1
+# Today's hf engine keeps the sampler's logits for its log-probs only below this (rollout/hf.py).
+HF_LOGITS_BUDGET = 1 << 30
+VLLM_DEFAULT_UTILIZATION = 0.92  # vLLM's own default
+# model.device cpu (a process's memory is its RSS): what loading transformers' modeling code and
+# the first forward/backward add to a process whatever the model's size (kernels, autograd,
+# allocator arenas, gloo buffers). Measured with benchmarks/plan_check.py on an 11 M-parameter model.
+CPU_LOAD_LIBRARIES = 140 * 2**20
+CPU_STEP_RUNTIME = 250 * 2**20
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus_per_node: int = 1
+    nodes: int = 1
+    gpu_bytes: int | None = None  # None: no verdict for the device
+    host_bytes: int | None = None  # None: no verdict for the host
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass
+class Phase:
+    """One phase's terms: (name, bytes) on each device (the busiest rank) and on each host
+    (the busiest node, rank 0's)."""
+
+    name: str
+    device: list[tuple[str, int]] = field(default_factory=list)
+    host: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def device_total(self) -> int:
+        return sum(b for _, b in self.device)
+
+    @property
+    def host_total(self) -> int:
+        return sum(b for _, b in self.host)
+
+    resident: frozenset[str] = frozenset()  # names of the terms every phase keeps (weights, AdamW...)
+
+    def dominant(self, where: str = "device", transient: bool = False) -> str:
+        """The largest term's name; `transient`: the largest of what this phase adds over the
+        state every phase keeps (the term a spec change can shrink)."""
+        terms = self.device if where == "device" else self.host
+        if transient:
+            terms = [
+                t
+                for t in terms
+                if t[0] not in self.resident and not t[0].startswith(("CUDA", "CPU", "runtime", "libraries"))
+            ]
+        return max(terms, key=lambda t: t[1])[0] if terms else "-"
+
+
+@dataclass
+class Plan:
+    layout: str
+    params: int
+    world: int
+    device_kind: str  # "cuda" or "cpu" (cpu: the device is the host; per-device = per process)
+    phases: list[Phase]
+    hardware: Hardware
+    notes: list[str] = field(default_factory=list)
+
+    def phase(self, name: str) -> Phase:
+        return next(p for p in self.phases if p.name == name)
+
+    def fits(self, phase: Phase) -> tuple[bool | None, bool | None]:
+        """(device fits, host fits); None where no capacity was given."""
+        hw = self.hardware
+        dev = None if hw.gpu_bytes is None else phase.device_total <= hw.gpu_bytes
+        host = None if hw.host_bytes is None else phase.host_total <= hw.host_bytes
+        return dev, host
+
+    def problems(self) -> list[str]:
+        """One line per phase that does not fit, naming its dominating term."""
+        out = []
+        for p in self.phases:
+            dev, host = self.fits(p)
+            if dev is False:
+                out.append(
+                    f"{p.name}: {gb(p.device_total)} per device exceeds {gb(self.hardware.gpu_bytes)} "
+                    f"(largest term: {p.dominant()})"
+                )
+            if host is False:
+                out.append(
+                    f"{p.name}: {gb(p.host_total)} per host exceeds {gb(self.hardware.host_bytes)} "
+                    f"(largest term: {p.dominant('host')})"
+                )
+        return out
+
+
+def gb(n: int | float | None) -> str:
+    """Bytes for people: GB (1e9) with one decimal, MB (1e6) below 1 GB; "-" for None."""
+    if n is None:
+        return "-"
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.0f} MB"
+
+
+def count(n: int) -> str:
+    """A parameter count: "30.53 B", "11.2 M"."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The spec's batch, read the way the trainer splits it."""
+
+    rows: int  # rollout rows per rank (whole groups)
+    update_rows: int  # rows per rank in one mini-batch's forward and backward
+    prompt_tokens: int
+    new_tokens: int
+    compute_bytes: int  # model.dtype
+    checkpointing: bool
+    kl: bool
+    routes: bool  # an MoE whose routes pi_old records (every arm does, for volatility)
+
+    @property
+    def tokens(self) -> int:  # T: prompt + response, responses at full length (the worst case)
+        return self.prompt_tokens + self.new_tokens
+
+
+def workload(spec: ExperimentSpec, shape: ModelShape, world: int, prompt_tokens: int) -> Workload:
+    rows = max(1, spec.rollout.batch_size // world)
+    fewest = min(a.mini_batches for a in spec.arms)  # the arm with the largest mini-batch
+    return Workload(
+        rows=rows,
+        update_rows=max(1, rows // fewest),
+        prompt_tokens=prompt_tokens,
+        new_tokens=spec.rollout.max_new_tokens,
+        compute_bytes=DTYPE_BYTES[spec.model.dtype],
+        checkpointing=spec.train.gradient_checkpointing,
+        kl=any(a.kl_coef > 0 for a in spec.arms),
+        routes=shape.experts > 0,
+    )
+
+
+def activation_elems_per_token(shape: ModelShape, layer: int) -> int:
+    """Elements one token keeps for backward in one decoder layer (no recompute), counted from
+    the ops of transformers' Qwen3 / Qwen3-MoE layers: each RMSNorm's input and normalised
+    output (2h), q/k/v and their per-head norms and rotary outputs, the attention output (GQA's
+    k/v expanded to every head for SDPA), the residual sums; a dense SwiGLU's gate, up, act and
+    product (4 x intermediate); an MoE block's router logits and probabilities (2E) and, per
+    routed copy (top_k per token), the gathered input, gate/up, act, product, down output and
+    weighted output (3h + 4 x moe_intermediate)."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    attn = 2 * h + 3 * q + 3 * kv + 2 * q + q + 2 * h  # norm, q/k/v(+norms, rope), sdpa (GQA expanded), o, residual
+    if layer in shape.moe_layers:
+        mlp = 2 * h + 2 * shape.experts + shape.top_k * (3 * h + 4 * shape.moe_intermediate) + h
+    else:
+        mlp = 2 * h + 4 * shape.intermediate + h
+    return attn + mlp
+
+
+def forward_elems_per_token(shape: ModelShape, layer: int) -> int:
+    """Elements one token holds at the peak of a no-grad forward through one layer (nothing
+    kept for backward): the residual stream and its normalised copy, then the widest point,
+    q/k/v (GQA expanded) in attention or, in an MoE block, each routed copy's input, gate/up and
+    activation (top_k x (h + 3 x moe_intermediate)); a dense SwiGLU's gate, up and activation."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    attn = 2 * h + 3 * q + 2 * kv
+    if layer in shape.moe_layers:
+        mlp = 2 * h + 2 * shape.experts + shape.top_k * (h + 3 * shape.moe_intermediate)
+    else:
+        mlp = 2 * h + 3 * shape.intermediate
+    return max(attn, mlp)
+
+
+def plan_memory(
+    shape: ModelShape, spec: ExperimentSpec, hw: Hardware, *, prompt_tokens: int, layout: str = "sharded"
+) -> Plan:
+    """Per-phase memory (load, rollout, pi_old, update, checkpoint) of `spec` on `hw`.
+
+    Per device: the busiest rank's bytes on its device. Per host: rank 0's node (it holds the
+    checkpoint copy when loading and, today, the gathered checkpoint). With model.device cpu
+    the "device" is the process's share of host memory and the host holds every process.
+    `layout`: "sharded" (after issue 25) or "today" (see the module docstring)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
+    today = layout == "today"
+    W = hw.world
+    kind = "cpu" if spec.model.device == "cpu" else "cuda"
+    wl = workload(spec, shape, W, prompt_tokens)
+    c = wl.compute_bytes
+    P = shape.total_params()
+    fsdp = W > 1 and spec.model.sharding == "fsdp"
+    share = W if fsdp else 1
+    notes: list[str] = []
+
+    # What every rank keeps between phases once the first update has run (AdamW's moments
+    # are created at the first step; gradients stay allocated until the next zero_grad).
+    resident = [
+        ("fp32 master weights" + (f" (1/{W})" if fsdp else ""), FP32 * P // share),
+        ("fp32 gradients" + (f" (1/{W})" if fsdp else ""), FP32 * P // share),
+        ("AdamW moments, fp32" + (f" (1/{W})" if fsdp else ""), 2 * FP32 * P // share),
+    ]
+    if wl.kl:
+        resident.append(("KL reference weights" + (f" (1/{W})" if fsdp else ""), FP32 * P // share))
+    if W > 1 and not fsdp:
+        resident.append(("DDP gradient buckets", FP32 * P))
+
+    # Weights a forward needs beyond the shards: FSDP gathers the root (embeddings, head; kept
+    # through forward and backward) and about two decoder layers at a time (one prefetched).
+    gather_bytes = FP32 if (today or c == FP32) else c
+    gathered: list[tuple[str, int]] = []
+    if fsdp:
+        gathered = [
+            (
+                f"gathered root + 2 layers ({'fp32' if gather_bytes == FP32 else 'bf16'})",
+                gather_bytes * (shape.embedding_params() + 2 * shape.largest_layer_params()),
+            )
+        ]
+    if c != FP32 and (today or not fsdp):
+        # autocast keeps a compute-dtype copy of every gathered nn.Linear weight for the whole
+        # forward; grouped-GEMM experts are not autocast ops and are not copied.
+        linear = P - shape.expert_params() - shape.vocab * shape.hidden * (0 if shape.tied else 1)
+        gathered.append(("autocast weight copies (non-expert)", c * linear))
+
+    layer_elems = [activation_elems_per_token(shape, i) for i in range(shape.layers)]
+    live_elems = [forward_elems_per_token(shape, i) for i in range(shape.layers)]
+    T, V = wl.tokens, shape.vocab
+
+    def logits(rows: int) -> int:
+        # lm_head output in the compute dtype, then fp32: logits/temperature, log-softmax and
+        # one more [rows, response, vocab] tensor (entropy's exp, or backward's gradient).
+        return rows * (T * V * c + 3 * wl.new_tokens * V * FP32)
+
+    chunk_rows = lambda rows: rows if today else min(rows, LOGIT_CHUNK_ROWS)  # noqa: E731
+    runtime_dev = (
+        [("CUDA context, NCCL, allocator slack", CUDA_RUNTIME)]
+        if kind == "cuda"
+        else [("CPU kernels, autograd, allocator (fixed)", CPU_STEP_RUNTIME)]
+    )
+    host_proc = HOST_RUNTIME[kind]
+    procs_on_node = min(hw.gpus_per_node, W)
+
+    def host_terms(extra: list[tuple[str, int]], device_total: int) -> list[tuple[str, int]]:
+        base = [(f"runtime ({procs_on_node} processes)", procs_on_node * host_proc)]
+        if kind == "cpu":
+            base.append((f"{procs_on_node} processes' device memory", procs_on_node * device_total))
+        return base + extra
+
+    phases = []
+
+    # load
+    ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
+    if today:
+        # from_pretrained maps the safetensors files: an fp32 checkpoint's dense tensors are used
+        # in place (pages shared by the node's processes through the page cache); MoE experts,
+        # stored one per expert, are concatenated into new fused tensors (their pages read and a
+        # copy made); a checkpoint in another dtype is converted into an fp32 copy per process.
+        # Then the whole model moves to the device before fully_shard (measured on CPU:
+        # benchmarks/README.md, "gspo plan against measured peaks").
+        converted = ck != FP32
+        experts = FP32 * shape.expert_params()
+        if converted:
+            per_proc = [("fp32 copy of the checkpoint", FP32 * P)]
+        elif experts:
+            per_proc = [("experts fused at load (pages read + fused copy)", 2 * experts)]
+        else:
+            per_proc = []
+        if kind == "cpu":
+            dev = list(per_proc)
+            if fsdp and not converted:  # fully_shard reads every tensor: the rest of the file is paged in
+                dev.append(("checkpoint pages read by fully_shard", FP32 * P - experts))
+            host_extra = []
+        else:
+            dev = [("whole fp32 model before sharding", FP32 * P)]
+            host_extra = [(f"{n} x {procs_on_node} processes", procs_on_node * b) for n, b in per_proc]
+            if not converted:
+                host_extra.append(("checkpoint pages (page cache, shared)", FP32 * P))
+        if wl.kl:
+            dev.append(("KL reference (whole, fp32)", FP32 * P))
+    else:
+        dev = [(f"fp32 master shard (1/{share})", FP32 * P // share)]
+        if wl.kl:
+            dev.append((f"KL reference shard (1/{share})", FP32 * P // share))
+        biggest = shape.vocab * shape.hidden
+        dev.append(("one tensor in flight (largest: embedding)", (ck + FP32) * biggest))
+        host_extra = [(f"rank 0's one copy in the checkpoint dtype ({shape.checkpoint_dtype})", ck * P)]
+    libraries = [("libraries loaded with the model", CPU_LOAD_LIBRARIES)]
+    phase = Phase("load", (runtime_dev if kind == "cuda" else libraries) + dev)
+    phase.host = host_terms(host_extra, phase.device_total)
+    phases.append(phase)
+
+    # rollout
+    engine = spec.rollout.engine
+    dev = list(resident)
+    rows = wl.rows
+    if engine == "vllm":
+        util = float(spec.rollout.vllm.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
+        if hw.gpu_bytes is not None:
+            dev.append((f"vLLM (gpu_memory_utilization {util} of the GPU)", int(util * hw.gpu_bytes)))
+            if c * P > util * hw.gpu_bytes:
+                notes.append(
+                    f"vLLM's weights ({gb(c * P)} in {spec.model.dtype}) exceed its share "
+                    f"({util} x {gb(hw.gpu_bytes)}): it cannot start"
+                )
+        if fsdp:
+            notes.append("rollout.engine vllm with model.sharding fsdp is not supported today (ddp only)")
+    else:
+        dev += gathered
+        kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * c * rows * T
+        dev.append((f"KV cache ({rows} rows x {T} tokens)", kv))
+        dev.append(("prefill activations (one layer)", rows * wl.prompt_tokens * max(live_elems) * c))
+        sampler = rows * wl.new_tokens * V * FP32
+        if spec.rollout.sampler_logprobs and today and sampler <= HF_LOGITS_BUDGET:
+            # generate's per-step logits, stacked, /temperature, log-softmax, exp and product (entropy)
+            dev.append(("sampler logits for log-probs", 6 * sampler))
+        elif spec.rollout.sampler_logprobs and not today:
+            # log-probs and entropy taken at each decoding step: a few [rows, vocab] tensors
+            dev.append(("sampler log-probs per decoding step", 3 * rows * V * FP32))
+        if wl.routes and spec.rollout.sampler_logprobs:
+            dev.append(("recorded routes", 8 * shape.layers * rows * T * shape.top_k))
+    phase = Phase("rollout", runtime_dev + dev)
+    phase.host = host_terms([], phase.device_total)
+    phases.append(phase)
+
+    # pi_old (and the KL reference's log-probs): one no-grad forward of the local batch
+    dev = list(resident) + gathered
+    dev.append(("activations (no grad, one layer)", rows * T * max(live_elems) * c))
+    dev.append((f"logits ({chunk_rows(rows)} rows x {T} tokens x {V} vocab)", logits(chunk_rows(rows))))
+    if wl.routes:
+        dev.append(("recorded routes", 8 * shape.layers * rows * T * shape.top_k))
+    phase = Phase("pi_old", runtime_dev + dev)
+    phase.host = host_terms([], phase.device_total)
+    phases.append(phase)
+
+    # update: one mini-batch's forward and backward, then the optimizer step
+    ur = wl.update_rows
+    dev = list(resident) + gathered
+    if fsdp:
+        grad_bytes = FP32 if today else c + FP32  # bf16 gradients, cast to fp32 for the reduce-scatter
+        dev.append(("unsharded gradients of one layer", grad_bytes * shape.largest_layer_params()))
+    if wl.checkpointing:
+        dev.append(("activations: layer inputs (checkpointed)", ur * T * shape.hidden * c * shape.layers))
+        dev.append(("activations: one layer recomputed", ur * T * max(layer_elems) * c))
+    else:
+        dev.append((f"activations ({ur} rows x {T} tokens x {shape.layers} layers)", ur * T * sum(layer_elems) * c))
+    dev.append((f"logits ({chunk_rows(ur)} rows x {T} tokens x {V} vocab)", logits(chunk_rows(ur))))
+    phase = Phase("update", runtime_dev + dev)
+    phase.host = host_terms([], phase.device_total)
+    phases.append(phase)
+
+    # checkpoint: what saving adds over the resident state
+    dev = list(resident)
+    if today:
+        full = FP32 * P + 2 * FP32 * P  # whole weights + whole AdamW state
+        if W > 1:
+            host_extra = [("rank 0 gathers whole weights + AdamW (fp32)", full)]
+            if kind == "cpu":
+                dev.append(("rank 0 gathers whole weights + AdamW (fp32)", full))
+                host_extra = []
+        else:
+            host_extra = []
+            dev.append(("safetensors write buffer (weights)", FP32 * P))
+    else:
+        # torch.distributed.checkpoint writes tensor by tensor: each rank stages at most its
+        # largest local tensor (an expert stack or the embedding) in host memory at a time.
+        widest = max(shape.vocab * shape.hidden, max(shape.mlp_params(i) for i in shape.moe_layers or [0]))
+        staged = FP32 * widest // share
+        host_extra = [(f"one tensor per rank staged for writing ({procs_on_node} ranks)", procs_on_node * staged)]
+        if kind == "cpu":
+            dev.append(("one tensor staged for writing", staged))
+            host_extra = []
+    phase = Phase("checkpoint", runtime_dev + dev)
+    phase.host = host_terms(host_extra, phase.device_total)
+    phases.append(phase)
+
+    for phase in phases:
+        phase.resident = frozenset(name for name, _ in resident)
+    if spec.train.gradient_checkpointing is False and shape.layers > 8:
+        notes.append("train.gradient_checkpointing is off: the update keeps every layer's activations")
+    return Plan(layout=layout, params=P, world=W, device_kind=kind, phases=phases, hardware=hw, notes=notes)

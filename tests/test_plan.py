@@ -1,0 +1,243 @@
+"""`gspo plan`: exact parameter counts (against transformers' own build on the meta device),
+hand-computed phase totals for a tiny config, Qwen3-30B-A3B's headline figures, and the
+command's one-line errors."""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from gspo_cli.cli.app import app
+from gspo_cli.errors import SpecError
+from gspo_cli.plan import Hardware, model_shape, plan_memory, read_config, shape_from_config
+from gspo_cli.spec.loading import spec_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3_30B = ROOT / "experiments" / "configs" / "qwen3-30b-a3b"
+runner = CliRunner()
+
+
+def meta_count(cfg: dict) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+SMALL = {"vocab_size": 97, "hidden_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4}
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {**SMALL, "model_type": "qwen3", "num_key_value_heads": 2, "intermediate_size": 80,
+         "tie_word_embeddings": True},  # Qwen3's head_dim defaults to 128, not 48 / 4
+        {**SMALL, "model_type": "qwen3", "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 64,
+         "tie_word_embeddings": False, "attention_bias": True},
+        {**SMALL, "model_type": "qwen3_moe", "num_key_value_heads": 2, "intermediate_size": 72, "num_experts": 6,
+         "num_experts_per_tok": 2, "moe_intermediate_size": 40, "tie_word_embeddings": False},
+        # Dense layers among MoE ones: every second layer sparse, layer 0 forced dense.
+        {**SMALL, "num_hidden_layers": 4, "model_type": "qwen3_moe", "num_key_value_heads": 4,
+         "intermediate_size": 72, "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 24,
+         "decoder_sparse_step": 2, "mlp_only_layers": [1], "tie_word_embeddings": True},
+    ],
+)  # fmt: skip
+def test_parameter_counts_equal_a_meta_device_build(cfg):
+    n = meta_count(cfg)
+    assert shape_from_config(cfg).total_params() == n
+    # As transformers writes it (config.json of a saved model: num_experts -> num_local_experts).
+    from transformers import AutoConfig
+
+    saved = json.loads(AutoConfig.for_model(**cfg).to_json_string())
+    assert shape_from_config(saved).total_params() == n
+
+
+def test_qwen3_30b_a3b_headline_figures():
+    """DESIGN.md: 30.5 B parameters (48 x (604 M experts + 18.9 M attention) + 2 x 311 M
+    embedding/head), 122 GB in fp32, 61 GB per GPU of weights + grads + AdamW over 8."""
+    raw = read_config(QWEN3_30B)
+    shape = shape_from_config(raw)
+    P = shape.total_params()
+    assert P == meta_count(raw) == 30_532_122_624
+    assert shape.expert_params() // 48 == 128 * 3 * 2048 * 768 == 603_979_776
+    assert shape.attention_params() == 18_874_624
+    assert shape.vocab * shape.hidden == 311_164_928
+    assert round(4 * P / 1e9, 1) == 122.1
+    spec = spec_from_dict(yaml.safe_load((ROOT / "experiments" / "gpu_qwen3_moe.yaml").read_text()))
+    plan = plan_memory(shape, spec, Hardware(gpus_per_node=8, gpu_bytes=80 * 10**9), prompt_tokens=512)
+    state = dict(plan.phase("checkpoint").device)
+    per_gpu = sum(b for name, b in state.items() if name.startswith(("fp32 master", "fp32 gradients", "AdamW")))
+    assert per_gpu == 16 * P // 8 - (16 * P // 8) % 4  # three terms, each floored
+    assert round(per_gpu / 1e9, 1) == 61.1
+    # The shipped GPU spec is what the plan says fits 8 x 80 GB; the paper's 64 x 4096 does not.
+    assert plan.problems() == []
+    big = spec.model_copy(
+        update={"rollout": spec.rollout.model_copy(update={"prompts_per_step": 64, "max_new_tokens": 4096})}
+    )
+    too_big = plan_memory(shape, big, Hardware(gpus_per_node=8, gpu_bytes=80 * 10**9), prompt_tokens=512)
+    assert [line.split(":")[0] for line in too_big.problems()] == ["rollout", "pi_old", "update"]
+    # Rank 0's one copy at load is the checkpoint's dtype (bf16): half the fp32 model.
+    assert dict(plan.phase("load").host)["rank 0's one copy in the checkpoint dtype (bfloat16)"] == 2 * P
+
+
+def test_builtin_config_is_the_one_the_builder_makes():
+    from gspo_cli.models.builtin import build_config, build_tokenizer
+    from gspo_cli.tasks import make_task
+
+    spec = spec_from_dict({"name": "x", "arms": [{"name": "a", "preset": "paper-gspo"}]})
+    shape, warnings = model_shape(spec)
+    task = make_task(spec.task.name, spec.task.params)
+    tok = build_tokenizer(task.corpus_text(random.Random(spec.model.cold_start.seed + 1)))
+    config = build_config("tiny-moe", spec.model.builtin, tok)
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(config)
+    assert shape.vocab == len(tok) and not warnings
+    assert shape.total_params() == sum(p.numel() for p in model.parameters())
+
+
+TINY_DENSE = {
+    "model_type": "qwen3",
+    "vocab_size": 10,
+    "hidden_size": 8,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 4,
+    "intermediate_size": 16,
+    "tie_word_embeddings": True,
+}
+
+
+def test_hand_computed_phase_totals(tmp_path):
+    # P: per layer q 8x8 + k,v 2 x 8x4 + o 8x8 + q/k norms 2x4 = 200, MLP 3 x 8 x 16 = 384,
+    # two norms 16 -> 600; 2 layers + embedding 80 (tied) + final norm 8 = 1288.
+    (tmp_path / "config.json").write_text(json.dumps(TINY_DENSE))
+    spec = spec_from_dict(
+        {
+            "name": "x",
+            "model": {"name": str(tmp_path), "device": "cuda", "sharding": "fsdp"},
+            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
+            "arms": [{"name": "a", "preset": "paper-gspo", "mini_batches": 2}],
+        }
+    )
+    shape, _ = model_shape(spec)
+    assert shape.total_params() == 1288 == meta_count(TINY_DENSE)
+    plan = plan_memory(shape, spec, Hardware(gpus_per_node=2, gpu_bytes=10**10), prompt_tokens=4)
+    load, update = plan.phase("load"), plan.phase("update")
+    # load: CUDA allowance 3e9 + fp32 master shard 4 x 1288 / 2 + one embedding in flight (4 + 4) x 80
+    assert load.device_total == 3 * 10**9 + 2576 + 640
+    # host: 2 processes x 4e9 + rank 0's fp32 copy (the config names no dtype) 4 x 1288
+    assert load.host_total == 8 * 10**9 + 5152
+    # update, 2 ranks x 2 rows, 2 mini-batches -> 1 row of T = 4 + 6 tokens:
+    #   resident 16 x 1288 / 2 = 10304; gathered fp32 root (88) + 2 layers (1200): 4 x 1288 = 5152;
+    #   one layer's unsharded grads (4 + 4) x 600 = 4800; activations 1 x 10 x (92 + 88) x 2 layers
+    #   x 4 B = 14400 (attention 2h+3q+3kv+2q+q+2h = 92, SwiGLU 2h+4I+h = 88);
+    #   logits 1 x (10 x 10 x 4 + 3 x 6 x 10 x 4) = 1120
+    assert update.device_total == 3 * 10**9 + 10304 + 5152 + 4800 + 14400 + 1120
+    assert update.dominant() == "CUDA context, NCCL, allocator slack"
+    assert plan.fits(update) == (True, None)
+    # Today: the whole fp32 model reaches the device before sharding.
+    today = plan_memory(shape, spec, Hardware(gpus_per_node=2), prompt_tokens=4, layout="today")
+    assert dict(today.phase("load").device)["whole fp32 model before sharding"] == 4 * 1288
+
+
+def test_gradient_checkpointing_keeps_layer_inputs_only(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_DENSE))
+    raw = {"name": "x", "model": {"name": str(tmp_path)}, "arms": [{"name": "a", "preset": "paper-gspo"}]}
+    on = spec_from_dict({**raw, "train": {"gradient_checkpointing": True}})
+    shape, _ = model_shape(on)
+    kept = dict(plan_memory(shape, on, Hardware(), prompt_tokens=4).phase("update").device)
+    rows, T = 128 // 4, 4 + 48  # 16 x 8 rows, paper-gspo's 4 mini-batches; 48 new tokens by default
+    assert kept["activations: layer inputs (checkpointed)"] == rows * T * 8 * 4 * 2
+    assert kept["activations: one layer recomputed"] == rows * T * 180 * 4  # 92 + 88 elements per token
+    off = spec_from_dict({**raw, "train": {"gradient_checkpointing": False}})
+    kept = dict(plan_memory(shape, off, Hardware(), prompt_tokens=4).phase("update").device)
+    assert kept[f"activations ({rows} rows x {T} tokens x 2 layers)"] == rows * T * 180 * 2 * 4
+
+
+def test_plan_modules_import_no_torch():
+    code = (
+        "import sys\nimport gspo_cli.plan, gspo_cli.cli.plan\n"
+        "from gspo_cli.plan import shape_from_config, read_config\n"
+        f"print(shape_from_config(read_config({str(QWEN3_30B)!r})).total_params())\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "30532122624"
+
+
+def _spec_file(tmp_path, model_name: str, **extra) -> Path:
+    path = tmp_path / "exp.yaml"
+    raw = {"name": "x", "model": {"name": model_name}, "arms": [{"name": "a", "preset": "paper-gspo"}], **extra}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_cli_missing_config_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    res = runner.invoke(app, ["plan", str(_spec_file(tmp_path, str(tmp_path / "empty"))), "--gpus", "2"])
+    assert res.exit_code == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith(
+        f"error: model.name: {tmp_path / 'empty'} has no config.json"
+    )
+    res = runner.invoke(app, ["plan", str(_spec_file(tmp_path, "Org/not-cached"))])
+    assert res.exit_code == 2 and "hub id with no config.json in the Hugging Face cache" in res.stderr
+
+
+@pytest.mark.parametrize("size", ["80XB", "GB", "-5GB", "0"])
+def test_cli_bad_size_is_one_line(tmp_path, size):
+    res = runner.invoke(app, ["plan", str(_spec_file(tmp_path, str(QWEN3_30B))), "--gpu-memory", size])
+    assert res.exit_code == 2
+    assert res.stderr == f"error: --gpu-memory: {size!r} is not a size (e.g. 80GB, 141GB, 96GiB, 1TB)\n"
+
+
+def test_cli_warns_but_never_refuses(tmp_path):
+    """The 30B model in fp32 on one 80 GB GPU fits nowhere: warnings, exit 0."""
+    res = runner.invoke(app, ["plan", str(_spec_file(tmp_path, str(QWEN3_30B))), "--gpu-memory", "80GB"])
+    assert res.exit_code == 0, res.output
+    assert "warning: does not fit: load:" in res.stderr
+    assert "30.53 B parameters" in res.stdout
+    res = runner.invoke(
+        app, ["plan", str(_spec_file(tmp_path, str(QWEN3_30B))), "--gpu-memory", "80GB", "--json", "--gpus", "8"]
+    )
+    out = json.loads(res.stdout)
+    assert out["params"] == 30_532_122_624 and out["world"] == 8 and out["gpu_bytes"] == 80 * 10**9
+    assert [p["phase"] for p in out["layouts"]["sharded"]["phases"]] == [
+        "load", "rollout", "pi_old", "update", "checkpoint"
+    ]  # fmt: skip
+
+
+def test_size_units():
+    from gspo_cli.cli.plan import parse_size
+
+    assert parse_size("80GB", "x") == 80 * 10**9
+    assert parse_size("96 GiB", "x") == 96 * 2**30
+    assert parse_size("1TB", "x") == 10**12
+    assert parse_size("141", "x") == 141 * 10**9
+    with pytest.raises(SpecError, match="--host-memory: '1 PB'"):
+        parse_size("1 PB", "--host-memory")
+
+
+def test_the_documented_command(tmp_path):
+    """docs/scaling/plan.md's command and the per-GPU totals it explains."""
+    args = ["plan", str(ROOT / "experiments" / "gpu_qwen3_moe.yaml"), "--gpus", "8", "--gpu-memory", "80GB"]
+    args += ["--config", str(QWEN3_30B), "--host-memory", "1TB", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    phases = json.loads(res.stdout)["layouts"]["sharded"]["phases"]
+    totals = {p["phase"]: round(p["device_bytes"] / 1e9, 1) for p in phases}
+    assert totals == {"load": 20.1, "rollout": 70.2, "pi_old": 74.0, "update": 78.2, "checkpoint": 64.1}
+    assert all(p["device_fits"] and p["host_fits"] for p in phases)
+    doc = (ROOT / "docs" / "scaling" / "plan.md").read_text()
+    assert all(f"{v} GB" in doc for v in totals.values())
