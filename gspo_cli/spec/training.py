@@ -9,7 +9,6 @@ from pydantic import Field
 
 from gspo_cli.spec.base import _Strict
 
-
 # Optional metric sinks (gspo_cli.train.sinks): name -> (module to import, pip extra). The one
 # list of names: the spec accepts these, the sinks module builds them, the docs list them.
 SINK_PACKAGES: dict[str, tuple[str, str]] = {
