@@ -12,6 +12,7 @@ import typer
 
 from gspo_cli.cli.analysis import compare, list_runs, plot, report
 from gspo_cli.cli.eval import eval_
+from gspo_cli.cli.samples import samples
 from gspo_cli.cli.train import sweep, train
 
 app = typer.Typer(
@@ -60,6 +61,7 @@ app.command(name="list")(list_runs)
 app.command()(compare)
 app.command()(plot)
 app.command()(report)
+app.command()(samples)
 
 
 def main() -> None:

@@ -160,6 +160,9 @@ class _ReadOnlyRunDir(RunDir):
     def log_eval(self, record):
         pass
 
+    def log_samples(self, records):
+        pass
+
     def reset(self):
         pass
 
@@ -280,6 +283,7 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> tuple[int, dict | None]:
     if ctx.dist.is_main:
         truncate_jsonl(rd.metrics_file, step)
         truncate_jsonl(rd.eval_file, step)
+        truncate_jsonl(rd.samples_file, step)
         for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
             if later.name > ckpt.name:
                 shutil.rmtree(later, ignore_errors=True)
@@ -322,6 +326,7 @@ def _steps(
         metrics["time/elapsed_s"] = round(ctx.train_time, 3)
         _check_finite(metrics, step)
         rd.log_metrics(metrics)
+        rd.log_samples([{"step": step, "arm": ctx.arm.name, "seed": ctx.seed, **r} for r in ctx.samples])
         watch.observe(metrics, step)  # after logging: the collapsed steps stay on record
         for sink in sinks:
             sink.log(metrics, step)
