@@ -19,7 +19,7 @@ def _ax(path, fid, **kw):
 
 
 def _notes(ax) -> str:
-    return "\n".join(t.get_text() for t in ax.texts if t.get_gid() == "gspo-note")
+    return " ".join(" ".join(t.get_text().split()) for t in ax.texts if t.get_gid() == "gspo-note")  # unwrapped
 
 
 def _line(ax, arm):

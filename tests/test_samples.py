@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from helpers import TINY
+from helpers import TINY, edited_model_copy
 from typer.testing import CliRunner
 
 from gspo_cli.analysis.samples import load_samples, select_samples, verdict
@@ -229,3 +229,18 @@ def test_training_writes_samples_users_can_read(tmp_path):
             assert all(0 <= x["masked_frac"] <= 1 for x in recs)
     res = runner.invoke(app, ["samples", results[0].path, "--best", "--plain"])
     assert res.exit_code == 0 and res.output.startswith("=== step 2, gspo/seed0, group ")
+
+    # Evaluation rows keep the prompt as the model saw it: through a checkpoint's chat template.
+    chat = edited_model_copy(
+        RunDir(results[0].path).latest_checkpoint(), tmp_path / "chat", tokenizer_config={"chat_template": TEMPLATE}
+    )
+    out = tmp_path / "ev"
+    res = runner.invoke(
+        app, ["eval", str(chat), "-t", "arithmetic", "-k", "1", "-n", "2", "--max-tokens", "4", "-o", str(out), "-q"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (out / "eval_problems.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == [f"Q: {p.prompt}A: " for p in make_task("arithmetic", {}).eval_problems(2)]
+
+
+TEMPLATE = "{% for m in messages %}Q: {{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"

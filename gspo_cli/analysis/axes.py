@@ -16,12 +16,15 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 FLOOR = 1e-9
 OVERLAP_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+NOTE_WIDTH = 60  # characters per line of a note: inside a panel of the combined figure
 NOTE_STYLE = {"fontsize": 7, "color": "0.25", "ha": "left", "va": "top"}
 
 
@@ -102,12 +105,13 @@ def keep_flat(ax: Axes, values: np.ndarray) -> None:
 
 
 def add_notes(ax: Axes, notes: list[str]) -> None:
-    """Notes in the axes' top-left corner, one per line, on a white box so lines stay visible."""
+    """Notes in the axes' top-left corner, each wrapped at NOTE_WIDTH characters, on a white box
+    so the lines below stay visible."""
     if notes:
         ax.text(
             0.02,
             0.98,
-            "\n".join(notes),
+            "\n".join(textwrap.fill(n, NOTE_WIDTH) for n in notes),
             transform=ax.transAxes,
             bbox={"boxstyle": "round", "fc": "white", "ec": "0.6", "alpha": 0.85},
             gid="gspo-note",
