@@ -171,8 +171,13 @@ class TrackioSink:
         self._run.log(_scalars(metrics), step=int(step))
 
     def close(self) -> None:
+        import trackio
+
         with contextlib.redirect_stdout(io.StringIO()):
-            self._run.finish()
+            if trackio.context_vars.current_run.get() is self._run:
+                trackio.finish()  # also forgets it, so trackio's exit hook does not finish it twice
+            else:
+                self._run.finish()
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
