@@ -133,7 +133,8 @@ def profile_panel(fid: str, groups: list[Group], colours: dict) -> Panel | None:
         curves.append((g, _curve(ys, {i: pos for i in ys})))
 
     def draw(ax: Axes) -> None:
-        scale = apply_scale(ax, np.concatenate([floor_noise(c.mean) for _, c in curves if c is not None]))
+        means = [floor_noise(c.mean) for _, c in curves if c is not None]
+        scale = apply_scale(ax, np.concatenate(means) if means else np.zeros(0))
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
