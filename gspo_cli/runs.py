@@ -9,9 +9,10 @@
                          step, arm, seed, group, index, prompt (decoded prompt tokens, chat
                          template included), completion, reward, correct, components,
                          advantage, length, truncated, clip_frac, clipped, masked_frac,
-                         prompt_chars, completion_chars. At most 8 per logged step (the best
-                         and worst response of the first 4 groups), texts cut at 2000
-                         characters (gspo_cli.train.samples; `gspo samples RUN` shows them)
+                         prompt_chars, completion_chars (code: detail, per-test verdicts).
+                         At most 8 per logged step (the best and worst response of the
+                         first 4 groups), texts cut at 2000 characters
+                         (gspo_cli.train.samples; `gspo samples RUN` shows them)
         run.json         status, versions, git commit, host, times, wall time per phase
         checkpoints/step_XXXXXX/   HF model dir + trainer_state.pt, written atomically
 

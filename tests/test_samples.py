@@ -64,7 +64,8 @@ def _batch(prompts, completions, lengths, C=4):
 
 def test_sample_records_hand_computed():
     batch = _batch(["ab", "ab", "long?", "long?"], ["1", "22", "y" * (MAX_CHARS + 5), ""], [2, 4, 1, 4])
-    scores = [Score(1.0, True, {"format": 1.0}), Score(0.0, False), Score(0.5, False), Score(0.0, False)]
+    tests = {"tests": [{"status": "pass"}, {"status": "error", "stderr": "ZeroDivisionError"}]}
+    scores = [Score(1.0, True, {"format": 1.0}), Score(0.0, False, detail=tests), Score(0.5, False), Score(0.0, False)]
     rewards_B = torch.tensor([s.reward for s in scores])
     adv_B = torch.tensor([0.7071, -0.7071, 0.7071, -0.7071])
     clipped_B = torch.tensor([0.0, 3.0, 1.0, 0.0])  # per update
@@ -79,6 +80,7 @@ def test_sample_records_hand_computed():
     assert recs[0]["components"] == {"format": 1.0} and recs[0]["correct"] and recs[0]["advantage"] == 0.7071
     assert recs[2]["completion"] == "y" * MAX_CHARS + "…" and recs[2]["completion_chars"] == MAX_CHARS + 5
     assert [r["truncated"] for r in recs] == [False, True, False, True]
+    assert recs[1]["detail"] == tests and all("detail" not in r for r in recs[::2])
     no_correction = sample_records(batch, scores, rewards_B, adv_B, clipped_B, None, _Tok(), 2)
     assert all(r["masked_frac"] is None for r in no_correction)
 

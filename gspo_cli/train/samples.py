@@ -19,6 +19,8 @@ record keeps the full length in `*_chars`). Each line (runs.py lists the fields)
                                          response's tokens or none); clipped: clip_frac > 0
     masked_frac                          share of its tokens the mismatch correction dropped
                                          (weight 0); null when the arm has no correction
+    detail                               only for tasks that give one (code: each test's
+                                         verdict and the end of its stderr)
 
 Under torchrun each rank holds its own share of the batch; rank 0 writes its own.
 """
@@ -98,6 +100,7 @@ def sample_records(
                 "clip_frac": round(clip_frac, 6),
                 "clipped": clip_frac > 0,
                 "masked_frac": None if masked_B is None else round(float(masked_B[i]), 6),
+                **({"detail": s.detail} if s.detail else {}),
             }
         )
     return out
