@@ -165,6 +165,18 @@ def test_cli_plain_json_and_errors(run_dir):
     assert res.exit_code == 2 and "no samples at step 3" in res.output
 
 
+def test_cut_texts_say_so_in_both_views(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "run.json").write_text("{}")
+    rec = _rec(1, 0, 0.0, 0.0, completion="z" * MAX_CHARS + "…", completion_chars=MAX_CHARS + 7)
+    (d / "samples.jsonl").write_text(json.dumps(rec) + "\n")
+    note = f"[cut: {MAX_CHARS} of {MAX_CHARS + 7} characters shown]"
+    for view in ("--plain", None):
+        res = runner.invoke(app, ["samples", str(d), *([view] if view else [])])
+        assert res.exit_code == 0 and note in res.output, res.output
+
+
 def test_verdict_names_masking_only_with_a_correction():
     assert verdict(_rec(1, 0, 0.5, 0.25, masked_frac=0.25, truncated=True)) == (
         "reward 0.5, advantage +0.250, 3 tokens, no stop token, not clipped, masked 25%"

@@ -71,9 +71,9 @@ def _print_rich(chosen: list[dict]) -> None:
         good = bool(r.get("correct"))
         body = Group(
             Text(verdict(r), style="bold green" if good else "bold red"),
-            Rule("prompt" + cut_note(r, "prompt"), style="dim"),
+            Rule(Text("prompt" + cut_note(r, "prompt")), style="dim"),  # Text: "[cut: ...]" is no markup
             Text(r.get("prompt", ""), style="dim"),  # Text: model output is never read as markup
-            Rule("completion" + cut_note(r, "completion"), style="dim"),
+            Rule(Text("completion" + cut_note(r, "completion")), style="dim"),
             Text(r.get("completion", "")),
         )
         console.print(Panel(body, title=Text(title(r)), title_align="left", border_style="green" if good else "red"))
