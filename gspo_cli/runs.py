@@ -4,6 +4,15 @@
         spec.yaml        resolved spec of exactly this run (one arm, one seed)
         metrics.jsonl    one JSON object per step, append-only, flushed each step
         eval.jsonl       one JSON object per evaluation
+        samples.jsonl    a few rollouts of every train.log_samples_every-th step (and step 1),
+                         one JSON object each, append-only, flushed with the step's metrics:
+                         step, arm, seed, group, index, prompt (decoded prompt tokens, chat
+                         template included), completion, reward, correct, components,
+                         advantage, length, truncated, clip_frac, clipped, masked_frac,
+                         prompt_chars, completion_chars (code: detail, per-test verdicts).
+                         At most 8 per logged step (the best and worst response of the
+                         first 4 groups), texts cut at 2000 characters
+                         (gspo_cli.train.samples; `gspo samples RUN` shows them)
         run.json         status, versions, git commit, host, times, wall time per phase
         checkpoints/step_XXXXXX/   HF model dir + trainer_state.pt, written atomically
 
@@ -124,6 +133,7 @@ class RunDir:
     spec_file = property(lambda self: self.path / "spec.yaml")
     metrics_file = property(lambda self: self.path / "metrics.jsonl")
     eval_file = property(lambda self: self.path / "eval.jsonl")
+    samples_file = property(lambda self: self.path / "samples.jsonl")
     info_file = property(lambda self: self.path / "run.json")
     checkpoints = property(lambda self: self.path / "checkpoints")
 
@@ -160,6 +170,19 @@ class RunDir:
 
     def log_eval(self, record: dict[str, Any]) -> None:
         append_jsonl(self.eval_file, record)
+
+    def samples(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.samples_file)
+
+    def log_samples(self, records: list[dict[str, Any]]) -> None:
+        """Append a step's sample lines with one flush (none: nothing is written)."""
+        if not records:
+            return
+        text = "".join(json.dumps(r, allow_nan=True, ensure_ascii=False) + "\n" for r in records)
+        with open(self.samples_file, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
 
     def checkpoint_dirs(self) -> list[Path]:
         if not self.checkpoints.is_dir():

@@ -92,3 +92,29 @@ def make_experiment(root: Path) -> Path:
         recs = [_record(t, k, GRPO_R[k], 0.003 if k == 2 else 0.001) for t in range(1, steps + 1)]
         write_run(root, "grpo", k, recs, status=status, torn=status == "running")
     return root / "exp"
+
+
+def make_no_signal_experiment(root: Path, steps: int = 12) -> Path:
+    """Writes root/exp/{grpo,gspo}/seed0 of a run without reward signal: every group's rewards
+    equal at every step (reward 0, reward/std 0, zero_var_group_frac 1), so nothing is clipped
+    (clip fractions exactly 0), the KL is float noise (1e-14 x step) and both arms log the same
+    reward and length (drawn on top of each other). Returns root/exp."""
+    for arm in ("grpo", "gspo"):
+        recs = [
+            {
+                "step": t,
+                "reward/mean": 0.0,
+                "reward/std": 0.0,
+                "reward/zero_var_group_frac": 1.0,
+                "policy/clip_frac_token": 0.0,
+                "policy/clip_frac_token_low": 0.0,
+                "policy/clip_frac_token_high": 0.0,
+                "policy/kl_old_k3": 1e-14 * t,
+                "response/length_mean": 16.0,
+                "time/step_s": 2.0,
+                "time/elapsed_s": 2.0 * t,
+            }
+            for t in range(1, steps + 1)
+        ]
+        write_run(root, arm, 0, recs, clip_high=4e-4 if arm == "gspo" else 0.27)
+    return root / "exp"

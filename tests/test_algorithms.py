@@ -354,7 +354,8 @@ def test_empty_batch(name):
     assert loss.item() == 0.0
     loss.backward()
     assert (logp.grad == 0).all()
-    assert set(stats) == set(STAT_KEYS)
+    assert set(stats) == set(STAT_KEYS) | {"clipped_tokens_B"}
+    assert stats.pop("clipped_tokens_B").tolist() == [0.0, 0.0]
     for key, val in stats.items():
         assert val.dim() == 0 and not val.requires_grad, key
         assert val.item() == 0.0, key
@@ -364,8 +365,24 @@ def test_stats_are_detached_scalars():
     logp, old, mask, adv = random_batch(8)
     for name in LOSS_NAMES:
         _, stats = get_policy_loss(name)(logp.clone().requires_grad_(True), old, adv, mask, clip_low=0.2, clip_high=0.2)
-        assert set(stats) == set(STAT_KEYS)
+        assert set(stats) == set(STAT_KEYS) | {"clipped_tokens_B"}
+        per_row_B = stats.pop("clipped_tokens_B")
+        assert per_row_B.shape == (8,) and not per_row_B.requires_grad
         assert all(v.dim() == 0 and not v.requires_grad for v in stats.values())
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+def test_clipped_tokens_per_response_add_up_to_the_clip_fraction(name):
+    """The per-response counts samples.jsonl shows are the token clip fraction's numerator;
+    a sequence-ratio loss clips a response's tokens all together or not at all."""
+    logp, old, mask, adv = random_batch(8)
+    _, stats = get_policy_loss(name)(logp, old, adv, mask, clip_low=0.01, clip_high=0.01)
+    per_row_B = stats["clipped_tokens_B"]
+    assert per_row_B.sum() / mask.sum() == approx(stats["clip_frac_token"].item())
+    assert per_row_B.sum() > 0  # tight clip: something is clipped
+    if name != "grpo":
+        lengths_B = mask.sum(-1)
+        assert all(c in (0.0, n) for c, n in zip(per_row_B.tolist(), lengths_B.tolist()))
 
 
 def test_gspo_rejects_token_advantages_and_gspo_token_accepts_them():

@@ -22,7 +22,11 @@ from gspo_cli.train.reporting import quiet_reporter
 
 pytestmark = pytest.mark.slow
 
-RAW = {**TINY, "arms": [TINY["arms"][1]], "train": {"steps": 4, "checkpoint_every": 1, "eval_every": 2}}
+RAW = {
+    **TINY,
+    "arms": [TINY["arms"][1]],
+    "train": {"steps": 4, "checkpoint_every": 1, "eval_every": 2, "log_samples_every": 1},
+}
 
 
 def strip(records):
@@ -34,7 +38,7 @@ def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("ref")
     train_experiment(spec_from_dict({**RAW, "output_dir": str(out)}), reporter=quiet_reporter())
     rd = RunDir(out / "e2e/grpo_rr/seed0")
-    return strip(rd.metrics()), [e["scores"] for e in rd.evals()]
+    return strip(rd.metrics()), [e["scores"] for e in rd.evals()], rd.samples()
 
 
 class TripAfter(StopFlag):
@@ -62,10 +66,13 @@ def test_stop_then_resume_matches_uninterrupted(tmp_path, reference):
     # A torn line from a crash mid-write is dropped on resume.
     with open(rd.metrics_file, "a") as f:
         f.write('{"step": 3, "reward/me')
+    with open(rd.samples_file, "a") as f:  # samples of a step past the checkpoint: rewound too
+        f.write('{"step": 3, "completion": "from the lost step"}\n')
     (res,) = train_experiment(spec, reporter=quiet_reporter())
     assert res.status == "completed" and rd.info()["resumes"] == 1
     assert strip(rd.metrics()) == reference[0]
     assert [e["scores"] for e in rd.evals()] == reference[1]
+    assert rd.samples() == reference[2] and {r["step"] for r in rd.samples()} == {1, 2, 3, 4}
 
 
 def test_sigterm_subprocess_then_rerun_resumes(tmp_path, reference):

@@ -10,7 +10,9 @@ under the current / behaviour policy, ``mask_BC`` (B, C) 1.0 on response tokens,
 and ``adv`` either (B,) or (B, C). ``loss`` is minus the clipped objective,
 aggregated over response tokens (``denominator``: see ``aggregate``; None for a batch
 on one process); ``stats`` holds detached 0-d diagnostics, means over this batch's
-response tokens (``*_token``, ratio, approx_kl) or its non-empty responses (``*_seq``).
+response tokens (``*_token``, ratio, approx_kl) or its non-empty responses (``*_seq``), and
+one per-response entry, ``clipped_tokens_B`` (B,): how many of each response's tokens the
+clip zeroed the gradient of (GSPO: all or none of them), for samples.jsonl.
 ``weights_BC`` (B, C), when given, multiplies the per-token loss before aggregation: the
 rollout/trainer mismatch correction (``mismatch.py``; 0 drops a token, the aggregation's count
 is unchanged). It must be detached and finite; the statistics ignore it. A weight that is
@@ -134,6 +136,7 @@ def _stats(
 
         has_tok = resp_ratio.numel() > 0
         return {
+            "clipped_tokens_B": any_BC.sum(-1),
             "clip_frac_token": any_BC.sum() / n_tok,
             "clip_frac_token_low": low_BC.to(dtype).sum() / n_tok,
             "clip_frac_token_high": high_BC.to(dtype).sum() / n_tok,

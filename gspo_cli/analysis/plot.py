@@ -2,7 +2,9 @@
 
 One line per group (arm, by default): the mean over seeds at each step, with a shaded 95%
 CI band (t-distribution) where at least two seeds have the point. Colours follow the
-sorted group order, so an arm has the same colour in every figure of one call. Figures are
+sorted group order, so an arm has the same colour in every figure of one call. What the axes
+may and may not show (noise floor, log scales, ticks, overlapping arms, runs without reward
+signal) is decided in `axes`. Figures are
 built on `matplotlib.figure.Figure` (Agg, no pyplot state, no LaTeX) and saved with fixed
 metadata, so the same files give the same bytes.
 """
@@ -22,6 +24,16 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from gspo_cli.analysis.axes import (
+    OVERLAP_MARKERS,
+    add_notes,
+    apply_scale,
+    floor_noise,
+    keep_flat,
+    no_signal,
+    overlapping,
+    tidy_ticks,
+)
 from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
@@ -121,10 +133,13 @@ def profile_panel(fid: str, groups: list[Group], colours: dict) -> Panel | None:
         curves.append((g, _curve(ys, {i: pos for i in ys})))
 
     def draw(ax: Axes) -> None:
-        ax.set_yscale("log", nonpositive="clip")
+        means = [floor_noise(c.mean) for _, c in curves if c is not None]
+        scale = apply_scale(ax, np.concatenate(means) if means else np.zeros(0))
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
+        if scale == "linear":
+            add_notes(ax, ["all values are 0 or negative: linear axis"])
         ax.set_xticks(pos.to_numpy(), [b.replace("_inf", "+").replace("_", "-") for b in buckets])
         _finish(ax, title, xlabel, "var log(π_θ/π_old), mean over steps", groups)
 
@@ -225,10 +240,11 @@ def group_colours(groups: list[Group]) -> dict[str, tuple]:
 
 
 def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None) -> None:
-    ax.plot(c.x, c.mean, color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3)
+    """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR)."""
+    ax.plot(c.x, floor_noise(c.mean), color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3)
     ok = np.isfinite(c.lo) & np.isfinite(c.hi)
     if band and ok.any():
-        ax.fill_between(c.x, c.lo, c.hi, where=ok, color=colour, alpha=0.2, lw=0)
+        ax.fill_between(c.x, floor_noise(c.lo), floor_noise(c.hi), where=ok, color=colour, alpha=0.2, lw=0)
 
 
 def _ylabel(spec: FigureSpec, smooth: float) -> str:
@@ -237,11 +253,31 @@ def _ylabel(spec: FigureSpec, smooth: float) -> str:
     return label + (f", EMA {smooth:g}" if smooth > 0 and spec.key != "eval" else "")
 
 
-def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group], extra=()) -> None:
+def _finish(
+    ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group], extra=(), notes=(), integer_x=False
+) -> None:
+    """Titles, grid, legend and the honest-axis rules of `axes`: ticks, a flat range for flat
+    data, markers and a note for arms drawn on top of each other, a note for runs without
+    reward signal, and any `notes` of the panel's own."""
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, lw=0.5)
+    tidy_ticks(ax, integer_x)
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    if lines:
+        keep_flat(ax, np.concatenate([np.asarray(ln.get_ydata(), float) for ln in lines]))
+    notes = list(notes)
+    by_label = {ln.get_label(): ln for ln in lines}
+    for same in overlapping([(ln.get_label(), ln.get_xdata(), ln.get_ydata()) for ln in lines]):
+        for k, name in enumerate(same):  # each its own marker: every arm stays visible
+            by_label[name].set(marker=OVERLAP_MARKERS[k % len(OVERLAP_MARKERS)], ms=5 - k % 3, mfc="none")
+        notes.append("on top of each other: " + " = ".join(n.split(" (n=")[0] for n in same))
+    silent = [f"{r.arm}/seed{r.seed}" for g in groups for r in g.runs if _no_signal(r)]
+    if silent:
+        shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
+        notes.append(f"no reward signal in {shown}: every group's rewards equal at every step (advantages 0)")
+    add_notes(ax, notes)
     handles, labels = ax.get_legend_handles_labels()
     several = any(len(g.runs) > 1 for g in groups)
     ax.legend(
@@ -251,6 +287,10 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group],
         title="mean ± 95% CI" if several else None,
         title_fontsize=7,
     )
+
+
+def _no_signal(run: Run) -> bool:
+    return no_signal(run.series("reward/zero_var_group_frac").to_numpy(), run.series("reward/std").to_numpy())
 
 
 def _label(group: Group) -> str:
@@ -266,9 +306,11 @@ def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: f
     dashed = [[(g, metric_curve(g, key, x, smooth)) for g in groups] for key, _, _ in spec.dashed]
 
     def draw(ax: Axes) -> None:
-        if spec.log:
-            # "clip": a band reaching below 0 runs to the bottom of the axis instead of vanishing.
-            ax.set_yscale("log", nonpositive="clip")
+        notes = []
+        if spec.log:  # log only where the data allow it (axes.choose_scale); zeros stay at 0
+            means = [floor_noise(c.mean) for row in [curves, *dashed] for _, c in row if c is not None]
+            if apply_scale(ax, np.concatenate(means)) == "linear":
+                notes.append("all values are 0: linear axis")
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g))
@@ -277,7 +319,7 @@ def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: f
                 if c is not None:
                     _draw_curve(ax, c, colours[g.name], "_" + g.name, ls=ls, band=False)
         styles = [Line2D([], [], color="0.3", ls=ls, label=name) for _, ls, name in spec.dashed]
-        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles)
+        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles, notes, integer_x=x == "step")
 
     return Panel(fid, draw, own_legend=bool(spec.dashed))
 
@@ -292,7 +334,7 @@ def eval_panel(task: str, groups: list[Group], colours: dict, x: str) -> Panel |
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
-        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups)
+        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, integer_x=x == "step")
 
     return Panel("eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task), draw)
 

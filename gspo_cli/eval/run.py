@@ -178,6 +178,7 @@ def evaluate_model(
         )
     log(f"sampling {len(problems)} problems x {K} from {source} ({sampling.engine})")
     batch_size = sampling.batch_size or (None if sampling.engine == "vllm" else 64)
+    seen = engine.format([p.prompt for p in problems])  # as the model sees them: eval rows keep them
     try:
         completions = sample_completions(
             engine, problems, K, batch_size, progress=lambda done, total: log(f"  {done}/{total} completions")
@@ -186,7 +187,7 @@ def evaluate_model(
         close = getattr(engine, "close", None)  # a vLLM engine holds its memory until closed
         if close is not None:
             close()
-    results = score_problems(task, problems, completions)
+    results = score_problems(task, problems, completions, seen)
     info = {
         "model": source,
         "checkpoint": target.checkpoint,

@@ -60,6 +60,7 @@ class ProblemResult:
     completions: list[str]
     scores: list[Score]
     extracted: list[str | None] | None = None  # normalised final answers, for tasks that have them
+    prompt: str | None = None  # the text the model continued (chat template applied); None: the task's prompt
 
     @property
     def correct(self) -> list[bool]:
@@ -77,11 +78,14 @@ class ProblemResult:
         """The line written to eval_problems.jsonl."""
         out = {
             "id": self.problem.id,
+            "prompt": self.prompt if self.prompt is not None else self.problem.prompt,
             "answer": self.problem.answer,
             "completions": self.completions,
             "correct": self.correct,
             "rewards": [s.reward for s in self.scores],
         }
+        if any(s.detail for s in self.scores):  # code: per sample, each test's verdict and stderr
+            out["details"] = [s.detail for s in self.scores]
         if self.extracted is not None:
             out["extracted"] = self.extracted
             out["majority_correct"] = self.majority_correct()
@@ -91,8 +95,11 @@ class ProblemResult:
         return out
 
 
-def score_problems(task: Task, problems: list[Problem], completions: list[list[str]]) -> list[ProblemResult]:
-    """Verdicts for `completions[i]` (n_i >= 1 samples) of `problems[i]`.
+def score_problems(
+    task: Task, problems: list[Problem], completions: list[list[str]], prompts: list[str] | None = None
+) -> list[ProblemResult]:
+    """Verdicts for `completions[i]` (n_i >= 1 samples) of `problems[i]`; `prompts[i]`, when
+    given, is the text the model saw for problem i (kept in its record).
 
     Every sample goes to the task in one `score_batch` call (code: programs judged in parallel).
     """
@@ -101,13 +108,14 @@ def score_problems(task: Task, problems: list[Problem], completions: list[list[s
     flat_s = list(task.score_batch(flat_p, flat_c))
     extract: Callable[[str], str | None] | None = getattr(task, "extract_answer", None)
     out, i = [], 0
-    for p, cs in zip(problems, completions):
+    for j, (p, cs) in enumerate(zip(problems, completions)):
         out.append(
             ProblemResult(
                 problem=p,
                 completions=list(cs),
                 scores=flat_s[i : i + len(cs)],
                 extracted=[extract(c) for c in cs] if extract else None,
+                prompt=prompts[j] if prompts is not None else None,
             )
         )
         i += len(cs)

@@ -9,6 +9,16 @@ from pydantic import Field
 
 from gspo_cli.spec.base import _Strict
 
+# Optional metric sinks (gspo_cli.train.sinks): name -> (module to import, pip extra). The one
+# list of names: the spec accepts these, the sinks module builds them, the docs list them.
+SINK_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "trackio": ("trackio", "trackio"),
+}
+SinkName = Literal[tuple(SINK_PACKAGES)]  # type: ignore[valid-type]
+
 
 class OptimizerConfig(_Strict):
     """AdamW over the policy's parameters, one optimizer step per mini-batch."""
@@ -51,8 +61,16 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(2, ge=1, description="most recent checkpoints kept on disk")
     eval_every: int = Field(0, ge=0, description="0: evaluate only at the end")
     eval_samples: int = Field(1, ge=1, description="samples per eval problem (avg@k)")
-    sinks: list[Literal["tensorboard", "wandb"]] = Field(
-        default_factory=list, description="extra metric sinks besides metrics.jsonl (gspo_cli.train.sinks)"
+    sinks: list[SinkName] = Field(
+        default_factory=list,
+        description="extra metric sinks besides metrics.jsonl (gspo_cli.train.sinks): "
+        "tensorboard, wandb, mlflow, trackio; all offline by default",
+    )
+    log_samples_every: int = Field(
+        10,
+        ge=0,
+        description="steps between writes of samples.jsonl (a few prompts, completions, rewards and "
+        "advantages of the step's batch, bounded in size); 0: never",
     )
     divergence: DivergenceConfig = DivergenceConfig()
     gradient_checkpointing: bool = Field(

@@ -27,6 +27,8 @@ class Score:
     reward: float
     correct: bool
     components: dict[str, float] = field(default_factory=dict)
+    # What a reader needs to see why (code: per-test verdicts); None when the task has nothing to add.
+    detail: dict | None = field(default=None, compare=False)
 
 
 class Task(ABC):

@@ -292,6 +292,7 @@ class CodeTask(Task):
                         "runtime_error": float(v.runtime_error),
                         "format": fmt,
                     },
+                    detail={"tests": [t.record() for t in v.tests], **({"no_code": True} if v.no_code else {})},
                 )
             )
         return scores

@@ -25,7 +25,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
@@ -81,6 +81,30 @@ class JudgeSpec:
     memory_mb: int = 256
 
 
+STDERR_LINES = 3  # of a failing test's stderr kept in its TestVerdict (the last lines: the error)
+STDERR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """One test's outcome: pass, fail (ran, wrong output), timeout, error (crashed, out of
+    memory or output, killed, or did not compile) or not_run (judging stopped earlier), with
+    the last STDERR_LINES lines of its stderr (at most STDERR_CHARS characters)."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+    status: Literal["pass", "fail", "timeout", "error", "not_run"]
+    stderr: str = ""
+
+    def record(self) -> dict[str, str]:
+        return {"status": self.status, **({"stderr": self.stderr} if self.stderr else {})}
+
+
+def _stderr_tail(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n".join(lines[-STDERR_LINES:])[-STDERR_CHARS:]
+
+
 @dataclass(frozen=True)
 class Verdict:
     passed: int
@@ -88,6 +112,8 @@ class Verdict:
     timeout: bool = False  # some test timed out
     runtime_error: bool = False  # some test crashed, or the program does not compile
     no_code: bool = False  # the completion has no closed code block
+    # Per test, in order (eval rows show them); () for a verdict built without running anything.
+    tests: tuple[TestVerdict, ...] = field(default=(), compare=False)
 
     @property
     def correct(self) -> bool:
@@ -147,21 +173,24 @@ def outputs_match(got: str, expected: str) -> bool:
     return True
 
 
-def compiles(code: str) -> bool:
-    """Whether the sandbox's interpreter would accept `code`, checked here without running
-    it (a syntax error is the commonest failure of a small model; this skips the
-    subprocess). When the sandbox runs another Python version, we cannot tell: True."""
+def compile_error(code: str) -> str | None:
+    """Why the sandbox's interpreter would refuse `code` (`SyntaxError: ... (line 2)`), checked
+    here without running it (a syntax error is the commonest failure of a small model; this
+    skips the subprocess); None when it compiles, or when the sandbox runs another Python
+    version (then we cannot tell)."""
     version = detect_isolation().python_version
     if version != sys.version_info[:2]:
-        return True
+        return None
     try:
         with warnings.catch_warnings():
             # SyntaxWarnings about a model's code ("invalid decimal literal") are not ours to show.
             warnings.simplefilter("ignore")
             compile(code, "<completion>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return False
-    return True
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as err:
+        line = getattr(err, "lineno", None)
+        msg = getattr(err, "msg", None) or str(err)
+        return f"{type(err).__name__}: {msg}" + (f" (line {line})" if line else "")
+    return None
 
 
 def _program(code: str, spec: JudgeSpec, sentinel: str) -> str:
@@ -204,13 +233,17 @@ def judge_many(
         if not spec.tests:
             verdicts[i] = Verdict(passed=0, total=0)
         elif code is None:
-            verdicts[i] = Verdict(passed=0, total=len(spec.tests), no_code=True)
+            not_run = (TestVerdict("not_run"),) * len(spec.tests)
+            verdicts[i] = Verdict(passed=0, total=len(spec.tests), no_code=True, tests=not_run)
         elif key in pending:
             pending[key].append(i)
         elif (hit := _cache_get(key)) is not None:
             verdicts[i] = hit
-        elif not compiles(code):
-            verdicts[i] = Verdict(passed=0, total=len(spec.tests), runtime_error=True)
+        elif (why := compile_error(code)) is not None:
+            rest = (TestVerdict("not_run"),) * (len(spec.tests) - 1)
+            verdicts[i] = Verdict(
+                passed=0, total=len(spec.tests), runtime_error=True, tests=(TestVerdict("error", why), *rest)
+            )
         else:
             pending[key] = [i]
     if pending:
@@ -249,9 +282,22 @@ def _run_tests(keys: list[tuple], all_tests: bool, output_limit_bytes: int) -> l
             total=len(spec.tests),
             timeout=any(r.status == "timeout" for r in rs),
             runtime_error=any(r.status not in ("ok", "timeout") for r in rs),
+            tests=tuple(_test_verdict(spec.tests[t], r, sentinel) for t, r in enumerate(rs))
+            + (TestVerdict("not_run"),) * (len(spec.tests) - len(rs)),
         )
         for spec, rs in zip(specs, runs)
     ]
+
+
+def _test_verdict(test: TestCase, res: RunResult, sentinel: str) -> TestVerdict:
+    if _passes(test, res, sentinel):
+        return TestVerdict("pass")
+    if res.status == "timeout":
+        return TestVerdict("timeout", _stderr_tail(res.stderr))
+    if res.status == "ok":
+        return TestVerdict("fail", _stderr_tail(res.stderr))
+    # crashed, or stopped by a limit: say which when the program itself printed nothing
+    return TestVerdict("error", _stderr_tail(res.stderr) or res.status.replace("_", " "))
 
 
 def _cache_get(key: tuple) -> Verdict | None:

@@ -28,7 +28,7 @@ from gspo_cli.spec.loading import check_stored_spec, dump_spec
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.train.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
 from gspo_cli.train.reporting import PlainReporter, Reporter, quiet_reporter
-from gspo_cli.train.sinks import make_sinks
+from gspo_cli.train.sinks import check_sinks, make_sinks
 from gspo_cli.train.staleness import CHECKPOINT_KEY, StaleRollouts, check_supported
 from gspo_cli.train.step import Ctx, setup, train_step
 from gspo_cli.train.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
@@ -63,6 +63,7 @@ def train_experiment(
     reporter = reporter or PlainReporter()
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
+    check_sinks(spec.train.sinks)  # a missing tracker package is a spec error before any model is built
     task = make_task(spec.task.name, spec.task.params)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
@@ -157,6 +158,9 @@ class _ReadOnlyRunDir(RunDir):
         pass
 
     def log_eval(self, record):
+        pass
+
+    def log_samples(self, records):
         pass
 
     def reset(self):
@@ -279,6 +283,7 @@ def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> tuple[int, dict | None]:
     if ctx.dist.is_main:
         truncate_jsonl(rd.metrics_file, step)
         truncate_jsonl(rd.eval_file, step)
+        truncate_jsonl(rd.samples_file, step)
         for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
             if later.name > ckpt.name:
                 shutil.rmtree(later, ignore_errors=True)
@@ -321,6 +326,7 @@ def _steps(
         metrics["time/elapsed_s"] = round(ctx.train_time, 3)
         _check_finite(metrics, step)
         rd.log_metrics(metrics)
+        rd.log_samples([{"step": step, "arm": ctx.arm.name, "seed": ctx.seed, **r} for r in ctx.samples])
         watch.observe(metrics, step)  # after logging: the collapsed steps stay on record
         for sink in sinks:
             sink.log(metrics, step)

@@ -14,7 +14,7 @@ import copy
 import functools
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -45,6 +45,7 @@ from gspo_cli.rollout.base import LogProbs, check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
 from gspo_cli.train.optim import make_optimizer
+from gspo_cli.train.samples import sample_records, samples_due
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
 
 
@@ -69,6 +70,8 @@ class Ctx:
     train_model: torch.nn.Module | None = None  # `model`, wrapped in DDP under torchrun
     train_time: float = 0.0  # seconds spent in training steps so far (survives resume)
     skipped: int = 0  # non-finite mini-batches skipped so far (survives resume)
+    seed: int = 0  # the run's seed (samples.jsonl names it)
+    samples: list[dict] = field(default_factory=list)  # the last step's samples.jsonl lines (often none)
     # Forward passes run inside compute(): autocast to model.dtype over float32 master weights.
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
@@ -141,6 +144,7 @@ def setup(
         rng=random.Random(seed),
         shuffle=shuffle,
         dist=dist_info,
+        seed=seed,
         train_model=train_model,
         compute=functools.partial(compute_context, spec.model.dtype, spec.model.device),
     )
@@ -211,6 +215,7 @@ def learn(
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
     route_mask_BT = _route_token_mask(batch)
+    clipped_B = torch.zeros(len(rewards_B))  # clipped tokens per response, over the epochs (samples.jsonl)
     n_updates = skipped = 0
     for _ in range(arm.epochs):
         order = torch.randperm(len(rewards_B), generator=ctx.shuffle)
@@ -236,6 +241,7 @@ def learn(
                 route_mask_BT=route_mask_BT,
                 weights_BC=weights_BC,
                 minibatch=n_updates + skipped,
+                clipped_B=clipped_B,
             )
             n_updates += done
             skipped += not done
@@ -252,6 +258,11 @@ def learn(
     }.items():
         stats.max(key, seconds)  # the slowest rank sets the pace
     metrics = {"step": step, **stats.reduce(ctx.dist)}
+    due = samples_due(spec.train.log_samples_every, step)  # a few rollouts as the model saw them
+    clip_B = clipped_B / arm.epochs
+    ctx.samples = (
+        sample_records(batch, scores, rewards_B, adv_B, clip_B, weights_BC, ctx.engine.tokenizer, G) if due else []
+    )
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / max(metrics["time/step_s"], 1e-9)
     # 6 significant digits: small quantities (KL ~1e-4, log-prob gaps ~1e-6) keep their value
     return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in metrics.items()}
@@ -335,12 +346,14 @@ def _update(
     route_mask_BT: torch.Tensor,
     weights_BC=None,
     minibatch: int = 0,
+    clipped_B: torch.Tensor | None = None,
 ) -> bool:
     """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
     its statistics go into `stats`. `weights_BC` (B, C): the mismatch correction's per-token
     loss weights, or None. `route_key`: the metric the current router's own expert choices,
     compared with `old_routes`, are logged under (None: not measured). Returns False for a
-    skipped non-finite mini-batch (a decision all ranks take together)."""
+    skipped non-finite mini-batch (a decision all ranks take together). `clipped_B` (B,), when
+    given, gets each row's clipped-token count added."""
     arm, spec = ctx.arm, ctx.spec
     # The mini-batch's rows, without the columns that are padding in all of them: the same
     # log-probs and loss, with a forward and backward only as wide as these rows need.
@@ -392,6 +405,8 @@ def _update(
     ctx.optimizer.step()
     ctx.scheduler.step()
     record_update(stats, loss, loss_stats, extra, grad_norm, m_bc)
+    if clipped_B is not None:
+        clipped_B.index_add_(0, rows, loss_stats["clipped_tokens_B"].float().cpu())
     record_logratio_var(stats, new.logp, old_logp_bc, m_bc, minibatch)
     if routes_now is not None and route_key is not None:
         tokens_N = route_mask_BT[rows, lo:hi].reshape(-1)

@@ -23,6 +23,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
 from gspo_cli.spec import ExperimentSpec
 from gspo_cli.spec.loading import apply_override, check_stored_spec, dump_spec, read_spec_file, set_path, spec_from_dict
+from gspo_cli.train.sinks import check_sinks
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,9 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
     raw = read_spec_file(spec_path)
     for assignment in overrides or []:
         raw = apply_override(raw, assignment)
-    sweep = spec_from_dict(raw).sweep  # validates the whole file, sweep section included
+    base = spec_from_dict(raw)  # validates the whole file, sweep section included
+    check_sinks(base.train.sinks)  # a missing tracker package refuses the sweep before any run
+    sweep = base.sweep
     points = sweep_points(sweep.grid, sweep.sets) if sweep else [{}]
     short = _short_keys(list(dict.fromkeys(k for p in points for k in p)))
     raw = {k: v for k, v in raw.items() if k != "sweep"}

@@ -1,0 +1,132 @@
+"""Honest axes for `gspo plot`: the rules that keep a figure from showing what the data do not.
+
+- FLOOR: a value with |x| < FLOOR (1e-9) is float noise (a KL of 1e-14 from two forwards that
+  agree to the last bit) and is drawn as 0, so noise never becomes a slope.
+- A flat series stays flat: when everything drawn on an axis spans less than FLOOR, the
+  y-range is set around it instead of stretched over the noise.
+- Log scale only where the data can be read on one: every drawn value > 0: log; zeros beside
+  positive values: symlog (linear below the smallest positive value, so zeros sit at 0 and
+  are not clipped away); nothing but zeros: linear, with a note saying so.
+- Ticks: integer steps on a step axis; never an offset label (`1e-7 + 0.5`) on a linear axis.
+- Arms drawn on top of each other (equal values at every shared x) get markers and a note
+  naming them, so no arm is hidden under another.
+- A run without reward signal (every group's rewards equal at every step: all advantages 0,
+  nothing learned) is named in a note on every panel it appears in.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+FLOOR = 1e-9
+OVERLAP_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+NOTE_WIDTH = 60  # characters per line of a note: inside a panel of the combined figure
+NOTE_STYLE = {"fontsize": 7, "color": "0.25", "ha": "left", "va": "top"}
+
+
+def floor_noise(values: np.ndarray) -> np.ndarray:
+    """`values` with every |x| < FLOOR set to 0 (NaN stays NaN)."""
+    v = np.asarray(values, dtype=float).copy()
+    v[np.abs(v) < FLOOR] = 0.0
+    return v
+
+
+def same_curve(x1, y1, x2, y2) -> bool:
+    """Whether two curves coincide: they share at least one x, and at every shared x their
+    y values differ by less than FLOOR (after flooring)."""
+    shared, i1, i2 = np.intersect1d(np.asarray(x1, float), np.asarray(x2, float), return_indices=True)
+    if not len(shared):
+        return False
+    a, b = floor_noise(np.asarray(y1)[i1]), floor_noise(np.asarray(y2)[i2])
+    ok = np.isfinite(a) & np.isfinite(b)
+    return bool(ok.any()) and bool(np.all(np.abs(a[ok] - b[ok]) < FLOOR))
+
+
+def overlapping(curves: list[tuple[str, np.ndarray, np.ndarray]]) -> list[list[str]]:
+    """Groups of names (2 or more) whose curves coincide, in input order."""
+    out: list[list[str]] = []
+    placed: set[str] = set()
+    for i, (name, x, y) in enumerate(curves):
+        if name in placed:
+            continue
+        same = [n for n, x2, y2 in curves[i + 1 :] if n not in placed and same_curve(x, y, x2, y2)]
+        if same:
+            out.append([name, *same])
+            placed.update([name, *same])
+    return out
+
+
+def choose_scale(values: np.ndarray) -> str:
+    """'log' when every finite value is > 0, 'symlog' when zeros sit beside positive values,
+    else 'linear' (all zero, or any negative value)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v) or (v < 0).any() or not (v > 0).any():
+        return "linear"
+    return "log" if (v > 0).all() else "symlog"
+
+
+def apply_scale(ax: Axes, values: np.ndarray) -> str:
+    """Set a log-wanting axis's y scale by `choose_scale`; returns the scale set."""
+    scale = choose_scale(values)
+    if scale == "log":
+        ax.set_yscale("log", nonpositive="clip")
+    elif scale == "symlog":
+        v = np.asarray(values, dtype=float)
+        smallest = float(v[np.isfinite(v) & (v > 0)].min())
+        ax.set_yscale("symlog", linthresh=smallest, linscale=0.5)
+    return scale
+
+
+def tidy_ticks(ax: Axes, integer_x: bool) -> None:
+    """Integer x ticks for steps; no offset (or scientific) label on linear axes."""
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axis in (ax.xaxis, ax.yaxis):
+        fmt = axis.get_major_formatter()
+        if isinstance(fmt, ScalarFormatter):
+            fmt.set_useOffset(False)
+
+
+def keep_flat(ax: Axes, values: np.ndarray) -> None:
+    """A y-range around values that span less than FLOOR, so a flat series looks flat
+    (matplotlib would stretch 1e-12 of noise over the whole axis)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v) or ax.get_yscale() != "linear" or v.max() - v.min() >= FLOOR:
+        return
+    mid = float(v.mean())
+    half = max(abs(mid) * 0.1, 0.05)
+    ax.set_ylim(mid - half, mid + half)
+
+
+def add_notes(ax: Axes, notes: list[str]) -> None:
+    """Notes in the axes' top-left corner, each wrapped at NOTE_WIDTH characters, on a white box
+    so the lines below stay visible."""
+    if notes:
+        ax.text(
+            0.02,
+            0.98,
+            "\n".join(textwrap.fill(n, NOTE_WIDTH) for n in notes),
+            transform=ax.transAxes,
+            bbox={"boxstyle": "round", "fc": "white", "ec": "0.6", "alpha": 0.85},
+            gid="gspo-note",
+            **NOTE_STYLE,
+        )
+
+
+def no_signal(zero_var_frac: np.ndarray, reward_std: np.ndarray) -> bool:
+    """Whether a run had no reward signal: at every logged step all groups were zero-variance
+    (reward/zero_var_group_frac = 1), or, without that metric, the batch's rewards were
+    constant (reward/std = 0). No step logged: False (nothing to say)."""
+    z = np.asarray(zero_var_frac, dtype=float)
+    z = z[np.isfinite(z)]
+    if len(z):
+        return bool(np.all(z >= 1.0 - FLOOR))
+    s = np.asarray(reward_std, dtype=float)
+    s = s[np.isfinite(s)]
+    return bool(len(s)) and bool(np.all(np.abs(s) < FLOOR))
