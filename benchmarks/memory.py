@@ -123,8 +123,43 @@ def measure_one(world: int, sharding: str, checkpointing: bool) -> dict:
     }
 
 
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
+class PhasePeaks:
+    """Per-phase peaks of this process's memory, MiB: `rss` the kernel's high-water mark of
+    resident memory (VmHWM, reset at each phase through /proc/self/clear_refs), which counts
+    mapped file pages too (a safetensors checkpoint is read through mmap: its pages are page
+    cache, shared and reclaimable); `anon` the largest anonymous resident memory (RssAnon,
+    the tensors themselves), sampled every 2 ms by a thread."""
+
+    def __init__(self):
+        import threading
+
+        self.anon_max = 0.0
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def status() -> dict:
+        fields = {}
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) / 1024  # kB
+        return fields
+
+    def _sample(self) -> None:
+        import time
+
+        while True:
+            self.anon_max = max(self.anon_max, self.status()["RssAnon"])
+            time.sleep(0.002)
+
+    def start(self) -> None:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        self.anon_max = self.status()["RssAnon"]
+
+    def end(self) -> dict:
+        st = self.status()
+        return {"rss": st["VmHWM"], "anon": max(self.anon_max, st["RssAnon"]), "file_now": st["RssFile"]}
 
 
 def rank_worker(spec_yaml: str, source: str, out_dir: str) -> None:
@@ -139,16 +174,18 @@ def rank_worker(spec_yaml: str, source: str, out_dir: str) -> None:
     spec = spec_from_dict(yaml.safe_load(Path(spec_yaml).read_text()))
     info = distributed.setup()
     task = make_task(spec.task.name, spec.task.params)
+    peaks = PhasePeaks()
     distributed.barrier(info)
-    idle = _peak_mib()
+    idle = peaks.status()
+    peaks.start()
     ctx = step_mod.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
     distributed.barrier(info)
-    load = _peak_mib()
+    load = peaks.end()
+    peaks.start()
     metrics = step_mod.train_step(ctx, 1)
     distributed.barrier(info)
-    result = {"rank": info.rank, "idle_mib": idle, "load_mib": load, "step_mib": _peak_mib()}
-    result["loss"] = metrics.get("policy/loss")
-    result["params"] = sum(p.numel() for p in ctx.model.parameters())  # local (sharded) count
+    step = peaks.end()
+    result = {"rank": info.rank, "idle": idle, "load": load, "step": step, "loss": metrics.get("policy/loss")}
     Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -190,18 +227,22 @@ def render(rows: list[dict]) -> str:
 
 
 def render_scale(rows: list[dict], label: str = "") -> str:
-    """Markdown rows: per process count, rank 0 and the largest non-zero rank, peaks above idle
-    in MiB and in units of the float32 model."""
+    """Markdown rows: per process count, rank 0 and the largest non-zero rank; each phase's
+    peak above the idle process (resident, and anonymous only), MiB and x the float32 model."""
+
+    def cell(ranks, phase, kind):
+        base = "VmRSS" if kind == "rss" else "RssAnon"
+        v = max(x[phase][kind] - x["idle"][base] for x in ranks)
+        return f"{v:,.0f} ({v / m:.2f}x)"
+
     lines = []
     for r in rows:
         m = r["fp32_model_mib"]
-        for who, ranks in (("0", r["ranks"][:1]), ("1..N-1 (max)", r["ranks"][1:])):
-            load = max(x["load_mib"] - x["idle_mib"] for x in ranks)
-            step = max(x["step_mib"] - x["idle_mib"] for x in ranks)
-            idle = max(x["idle_mib"] for x in ranks)
+        for who, ranks in (("0", r["ranks"][:1]), ("others (max)", r["ranks"][1:])):
             lines.append(
-                f"| {label} | {r['processes']} | {r['dtype']} | {who} | {idle:,.0f} | {load:,.0f} ({load / m:.2f}x) "
-                f"| {step:,.0f} ({step / m:.2f}x) |"
+                f"| {label} | {r['processes']} | {r['dtype']} | {who} | "
+                + " | ".join(cell(ranks, ph, kind) for ph in ("load", "step") for kind in ("rss", "anon"))
+                + " |"
             )
     return "\n".join(lines) + "\n"
 

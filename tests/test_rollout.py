@@ -168,6 +168,33 @@ def test_sampler_logprobs_keep_no_logits_and_have_no_budget(tiny_moe, monkeypatc
     assert (b.engine_logp - ref.logp).abs()[mask].max() < 1e-4
 
 
+def test_sampler_logprobs_and_routes_for_a_vocabulary_over_the_former_budget():
+    """16 rows x 16 new tokens x a 1.1 M-token vocabulary is over 1 GiB of float32 logits: the
+    former LOGITS_BUDGET returned no sampler log-probs or routes for it, so R3 and the mismatch
+    corrections stopped (step.py's SpecErrors). Read per step, they are all there."""
+    import gspo_cli.rollout.hf as hf
+    from gspo_cli.models.routing import RoutingController
+
+    assert not hasattr(hf, "LOGITS_BUDGET")
+    tok = build_tokenizer("0123456789+-=?\n")
+    size = BuiltinModelConfig(
+        hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, moe_intermediate_size=16, num_experts=4
+    )
+    config = build_config("tiny-moe", size, tok)
+    config.vocab_size = 1_100_000  # ids past the tokenizer's are sampled but never decoded to text that matters
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager").eval()
+    B, C = 16, 16
+    assert B * C * config.vocab_size * 4 > 1 << 30
+    eng = HFRolloutEngine(
+        model, tok, max_new_tokens=C, temperature=1.0, sampler_logprobs=True, routing=RoutingController(model)
+    )
+    b = eng.generate(["1+2=?\n"] * B)
+    assert b.engine_logp is not None and b.engine_entropy is not None and b.engine_routes is not None
+    mask = b.response_mask > 0
+    assert (b.engine_logp[mask] < 0).all() and (b.engine_entropy[mask] > 10).all()  # ~log(1.1 M) = 13.9
+
+
 def test_chunked_logprobs_equal_the_whole_batch_values_and_gradients(tiny_moe):
     """Log-probs and entropy from the head run in chunks (here 3 positions each, a remainder
     too) equal those of whole-batch logits to 1e-6 in float32, and so do the gradients of a
