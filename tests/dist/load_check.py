@@ -24,11 +24,12 @@ def main(source: str, dtype: str, out: str) -> None:
     local = {k: v.to_local().clone() for k, v in model.state_dict().items() if hasattr(v, "to_local")}
     whole = {k: distributed.scalar(v).clone() for k, v in model.state_dict().items()}
     buffers = {k: b.clone() for k, b in model.named_buffers()}
+    dtypes = {p.dtype for p in model.parameters()}  # the shards; a forward leaves the root's gathered
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 11, 12, 13, 14]])
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()
     torch.save(
-        {"whole": whole, "local": local, "buffers": buffers, "logits": logits, "dtypes": {p.dtype for p in model.parameters()}},
+        {"whole": whole, "local": local, "buffers": buffers, "logits": logits, "dtypes": dtypes},
         os.path.join(out, f"rank{info.rank}.pt"),
     )
     if info.enabled:
