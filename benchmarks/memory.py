@@ -1,11 +1,11 @@
-"""Peak host memory per process: of one RL step on a larger built-in MoE (`--steps`, the older
-table), and of loading + one step per rank on a >= 250 M-parameter Qwen3-MoE (`--scale`,
+"""Peak host memory per process: of one RL step on a larger built-in MoE (the default run, the
+older table), and of loading + one step per rank on a >= 250 M-parameter Qwen3-MoE (`--scale`,
 the before/after table of docs/scaling/memory.md).
 
     .venv/bin/python benchmarks/memory.py [--out results/bench/memory.md]
     .venv/bin/python benchmarks/memory.py --scale 2,4 [--dtype float32] [--out results/bench/memory_scale.json]
 
-`--steps`: each configuration runs `gspo train` (2 steps, no cold start: memory does not
+Default run: each configuration runs `gspo train` (2 steps, no cold start: memory does not
 depend on what the weights have learnt) in a fresh process tree. Two peaks, each the largest
 over processes: during the training steps (the run's own `perf/peak_rss_mb`, loading
 included), and over the whole run (getrusage of the waited children), which adds the final
@@ -15,10 +15,11 @@ checkpoint.
 cache, so the checkpoint's dtype is float32) is built once in this process, then for each
 process count N a `torchrun --nproc-per-node N` of this file's rank worker runs
 `train.step.setup` (load + FSDP sharding) and one `train_step`, and every rank reports its
-own high-water RSS (getrusage) at three moments: idle (imports done, process group joined),
-after setup (the load peak) and after the step. Figures are peaks above idle, in units of the
-float32 model size. The worker only calls `setup` and `train_step`, so the same file measures
-any commit (PYTHONPATH pointing at another worktree).
+own memory when idle (imports done, process group joined) and its peaks during setup (the
+load) and during the step (`PhasePeaks`: resident high-water mark and sampled anonymous
+memory, reset per phase). Figures are peaks above idle, in units of the float32 model size.
+The worker only calls `setup` and `train_step`, so the same file measures any commit
+(PYTHONPATH pointing at another worktree).
 """
 
 from __future__ import annotations
