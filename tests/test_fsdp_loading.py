@@ -28,12 +28,28 @@ def source():
     return resolve_model_source(ModelConfig(**TINY["model"]), task, log=lambda m: None)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_sharded_load_equals_a_single_process_load_bit_for_bit(tmp_path, source, world):
+def _bf16_copy(source, dest) -> str:
+    """`source` saved again with bfloat16 weights (config.json's dtype says so)."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(dest)
+    for f in Path(source).glob("tokenizer*"):
+        shutil.copy(f, dest)
+    return str(dest)
+
+
+@pytest.mark.parametrize(("world", "checkpoint"), [(2, "float32"), (4, "float32"), (2, "bfloat16")])
+def test_sharded_load_equals_a_single_process_load_bit_for_bit(tmp_path, source, world, checkpoint):
     """Every rank builds the model on the meta device and fills its shards from rank 0's
     broadcast: gathered back, the weights are a plain load's bit for bit, each rank's shard is
     its slice of them, the rotary buffers (not in the checkpoint, garbage after to_empty) are
-    rebuilt, and every rank computes the plain model's logits exactly."""
+    rebuilt, and every rank computes the plain model's logits exactly. A bf16 checkpoint is
+    read in bf16 by rank 0 and widened into the float32 shards: the same values as a plain
+    float32 load of it."""
+    if checkpoint == "bfloat16":
+        source = _bf16_copy(source, tmp_path / "bf16")
     res = subprocess.run(
         torchrun(world) + [str(HERE / "dist/load_check.py"), source, "float32", str(tmp_path)],
         capture_output=True,

@@ -178,6 +178,10 @@ def _load_sharded(source: str, config, kwargs: dict, cfg: ModelConfig, info: Dis
     of `to_empty` as garbage and are rebuilt from the config."""
     from transformers import AutoModelForCausalLM
 
+    # Read before from_config, which overwrites config.dtype with the dtype it builds in.
+    ckpt_dtype = getattr(config, "dtype", None) or torch.float32
+    ckpt_dtype = getattr(torch, ckpt_dtype) if isinstance(ckpt_dtype, str) else ckpt_dtype
+
     def build(**kw):
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, **kw)
@@ -194,8 +198,6 @@ def _load_sharded(source: str, config, kwargs: dict, cfg: ModelConfig, info: Dis
     model.to_empty(device=cfg.device)
     full_sd: dict = {}
     if info.is_main:
-        ckpt_dtype = getattr(config, "dtype", None) or torch.float32
-        ckpt_dtype = getattr(torch, ckpt_dtype) if isinstance(ckpt_dtype, str) else ckpt_dtype
         full = AutoModelForCausalLM.from_pretrained(source, config=config, **{**kwargs, "dtype": ckpt_dtype})
         full_sd = full.state_dict()
         del full  # the state dict's tensors are the only copy left

@@ -60,5 +60,6 @@ class ModelConfig(_Strict):
     # experts; batched_mm is not offered (it ran a 24 GB box out of memory on the tiny MoE).
     experts_implementation: Literal["grouped_mm", "eager"] = "grouped_mm"
     # Under torchrun: ddp keeps a whole copy of the model per process; fsdp (PyTorch FSDP2)
-    # shards parameters, gradients and optimizer state across processes.
+    # shards parameters, gradients and optimizer state across processes, and loads each
+    # process's shards from rank 0's read of the checkpoint (docs/scaling/memory.md).
     sharding: Literal["ddp", "fsdp"] = "ddp"
