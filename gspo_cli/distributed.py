@@ -132,17 +132,22 @@ def wrap(model: torch.nn.Module, info: DistInfo, sharding: str = "ddp") -> torch
     if not info.enabled:
         return model
     if sharding == "fsdp":
-        shard_(model)
+        if not is_sharded(model):  # models.load_model shards while it loads
+            shard_(model)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model)
 
 
-def shard_(model: torch.nn.Module) -> None:
+def shard_(model: torch.nn.Module, param_dtype: torch.dtype | None = None) -> None:
     """FSDP2 in place: every decoder layer (the classes the model lists as never to be split,
-    `_no_split_modules`) is one unit, the rest (embeddings, norm, head) the root's."""
-    from torch.distributed.fsdp import fully_shard
+    `_no_split_modules`) is one unit, the rest (embeddings, norm, head) the root's.
+
+    `param_dtype` (e.g. bfloat16): forwards and backwards compute with copies of the float32
+    shards gathered in that dtype (FSDP2's MixedPrecisionPolicy), gradients are reduced in
+    float32 into float32 shards; None computes in the parameters' own dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     layer_types = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
@@ -150,9 +155,21 @@ def shard_(model: torch.nn.Module) -> None:
         raise SpecError(
             f"model.sharding: fsdp needs decoder layers to shard; {type(model).__name__} lists none (_no_split_modules)"
         )
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def fill_from_rank0(model: torch.nn.Module, full_state: dict) -> None:
+    """Fill a sharded model's shards with rank 0's `full_state` (whole tensors keyed as in the
+    model's state dict, any dtype: copied into the parameters' own; the other ranks pass {}).
+    Tensor by tensor, each broadcast from rank 0 and sliced by every rank: a rank holds its
+    shards plus one whole tensor at a time. A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state, options=opts)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

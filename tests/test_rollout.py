@@ -146,14 +146,85 @@ def test_sampler_logprobs_entropy_and_routes_match_a_full_forward(tiny_moe):
     assert torch.equal(bare.input_ids, sub.input_ids) and torch.equal(bare.response_mask, sub.response_mask)
 
 
-def test_sampler_logprobs_fall_back_over_the_logits_budget(tiny_moe, monkeypatch):
-    import gspo_cli.rollout.hf as hf
-
+def test_sampler_logprobs_keep_no_logits_and_have_no_budget(tiny_moe, monkeypatch):
+    """The sampler's log-probs are read step by step: generate is asked for no logits at all
+    (they were (B, max_new_tokens, vocab) floats, and over a 1 GiB budget R3 and mismatch
+    corrections had nothing to work with), and every batch gets log-probs and routes."""
     model, tok, routing = tiny_moe
-    monkeypatch.setattr(hf, "LOGITS_BUDGET", 100)
-    eng = HFRolloutEngine(model, tok, max_new_tokens=6, temperature=1.0, sampler_logprobs=True, routing=routing)
+    seen = {}
+    plain = model.generate
+
+    def spy(**kw):
+        seen.update(kw)
+        return plain(**kw)
+
+    monkeypatch.setattr(model, "generate", spy)
+    eng = HFRolloutEngine(model, tok, max_new_tokens=6, temperature=0.7, sampler_logprobs=True, routing=routing)
     b = eng.generate(["1+2=?\n"] * 4)
-    assert b.engine_logp is None and b.engine_entropy is None and b.engine_routes is None
+    assert "output_logits" not in seen and "return_dict_in_generate" not in seen
+    assert b.engine_logp is not None and b.engine_entropy is not None and b.engine_routes is not None
+    mask = b.response_mask > 0
+    ref = response_logprobs(model, b, temperature=0.7, with_entropy=True)
+    assert (b.engine_logp - ref.logp).abs()[mask].max() < 1e-4
+
+
+def test_sampler_logprobs_and_routes_for_a_vocabulary_over_the_former_budget():
+    """16 rows x 16 new tokens x a 1.1 M-token vocabulary is over 1 GiB of float32 logits: the
+    former LOGITS_BUDGET returned no sampler log-probs or routes for it, so R3 and the mismatch
+    corrections stopped (step.py's SpecErrors). Read per step, they are all there."""
+    import gspo_cli.rollout.hf as hf
+    from gspo_cli.models.routing import RoutingController
+
+    assert not hasattr(hf, "LOGITS_BUDGET")
+    tok = build_tokenizer("0123456789+-=?\n")
+    size = BuiltinModelConfig(
+        hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, moe_intermediate_size=16, num_experts=4
+    )
+    config = build_config("tiny-moe", size, tok)
+    config.vocab_size = 1_100_000  # ids past the tokenizer's are sampled but never decoded to text that matters
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager").eval()
+    B, C = 16, 16
+    assert B * C * config.vocab_size * 4 > 1 << 30
+    eng = HFRolloutEngine(
+        model, tok, max_new_tokens=C, temperature=1.0, sampler_logprobs=True, routing=RoutingController(model)
+    )
+    b = eng.generate(["1+2=?\n"] * B)
+    assert b.engine_logp is not None and b.engine_entropy is not None and b.engine_routes is not None
+    mask = b.response_mask > 0
+    assert (b.engine_logp[mask] < 0).all() and (b.engine_entropy[mask] > 10).all()  # ~log(1.1 M) = 13.9
+
+
+def test_chunked_logprobs_equal_the_whole_batch_values_and_gradients(tiny_moe):
+    """Log-probs and entropy from the head run in chunks (here 3 positions each, a remainder
+    too) equal those of whole-batch logits to 1e-6 in float32, and so do the gradients of a
+    loss of both; no forward builds (B, T, V) logits."""
+    from gspo_cli.rollout.base import _logprobs_whole
+
+    model, tok, _ = tiny_moe
+    b = _hand_batch(tok, ["123+456=?\n", "1+2=?\n", "5=?\n"], [9, 3, 7], C=9)
+    V = model.get_output_embeddings().out_features
+    grads, vals = [], []
+    for fn in (
+        lambda: _logprobs_whole(model, b, 0.8, True),
+        lambda: response_logprobs(model, b, 0.8, with_entropy=True, chunk_bytes=3 * 4 * V),
+    ):
+        model.zero_grad(set_to_none=True)
+        lp = fn()
+        assert lp.logp.shape == lp.entropy.shape == b.response_mask.shape
+        ((lp.logp * b.response_mask).sum() + 0.1 * (lp.entropy * b.response_mask).sum()).backward()
+        vals.append((lp.logp.detach(), lp.entropy.detach()))
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    mask = b.response_mask > 0
+    for whole, chunked in zip(*vals):
+        assert (whole - chunked).abs()[mask].max() < 1e-6
+    assert set(grads[0]) == set(grads[1]) and len(grads[0]) > 10
+    scale = max(g.abs().max().item() for g in grads[0].values())
+    assert max((grads[0][k] - grads[1][k]).abs().max().item() for k in grads[0]) < 1e-6 * max(scale, 1.0)
+    # the head is the model's own again afterwards, and a plain forward still gives (B, T, V)
+    assert "forward" not in vars(model.get_output_embeddings())
+    with torch.no_grad():
+        assert model(input_ids=b.input_ids).logits.shape == (*b.input_ids.shape, V)
 
 
 def test_routes_from_generate_layout():

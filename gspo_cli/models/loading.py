@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from gspo_cli import distributed
+from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
 from gspo_cli.spec import ModelConfig
@@ -25,10 +27,12 @@ class LoadedModel:
     is_moe: bool
 
 
-def compute_context(dtype: str, device: str):
+def compute_context(dtype: str, device: str, sharded: bool = False):
     """The context forward passes run in: `torch.autocast` to `dtype` ("bfloat16") over float32
-    master weights, or nothing for "float32". Backward passes run outside it."""
-    if dtype == "float32":
+    master weights, or nothing for "float32". Backward passes run outside it. A sharded model
+    (`sharded`, FSDP2) needs nothing: its MixedPrecisionPolicy gathers `dtype` copies of the
+    float32 shards itself (see `load_model`), without autocast's per-layer cast cache."""
+    if dtype == "float32" or sharded:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
 
@@ -55,7 +59,9 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
     return cfg.name
 
 
-def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> LoadedModel:
+def load_model(
+    source: str, cfg: ModelConfig, *, training: bool = True, dist_info: DistInfo = DistInfo()
+) -> LoadedModel:
     """Load a causal LM and its tokenizer from a directory or hub id (cache only if offline).
 
     For training (the default) the weights are float32 whatever `cfg.dtype` says: they are
@@ -63,6 +69,12 @@ def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> Loade
     `compute_context`. An AdamW step of lr 1e-5 on a bf16 weight near 0.02 is below bf16's
     spacing there (~1.2e-4) and would be lost. With `training=False` (evaluation only) the
     weights load in `cfg.dtype`.
+
+    With `cfg.sharding` fsdp under torchrun (`dist_info` of several processes, training), the
+    model comes back already sharded (FSDP2, `distributed.shard_`): every rank builds it on the
+    meta device, shards it and fills its own shards from the checkpoint that rank 0 alone reads
+    (`_load_sharded`), so no other rank ever holds the whole model. A collective: every rank
+    calls it.
 
     Bad input (a path that is not a model, an id not reachable) is a SpecError naming it.
     """
@@ -86,6 +98,10 @@ def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> Loade
     if hasattr(config, "router_aux_loss_coef"):
         config.router_aux_loss_coef = cfg.router_aux_loss_coef
         config.output_router_logits = cfg.router_aux_loss_coef > 0
+    if training and dist_info.enabled and cfg.sharding == "fsdp":
+        model = _load_sharded(source, config, kwargs, cfg, dist_info)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        return _finish(model, tokenizer, source)
     try:
         try:
             model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
@@ -105,6 +121,10 @@ def load_model(source: str, cfg: ModelConfig, *, training: bool = True) -> Loade
         raise SpecError(f"model.name: cannot load {source!r}: {str(err).splitlines()[0]}") from None
     disable_dropout(model)
     model.to(cfg.device)
+    return _finish(model, tokenizer, source)
+
+
+def _finish(model, tokenizer, source: str) -> LoadedModel:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -141,3 +161,67 @@ def disable_dropout(model: torch.nn.Module) -> list[str]:
                 setattr(module, key, 0.0)
                 changed.append(f"{name}.{key}")
     return changed
+
+
+def _load_sharded(source: str, config, kwargs: dict, cfg: ModelConfig, info: DistInfo) -> torch.nn.Module:
+    """The model of `source`, FSDP2-sharded over the `info.world_size` processes, holding the
+    checkpoint's weights; no process but rank 0 ever holds more than its shards plus one
+    tensor in flight.
+
+    Every rank builds the architecture on the meta device (no memory), shards it (one unit per
+    decoder layer plus the root; `cfg.dtype` bfloat16 gathers bf16 copies of the float32 master
+    shards), then allocates its shards (`to_empty`). Rank 0 alone reads the checkpoint, in the
+    checkpoint's own dtype (one copy; transformers converts the file layout, e.g. per-expert
+    tensors into the fused 3-D experts), and broadcasts it tensor by tensor, each rank keeping
+    its slice (`distributed.fill_from_rank0`): every rank holds rank 0's values, not values it
+    merely hopes are equal. Buffers that are not in a checkpoint (rotary `inv_freq`) come out
+    of `to_empty` as garbage and are rebuilt from the config."""
+    from transformers import AutoModelForCausalLM
+
+    # Read before from_config, which overwrites config.dtype with the dtype it builds in.
+    ckpt_dtype = getattr(config, "dtype", None) or torch.float32
+    ckpt_dtype = getattr(torch, ckpt_dtype) if isinstance(ckpt_dtype, str) else ckpt_dtype
+
+    def build(**kw):
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, **kw)
+
+    try:
+        model = build(**kwargs)
+    except (ValueError, NotImplementedError):
+        if kwargs.get("experts_implementation", "eager") == "eager":
+            raise
+        kwargs = {**kwargs, "experts_implementation": "eager"}  # as in load_model: no grouped experts
+        model = build(**kwargs)
+    disable_dropout(model)
+    distributed.shard_(model, param_dtype=None if cfg.dtype == "float32" else DTYPES[cfg.dtype])
+    model.to_empty(device=cfg.device)
+    full_sd: dict = {}
+    if info.is_main:
+        full = AutoModelForCausalLM.from_pretrained(source, config=config, **{**kwargs, "dtype": ckpt_dtype})
+        full_sd = full.state_dict()
+        del full  # the state dict's tensors are the only copy left
+    distributed.fill_from_rank0(model, full_sd)
+    del full_sd
+    rebuild_buffers(model, cfg.device)
+    return model
+
+
+def rebuild_buffers(model: torch.nn.Module, device: str) -> list[str]:
+    """Recompute every non-persistent buffer (not in checkpoints: rotary `inv_freq`, ...) of a
+    model whose storage came from `to_empty`, by building a fresh instance of the owning module
+    from its config. Returns the buffers' names. A module that cannot be rebuilt so raises (a
+    bug to fix here, not something a spec can cause)."""
+    names = []
+    for name, module in model.named_modules():
+        if not module._non_persistent_buffers_set:
+            continue
+        if not hasattr(module, "config"):
+            raise RuntimeError(
+                f"{name} ({type(module).__name__}): non-persistent buffers and no config to rebuild them"
+            )
+        fresh = type(module)(module.config)
+        for key in module._non_persistent_buffers_set:
+            module._buffers[key] = fresh._buffers[key].to(device)
+            names.append(f"{name}.{key}")
+    return names

@@ -85,10 +85,11 @@ class RoutingController:
             top_k = getattr(mod, "top_k", None)
             if not isinstance(top_k, int) or isinstance(top_k, bool):
                 continue
-            mat = next((p for p in mod.parameters() if p.dim() == 2), None)
-            if mat is None:
+            if next((p for p in mod.parameters() if p.dim() == 2), None) is None:
                 continue
-            rule, n_exp = self._probe(mod, mat, top_k, name)
+            with _whole_parameters(mod):
+                mat = next(p for p in mod.parameters() if p.dim() == 2)
+                rule, n_exp = self._probe(mod, mat, top_k, name)
             self.routers.append(mod)
             self._rules.append(rule)
             experts.add(n_exp)
@@ -337,3 +338,18 @@ def expert_change_frac(old_LNk: torch.Tensor, new_LNk: torch.Tensor, token_mask_
             raise ValueError(f"token mask has {mask.shape[0]} entries, routes have {frac.shape[1]} tokens")
         frac = frac[:, mask]
     return float(frac.mean()) if frac.numel() else 0.0
+
+
+@contextmanager
+def _whole_parameters(mod: nn.Module):
+    """While probing: a sharded (FSDP2, DTensor) router's own parameters replaced by whole
+    copies, so it can run outside its layer's forward; put back after. Gathering is a
+    collective: every rank probes the same routers in the same order."""
+    saved = {n: p for n, p in mod.named_parameters(recurse=False) if hasattr(p, "full_tensor")}
+    for n, p in saved.items():
+        mod._parameters[n] = nn.Parameter(p.full_tensor().detach(), requires_grad=False)
+    try:
+        yield
+    finally:
+        for n, p in saved.items():
+            mod._parameters[n] = p

@@ -261,7 +261,7 @@ class _WorkerSampler:
             batch = self.engine.generate(prompts)
             incomplete = batch.engine_logp is None or batch.engine_entropy is None
             if incomplete or (self.routing is not None and batch.engine_routes is None):
-                # generate kept no logits (sampler_logprobs off, or over LOGITS_BUDGET): pi_old
+                # generate read no log-probs (sampler_logprobs off): pi_old
                 # from one full forward of these same weights, routes recorded in it.
                 if self.routing is None:
                     old = response_logprobs(self.model, batch, self.temperature, with_entropy=True)

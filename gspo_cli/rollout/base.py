@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.utils.checkpoint
 
 
 @dataclass
@@ -111,16 +112,100 @@ class LogProbs:
     aux_loss: torch.Tensor | None = None  # MoE router load-balancing loss, when the model computes it
 
 
-def response_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
-    """Log-probabilities of the response tokens under `model`.
+# Largest float32 logits (rows x vocab x 4 bytes) one chunk of `response_logprobs` builds:
+# 64 MiB is ~110 positions of Qwen3's 151,936-token vocabulary.
+LOGITS_CHUNK_BYTES = 1 << 26
 
-    Logits are divided by `temperature`: the distribution the sampler actually used.
+
+def response_logprobs(
+    model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False, chunk_bytes: int | None = None
+) -> LogProbs:
+    """Log-probabilities (and entropy) of the response tokens under `model`.
+
+    Logits are divided by `temperature`: the distribution the sampler actually used. The
+    full-vocabulary logits are never built for the whole batch: the output head runs on the
+    final hidden states of the response positions in chunks of at most `chunk_bytes`
+    (default LOGITS_CHUNK_BYTES) of float32 logits, each reduced at once to the sampled
+    token's log-prob (and the entropy) and, when gradients are on, recomputed in the backward
+    pass (activation checkpointing per chunk), so neither forward nor backward holds more
+    than one chunk's logits. Values equal a whole-batch log-softmax (float rounding).
     """
+    head = _output_head(model)
+    P = batch.prompt_len
+    if head is None:  # a head we cannot wrap (or logits post-processed after it): the whole batch
+        return _logprobs_whole(model, batch, temperature, with_entropy)
+    ids_BC = batch.response_ids
+    rows = max(1, (chunk_bytes or LOGITS_CHUNK_BYTES) // (4 * head.out_features))
+    plain_forward = head.forward
+
+    def reduced_head(hidden_BTH: torch.Tensor) -> torch.Tensor:
+        # Runs inside the model's own forward (FSDP: while the head's weights are gathered);
+        # returns (B, C, 1 or 2) in place of the (B, T, V) logits.
+        h_BCH = hidden_BTH[:, P - 1 : -1]  # position t predicts token t+1
+        out = _chunked_token_logprobs(plain_forward, h_BCH, ids_BC, temperature, with_entropy, rows)
+        return torch.stack(out, -1)
+
+    head.forward = reduced_head  # an instance attribute: the class's forward is back after
+    try:
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+    finally:
+        del head.forward
+    res_BCk = out.logits
+    return LogProbs(
+        logp=res_BCk[..., 0], entropy=res_BCk[..., 1] if with_entropy else None, aux_loss=getattr(out, "aux_loss", None)
+    )
+
+
+def _output_head(model) -> torch.nn.Linear | None:
+    """The LM head the model's forward calls on its final hidden states, when its output is
+    the logits as they are (no soft-capping or scaling after it)."""
+    bare = getattr(model, "module", model)  # DDP wraps; FSDP2 shards in place
+    get = getattr(bare, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    config = getattr(bare, "config", None)
+    post = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+    if not isinstance(head, torch.nn.Linear) or post or "forward" in vars(head):
+        return None
+    return head
+
+
+def _chunked_token_logprobs(head_fn, h_BCH, ids_BC, temperature, with_entropy, rows):
+    """[(B, C) log-prob of ids_BC] (+ [(B, C) entropy]) from hidden states (B, C, H), `rows`
+    positions per chunk."""
+    B, C, H = h_BCH.shape
+    h_NH, ids_N = h_BCH.reshape(B * C, H), ids_BC.reshape(B * C)
+    recompute = torch.is_grad_enabled() and h_NH.requires_grad
+    parts = []
+    for h, ids in zip(h_NH.split(rows), ids_N.split(rows)):
+        if recompute:
+            part = torch.utils.checkpoint.checkpoint(
+                _token_logprobs, head_fn, h, ids, temperature, with_entropy, use_reentrant=False
+            )
+        else:
+            part = _token_logprobs(head_fn, h, ids, temperature, with_entropy)
+        parts.append(part)
+    return [torch.cat(cols).reshape(B, C) for cols in zip(*parts)]
+
+
+def _token_logprobs(head_fn, h_NH, ids_N, temperature, with_entropy):
+    logprobs_NV = torch.log_softmax(head_fn(h_NH).float() / temperature, dim=-1)
+    logp_N = logprobs_NV.gather(-1, ids_N.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return (logp_N,)
+    return logp_N, -(logprobs_NV.exp() * logprobs_NV).sum(-1)
+
+
+def _logprobs_whole(model, batch: RolloutBatch, temperature: float, with_entropy: bool) -> LogProbs:
+    """`response_logprobs` from the model's whole (B, T, V) logits (heads we cannot chunk)."""
     out = model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
     )
     P = batch.prompt_len
-    # Logits at position t predict token t+1: the response tokens are predicted by P-1 .. end-1.
     logits = out.logits[:, P - 1 : -1].float() / temperature  # (B, C, V)
     logprobs = torch.log_softmax(logits, dim=-1)
     logp_BC = logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)

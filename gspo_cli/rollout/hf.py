@@ -5,15 +5,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
-
-# Largest (B, max_new_tokens, vocab) float32 logits kept for sampler log-probs (1 GiB): a
-# big-vocabulary hub model falls back to the trainer's own forward pass.
-LOGITS_BUDGET = 1 << 30
 
 
 class HFRolloutEngine:
@@ -38,8 +34,9 @@ class HFRolloutEngine:
 
         `sampler_logprobs`: also return, from generate's own forward passes, each response
         token's log-prob and entropy (temperature applied) and, given a RoutingController,
-        the experts every position was routed to: pi_old without a second forward pass.
-        Skipped (None) for a batch whose logits would exceed LOGITS_BUDGET bytes.
+        the experts every position was routed to: pi_old without a second forward pass. Read
+        step by step as generate samples (`SamplerLogprobs`): one (B, vocab) distribution held
+        at a time, never the (B, max_new_tokens, vocab) logits, whatever the vocabulary.
 
         `stop_ids`: the ids that end a response (None: the checkpoint's, `stop_token_ids`);
         `prompt_format`: a PromptFormatter turning task prompts into text (None: raw text).
@@ -71,9 +68,9 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         P = ids.shape[1]
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        want = self.sampler_logprobs and ids.shape[0] * self.gen_config.max_new_tokens * vocab * 4 <= LOGITS_BUDGET
-        extra = {"output_logits": True, "return_dict_in_generate": True} if want else {}
+        want = self.sampler_logprobs
+        reader = SamplerLogprobs(self.temperature) if want else None
+        extra = {"logits_processor": LogitsProcessorList([reader])} if want else {}
         record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
         try:
             # steps: None unless routes are recorded
@@ -87,7 +84,7 @@ class HFRolloutEngine:
                 )
         finally:
             self.model.train(was_training)
-        out = res.sequences if want else res
+        out = res
         resp = out[:, P:]
         is_eos = torch.isin(resp, torch.tensor(self.stop_ids, device=resp.device))
         # Response = tokens up to and including the first stop id; everything after is padding.
@@ -105,14 +102,47 @@ class HFRolloutEngine:
             truncated=truncated,
         )
         if want:
-            # logits[j] (B, V) are the raw logits that sampled response token j.
-            logits = torch.stack(res.logits, dim=1).float() / self.temperature  # (B, C, V)
-            logprobs = torch.log_softmax(logits, dim=-1)
-            batch.engine_logp = logprobs.gather(-1, resp.unsqueeze(-1)).squeeze(-1) * resp_mask
-            batch.engine_entropy = -(logprobs.exp() * logprobs).sum(-1) * resp_mask
+            logp_BC, ent_BC = reader.finish(resp)
+            batch.engine_logp = logp_BC * resp_mask
+            batch.engine_entropy = ent_BC * resp_mask
             if steps is not None:
                 batch.engine_routes = routes_from_generate(steps, out.shape[0], P, out.shape[1])
         return batch
+
+
+class SamplerLogprobs(LogitsProcessor):
+    """Reads, at each generate step, the raw logits that sample the next token (custom
+    processors run before the temperature warper): that step's entropy at once, and its log-
+    softmax until the next step shows which token was drawn. Holds one (B, V) float32
+    distribution at a time. Returns the scores untouched: sampling is unchanged."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.logp: list[torch.Tensor] = []  # (B,) per step, the sampled token's log-prob
+        self.entropy: list[torch.Tensor] = []  # (B,) per step
+        self.pending: torch.Tensor | None = None  # (B, V) the last step's log-softmax
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:  # the previous step's token is input_ids' last column
+            self._take(input_ids[:, -1])
+        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.entropy.append(-(logprobs.exp() * logprobs).sum(-1))
+        self.pending = logprobs
+        return scores
+
+    def _take(self, token_B: torch.Tensor) -> None:
+        self.logp.append(self.pending.gather(-1, token_B.unsqueeze(-1)).squeeze(-1))
+        self.pending = None
+
+    def finish(self, resp_BC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-prob, entropy) (B, C) of the C response tokens generate returned (C = the
+        number of steps it took; values past a row's end are the padding's, for callers to mask)."""
+        if self.pending is not None and len(self.logp) < resp_BC.shape[1]:
+            self._take(resp_BC[:, len(self.logp)])
+        B, C = resp_BC.shape
+        if not self.logp:
+            return torch.zeros(B, C), torch.zeros(B, C)
+        return torch.stack(self.logp, 1)[:, :C], torch.stack(self.entropy, 1)[:, :C]
 
 
 def neutral_generation_config(

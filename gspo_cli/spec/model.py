@@ -66,7 +66,8 @@ class ModelConfig(_Strict):
         "grouped_mm", description="MoE expert layers: one grouped matmul (faster) or a loop over experts"
     )
     # Under torchrun: ddp keeps a whole copy of the model per process; fsdp (PyTorch FSDP2)
-    # shards parameters, gradients and optimizer state across processes.
+    # shards parameters, gradients and optimizer state across processes, and loads each
+    # process's shards from rank 0's read of the checkpoint (docs/scaling/memory.md).
     sharding: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: a whole copy per process (ddp) or FSDP2 shards (fsdp)"
     )

@@ -72,7 +72,8 @@ class Ctx:
     skipped: int = 0  # non-finite mini-batches skipped so far (survives resume)
     seed: int = 0  # the run's seed (samples.jsonl names it)
     samples: list[dict] = field(default_factory=list)  # the last step's samples.jsonl lines (often none)
-    # Forward passes run inside compute(): autocast to model.dtype over float32 master weights.
+    # Forward passes run inside compute(): autocast to model.dtype over float32 master weights
+    # (FSDP: nothing, its MixedPrecisionPolicy gathers model.dtype copies of the shards).
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
@@ -89,7 +90,9 @@ def setup(
     weights when resuming; the KL reference is always the initial model `source`.
     Under torchrun each rank samples with its own seed; rank 0's is the single-process one."""
     torch.manual_seed(distributed.rank_seed(seed, dist_info.rank))
-    lm = load_model(weights or source, spec.model)
+    sharded = dist_info.enabled and spec.model.sharding == "fsdp"
+    # fsdp: loaded straight into shards (rank 0 reads, every rank keeps its slice)
+    lm = load_model(weights or source, spec.model, dist_info=dist_info)
     model = lm.model
     model.train()
     routing = None
@@ -107,11 +110,11 @@ def setup(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref_model = None
     if arm.kl_coef > 0:
-        ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
+        if sharded:  # sharded like the policy, from rank 0's read of the initial weights
+            ref = load_model(source, spec.model, dist_info=dist_info).model
+        else:
+            ref = load_model(source, spec.model).model if weights else copy.deepcopy(model)
         ref_model = ref.eval().requires_grad_(False)
-    sharded = dist_info.enabled and spec.model.sharding == "fsdp"
-    if sharded and ref_model is not None:
-        distributed.shard_(ref_model)
     train_model = distributed.wrap(model, dist_info, spec.model.sharding)  # before the optimizer sees parameters
     opt_cfg = spec.optimizer
     optimizer = make_optimizer(model, routing, opt_cfg, spec.model.name, sharded)
@@ -146,7 +149,7 @@ def setup(
         dist=dist_info,
         seed=seed,
         train_model=train_model,
-        compute=functools.partial(compute_context, spec.model.dtype, spec.model.device),
+        compute=functools.partial(compute_context, spec.model.dtype, spec.model.device, sharded),
     )
 
 
@@ -280,8 +283,8 @@ def _old_policy(ctx: Ctx, batch: RolloutBatch):
     if r3 and batch.engine_routes is None:
         raise SpecError(
             f"arms.{ctx.arm.name}.routing_replay: r3 needs the rollout engine's routes and this "
-            "batch has none (the hf engine records them only within its logits budget, "
-            "rollout/hf.py LOGITS_BUDGET; vLLM only when started to return them)"
+            "batch has none (the hf engine records them with rollout.sampler_logprobs; vLLM only "
+            "when started to return them)"
         )
     own_forward = ctx.arm.mismatch.mode != "off"  # the correction compares the trainer's pi_old with the engine
     if (
@@ -313,8 +316,7 @@ def _mismatch_weights(
     if batch.engine_logp is None:
         raise SpecError(
             f"arms.{arm.name}.mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs and this "
-            "batch has none (the hf engine returns them only within its logits budget, "
-            "rollout/hf.py LOGITS_BUDGET)"
+            "batch has none (the hf engine returns them with rollout.sampler_logprobs)"
         )
     corr = correct(trainer_logp_BC, batch.engine_logp, mask_BC, low=arm.mismatch.low, high=arm.mismatch.high)
     for k, (total, weight) in correction_stats(corr, mask_BC).items():  # weights: tokens or responses

@@ -53,7 +53,7 @@ def main(spec_yaml: str, source: str, out: str) -> None:
     rewards = [float(i % 3 == 0) for i in range(B)]
     n = B // info.world_size  # whole groups per rank
     rows = torch.arange(info.rank * n, (info.rank + 1) * n)
-    with torch.no_grad():
+    with torch.no_grad(), ctx.compute():  # in model.dtype, as the step's own pi_old pass
         full = response_logprobs(ctx.model, batch, with_entropy=True)
     wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float32)).reshape(full.logp.shape)
     old = step_mod.LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
