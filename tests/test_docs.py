@@ -38,6 +38,9 @@ RUN_HERE = [
 
 # Expensive commands and the tests that run them (the same command on a tiny spec or model).
 COVERED = {
+    r"gspo plan experiments/gpu_qwen3_moe\.yaml --gpus 8 --gpu-memory 80GB": [
+        "tests/test_plan.py::test_the_documented_command"
+    ],
     r"gspo train experiments/quickstart\.yaml": ["tests/test_train_e2e.py::test_cli_train_end_to_end"],
     r"gspo train exp\.yaml --arm gspo --seed 1": ["tests/test_cli.py::test_set_and_options_reach_the_trainer"],
     r"gspo train (exp|experiments/quickstart)\.yaml --set \S+ --set \S+ -o /tmp/runs": [

@@ -13,8 +13,8 @@ import typer
 from gspo_cli.cli.analysis import compare, list_runs, plot, report
 from gspo_cli.cli.eval import eval_
 from gspo_cli.cli.plan import plan
-from gspo_cli.cli.schema import schema
 from gspo_cli.cli.samples import samples
+from gspo_cli.cli.schema import schema
 from gspo_cli.cli.train import sweep, train
 
 app = typer.Typer(

@@ -61,7 +61,10 @@ def plan(
     whether it fits, for the run as it will be once issue 25 lands (FSDP2 full shard, bf16
     all-gathers, chunked log-probs, sharded checkpoints); today's code is shown beside it.
 
-    Warns, never refuses: a run whose plan does not fit can still be started."""
+    Warns, never refuses: a run whose plan does not fit can still be started.
+
+    Example: `gspo plan experiments/gpu_qwen3_moe.yaml --gpus 8 --gpu-memory 80GB`
+    """
     from gspo_cli.plan import Hardware, model_shape, plan_memory
     from gspo_cli.plan.shapes import builtin_prompt_tokens
     from gspo_cli.spec.loading import load_spec

@@ -14,7 +14,7 @@ from gspo_cli.errors import GspoError, SpecError
 
 
 def samples(
-    run: Annotated[str, typer.Argument(metavar="RUN", help="a run directory (results/<experiment>/<arm>/seed<k>)")],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="a run directory (`results/<experiment>/<arm>/seed<k>`)")],
     step: Annotated[Optional[int], typer.Option("--step", help="the logged step to show (default: the latest)")] = None,
     worst: Annotated[bool, typer.Option("--worst", help="lowest reward first")] = False,
     best: Annotated[bool, typer.Option("--best", help="highest reward first")] = False,
@@ -24,7 +24,10 @@ def samples(
 ) -> None:
     """Show the prompts (as the model saw them), completions, rewards and advantages that
     training logged every train.log_samples_every steps, with whether each response was
-    clipped or masked."""
+    clipped or masked.
+
+    Example: `gspo samples results/quickstart/gspo/seed0 --worst -n 4`
+    """
     from gspo_cli.analysis.samples import load_samples, select_samples
 
     try:
