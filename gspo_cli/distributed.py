@@ -161,22 +161,40 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo):
-    """(model state or None, optimizer state) to write a checkpoint, on every rank together
-    (gathering sharded weights is a collective). The model state is the full state dict on
-    rank 0 when sharded (None: the model's own is whole). The optimizer state is keyed by
-    parameter names, whole, on rank 0: it loads into any number of processes and shardings."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict:
+    """The optimizer state of a whole (unsharded) model, keyed by parameter names so that it
+    loads into any number of processes and shardings; a sharded model writes
+    `sharded_states` instead."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=info.enabled)
-    model_state = get_model_state_dict(model, options=opts) if is_sharded(model) else None
-    return model_state, get_optimizer_state_dict(model, optimizer, options=opts)
+    return get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def sharded_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model": ..., "optim": ...} keyed by parameter names, holding only this rank's slices
+    (DTensors) of a sharded model, whole tensors of an unsharded one: what
+    `torch.distributed.checkpoint` saves per rank, and the templates it loads into (it
+    reshards from whatever process count wrote the checkpoint). An optimizer that has not
+    stepped yet gets its state created first (a zero-gradient step at lr 0, torch's own
+    `_init_optim_state`), so that there is something to load into. Nothing is gathered."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def load_sharded_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, states: dict) -> None:
+    """Put `states` (`sharded_states`' layout, filled by `dcp.load`) into the model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a checkpoint's optimizer state: keyed by parameter names (`full_states`, whatever
-    the number of processes that wrote it), or by parameter index (checkpoints written before
-    gspo-cli 0.1's sharding support)."""
+    """Load a whole-model checkpoint's optimizer state: keyed by parameter names (`full_optimizer_state`,
+    whatever the number of processes that wrote it), or by parameter index (checkpoints written
+    before gspo-cli 0.1's sharding support)."""
     if state.get("state") and isinstance(next(iter(state["state"])), int):
         optimizer.load_state_dict(state)
         return

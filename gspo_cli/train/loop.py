@@ -26,7 +26,7 @@ from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock,
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.spec.loading import check_stored_spec, dump_spec
 from gspo_cli.tasks import Task, make_task
-from gspo_cli.train.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
+from gspo_cli.train.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints, weights_to_load
 from gspo_cli.train.reporting import PlainReporter, Reporter, quiet_reporter
 from gspo_cli.train.sinks import make_sinks
 from gspo_cli.train.staleness import CHECKPOINT_KEY, StaleRollouts, check_supported
@@ -193,7 +193,7 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
     ckpt = Path(ckpt_path) if ckpt_path else None
-    ctx = setup(spec, arm, seed, task, source, weights=ckpt_path, dist_info=info)
+    ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info)
     t_start = time.time()
     pending = None  # rollout.staleness 1: the batch the checkpoint pre-sampled for the next step
     if ckpt is not None:
@@ -270,7 +270,9 @@ def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
 
 
 def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> tuple[int, dict | None]:
-    state = load_trainer_state(ckpt, ctx.model, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
+    state = load_trainer_state(
+        ckpt, ctx.model, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle, info=ctx.dist
+    )
     step = int(state["step"])
     ctx.train_time = float(state.get("train_time", 0.0))
     ctx.skipped = int(state.get("skipped", 0))
@@ -342,31 +344,22 @@ def _steps(
 
 
 def _checkpoint(ctx: Ctx, rd: RunDir, step: int, extra: dict | None = None) -> None:
-    """Rank 0 writes the checkpoint (with `extra` in its trainer state); a failure (disk
-    full...) fails the run on every rank."""
-    failure = None
-    model_state, optimizer_state = distributed.full_states(ctx.model, ctx.optimizer, ctx.dist)  # every rank
-    if ctx.dist.is_main:
-        try:
-            save_checkpoint(
-                rd,
-                step,
-                ctx.model,
-                ctx.engine.tokenizer,
-                optimizer_state,
-                ctx.scheduler,
-                rng=ctx.rng,
-                shuffle=ctx.shuffle,
-                keep=ctx.spec.train.keep_checkpoints,
-                dtype=ctx.spec.model.dtype,
-                model_state=model_state,
-                extra={"train_time": ctx.train_time, "skipped": ctx.skipped, **(extra or {})},
-            )
-        except RunError as err:
-            failure = str(err)
-    failure = distributed.broadcast_object(failure, ctx.dist)
-    if failure is not None:
-        raise RunError(failure)
+    """Every rank together (a sharded model's ranks each write their own slices); a failure
+    (disk full...) fails the run on every rank."""
+    save_checkpoint(
+        rd,
+        step,
+        ctx.model,
+        ctx.optimizer,
+        ctx.engine.tokenizer,
+        ctx.scheduler,
+        info=ctx.dist,
+        rng=ctx.rng,
+        shuffle=ctx.shuffle,
+        keep=ctx.spec.train.keep_checkpoints,
+        dtype=ctx.spec.model.dtype,
+        extra={"train_time": ctx.train_time, "skipped": ctx.skipped, **(extra or {})},
+    )
 
 
 def _summary(rd: RunDir, steps: int) -> dict:
