@@ -11,7 +11,11 @@ for every aggregation (`algorithms.aggregate`). Metrics are combined exactly by
 from __future__ import annotations
 
 import os
+import secrets
+import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -115,6 +119,33 @@ def broadcast_object(obj, info: DistInfo):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def shared_directory_problem(path: Path, info: DistInfo, wait_s: float = 5.0) -> str | None:
+    """None when every rank sees rank 0's files under `path` (one filesystem shared by all
+    nodes), else which rank on which host does not. Rank 0 writes a token file there and every
+    rank looks for it (for up to `wait_s`: NFS may cache a name's absence for a moment).
+    Collective; creates `path` on rank 0."""
+    if not info.enabled:
+        return None
+    token = None
+    if info.is_main:
+        path.mkdir(parents=True, exist_ok=True)
+        token = path / f".shared-check-{secrets.token_hex(8)}"
+        token.write_text(socket.gethostname())
+    token = Path(broadcast_object(str(token) if token else None, info))
+    deadline = time.monotonic() + wait_s
+    while not token.is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seen = gather_objects((token.is_file(), socket.gethostname()), info)
+    barrier(info)
+    if info.is_main:
+        token.unlink(missing_ok=True)
+    blind = [(r, host) for r, (ok, host) in enumerate(seen) if not ok]
+    if not blind:
+        return None
+    r, host = blind[0]
+    return f"rank {r} on {host} cannot see rank 0's files in {path} ({len(blind)} of {info.world_size} ranks cannot)"
 
 
 def barrier(info: DistInfo) -> None:

@@ -5,7 +5,10 @@
         metrics.jsonl    one JSON object per step, append-only, flushed each step
         eval.jsonl       one JSON object per evaluation
         run.json         status, versions, git commit, host, times, wall time per phase
-        checkpoints/step_XXXXXX/   HF model dir + trainer_state.pt, written atomically
+        checkpoints/step_XXXXXX/   written atomically (train.checkpoint): an HF model dir +
+                         trainer_state.pt, or with FSDP per-rank shards in state/ + config,
+                         tokenizer and trainer_state.pt
+        model/           FSDP runs: the final checkpoint as an HF dir (train.export, export.json)
 
 Readers must not need torch: compare and plot import this module only.
 """
