@@ -122,18 +122,19 @@ def broadcast_object(obj, info: DistInfo):
 
 
 def shared_directory_problem(path: Path, info: DistInfo, wait_s: float = 5.0) -> str | None:
-    """None when every rank sees rank 0's files under `path` (one filesystem shared by all
-    nodes), else which rank on which host does not. Rank 0 writes a token file there and every
-    rank looks for it (for up to `wait_s`: NFS may cache a name's absence for a moment).
+    """None when every rank's `path` (each rank's own: spec paths may be relative, or mounted
+    elsewhere) is rank 0's directory, one filesystem shared by all nodes; else which rank on
+    which host does not see it. Rank 0 writes a token file there and every rank looks for it
+    in its own `path` (for up to `wait_s`: NFS may cache a name's absence for a moment).
     Collective; creates `path` on rank 0."""
     if not info.enabled:
         return None
-    token = None
+    name = None
     if info.is_main:
         path.mkdir(parents=True, exist_ok=True)
-        token = path / f".shared-check-{secrets.token_hex(8)}"
-        token.write_text(socket.gethostname())
-    token = Path(broadcast_object(str(token) if token else None, info))
+        name = f".shared-check-{secrets.token_hex(8)}"
+        (path / name).write_text(socket.gethostname())
+    token = path / broadcast_object(name, info)
     deadline = time.monotonic() + wait_s
     while not token.is_file() and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -145,7 +146,7 @@ def shared_directory_problem(path: Path, info: DistInfo, wait_s: float = 5.0) ->
     if not blind:
         return None
     r, host = blind[0]
-    return f"rank {r} on {host} cannot see rank 0's files in {path} ({len(blind)} of {info.world_size} ranks cannot)"
+    return f"rank {r} on {host} does not see rank 0's files in its {path} ({len(blind)} of {info.world_size} ranks)"
 
 
 def barrier(info: DistInfo) -> None:

@@ -167,3 +167,24 @@ def test_export_bad_input_is_one_line(sharded_run, tmp_path, args, message):
     assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["export", str(tmp_path)])
     assert res.exit_code == 2 and "is neither a run directory nor a checkpoint" in res.output
+
+
+def test_eval_reads_a_sharded_checkpoint_through_its_export(sharded_run, tmp_path):
+    """`gspo eval RUN` on a sharded checkpoint: one line saying which export to run, then
+    the exported directory for that step."""
+    import shutil
+
+    from helpers import TINY
+
+    from gspo_cli.errors import SpecError
+    from gspo_cli.eval.run import resolve_target
+    from gspo_cli.spec.loading import dump_spec, spec_from_dict
+
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run[0], run)
+    (run / "spec.yaml").write_text(dump_spec(spec_from_dict(TINY)))
+    with pytest.raises(SpecError, match=f"gspo export {run} --checkpoint step_000002"):
+        resolve_target(str(run))
+    assert CliRunner().invoke(app, ["export", str(run)]).exit_code == 0
+    target = resolve_target(str(run))
+    assert target.source == str(run / "model") and target.checkpoint == "step_000002"

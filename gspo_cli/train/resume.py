@@ -5,6 +5,7 @@ afresh; agreed by all ranks. Ranks other than 0 see the run directory read-only.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import torch
 
@@ -59,6 +60,8 @@ def decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistIn
     decision = distributed.broadcast_object(decision, info)
     if decision[0] == "error":
         raise SpecError(decision[1])
+    if decision[0] == "resume":  # this rank's own path to it (output_dir may be relative, or mounted elsewhere)
+        decision = ("resume", str(rd.checkpoints / Path(decision[1]).name))
     return decision
 
 
