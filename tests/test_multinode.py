@@ -24,23 +24,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_nodes(tmp_path, spec, out0, out1, timeout=600):
-    """Launch node 0 and node 1 (separate caches) and wait for both; their results."""
+def two_nodes(tmp_path, spec, out0, out1, timeout=900):
+    """Launch node 0 and node 1 (separate caches) and wait for both; (exit code, stderr) each."""
     port = free_port()
-    procs = []
+    procs, logs = [], []
     for node, out in ((0, out0), (1, out1)):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
         cmd += ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
         cmd += ["-m", "gspo_cli", "train", str(spec), "-o", str(out), "--quiet"]
         env = {**os.environ, "GSPO_CACHE_DIR": str(tmp_path / f"cache{node}")}
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
+        logs.append(open(tmp_path / f"node{node}-{spec.stem}.log", "w+"))  # files: a full pipe would block
+        procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:  # a timeout: leave nothing behind
+                p.kill()
+    out = []
+    for code, log in zip(codes, logs):
+        log.seek(0)
+        out.append((code, log.read()))
+        log.close()
+    return out
 
 
 def spec_file(tmp_path, name, steps, sharding="ddp"):
     raw = {
         **TINY,
-        "model": {**TINY["model"], "sharding": sharding},
+        # a short cold start: every test builds into its own empty caches
+        "model": {**TINY["model"], "sharding": sharding, "cold_start": {"steps": 10, "batch_size": 8, "lr": 1e-2}},
+        "task": {**TINY["task"], "eval_size": 2},
+        "rollout": {**TINY["rollout"], "max_new_tokens": 8},
         "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
         "train": {"steps": steps, "checkpoint_every": 1},
     }
