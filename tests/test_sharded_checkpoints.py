@@ -188,3 +188,20 @@ def test_eval_reads_a_sharded_checkpoint_through_its_export(sharded_run, tmp_pat
     assert CliRunner().invoke(app, ["export", str(run)]).exit_code == 0
     target = resolve_target(str(run))
     assert target.source == str(run / "model") and target.checkpoint == "step_000002"
+
+
+def test_export_of_a_whole_checkpoint_recasts_and_splits_it(tmp_path):
+    """A one-process checkpoint (an HF directory already) exports the same way: bf16 files."""
+    sys.path.insert(0, str(HERE / "dist"))
+    import ckpt_check
+
+    ckpt_check.main("save", str(tmp_path / "run"), str(tmp_path / "saved.pt"))
+    saved = torch.load(tmp_path / "saved.pt", weights_only=False)
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--dtype", "bfloat16", "--max-shard-gb", "0.00001"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "run/model"
+    assert len(list(out.glob("model-*.safetensors"))) > 1
+    got, model = _logits(out)
+    want, _ = _logits(saved["model"])
+    assert model.dtype == torch.bfloat16 and (got - want).abs().max() < 0.1
+    assert json.loads((out / "export.json").read_text())["step"] == 2
