@@ -138,15 +138,15 @@ def shared_directory_problem(path: Path, info: DistInfo, wait_s: float = 5.0) ->
     deadline = time.monotonic() + wait_s
     while not token.is_file() and time.monotonic() < deadline:
         time.sleep(0.5)
-    seen = gather_objects((token.is_file(), socket.gethostname()), info)
+    seen = gather_objects((token.is_file(), socket.gethostname(), str(path.absolute())), info)
     barrier(info)
     if info.is_main:
         token.unlink(missing_ok=True)
-    blind = [(r, host) for r, (ok, host) in enumerate(seen) if not ok]
+    blind = [(r, host, where) for r, (ok, host, where) in enumerate(seen) if not ok]
     if not blind:
         return None
-    r, host = blind[0]
-    return f"rank {r} on {host} does not see rank 0's files in its {path} ({len(blind)} of {info.world_size} ranks)"
+    r, host, where = blind[0]
+    return f"rank {r} on {host} does not see rank 0's files in its {where} ({len(blind)} of {info.world_size} ranks)"
 
 
 def barrier(info: DistInfo) -> None:
