@@ -74,7 +74,7 @@ def resolve_target(target: str, checkpoint: str | None = None) -> Target:
             raise SpecError(f"TARGET: run directory {target} has no checkpoints (checkpoints/step_*/)")
         else:
             chosen = dirs[-1]
-        return Target(str(_hf_weights(chosen, path)), path, chosen.name, load_spec(rd.spec_file))
+        return Target(str(rd.hf_weights(chosen)), path, chosen.name, load_spec(rd.spec_file))
     if checkpoint is not None:
         raise SpecError(f"--checkpoint: {target} is not a run directory (no spec.yaml)")
     if path.is_dir():
@@ -84,32 +84,13 @@ def resolve_target(target: str, checkpoint: str | None = None) -> Target:
             )
         run = path.parent.parent
         if path.parent.name == "checkpoints" and (run / "spec.yaml").is_file():
-            return Target(str(_hf_weights(path, run)), run, path.name, load_spec(run / "spec.yaml"))
+            return Target(str(RunDir(run).hf_weights(path)), run, path.name, load_spec(run / "spec.yaml"))
         return Target(str(path))
     if path.exists():
         raise SpecError(f"TARGET: {target} is a file; expected a run, checkpoint or model directory, or a model id")
     if target.startswith((".", "/", "~")):
         raise SpecError(f"TARGET: no such directory {target}")
     return Target(target)  # a hub id or builtin:<kind>; load_model says if it cannot be had
-
-
-def _hf_weights(ckpt: Path, run: Path) -> Path:
-    """Where transformers finds checkpoint `ckpt`'s weights: the checkpoint itself (a whole-model
-    one is an HF directory), or for a sharded one (FSDP: torch.distributed.checkpoint files)
-    the run's exported `model/` when it holds that step; else a SpecError saying how to export."""
-    if not (ckpt / "state" / ".metadata").is_file():
-        return ckpt
-    exported = run / "model"
-    try:
-        step = json.loads((exported / "export.json").read_text()).get("step")
-    except (OSError, ValueError):
-        step = None
-    if step is not None and ckpt.name == f"step_{int(step):06d}":
-        return exported
-    raise SpecError(
-        f"{ckpt}: a sharded checkpoint (FSDP); export it for transformers first: "
-        f"gspo export {run} --checkpoint {ckpt.name}"
-    )
 
 
 def resolve_run(target: str) -> Target:
