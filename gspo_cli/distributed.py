@@ -11,7 +11,11 @@ for every aggregation (`algorithms.aggregate`). Metrics are combined exactly by
 from __future__ import annotations
 
 import os
+import secrets
+import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -117,6 +121,34 @@ def broadcast_object(obj, info: DistInfo):
     return box[0]
 
 
+def shared_directory_problem(path: Path, info: DistInfo, wait_s: float = 5.0) -> str | None:
+    """None when every rank's `path` (each rank's own: spec paths may be relative, or mounted
+    elsewhere) is rank 0's directory, one filesystem shared by all nodes; else which rank on
+    which host does not see it. Rank 0 writes a token file there and every rank looks for it
+    in its own `path` (for up to `wait_s`: NFS may cache a name's absence for a moment).
+    Collective; creates `path` on rank 0."""
+    if not info.enabled:
+        return None
+    name = None
+    if info.is_main:
+        path.mkdir(parents=True, exist_ok=True)
+        name = f".shared-check-{secrets.token_hex(8)}"
+        (path / name).write_text(socket.gethostname())
+    token = path / broadcast_object(name, info)
+    deadline = time.monotonic() + wait_s
+    while not token.is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seen = gather_objects((token.is_file(), socket.gethostname(), str(path.absolute())), info)
+    barrier(info)
+    if info.is_main:
+        token.unlink(missing_ok=True)
+    blind = [(r, host, where) for r, (ok, host, where) in enumerate(seen) if not ok]
+    if not blind:
+        return None
+    r, host, where = blind[0]
+    return f"rank {r} on {host} does not see rank 0's files in its {where} ({len(blind)} of {info.world_size} ranks)"
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
@@ -178,22 +210,40 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo):
-    """(model state or None, optimizer state) to write a checkpoint, on every rank together
-    (gathering sharded weights is a collective). The model state is the full state dict on
-    rank 0 when sharded (None: the model's own is whole). The optimizer state is keyed by
-    parameter names, whole, on rank 0: it loads into any number of processes and shardings."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict:
+    """The optimizer state of a whole (unsharded) model, keyed by parameter names so that it
+    loads into any number of processes and shardings; a sharded model writes
+    `sharded_states` instead."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=info.enabled)
-    model_state = get_model_state_dict(model, options=opts) if is_sharded(model) else None
-    return model_state, get_optimizer_state_dict(model, optimizer, options=opts)
+    return get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def sharded_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model": ..., "optim": ...} keyed by parameter names, holding only this rank's slices
+    (DTensors) of a sharded model, whole tensors of an unsharded one: what
+    `torch.distributed.checkpoint` saves per rank, and the templates it loads into (it
+    reshards from whatever process count wrote the checkpoint). An optimizer that has not
+    stepped yet gets its state created first (a zero-gradient step at lr 0, torch's own
+    `_init_optim_state`), so that there is something to load into. Nothing is gathered."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def load_sharded_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, states: dict) -> None:
+    """Put `states` (`sharded_states`' layout, filled by `dcp.load`) into the model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a checkpoint's optimizer state: keyed by parameter names (`full_states`, whatever
-    the number of processes that wrote it), or by parameter index (checkpoints written before
-    gspo-cli 0.1's sharding support)."""
+    """Load a whole-model checkpoint's optimizer state: keyed by parameter names (`full_optimizer_state`,
+    whatever the number of processes that wrote it), or by parameter index (checkpoints written
+    before gspo-cli 0.1's sharding support)."""
     if state.get("state") and isinstance(next(iter(state["state"])), int):
         optimizer.load_state_dict(state)
         return

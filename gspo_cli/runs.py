@@ -14,7 +14,10 @@
                          first 4 groups), texts cut at 2000 characters
                          (gspo_cli.train.samples; `gspo samples RUN` shows them)
         run.json         status, versions, git commit, host, times, wall time per phase
-        checkpoints/step_XXXXXX/   HF model dir + trainer_state.pt, written atomically
+        checkpoints/step_XXXXXX/   written atomically (train.checkpoint): an HF model dir +
+                         trainer_state.pt, or with FSDP per-rank shards in state/ + config,
+                         tokenizer and trainer_state.pt
+        model/           FSDP runs: the final checkpoint as an HF dir (train.export, export.json)
 
 Readers must not need torch: compare and plot import this module only.
 """
@@ -32,7 +35,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-from gspo_cli.errors import GspoError
+from gspo_cli.errors import GspoError, SpecError
 from gspo_cli.files import iter_lines, read_text
 
 # What run.json's `status` holds (a collapse is recorded as "diverged", with its reason), and
@@ -188,6 +191,25 @@ class RunDir:
         if not self.checkpoints.is_dir():
             return []
         return sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+    def hf_weights(self, ckpt: Path) -> Path:
+        """Where transformers finds checkpoint `ckpt`'s weights: the checkpoint itself (a
+        whole-model one is an HF directory), or for a sharded one (FSDP: per-rank
+        torch.distributed.checkpoint files in state/) the run's exported `model/` when it holds
+        that step; else a SpecError saying which export to run."""
+        if not (ckpt / "state" / ".metadata").is_file():
+            return ckpt
+        exported = self.path / "model"
+        try:
+            step = json.loads((exported / "export.json").read_text()).get("step")
+        except (OSError, ValueError):
+            step = None
+        if step is not None and ckpt.name == f"step_{int(step):06d}":
+            return exported
+        raise SpecError(
+            f"{ckpt}: a sharded checkpoint (FSDP); export it for transformers first: "
+            f"gspo export {self.path} --checkpoint {ckpt.name}"
+        )
 
     def latest_checkpoint(self) -> Path | None:
         dirs = self.checkpoint_dirs()

@@ -210,7 +210,8 @@ def _fsdp_spec(tmp_path, steps, sharding):
 @pytest.mark.parametrize("first", ["fsdp", "one"])
 def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(tmp_path, first):
     """An FSDP run (routing replay on the sharded MoE, generation with sharded weights) writes
-    ordinary HF checkpoints; a 2-step FSDP run continues in 1 process and the reverse."""
+    sharded checkpoints and exports an HF directory at the end; a 2-step FSDP run continues
+    in 1 process and the reverse."""
     from transformers import AutoModelForCausalLM
 
     rd = RunDir(tmp_path / "out/e2e/grpo_rr/seed0")
@@ -227,7 +228,9 @@ def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(
     assert json.loads(res.stdout)[0]["status"] == "completed"  # one JSON document, however many processes
     assert rd.status() == "completed" and [m["step"] for m in rd.metrics()] == [1, 2]
     ckpt = rd.latest_checkpoint()
-    model = AutoModelForCausalLM.from_pretrained(ckpt)  # whole weights, loadable by transformers
+    assert (ckpt / "state/.metadata").is_file() == (first == "fsdp")  # per-rank shards, or an HF directory
+    hf = rd.path / "model" if first == "fsdp" else ckpt  # the FSDP run's export
+    model = AutoModelForCausalLM.from_pretrained(hf)  # whole weights, loadable by transformers
     assert sum(p.numel() for p in model.parameters()) > 10_000
     # the same run, 2 more steps: its spec differs only in train.steps, so move the finished
     # run aside as an unfinished one (status running) to continue it with the other world size

@@ -108,17 +108,18 @@ def test_train_reads_its_run_directory_through_the_same_reader(tmp_path):
     from gspo_cli.distributed import DistInfo
     from gspo_cli.runs import RunDir
     from gspo_cli.spec.loading import spec_from_dict
-    from gspo_cli.train.loop import _decide_start, run_spec
+    from gspo_cli.train.loop import run_spec
+    from gspo_cli.train.resume import decide_start
 
     spec = spec_from_dict({**SPEC, "output_dir": str(tmp_path)})
     rd = RunDir(tmp_path / "exp/grpo/seed0")
     binary(rd.info_file)
     with pytest.raises(SpecError, match=f"{rd.info_file}: not a UTF-8 text file"):
-        _decide_start(rd, run_spec(spec, spec.arms[0], 0), False, DistInfo())
+        decide_start(rd, run_spec(spec, spec.arms[0], 0), False, DistInfo())
     rd.info_file.write_text(json.dumps({"status": "completed"}))
     binary(rd.spec_file)
     with pytest.raises(SpecError, match=f"{rd.spec_file}: not a UTF-8 text file"):
-        _decide_start(rd, run_spec(spec, spec.arms[0], 0), False, DistInfo())
+        decide_start(rd, run_spec(spec, spec.arms[0], 0), False, DistInfo())
 
 
 def test_no_permission_is_one_line(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import typer
 
 from gspo_cli.cli.analysis import compare, list_runs, plot, report
 from gspo_cli.cli.eval import eval_
+from gspo_cli.cli.export import export
 from gspo_cli.cli.plan import plan
 from gspo_cli.cli.samples import samples
 from gspo_cli.cli.schema import schema
@@ -64,6 +65,7 @@ app.command()(train)
 app.command()(sweep)
 app.command(name="eval")(eval_)
 app.command()(plan)
+app.command()(export)
 # The commands that read run directories only: no torch import.
 app.command(name="list")(list_runs)
 app.command()(compare)

@@ -74,7 +74,7 @@ def resolve_target(target: str, checkpoint: str | None = None) -> Target:
             raise SpecError(f"TARGET: run directory {target} has no checkpoints (checkpoints/step_*/)")
         else:
             chosen = dirs[-1]
-        return Target(str(chosen), path, chosen.name, load_spec(rd.spec_file))
+        return Target(str(rd.hf_weights(chosen)), path, chosen.name, load_spec(rd.spec_file))
     if checkpoint is not None:
         raise SpecError(f"--checkpoint: {target} is not a run directory (no spec.yaml)")
     if path.is_dir():
@@ -84,7 +84,7 @@ def resolve_target(target: str, checkpoint: str | None = None) -> Target:
             )
         run = path.parent.parent
         if path.parent.name == "checkpoints" and (run / "spec.yaml").is_file():
-            return Target(str(path), run, path.name, load_spec(run / "spec.yaml"))
+            return Target(str(RunDir(run).hf_weights(path)), run, path.name, load_spec(run / "spec.yaml"))
         return Target(str(path))
     if path.exists():
         raise SpecError(f"TARGET: {target} is a file; expected a run, checkpoint or model directory, or a model id")

@@ -19,6 +19,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
 
+from gspo_cli import distributed
+from gspo_cli.distributed import DistInfo
 from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import Task
 from gspo_cli.tasks.base import TOKENIZER_SPECIALS, character_vocabulary
@@ -95,19 +97,45 @@ def cache_key(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig, task: 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+COMPLETE_MARK = "cold_start.json"  # written last: an entry without it was never finished
+
+
 def builtin_model_dir(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig, task: Task, log=print) -> Path:
-    """Path of the cold-started model for these settings, building it on first use."""
+    """Path of the cold-started model for these settings, building it on first use. A cache
+    entry is published whole (built in a temporary directory, checked, renamed); an
+    incomplete one (e.g. a tokenizer without weights, left by an older version) is rebuilt,
+    never returned."""
     target = cache_root() / "models" / f"{kind}-{cache_key(kind, size, cold, task)}"
-    if (target / "config.json").is_file():
+    if is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Parallel jobs (a sweep's first runs) wait for one builder instead of each spending the
     # cold start; the lock is advisory and released by the OS if the builder dies.
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").is_file():
+        if is_complete(target):
             return target
+        if target.exists():
+            log(f"cold start: {target} is incomplete (no weights or unfinished); rebuilding it")
+            _remove_entry(target)
         return _build_into(target, kind, size, cold, task, log)
+
+
+def is_complete(entry: Path) -> bool:
+    """Whether a cache entry holds everything a load needs: config, tokenizer, weights, and
+    the mark its builder writes last."""
+    return (
+        (entry / COMPLETE_MARK).is_file()
+        and (entry / "config.json").is_file()
+        and (entry / "tokenizer.json").is_file()
+        and any(entry.glob("*.safetensors"))
+    )
+
+
+def _remove_entry(entry: Path) -> None:
+    aside = entry.parent / f".broken-{entry.name}-{os.getpid()}"
+    os.rename(entry, aside)  # out of the way at once; deleting a large one takes a while
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _build_into(target: Path, kind, size, cold, task, log) -> Path:
@@ -115,19 +143,55 @@ def _build_into(target: Path, kind, size, cold, task, log) -> Path:
     try:
         t0 = time.time()
         model, tok, final_loss = _build_and_cold_start(kind, size, cold, task, log)
+        # transformers writes weights on global rank 0 only (should_save_on_this_rank); a
+        # cache is per node, and every node that builds must get its weights.
+        model.should_save_on_this_rank = lambda is_main_process: True
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "cold_start.json").write_text(
+        (tmp / COMPLETE_MARK).write_text(
             json.dumps({"steps": cold.steps, "final_loss": final_loss, "seconds": round(time.time() - t0, 1)})
         )
-        try:
-            os.rename(tmp, target)  # atomic: a concurrent builder either wins or finds ours
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+        publish_entry(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def publish_entry(tmp: Path, target: Path) -> None:
+    """Make the finished directory `tmp` the cache entry `target`, whole or not at all: a
+    `tmp` that is not complete is an error (a bug); a concurrent builder that published first
+    wins (same key, same recipe)."""
+    if not is_complete(tmp):
+        raise RuntimeError(f"{tmp}: built model is incomplete: {sorted(p.name for p in tmp.iterdir())}")
+    _fsync_tree(tmp)
+    try:
+        os.rename(tmp, target)  # atomic: a concurrent builder either wins or finds ours
+    except OSError:
+        if not is_complete(target):
+            raise
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in [*path.iterdir(), path]:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def entry_digest(entry: Path) -> str:
+    """sha256 over the entry's files (names and bytes), the cold-start timing record aside:
+    equal digests mean bit-equal models and tokenizers."""
+    h = hashlib.sha256()
+    for f in sorted(entry.iterdir()):
+        if f.is_file() and f.name != COMPLETE_MARK:
+            h.update(f.name.encode() + b"\0")
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
 
 
 def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
@@ -190,3 +254,35 @@ def _sft_batch(tok, prompts: list[str], targets: list[str]):
     lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
     attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     return ids, lab, attn
+
+
+def share_across_nodes(source: str | None, info: DistInfo) -> str:
+    """Every rank's path to rank 0's built-in model `source` (None off rank 0), for caches that
+    are per node (GSPO_CACHE_DIR on a local disk) or shared: each node's local rank 0 checks
+    its own cache entry against rank 0's digest and, when it is missing, incomplete or
+    different (built on other hardware), receives rank 0's files over the process group and
+    publishes them atomically. Ranks then load bit-identical models. Collective; the
+    built-in models are small (the whole entry passes through every rank's memory)."""
+    name, digest = distributed.broadcast_object(
+        (Path(source).name, entry_digest(Path(source))) if info.is_main else None, info
+    )
+    local = cache_root() / "models" / name
+    leader = os.environ.get("LOCAL_RANK", "0") == "0"
+    need = leader and not info.is_main and not (is_complete(local) and entry_digest(local) == digest)
+    if any(distributed.gather_objects(need, info)):
+        blob = {f.name: f.read_bytes() for f in Path(source).iterdir() if f.is_file()} if info.is_main else None
+        blob = distributed.broadcast_object(blob, info)
+        if need:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".recv-", dir=local.parent))
+            try:
+                for fname, data in blob.items():
+                    (tmp / fname).write_bytes(data)
+                if local.exists():
+                    _remove_entry(local)
+                publish_entry(tmp, local)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        del blob
+    distributed.barrier(info)
+    return str(source if info.is_main else local)

@@ -1,5 +1,20 @@
-"""Checkpoints: an HF model directory plus optimizer, scheduler and RNG state, written
-under a temporary name and renamed, so a crash never leaves a half-written checkpoint."""
+"""Resume checkpoints, written under a temporary name and renamed, so that a crash never
+leaves a half-written one (a checkpoint is complete when `trainer_state.pt` and
+`config.json` are in a `step_*` directory; a `.tmp-*` directory never counts).
+
+Two layouts, chosen by how the model is held:
+
+- whole model (one process, DDP): an HF model directory (float32 safetensors, config,
+  tokenizer) plus `trainer_state.pt` with the optimizer state keyed by parameter names,
+  scheduler and RNG state. Written by rank 0 alone, loadable by transformers as it is.
+- sharded model (FSDP): `state/`, a `torch.distributed.checkpoint` directory in which every
+  rank writes its own slices of the weights and AdamW state (one `__R_0.distcp` per rank and
+  a `.metadata`), plus config, tokenizer and `trainer_state.pt` (scheduler, RNG) from rank 0.
+  Nothing is gathered; loading reshards to any process count, sharded or not. transformers
+  cannot read it: `gspo export` (train.export) writes an HF directory from it.
+
+Either layout resumes with any process count and either sharding.
+"""
 
 from __future__ import annotations
 
@@ -11,65 +26,125 @@ from pathlib import Path
 
 import torch
 
-from gspo_cli.distributed import load_optimizer_state
+from gspo_cli import distributed
+from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError
 from gspo_cli.runs import RunDir
 
 STATE_FILE = "trainer_state.pt"
+SHARDED_DIR = "state"  # the torch.distributed.checkpoint directory of a sharded checkpoint
 
 
 def save_checkpoint(
     rd: RunDir,
     step: int,
     model,
+    optimizer,
     tokenizer,
-    optimizer_state: dict,
     scheduler,
     *,
+    info: DistInfo = DistInfo(),
     rng: random.Random,
     shuffle: torch.Generator,
     keep: int,
     dtype: str | None = None,
-    model_state: dict | None = None,
     extra: dict | None = None,
 ) -> Path:
-    """Write step `step`'s checkpoint: `model` (float32 master weights, saved as they are so a
-    resume continues exactly; `model_state` instead of the model's own when its weights are
-    sharded, see distributed.full_states) with `dtype` recorded in its config.json, so that
-    transformers loads it in the dtype the run computed in; the tokenizer; the optimizer
-    state (keyed by parameter names), scheduler and RNG state."""
-    rd.checkpoints.mkdir(parents=True, exist_ok=True)
+    """Write step `step`'s checkpoint, on every rank together (a sharded model's slices are
+    written by their own ranks). `model` holds float32 master weights, saved as they are so a
+    resume continues exactly; `dtype` is recorded in config.json so that transformers loads
+    it in the dtype the run computed in. A failure on any rank (disk full...) is a RunError on
+    every rank, and the previous checkpoints stay as they were."""
     final = rd.checkpoints / f"step_{step:06d}"
     tmp = rd.checkpoints / f".tmp-step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        model.save_pretrained(tmp, **({"state_dict": model_state} if model_state is not None else {}))
-        if dtype is not None:
-            _set_config_dtype(tmp / "config.json", dtype)
-        tokenizer.save_pretrained(tmp)
-        torch.save(
-            {
-                "step": step,
-                "optimizer": optimizer_state,
-                "scheduler": scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "python_rng": rng.getstate(),
-                "shuffle_rng": shuffle.get_state(),
-                **(extra or {}),
-            },
-            tmp / STATE_FILE,
-        )
-        _fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(rd.checkpoints)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"{final}: could not write checkpoint ({err.strerror or err})") from None
-    for old in valid_checkpoints(rd)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    sharded = distributed.is_sharded(model)
+    failure = None
+    if info.is_main:
+        failure = _guard(final, lambda: _fresh_dir(tmp))
+    failure = distributed.broadcast_object(failure, info)
+    optimizer_state = None
+    if failure is None and sharded:
+        failure = _save_shards(model, optimizer, tmp / SHARDED_DIR, final, info)
+    elif failure is None:
+        optimizer_state = distributed.full_optimizer_state(model, optimizer, info)
+    if info.is_main and failure is None:
+        state = {
+            "step": step,
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": rng.getstate(),
+            "shuffle_rng": shuffle.get_state(),
+            **(extra or {}),
+        }
+        if optimizer_state is not None:
+            state["optimizer"] = optimizer_state
+        failure = _guard(final, lambda: _finish(tmp, final, model, tokenizer, dtype, state, whole=not sharded))
+    failure = distributed.broadcast_object(failure, info)
+    if failure is not None:
+        if info.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(failure)
+    if info.is_main:
+        for old in valid_checkpoints(rd)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _guard(final: Path, write) -> str | None:
+    """None, or the one-line failure of `write` (an OSError: disk full, permissions)."""
+    try:
+        write()
+    except OSError as err:
+        return f"{final}: could not write checkpoint ({err.strerror or err})"
+    return None
+
+
+def _fresh_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def _save_shards(model, optimizer, where: Path, final: Path, info: DistInfo) -> str | None:
+    """Every rank writes its slices into `where` (torch.distributed.checkpoint; its files are
+    fsynced); None, or the first failure of any rank, the same on every rank."""
+    import torch.distributed.checkpoint as dcp
+
+    failure = None
+    try:
+        dcp.save(distributed.sharded_states(model, optimizer), checkpoint_id=str(where))
+    except Exception as err:  # DCP wraps a rank's OSError in CheckpointException
+        failure = f"{final}: could not write checkpoint ({_first_line(err)})"
+    return next((f for f in distributed.gather_objects(failure, info) if f), None)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    for marker in ("No space left on device", "Permission denied", "Read-only file system"):
+        if marker in text:
+            return marker
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _finish(tmp: Path, final: Path, model, tokenizer, dtype: str | None, state: dict, *, whole: bool) -> None:
+    """Rank 0: the HF weights (whole models) or only the config (sharded ones), tokenizer and
+    trainer state into `tmp`, fsync, then the rename that makes the checkpoint exist."""
+    if whole:
+        model.save_pretrained(tmp)
+    else:
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+    if dtype is not None:
+        _set_config_dtype(tmp / "config.json", dtype)
+    tokenizer.save_pretrained(tmp)
+    torch.save(state, tmp / STATE_FILE)
+    if (tmp / SHARDED_DIR).is_dir():
+        fsync_dir(tmp / SHARDED_DIR)
+    fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
 
 
 def _set_config_dtype(config_json: Path, dtype: str) -> None:
@@ -78,7 +153,8 @@ def _set_config_dtype(config_json: Path, dtype: str) -> None:
     config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync every file directly in `path`, then `path` itself (so a rename into it lasts)."""
     for f in [*path.iterdir(), path] if path.is_dir() else [path]:
         try:
             fd = os.open(f, os.O_RDONLY)
@@ -97,15 +173,55 @@ def valid_checkpoints(rd: RunDir) -> list[Path]:
     return [p for p in rd.checkpoint_dirs() if (p / STATE_FILE).is_file() and (p / "config.json").is_file()]
 
 
+def is_sharded_checkpoint(ckpt: Path) -> bool:
+    """Whether `ckpt` holds its weights as torch.distributed.checkpoint shards (no HF weights)."""
+    return (Path(ckpt) / SHARDED_DIR / ".metadata").is_file()
+
+
 def load_trainer_state(
-    ckpt: Path, model, optimizer, scheduler, *, rng: random.Random, shuffle: torch.Generator
+    ckpt: Path,
+    model,
+    optimizer,
+    scheduler,
+    *,
+    rng: random.Random,
+    shuffle: torch.Generator,
+    info: DistInfo = DistInfo(),
 ) -> dict:
-    """Restore optimizer (into `model`'s parameters, sharded or not), scheduler and every RNG
-    from `ckpt`; returns the raw state dict."""
-    state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
-    load_optimizer_state(model, optimizer, state["optimizer"])
+    """Restore optimizer, scheduler and every RNG from `ckpt`, on every rank together; from a
+    sharded checkpoint also the weights (a whole-model checkpoint's weights were loaded with
+    the model: `weights_to_load`). Any process count and sharding loads any checkpoint.
+    Returns the raw trainer state. A checkpoint this version cannot read (a layout from
+    another version) is a RunError naming it."""
+    try:
+        state = torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+    except Exception as err:
+        raise RunError(f"{ckpt}: unreadable checkpoint ({_first_line(err)}); move it aside to start over") from None
+    if is_sharded_checkpoint(ckpt):
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        states = distributed.sharded_states(model, optimizer)
+        try:
+            dcp.load(states, checkpoint_id=str(Path(ckpt) / SHARDED_DIR), no_dist=not dist.is_initialized())
+        except Exception as err:
+            raise RunError(f"{ckpt}: cannot load its sharded state ({_first_line(err)})") from None
+        distributed.load_sharded_states(model, optimizer, states)
+    elif "optimizer" in state:
+        distributed.load_optimizer_state(model, optimizer, state["optimizer"])
+    else:
+        raise RunError(f"{ckpt}: neither sharded state ({SHARDED_DIR}/) nor an optimizer state; cannot resume from it")
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     rng.setstate(state["python_rng"])
     shuffle.set_state(state["shuffle_rng"])
     return state
+
+
+def weights_to_load(ckpt: Path | None) -> str | None:
+    """The directory the model's weights come from when resuming from `ckpt`: the checkpoint
+    itself when it is an HF directory, None (the run's initial model, overwritten by
+    `load_trainer_state`) when it is sharded."""
+    if ckpt is None or is_sharded_checkpoint(ckpt):
+        return None
+    return str(ckpt)

@@ -8,28 +8,28 @@ evaluate and checkpoint on schedule, and stop cleanly on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import math
-import shutil
 import socket
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
 from gspo_cli.eval.scores import evaluate_policy
 from gspo_cli.models import resolve_model_source
-from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, truncate_jsonl, versions
+from gspo_cli.models.builtin import share_across_nodes
+from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
-from gspo_cli.spec.loading import check_stored_spec, dump_spec
+from gspo_cli.spec.loading import dump_spec
 from gspo_cli.tasks import Task, make_task
-from gspo_cli.train.checkpoint import load_trainer_state, save_checkpoint, valid_checkpoints
+from gspo_cli.train.checkpoint import save_checkpoint, weights_to_load
+from gspo_cli.train.export import export_checkpoint
 from gspo_cli.train.reporting import PlainReporter, Reporter, quiet_reporter
+from gspo_cli.train.resume import ReadOnlyRunDir, decide_start, restore
 from gspo_cli.train.sinks import check_sinks, make_sinks
-from gspo_cli.train.staleness import CHECKPOINT_KEY, StaleRollouts, check_supported
+from gspo_cli.train.staleness import StaleRollouts, check_supported
 from gspo_cli.train.step import Ctx, setup, train_step
 from gspo_cli.train.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
 
@@ -74,8 +74,18 @@ def train_experiment(
         reporter = quiet_reporter()
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
     source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
-    distributed.barrier(info)
-    source = source or resolve_model_source(spec.model, task, log=reporter.log)
+    if info.enabled and spec.model.name.startswith("builtin:"):
+        source = share_across_nodes(source, info)  # caches may be per node (no shared disk)
+    else:
+        distributed.barrier(info)
+        source = source or resolve_model_source(spec.model, task, log=reporter.log)
+    unshared = distributed.shared_directory_problem(Path(spec.output_dir), info)
+    if unshared and spec.model.sharding == "fsdp":
+        raise SpecError(
+            f"output_dir: {spec.output_dir} is not shared by all processes ({unshared}); with model.sharding: "
+            "fsdp every rank writes its checkpoint shards there and a resume reads them all: put it on a shared "
+            "filesystem"
+        )
     results = []
     with stop_on_signals() as stop:
         for arm in selected:
@@ -83,7 +93,16 @@ def train_experiment(
                 try:
                     results.append(
                         train_run(
-                            spec, arm, seed, task, source, reporter=reporter, force=force, stop=stop, dist_info=info
+                            spec,
+                            arm,
+                            seed,
+                            task,
+                            source,
+                            reporter=reporter,
+                            force=force,
+                            stop=stop,
+                            dist_info=info,
+                            unshared=unshared,
                         )
                     )
                 except (DivergedError, RunError, RunLockedError) as err:
@@ -120,12 +139,15 @@ def train_run(
     force: bool = False,
     stop: "StopFlag | None" = None,
     dist_info: DistInfo = DistInfo(),
+    unshared: str | None = None,
 ) -> RunResult:
     """Train one arm x seed into its run directory.
 
     A completed run is skipped (unless `force`); a run with a checkpoint is resumed from it
     with its optimizer and RNG state, metrics rewound to that step; anything else starts
     afresh. The model is loaded before any file is touched, so a bad model name costs nothing.
+    `unshared`: why the run directory is not one filesystem for all ranks (None: it is); such
+    a run trains (rank 0 writes everything) but cannot resume.
     """
     path = run_path(spec.output_dir, spec.name, arm.name, seed)
     # Only rank 0 writes the run directory (and holds its lock); the others read it.
@@ -136,72 +158,42 @@ def train_run(
             seed,
             task,
             source,
-            _ReadOnlyRunDir(path),
+            ReadOnlyRunDir(path),
             reporter=reporter,
             force=force,
             stop=stop,
             info=dist_info,
+            unshared=unshared,
         )
     with run_lock(path):
         return _train_locked(
-            spec, arm, seed, task, source, RunDir(path), reporter=reporter, force=force, stop=stop, info=dist_info
+            spec,
+            arm,
+            seed,
+            task,
+            source,
+            RunDir(path),
+            reporter=reporter,
+            force=force,
+            stop=stop,
+            info=dist_info,
+            unshared=unshared,
         )
 
 
-class _ReadOnlyRunDir(RunDir):
-    """What ranks other than 0 see: reads go to disk, writes go nowhere."""
-
-    def update_info(self, **fields):
-        return {**self.info(), **fields}
-
-    def log_metrics(self, record):
-        pass
-
-    def log_eval(self, record):
-        pass
-
-    def log_samples(self, records):
-        pass
-
-    def reset(self):
-        pass
-
-
-def _decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistInfo):
-    """'skip', or the checkpoint to resume from (None: from scratch), agreed by all ranks.
-
-    A completed run is skipped only if its spec.yaml is this spec; a completed or unfinished
-    run of another spec is a SpecError (exit 2) unless `force` (then it starts afresh)."""
-    decision: tuple = ("fresh", None)
-    if info.is_main:
-        try:
-            if rd.status() == "completed" and not force:
-                check_stored_spec(rd.path, own_spec, "completed")
-                decision = ("skip", None)
-            else:
-                ckpt = None if force else _resumable_checkpoint(rd, own_spec)
-                decision = ("resume", str(ckpt)) if ckpt else ("fresh", None)
-        except SpecError as err:
-            decision = ("error", str(err))
-    decision = distributed.broadcast_object(decision, info)
-    if decision[0] == "error":
-        raise SpecError(decision[1])
-    return decision
-
-
-def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force, stop, info) -> RunResult:
+def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force, stop, info, unshared) -> RunResult:
     name = f"{arm.name}/seed{seed}"
     own_spec = run_spec(spec, arm, seed)
-    kind, ckpt_path = _decide_start(rd, own_spec, force, info)
+    kind, ckpt_path = decide_start(rd, own_spec, force, info, unshared)
     if kind == "skip":
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
     ckpt = Path(ckpt_path) if ckpt_path else None
-    ctx = setup(spec, arm, seed, task, source, weights=ckpt_path, dist_info=info)
+    ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info)
     t_start = time.time()
     pending = None  # rollout.staleness 1: the batch the checkpoint pre-sampled for the next step
     if ckpt is not None:
-        start_step, pending = _restore(ctx, rd, ckpt)
+        start_step, pending = restore(ctx, rd, ckpt)
         reporter.log(f"[{name}] resuming from {ckpt.name}")
         rd.update_info(
             status="running",
@@ -262,34 +254,6 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
     return RunResult(arm.name, seed, str(rd.path), "completed", summary)
 
 
-def _resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
-    """The latest complete checkpoint of an unfinished run with the same spec, else None."""
-    if not rd.exists():
-        return None
-    ckpts = valid_checkpoints(rd)
-    if not ckpts:
-        return None
-    check_stored_spec(rd.path, own_spec, "unfinished")
-    return ckpts[-1]
-
-
-def _restore(ctx: "Ctx", rd: RunDir, ckpt) -> tuple[int, dict | None]:
-    state = load_trainer_state(ckpt, ctx.model, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle)
-    step = int(state["step"])
-    ctx.train_time = float(state.get("train_time", 0.0))
-    ctx.skipped = int(state.get("skipped", 0))
-    if ctx.dist.rank:  # the checkpoint holds rank 0's sampling RNG; others derive their own
-        torch.manual_seed(distributed.rank_seed(step, ctx.dist.rank))
-    if ctx.dist.is_main:
-        truncate_jsonl(rd.metrics_file, step)
-        truncate_jsonl(rd.eval_file, step)
-        truncate_jsonl(rd.samples_file, step)
-        for later in rd.checkpoint_dirs():  # checkpoints past the one we resume from are orphans
-            if later.name > ckpt.name:
-                shutil.rmtree(later, ignore_errors=True)
-    return step, state.get(CHECKPOINT_KEY)
-
-
 def _loop(
     ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, *, source, seed, pending
 ) -> dict:
@@ -305,6 +269,8 @@ def _loop(
         if start_step == 0:
             _evaluate(ctx, rd, eval_problems, step=0, sinks=sinks)
         _steps(ctx, rd, name, reporter, start_step, stop, eval_problems, sinks, stale)
+        if distributed.is_sharded(ctx.model):  # its checkpoints are shards: transformers needs a whole copy
+            export_checkpoint(rd.checkpoints / f"step_{steps:06d}", rd.path / "model", info=ctx.dist, step=steps)
     finally:
         if stale is not None:
             stale.close()  # on every way out: the worker is never left behind
@@ -348,31 +314,22 @@ def _steps(
 
 
 def _checkpoint(ctx: Ctx, rd: RunDir, step: int, extra: dict | None = None) -> None:
-    """Rank 0 writes the checkpoint (with `extra` in its trainer state); a failure (disk
-    full...) fails the run on every rank."""
-    failure = None
-    model_state, optimizer_state = distributed.full_states(ctx.model, ctx.optimizer, ctx.dist)  # every rank
-    if ctx.dist.is_main:
-        try:
-            save_checkpoint(
-                rd,
-                step,
-                ctx.model,
-                ctx.engine.tokenizer,
-                optimizer_state,
-                ctx.scheduler,
-                rng=ctx.rng,
-                shuffle=ctx.shuffle,
-                keep=ctx.spec.train.keep_checkpoints,
-                dtype=ctx.spec.model.dtype,
-                model_state=model_state,
-                extra={"train_time": ctx.train_time, "skipped": ctx.skipped, **(extra or {})},
-            )
-        except RunError as err:
-            failure = str(err)
-    failure = distributed.broadcast_object(failure, ctx.dist)
-    if failure is not None:
-        raise RunError(failure)
+    """Every rank together (a sharded model's ranks each write their own slices); a failure
+    (disk full...) fails the run on every rank."""
+    save_checkpoint(
+        rd,
+        step,
+        ctx.model,
+        ctx.optimizer,
+        ctx.engine.tokenizer,
+        ctx.scheduler,
+        info=ctx.dist,
+        rng=ctx.rng,
+        shuffle=ctx.shuffle,
+        keep=ctx.spec.train.keep_checkpoints,
+        dtype=ctx.spec.model.dtype,
+        extra={"train_time": ctx.train_time, "skipped": ctx.skipped, **(extra or {})},
+    )
 
 
 def _summary(rd: RunDir, steps: int) -> dict:
@@ -423,7 +380,3 @@ def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
     )
     for sink in sinks:
         sink.log({f"eval/{ctx.task.name}/{k}": v for k, v in scores.items()}, step)
-
-
-# ---------------------------------------------------------------------------------------
-# One step: the recipe
