@@ -45,6 +45,7 @@ from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_
 from gspo_cli.rollout.base import LogProbs, check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
+from gspo_cli.train.minibatch import minibatch_rows
 from gspo_cli.train.optim import make_optimizer
 from gspo_cli.train.sampling import dynamic_sampling, record_dynamic, shaped_rewards
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
@@ -231,8 +232,7 @@ def learn(
     route_mask_BT = _route_token_mask(batch)
     n_updates = skipped = 0
     for _ in range(arm.epochs):
-        order = torch.randperm(len(rewards_B), generator=ctx.shuffle)
-        for rows in order.chunk(arm.mini_batches):
+        for rows in minibatch_rows(len(rewards_B), arm.mini_batches, ctx.shuffle):  # torchrun: train/minibatch.py
             # Before the first update the current router is pi_old's: under r3 its own choices
             # against the engine's routes measure the engine/trainer routing gap instead.
             route_key = (
