@@ -414,7 +414,7 @@ def _update(
     stats.mean("policy/dropped_token_frac", float((response_bc & ~kept_bc).sum()), float(response_bc.sum()))
     record_update(stats, loss, loss_stats, extra, grad_norm, kept_bc.to(m_bc.dtype))
     record_logratio_var(stats, new.logp, old_logp_bc, kept_bc.to(m_bc.dtype), minibatch)
-    if routes_now is not None and route_key is not None:
+    if routes_now is not None and route_key is not None and mb_routes is not None:
         tokens_N = route_mask_BT[rows, lo:hi].reshape(-1)
         frac = expert_change_frac(routes_from_BT(mb_routes), routes_now, tokens_N)
         stats.mean(route_key, frac * tokens_N.sum().item(), tokens_N.sum().item())
