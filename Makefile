@@ -81,6 +81,14 @@ test-vllm: $(VLLM_STAMP)
 # results/paper_moe/REPORT.md. `make reproduce-tiny`: the earlier 16-expert study (paper_tiny and
 # its 4x learning-rate variant).
 .PHONY: reproduce-tiny
+# `make zoo`: the field's policy losses side by side on the quickstart's model and task
+# (experiments/zoo.yaml: GRPO, GRPO+R2, GSPO, DAPO, Dr. GRPO, CISPO, SAPO, GMPO x 3 seeds, ~40-50 min
+# on 2 cores by the quickstart's measured step time); resumable; writes results/zoo/REPORT.md.
+.PHONY: zoo
+zoo: setup
+	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
+	$(BIN)/gspo report results/zoo
+
 reproduce: setup
 	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
 	$(BIN)/gspo report results/paper_moe

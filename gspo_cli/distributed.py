@@ -102,6 +102,14 @@ def total(value: float, info: DistInfo) -> float:
     return float(t.item())
 
 
+def total_tensor(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """The elementwise sum of a (detached) tensor over all ranks, as a new tensor."""
+    out = t.detach().clone()
+    if info.enabled:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True on every rank when `flag` is true on any rank: a decision to stop, skip or
     diverge must be taken by all ranks together, or the others wait in the next collective."""

@@ -37,8 +37,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "fraction",
     ),
     "moe/engine_route_diff_frac": (
-        "routing_replay r3: share of (token, layer, slot) expert choices the trainer's router, at pi_old's "
-        "weights, makes differently from the rollout engine's routes, on the first mini-batch",
+        "routing_replay r3: share of (token, layer, slot) expert choices the trainer's router makes differently "
+        "from the rollout engine's routes, on the first mini-batch, before any update of the step: at the "
+        "sampling weights with rollout.staleness 0; with staleness 1 the trainer is one update ahead of the "
+        "weights that sampled, so it also counts that update's route drift",
         "fraction",
     ),
     "mismatch/weight_mean": (
@@ -55,7 +57,23 @@ METRICS: dict[str, tuple[str, str]] = {
         "mismatch correction: share of responses with at least one capped weight",
         "fraction",
     ),
-    "moe/aux_loss": ("router load-balancing loss, mean over mini-batches (only when router_aux_loss_coef > 0)", "loss"),
+    "moe/aux_loss": (
+        "router load-balancing loss of the whole mini-batch (all processes), mean over mini-batches "
+        "(only when router_aux_loss_coef > 0)",
+        "loss",
+    ),
+    "policy/dropped_token_frac": (
+        "share of response tokens the loss cannot move (weight 0 or out of its count: mismatch masks, token "
+        "filter, off-policy mask, overlong filter); clip fractions, ratio statistics and KL skip them",
+        "fraction",
+    ),
+    "policy/cov_selected_frac": (
+        "clip_cov / kl_cov: share of tokens selected by their cov(A, log pi) (detached / KL-penalised)",
+        "fraction",
+    ),
+    "rollout/dynamic_rounds": ("dynamic sampling: extra generation rounds this step", "rounds"),
+    "rollout/signal_group_frac": ("dynamic sampling: share of trained groups whose rewards differ", "fraction"),
+    "rollout/sampled_groups": ("dynamic sampling: groups generated this step, all rounds and processes", "groups"),
     "rollout/logprob_diff_mean": (
         "|sampler - trainer| log-prob of the sampled tokens, mean over response tokens "
         "(vLLM: every step; hf: every rollout.logprob_check_every steps)",
@@ -97,6 +115,7 @@ LOSS_STAT_KEYS = {
     "ratio_mean": ("policy/ratio_mean", "tokens"),
     "seq_ratio_mean": ("policy/seq_ratio_mean", "responses"),
     "approx_kl": ("policy/kl_old_k3", "tokens"),
+    "cov_frac": ("policy/cov_selected_frac", "tokens"),
 }
 
 
@@ -109,7 +128,8 @@ def describe(key: str) -> tuple[str, str]:
     if key.startswith("ratio/logvar_mb"):
         return (
             f"variance of token log(pi_theta / pi_old) over the response tokens of mini-batch {key[15:]} of the "
-            "step (0: the on-policy one)",
+            "step (0: the first; on-policy, ~0, only with rollout.staleness 0: with staleness 1 pi_old is the "
+            "weights that sampled, one update behind, so mini-batch 0 includes that update's drift)",
             "nats^2",
         )
     if key.startswith("ratio/logvar_len_"):

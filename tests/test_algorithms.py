@@ -292,6 +292,10 @@ def test_aggregation_modes_hand_computed():
     assert aggregate(values, mask, "seq_mean_token_mean").item() == approx((1.5 + 4.0) / 2)
     assert aggregate(values, mask, "token_mean").item() == approx((1 + 2 + 4) / 3)
     assert aggregate(values, mask, "seq_mean_token_sum").item() == approx((3 + 4) / 2)
+    # Dr. GRPO: every token summed over a constant, rows x max length (here the width 3)
+    assert aggregate(values, mask, "seq_mean_token_sum_norm").item() == approx((1 + 2 + 4) / (3 * 3))
+    assert aggregate(values, mask, "seq_mean_token_sum_norm", denominator=3 * 8).item() == approx(7 / 24)
+    assert aggregation_count(mask, "seq_mean_token_sum_norm", max_len=8).item() == 24.0
 
 
 @pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
@@ -299,8 +303,8 @@ def test_aggregation_masked_nan_and_empty(mode):
     values = torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     out = aggregate(values, mask, mode)
-    # one token per response, so all modes give (1 + 2) / 2
-    assert out.item() == approx(1.5)
+    # one token per response, so all modes give (1 + 2) / 2; Dr. GRPO divides by rows x width
+    assert out.item() == approx(0.75 if mode == "seq_mean_token_sum_norm" else 1.5)
     out.backward()
     assert torch.isfinite(values.grad).all()
     assert values.grad[0, 1] == 0 and values.grad[1, 0] == 0
@@ -431,7 +435,11 @@ def test_split_batch_with_global_denominator_averages_to_the_whole(mode):
     split.backward()
     assert torch.allclose(split, loss_whole, rtol=0, atol=1e-12)
     assert torch.allclose(halves.grad, whole.grad, rtol=0, atol=1e-12)
-    assert abs(float((own[0] + own[1]).detach() / 2 - loss_whole.detach())) > 1e-4  # what a per-process mean would give
+    gap = abs(float((own[0] + own[1]).detach() / 2 - loss_whole.detach()))  # what a per-process mean would give
+    if mode == "seq_mean_token_sum_norm":
+        assert gap < 1e-12  # Dr. GRPO's constant normaliser: halves already add up
+    else:
+        assert gap > 1e-4
 
 
 def test_aggregation_count_by_hand():

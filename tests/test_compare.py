@@ -116,6 +116,7 @@ def test_csv_columns_and_values(exp):
         "group",
         "seeds",
         "status",
+        "algorithm",
         "routing_replay",
         "mismatch",
         "reward_mean",
@@ -155,7 +156,7 @@ def test_run_without_metrics_yet(tmp_path):
     (d / "run.json").write_text('{"status": "running", "arm": "a", "seed": 0}')
     res = runner.invoke(app, ["compare", str(tmp_path), "-f", "markdown", "-m", "steps,reward"])
     assert res.exit_code == 0, res.output
-    assert "| a | 1 | running | — | — | 0 | — |" in res.stdout and "e/a/seed0: running at step 0/?" in res.stdout
+    assert "| a | 1 | running | — | — | — | 0 | — |" in res.stdout and "e/a/seed0: running at step 0/?" in res.stdout
 
 
 def test_globs_and_single_run_dirs(exp):

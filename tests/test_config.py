@@ -197,9 +197,11 @@ def test_clip_must_be_positive(field, value):
     assert "greater than 0" in line
 
 
-def test_clip_low_below_one():
+def test_clip_low_at_most_one():
     raw = base()
-    raw["arms"][0]["clip_low"] = 1.0
+    raw["arms"][0]["clip_low"] = 1.0  # no lower bound (CISPO's preset): ratios down to 0
+    assert spec_from_dict(raw).arms[0].clip_low == 1.0
+    raw["arms"][0]["clip_low"] = 1.5
     (line,) = spec_error(raw)
     assert line.startswith("arms[0].clip_low: ")
 

@@ -41,12 +41,14 @@ def source():
     return resolve_model_source(ModelConfig(**TINY["model"]), task, log=lambda m: None)
 
 
-def _run_update_check(tmp_path, source, aggregation, loss, world, sharding="ddp", checkpointing=False):
+def _run_update_check(
+    tmp_path, source, aggregation, loss, world, sharding="ddp", checkpointing=False, mini_batches=1, aux=0.0, emulate=1
+):
     raw = {
         **TINY,
         "output_dir": str(tmp_path / "out"),
         "train": {"steps": 1, "gradient_checkpointing": checkpointing},
-        "model": {**TINY["model"], "sharding": sharding},
+        "model": {**TINY["model"], "sharding": sharding, "router_aux_loss_coef": aux},
         "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
         "arms": [
             {
@@ -54,21 +56,22 @@ def _run_update_check(tmp_path, source, aggregation, loss, world, sharding="ddp"
                 "preset": "paper-grpo",
                 "loss": loss,
                 "aggregation": aggregation,
-                "mini_batches": 1,
+                "mini_batches": mini_batches,
                 "clip_low": 0.2,
                 "clip_high": 0.2,
             }
         ],
     }
-    name = f"{aggregation}-{loss}-{sharding}-{checkpointing}"
+    name = f"{aggregation}-{loss}-{sharding}-{checkpointing}-{mini_batches}-{aux}"
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump(raw))
-    out = tmp_path / f"{name}-{world}.pt"
+    out = tmp_path / f"{name}-{world}-{emulate}.pt"
     cmd = ([sys.executable] if world == 1 else TORCHRUN) + [
         str(HERE / "dist/update_check.py"),
         str(spec),
         source,
         str(out),
+        str(emulate),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -98,6 +101,33 @@ def test_fsdp_and_gradient_checkpointing_update_like_one_process(tmp_path, sourc
         _run_update_check(tmp_path, source, "token_mean", "grpo", 1),
         _run_update_check(tmp_path, source, "token_mean", "grpo", world, sharding, checkpointing),
     )
+
+
+def test_two_processes_with_two_mini_batches_update_like_one_on_the_same_rows(tmp_path, source):
+    """mini_batches 2 under DDP: each rank splits its own share (train/minibatch.py), so
+    mini-batch j is the union of the ranks' j-th chunks. One process given that split
+    (ddp_equivalent_rows) reproduces the two-process run: the gradient after the second,
+    off-policy update and every step metric (both updates' statistics, ratio/logvar_mb1)."""
+    one = _run_update_check(tmp_path, source, "token_mean", "grpo", 1, mini_batches=2, emulate=2)
+    two = _run_update_check(tmp_path, source, "token_mean", "grpo", 2, mini_batches=2)
+    assert "ratio/logvar_mb1" in one["metrics"]
+    _assert_same_update(one, two)
+
+
+@pytest.mark.xfail(
+    reason="known broken (2026-12-04 run): 2-rank gradients differ from 1 process (max diff 0.0139 vs "
+    "scale 0.0204) although global_load_balancing_loss matches transformers' value on one process "
+    "(test_zoo_step.py); not yet found",
+    strict=False,
+)
+def test_load_balancing_loss_is_the_whole_batch_under_ddp(tmp_path, source):
+    """router_aux_loss_coef > 0: the load-balancing loss (a product of two means) of 2 ranks is
+    the whole batch's, in value (moe/aux_loss) and gradient. Rank-local, it was not (review:
+    whole batch 2.152 vs mean of halves 2.218)."""
+    one = _run_update_check(tmp_path, source, "token_mean", "grpo", 1, aux=0.5)
+    two = _run_update_check(tmp_path, source, "token_mean", "grpo", 2, aux=0.5)
+    assert one["metrics"]["moe/aux_loss"] > 0
+    _assert_same_update(one, two)
 
 
 def _assert_same_update(one, two):

@@ -56,9 +56,9 @@ def test_compare_shows_replay_and_mismatch_as_arm_settings(exp):
     assert res.exit_code == 0, res.output
     groups = {g["group"]: g for g in json.loads(res.stdout)["groups"]}
     assert {k: g["settings"] for k, g in groups.items()} == {
-        "grpo": {"routing_replay": "off", "mismatch": "off"},
-        "grpo_r3": {"routing_replay": "r3", "mismatch": "off"},
-        "grpo_tis": {"routing_replay": "r3", "mismatch": "token_tis [0.5, 2]"},
+        "grpo": {"algorithm": "grpo · clip 0.2/0.27", "routing_replay": "off", "mismatch": "off"},
+        "grpo_r3": {"algorithm": "grpo · clip 0.2/0.27", "routing_replay": "r3", "mismatch": "off"},
+        "grpo_tis": {"algorithm": "grpo · clip 0.2/0.27", "routing_replay": "r3", "mismatch": "token_tis [0.5, 2]"},
     }
     tis = groups["grpo_tis"]["metrics"]
     assert tis["mismatch_weight"]["mean"] == pytest.approx(0.925) and tis["mismatch_weight"]["n"] == 2
@@ -66,11 +66,15 @@ def test_compare_shows_replay_and_mismatch_as_arm_settings(exp):
     assert tis["truncated"]["mean"] == pytest.approx(0.02)
     assert groups["grpo"]["metrics"]["mismatch_weight"]["n"] == 0
     md = runner.invoke(app, ["compare", str(exp), "-f", "markdown", "-m", "reward"]).stdout
-    assert md.startswith("| arm | seeds | status | routing replay | mismatch | reward (last 10) |")
-    assert "| grpo_tis | 2 | completed | r3 | token_tis [0.5, 2] | 0.5 ± 0 |" in md
+    assert md.startswith("| arm | seeds | status | algorithm | routing replay | mismatch | reward (last 10) |")
+    assert "| grpo_tis | 2 | completed | grpo · clip 0.2/0.27 | r3 | token_tis [0.5, 2] | 0.5 ± 0 |" in md
     by_replay = runner.invoke(app, ["compare", str(exp), "-f", "json", "-g", "routing_replay", "-m", "reward"])
     settings = {g["group"]: g["settings"] for g in json.loads(by_replay.stdout)["groups"]}
-    assert settings["routing_replay=r3"] == {"routing_replay": "r3", "mismatch": "off/token_tis [0.5, 2]"}
+    assert settings["routing_replay=r3"] == {
+        "algorithm": "grpo · clip 0.2/0.27",
+        "routing_replay": "r3",
+        "mismatch": "off/token_tis [0.5, 2]",
+    }
 
 
 def test_plot_draws_the_mismatch_metrics(exp):

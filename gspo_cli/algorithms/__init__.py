@@ -1,6 +1,8 @@
-"""RL objectives for GRPO vs GSPO: advantage estimators, aggregations, policy losses and
-rollout/trainer mismatch corrections."""
+"""RL objectives for GRPO vs GSPO and the field's variants: advantage estimators,
+aggregations, policy losses (registered by name), token/sequence filters and rollout/trainer
+mismatch corrections. Importing this package registers every loss."""
 
+from . import losses_cov, losses_gated, losses_sequence  # noqa: F401  (register their losses)
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
     get_advantage_estimator,
@@ -9,41 +11,70 @@ from .advantages import (
     register_advantage,
     zero_variance_group_frac,
 )
-from .aggregation import AGGREGATIONS, aggregate, aggregation_count, register_aggregation
-from .kl import kl_k3_BC
+from .aggregation import AGGREGATIONS, CONSTANT_LENGTH, aggregate, aggregation_count, register_aggregation
+from .filters import TOKEN_FILTERS, entropy_top_mask, off_policy_sequence_mask, overlong_penalty, signal_groups
+from .kl import LOG_RATIO_CLAMP, kl_k3_BC
 from .losses import (
-    LOG_RATIO_CLAMP,
+    LOSS_LEVELS,
     POLICY_LOSSES,
     get_policy_loss,
     grpo_loss,
     gspo_loss,
     gspo_token_loss,
+    loss_param_problems,
+    loss_params,
     register_policy_loss,
 )
-from .mismatch import MISMATCH_CORRECTIONS, Correction, correction_stats, get_mismatch_correction, register_mismatch
+from .losses_cov import clip_cov_loss, kl_cov_loss
+from .losses_gated import cispo_loss, sapo_loss
+from .losses_sequence import gmpo_loss, luspo_loss
+from .mismatch import (
+    MISMATCH_CORRECTIONS,
+    MISMATCH_LEVELS,
+    Correction,
+    correction_stats,
+    get_mismatch_correction,
+    register_mismatch,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
+    "CONSTANT_LENGTH",
     "Correction",
     "LOG_RATIO_CLAMP",
+    "LOSS_LEVELS",
     "MISMATCH_CORRECTIONS",
+    "MISMATCH_LEVELS",
     "POLICY_LOSSES",
+    "TOKEN_FILTERS",
     "aggregate",
     "aggregation_count",
+    "cispo_loss",
+    "clip_cov_loss",
     "correction_stats",
+    "entropy_top_mask",
     "get_advantage_estimator",
     "get_mismatch_correction",
     "get_policy_loss",
-    "kl_k3_BC",
+    "gmpo_loss",
     "grpo_advantages",
     "grpo_loss",
     "gspo_loss",
     "gspo_token_loss",
+    "kl_cov_loss",
+    "kl_k3_BC",
+    "loss_param_problems",
+    "loss_params",
+    "luspo_loss",
     "mean_only_advantages",
+    "off_policy_sequence_mask",
+    "overlong_penalty",
     "register_advantage",
     "register_aggregation",
     "register_mismatch",
     "register_policy_loss",
+    "sapo_loss",
+    "signal_groups",
     "zero_variance_group_frac",
 ]

@@ -5,7 +5,10 @@ the loss, which is one of the knobs that differ between GRPO variants:
 
 * ``seq_mean_token_mean``: the GRPO/GSPO paper's form, every response weighs 1/G.
 * ``token_mean``: DAPO-style, every token in the batch weighs the same.
-* ``seq_mean_token_sum``: Dr. GRPO-style sums, longer responses weigh more.
+* ``seq_mean_token_sum``: token sums per response, mean over responses; longer responses weigh more.
+* ``seq_mean_token_sum_norm``: Dr. GRPO (arXiv:2503.20783; verl ``seq-mean-token-sum-norm``):
+  every token's loss summed and divided by a constant, responses x max length, so neither a
+  response's length nor the batch's lengths rescale a token's gradient.
 
 Masked positions are removed with ``torch.where`` instead of a multiplication so
 that NaN/inf sitting in padding can neither poison the value (0 * NaN = NaN) nor
@@ -78,6 +81,21 @@ def seq_mean_token_sum(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[
     return _over_nonempty(vals_BC.sum(dim=-1), keep_BC.sum(dim=-1))
 
 
+@register_aggregation("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(values_BC: torch.Tensor, mask_BC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO: (sum over tokens, rows x C). The constant is the maximum response length times
+    the responses (every row, empty or not: Dr. GRPO divides by G); the mask's width C stands
+    in for the maximum length here; the trainer passes rows x rollout.max_new_tokens as the
+    ``denominator`` (``aggregation_count(..., max_len=)``), since a mini-batch's C is trimmed."""
+    vals_BC, _ = _masked_zero(values_BC, mask_BC)
+    B, C = values_BC.shape
+    return vals_BC.sum(), torch.tensor(float(B * C), dtype=vals_BC.dtype, device=vals_BC.device)
+
+
+# Aggregations whose count is a constant length x responses, not a count of the mask's tokens.
+CONSTANT_LENGTH = frozenset({"seq_mean_token_sum_norm"})
+
+
 def _lookup(mode: str) -> AggregationFn:
     try:
         return AGGREGATIONS[mode]
@@ -103,7 +121,11 @@ def aggregate(
     return total / (count.clamp(min=1) if denominator is None else denominator)
 
 
-def aggregation_count(mask_BC: torch.Tensor, mode: str) -> torch.Tensor:
-    """The count ``aggregate`` divides by for ``mode`` (tokens or non-empty responses), 0-d float."""
+def aggregation_count(mask_BC: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
+    """The count ``aggregate`` divides by for ``mode`` (tokens or non-empty responses), 0-d float.
+    For a ``CONSTANT_LENGTH`` mode, ``max_len`` (the longest possible response) replaces the
+    mask's width: rows x max_len."""
     mask_f = (mask_BC > 0).to(torch.float64)
+    if mode in CONSTANT_LENGTH and max_len is not None:
+        return torch.tensor(float(mask_BC.shape[0] * max_len), dtype=torch.float64)
     return _lookup(mode)(torch.zeros_like(mask_f), mask_f)[1]

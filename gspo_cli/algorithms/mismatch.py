@@ -24,6 +24,17 @@ correction drops, ``truncated_BC`` tokens whose weight was capped at ``high``. A
 bounds its rule names and no other (the token/sequence TIS modes have no lower bound: ``low``
 is accepted, so all modes share one signature, and unused).
 
+Rejected tokens and the loss's count: a mask mode's dropped tokens (``masked_BC``) leave the
+aggregation's denominator by default (``mismatch.rejected: drop``, as verl's rejection sampling,
+which removes them from the response mask), so the step does not shrink with the acceptance
+rate; ``rejected: zero`` keeps them in the count at weight 0 (the earlier behaviour). Either
+way the loss's statistics skip them (weight 0; ``ratios.stats_mask``).
+
+Token modes (``token_tis``, ``token_mask``) need a token-level loss: under GSPO's sequence
+ratio a token weight only rescales the response by its mean weight, and a masked token still
+drives the sequence ratio and its clip decision, so the spec refuses them with sequence-level
+losses and points to ``seq_tis`` / ``seq_mask`` / ``geo_mask`` or ``gspo_token``.
+
 Sequence modes: ``seq_tis`` / ``seq_mask`` use the *product* of the token ratios over the
 response (exp of the summed log-ratio, as TRL's and verl's sequence IS); ``geo_mask`` uses the
 geometric mean (exp of the mean log-ratio, GSPO's length normalisation, SkyRL's and verl's
@@ -52,15 +63,19 @@ class Correction(NamedTuple):
 MismatchFn = Callable[..., Correction]
 
 MISMATCH_CORRECTIONS: dict[str, MismatchFn] = {}
+# "token": the weight varies within a response (needs a token-level loss to mean anything);
+# "sequence": one weight per response (composes with sequence-level losses such as GSPO).
+MISMATCH_LEVELS: dict[str, str] = {}
 
 
-def register_mismatch(name: str) -> Callable[[MismatchFn], MismatchFn]:
-    """Decorator adding ``fn`` to ``MISMATCH_CORRECTIONS`` under ``name``."""
+def register_mismatch(name: str, level: str = "token") -> Callable[[MismatchFn], MismatchFn]:
+    """Decorator adding ``fn`` to ``MISMATCH_CORRECTIONS`` under ``name``, with its ``level``."""
 
     def deco(fn: MismatchFn) -> MismatchFn:
         if name in MISMATCH_CORRECTIONS:
             raise ValueError(f"mismatch correction {name!r} registered twice")
         MISMATCH_CORRECTIONS[name] = fn
+        MISMATCH_LEVELS[name] = level
         return fn
 
     return deco
@@ -133,7 +148,7 @@ def token_mask(trainer_logp_BC, engine_logp_BC, mask_BC, *, low: float, high: fl
     return _mask(ratio_BC, ratio_BC, keep_BC, low, high)
 
 
-@register_mismatch("seq_tis")
+@register_mismatch("seq_tis", level="sequence")
 def seq_tis(trainer_logp_BC, engine_logp_BC, mask_BC, *, low: float, high: float) -> Correction:
     """Sequence truncated IS: every token of response i gets min(Π_t ρ_{i,t}, high). `low` unused."""
     del low
@@ -141,7 +156,7 @@ def seq_tis(trainer_logp_BC, engine_logp_BC, mask_BC, *, low: float, high: float
     return _truncate(_seq_log_ratio_BC(lr_BC, keep_BC, mean=False).exp(), keep_BC, high)
 
 
-@register_mismatch("seq_mask")
+@register_mismatch("seq_mask", level="sequence")
 def seq_mask(trainer_logp_BC, engine_logp_BC, mask_BC, *, low: float, high: float) -> Correction:
     """Sequence mask: response i keeps weight Π_t ρ_{i,t} if that product is in [low, high],
     else all its tokens are dropped."""
@@ -150,7 +165,7 @@ def seq_mask(trainer_logp_BC, engine_logp_BC, mask_BC, *, low: float, high: floa
     return _mask(ratio_BC, ratio_BC, keep_BC, low, high)
 
 
-@register_mismatch("geo_mask")
+@register_mismatch("geo_mask", level="sequence")
 def geo_mask(trainer_logp_BC, engine_logp_BC, mask_BC, *, low: float, high: float) -> Correction:
     """Geometric-mean sequence mask (rejection): response i is dropped unless
     exp(mean_t log ρ_{i,t}) is in [low, high]; kept responses weigh 1 (no reweighting)."""

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gspo_cli.analysis.arm_settings import SETTINGS, arm_settings
 from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, seed_stats
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS
@@ -94,44 +95,6 @@ def eval_value(run: Run, task: str, which: str) -> float:
     if ev.empty:
         return math.nan
     return float(ev.score.max() if which == "best" else ev.score.iloc[-1])
-
-
-# --------------------------------------------------------------------------- arm settings
-
-
-def _replay(arm: dict) -> str:
-    return str(arm.get("routing_replay", "off"))
-
-
-def _mismatch(arm: dict) -> str:
-    m = arm.get("mismatch") or {}
-    mode, low, high = str(m.get("mode", "off")), m.get("low"), m.get("high")
-    if mode == "off" or not all(isinstance(v, (int, float)) for v in (low, high)):
-        return mode
-    return f"{mode} [{low:g}, {high:g}]"
-
-
-# Arm settings every comparison shows beside its numbers (from spec.yaml; a spec written
-# before a field existed shows its default): id -> (header, value from the run's arm).
-SETTINGS: dict[str, tuple[str, Callable[[dict], str]]] = {
-    "routing_replay": ("routing replay", _replay),
-    "mismatch": ("mismatch", _mismatch),
-}
-
-
-def arm_settings(runs: list[Run]) -> dict[str, str]:
-    """Each SETTINGS value of these runs' arms; values that differ between runs are joined by '/';
-    a run without a spec.yaml (or without arms in it) shows '—'."""
-    out = {}
-    for sid, (_, fn) in SETTINGS.items():
-        vals = dict.fromkeys(fn(arm) if (arm := _arm_of(r)) is not None else "—" for r in runs)
-        out[sid] = "/".join(vals)
-    return out
-
-
-def _arm_of(run: Run) -> dict | None:
-    arms = [a for a in run.spec.get("arms") or [] if isinstance(a, dict)]
-    return next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else None)
 
 
 # --------------------------------------------------------------------------- columns

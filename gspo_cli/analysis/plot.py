@@ -72,7 +72,9 @@ FIGURES: dict[str, FigureSpec] = {
     ),
     "expert_change": FigureSpec("moe/expert_change_frac", "MoE expert change (π_old vs π_θ)", "changed expert choices"),
     "engine_route_diff": FigureSpec(
-        "moe/engine_route_diff_frac", "MoE routes: engine vs trainer (R3, before updates)", "differing expert choices"
+        "moe/engine_route_diff_frac",
+        "MoE routes: engine vs trainer (R3, before the step's updates)",
+        "differing expert choices",
     ),
     "mismatch": FigureSpec(
         "mismatch/weight_mean", "Mismatch correction: mean IS weight (π_old / π_engine)", "mean loss weight"
@@ -106,7 +108,7 @@ PROFILES: dict[str, tuple[str, str, str]] = {
     "logvar_minibatch": (
         "ratio/logvar_mb",
         "Token log-ratio variance by mini-batch",
-        "mini-batch index within the step (0: on-policy)",
+        "mini-batch index within the step (0: on-policy at rollout.staleness 0)",
     ),
 }
 

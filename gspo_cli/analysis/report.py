@@ -122,11 +122,28 @@ def welch_diff(a: list[float], b: list[float], name_a: str = "a", name_b: str = 
     return Diff(name_a, name_b, delta, t975(max(1, int(math.floor(df)))) * math.sqrt(se2), len(x), len(y))
 
 
+def _paper_shaped(arm: dict) -> bool:
+    """Whether an arm is one of the GSPO paper's algorithms: no other variant's aggregation,
+    advantage, loss parameters, token filter, off-policy mask, overlong handling or dynamic
+    sampling (a DAPO arm's loss is `grpo` too, but it is not the paper's GRPO)."""
+    over = arm.get("overlong") or {}
+    return (
+        arm.get("aggregation", "seq_mean_token_mean") == "seq_mean_token_mean"
+        and arm.get("advantage", "grpo") == "grpo"
+        and not arm.get("loss_params")
+        and (arm.get("token_filter") or {}).get("entropy_top") is None
+        and arm.get("off_policy_mask") is None
+        and not over.get("filter")
+        and not over.get("buffer_frac")
+        and not (arm.get("dynamic_sampling") or {}).get("max_rounds")
+    )
+
+
 def arm_role(run: Run) -> str | None:
     arms = run.spec.get("arms") or []
     arm = next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else {})
     loss = arm.get("loss")
-    if str((arm.get("mismatch") or {}).get("mode", "off")) != "off":
+    if str((arm.get("mismatch") or {}).get("mode", "off")) != "off" or not _paper_shaped(arm):
         return None
     replay = str(arm.get("routing_replay", "off")) not in ("off", "False", "None")
     if loss == "grpo":

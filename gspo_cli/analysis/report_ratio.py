@@ -45,6 +45,11 @@ def offpolicy_logvar(run: Run) -> float:
     return float(per_step.mean()) if len(per_step) else math.nan
 
 
+def run_staleness(run: Run) -> int:
+    """The run's rollout.staleness (0 for specs from before the field)."""
+    return int(((run.spec or {}).get("rollout") or {}).get("staleness") or 0)
+
+
 def _seed_mean(group: Group, fn: Callable[[Run], float]) -> float:
     vals = [v for v in (fn(r) for r in group.runs) if math.isfinite(v)]
     return float(np.mean(vals)) if vals else math.nan
@@ -57,11 +62,18 @@ def diagnostic_lines(groups: list[Group]) -> list[str]:
     lens, mbs = _buckets(runs, LEN_PREFIX), _buckets(runs, MB_PREFIX)
     if not lens and not mbs:
         return []
+    stale = sorted({r.arm for r in runs if run_staleness(r) > 0})
+    mb0 = (
+        "0 is the first; it is on-policy only at rollout.staleness 0, and these arms sample one update behind "
+        f"(staleness 1: {', '.join(stale)}), so their mini-batch 0 already includes one update's drift"
+        if stale
+        else "0 is on-policy"
+    )
     out = [
         "## Ratio diagnostic",
         "",
         "Variance of token log(π_θ/π_old) over response tokens (nats², mean over steps, then over seeds): "
-        "by response length and by mini-batch index within the step (0 is on-policy; later mini-batches "
+        f"by response length and by mini-batch index within the step ({mb0}; later mini-batches "
         "are further off-policy). GSPO's argument: token-level ratios carry noise that grows with length "
         "and with staleness.",
         "",

@@ -110,6 +110,7 @@ class LogProbs:
     logp: torch.Tensor  # (B, C) float32; values on padding are meaningless: callers mask
     entropy: torch.Tensor | None = None  # (B, C) per-token entropy, when asked for
     aux_loss: torch.Tensor | None = None  # MoE router load-balancing loss, when the model computes it
+    router_logits: tuple | None = None  # MoE: per layer (B*T, E), when the model returns them (aux loss on)
 
 
 # Largest float32 logits (rows x vocab x 4 bytes) one chunk of `response_logprobs` builds:
@@ -210,7 +211,12 @@ def _logprobs_whole(model, batch: RolloutBatch, temperature: float, with_entropy
     logprobs = torch.log_softmax(logits, dim=-1)
     logp_BC = logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     ent_BC = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
-    return LogProbs(logp=logp_BC, entropy=ent_BC, aux_loss=getattr(out, "aux_loss", None))
+    return LogProbs(
+        logp=logp_BC,
+        entropy=ent_BC,
+        aux_loss=getattr(out, "aux_loss", None),
+        router_logits=getattr(out, "router_logits", None),
+    )
 
 
 def logprob_gaps(engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:

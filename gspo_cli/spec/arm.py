@@ -1,5 +1,6 @@
-"""`arms:` one algorithm per arm with every setting that defines it (loss, clip range,
-aggregation, mini-batches, routing replay, advantage estimator, mismatch correction)."""
+"""`arms:` one algorithm per arm with every setting that defines it (loss and its parameters,
+clip range, aggregation, mini-batches, routing replay, advantage estimator, mismatch
+correction, token filters, off-policy mask, overlong handling, dynamic sampling)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ class MismatchConfig(_Strict):
     mode: str = Field("off", description="off, or a correction registered in gspo_cli.algorithms.MISMATCH_CORRECTIONS")
     low: float = Field(0.5, ge=0, le=1, description="mask modes: drop below this ratio")
     high: float = Field(2.0, ge=1, description="truncate modes: cap; mask modes: drop above this ratio")
+    rejected: Literal["drop", "zero"] = Field(
+        "drop",
+        description="mask modes: drop: rejected tokens leave the loss's count (verl's rejection sampling); "
+        "zero: they stay in it at weight 0",
+    )
 
     @model_validator(mode="after")
     def _check(self):
@@ -26,13 +32,48 @@ class MismatchConfig(_Strict):
         return self
 
 
+class TokenFilterConfig(_Strict):
+    """Which response tokens carry gradient (gspo_cli.algorithms.filters); token-level losses only."""
+
+    entropy_top: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="80/20 rule: only this share of highest-entropy tokens (pi_old's entropy, over the "
+        "rollout batch) carries gradient; paper 0.2",
+    )
+
+
+class OverlongConfig(_Strict):
+    """DAPO's treatment of responses near or past rollout.max_new_tokens."""
+
+    filter: bool = Field(False, description="truncated responses (no EOS) leave the loss and its count")
+    buffer_frac: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="soft punishment: the last buffer_frac x max_new_tokens tokens ramp the reward down "
+        "to -penalty (DAPO: 4096 of 20480, 0.2); 0: off",
+    )
+    penalty: float = Field(1.0, ge=0, description="soft punishment at the maximum length")
+
+
+class DynamicSamplingConfig(_Strict):
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts
+    until the batch holds rollout.prompts_per_step groups with signal."""
+
+    max_rounds: int = Field(0, ge=0, description="extra generation rounds at most per step; 0: off")
+
+
 class ArmConfig(_Strict):
     """One arm of the experiment: an algorithm with every setting that defines it."""
 
     name: str = Field(description="arm name: the run directory <experiment>/<arm>/")
     preset: str | None = Field(None, description="fill the other fields from this preset first")
     loss: str = Field(description="a policy loss registered in gspo_cli.algorithms.POLICY_LOSSES")
-    clip_low: float = Field(gt=0, lt=1, description="epsilon_low: ratios below 1 - clip_low are clipped")
+    clip_low: float = Field(
+        gt=0, le=1, description="epsilon_low: ratios below 1 - clip_low are clipped (1.0: no lower bound)"
+    )
     clip_high: float = Field(gt=0, description="epsilon_high: ratios above 1 + clip_high are clipped")
     aggregation: str = Field("seq_mean_token_mean", description="registered in gspo_cli.algorithms.AGGREGATIONS")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per rollout batch (all but the first off-policy)")
@@ -44,6 +85,18 @@ class ArmConfig(_Strict):
     advantage: str = Field("grpo", description="registered in gspo_cli.algorithms.ADVANTAGE_ESTIMATORS")
     adv_eps: float = Field(1e-6, ge=0, description="added to the group std before dividing")
     mismatch: MismatchConfig = Field(MismatchConfig(), description="rollout/trainer mismatch correction")
+    loss_params: dict[str, float] = Field(
+        default_factory=dict,
+        description="the loss's own keyword parameters (e.g. sapo: tau_pos, tau_neg); defaults: the paper's",
+    )
+    token_filter: TokenFilterConfig = TokenFilterConfig()
+    off_policy_mask: float | None = Field(
+        None,
+        ge=0,
+        description="DeepSeek-V3.2: drop responses with A < 0 whose mean log(pi_old / pi_theta) exceeds this delta",
+    )
+    overlong: OverlongConfig = OverlongConfig()
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
     @field_validator("name")
     @classmethod

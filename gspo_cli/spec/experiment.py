@@ -123,6 +123,17 @@ def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str
             f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the trainer's forward of the sampling "
             "weights, which rollout.staleness: 1 does not keep; use staleness 0"
         )
+    if arm.dynamic_sampling.max_rounds:
+        if rollout.staleness:
+            problems.append(
+                f"arms[{i}].dynamic_sampling.max_rounds: resampling happens inside the step, and "
+                "rollout.staleness: 1 samples in a worker ahead of it; use staleness 0"
+            )
+        if arm.routing_replay == "r3":
+            problems.append(
+                f"arms[{i}].dynamic_sampling.max_rounds: batches of several rounds carry no single set of "
+                "engine routes for r3; use routing_replay r2"
+            )
     if arm.routing_replay == "r3" and hf_without:
         problems.append(
             f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "
@@ -161,6 +172,31 @@ def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
                 f"arms[{i}].mismatch.mode: unknown mismatch correction {arm.mismatch.mode!r}"
                 f"{_did_you_mean(arm.mismatch.mode, modes)}; known: {', '.join(modes)}"
             )
+        if arm.loss in algorithms.POLICY_LOSSES:
+            problems += [
+                f"arms[{i}].loss_params.{p}" for p in algorithms.loss_param_problems(arm.loss, arm.loss_params)
+            ]
+            problems += _composition_problems(i, arm, algorithms)
+    return problems
+
+
+def _composition_problems(i: int, arm: ArmConfig, algorithms) -> list[str]:
+    """What does not compose with a sequence-level loss (GSPO, LUSPO, GMPO): a response's tokens
+    share one ratio there, so a per-token weight only rescales the whole response by its mean
+    and a dropped token still drives the ratio and its clip decision."""
+    if algorithms.LOSS_LEVELS[arm.loss] != "sequence":
+        return []
+    why = (
+        f"{arm.loss} couples a response's tokens through one sequence ratio, so a token cannot be dropped or reweighted"
+    )
+    problems = []
+    if algorithms.MISMATCH_LEVELS.get(arm.mismatch.mode) == "token":
+        problems.append(
+            f"arms[{i}].mismatch.mode: {arm.mismatch.mode} weights single tokens and {why}; "
+            "use seq_tis, seq_mask or geo_mask, or loss gspo_token"
+        )
+    if arm.token_filter.entropy_top is not None:
+        problems.append(f"arms[{i}].token_filter.entropy_top: {why}; use a token-level loss (gspo_token, grpo, ...)")
     return problems
 
 

@@ -33,7 +33,13 @@ def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
                     f"known: {', '.join(PRESETS)}"
                 )
                 continue
-            arm = {**PRESETS[preset], **arm}
+            base = PRESETS[preset]
+            # A section the arm sets (loss_params, overlong, ...) extends the preset's, key by key.
+            merged = {
+                k: {**base[k], **v} if isinstance(base.get(k), dict) and isinstance(v, dict) else v
+                for k, v in arm.items()
+            }
+            arm = {**base, **merged}
         out.append(arm)
     if problems:
         raise SpecError("\n".join(problems))

@@ -21,32 +21,31 @@ import torch
 
 from gspo_cli import distributed
 from gspo_cli.algorithms import (
+    CONSTANT_LENGTH,
     aggregate,
     aggregation_count,
-    correction_stats,
     get_advantage_estimator,
     get_mismatch_correction,
     get_policy_loss,
     kl_k3_BC,
+    off_policy_sequence_mask,
 )
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
-from gspo_cli.metrics import MISMATCH_STAT_KEYS
 from gspo_cli.models import compute_context, load_model
-from gspo_cli.models.routing import (
-    RoutingController,
-    UnsupportedRoutingError,
-    expert_change_frac,
-    routes_from_BT,
-    routes_to_BT,
-)
+from gspo_cli.models.aux_loss import router_aux_loss
+from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError, expert_change_frac, routes_from_BT
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
-from gspo_cli.rollout.base import LogProbs, check_due
+from gspo_cli.rollout.base import check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
+from gspo_cli.train.minibatch import minibatch_rows
+from gspo_cli.train.old_policy import old_policy
 from gspo_cli.train.optim import make_optimizer
 from gspo_cli.train.samples import sample_records, samples_due
+from gspo_cli.train.sampling import dynamic_sampling, record_dynamic, shaped_rewards
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
+from gspo_cli.train.token_weights import token_weights
 
 
 @dataclass
@@ -158,30 +157,45 @@ def train_step(ctx: Ctx, step: int) -> dict:
     G = spec.rollout.group_size
     t0 = time.time()
 
-    # 1. Rollout: G samples per prompt from the current policy (= pi_old for this step).
-    # Every rank draws the same global prompt list and keeps its share (whole groups).
-    problems = distributed.shard(ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step), ctx.dist)
-    with ctx.compute():
-        batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
-    t1 = time.time()
+    # 1-2. Rollout and reward: G samples per prompt from the current policy (= pi_old for this
+    # step). Every rank draws the same global prompt list and keeps its share (whole groups).
+    times = {"time/rollout_s": 0.0, "time/score_s": 0.0}
 
-    # 2. Reward.
-    scores = ctx.task.score_batch([problems[i // G] for i in range(len(batch.completions))], batch.completions)
-    t2 = time.time()
-    return learn(ctx, batch, scores, step, times={"time/rollout_s": t1 - t0, "time/score_s": t2 - t1}, t0=t0)
+    def sample():
+        t = time.time()
+        problems = distributed.shard(ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step), ctx.dist)
+        with ctx.compute():
+            batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
+        t1 = time.time()
+        scores = ctx.task.score_batch([problems[i // G] for i in range(len(batch.completions))], batch.completions)
+        times["time/rollout_s"] += t1 - t
+        times["time/score_s"] += time.time() - t1
+        return problems, batch, scores
+
+    problems, batch, scores = sample()
+    dynamic = None
+    if ctx.arm.dynamic_sampling.max_rounds:  # DAPO: more rounds until the groups carry signal
+        batch, scores, dynamic = dynamic_sampling(ctx, problems, batch, scores, sample)
+    return learn(ctx, batch, scores, step, times=times, t0=t0, dynamic=dynamic)
 
 
 def learn(
-    ctx: Ctx, batch: RolloutBatch, scores: list, step: int, times: dict | None = None, t0: float | None = None
+    ctx: Ctx,
+    batch: RolloutBatch,
+    scores: list,
+    step: int,
+    times: dict | None = None,
+    t0: float | None = None,
+    dynamic: dict | None = None,
 ) -> dict:
     """Everything after sampling and scoring: advantages, pi_old, the mini-batch updates and
     the step's metrics, reduced over all processes (each rank passes its own share of the
-    global batch, whole groups)."""
+    global batch, whole groups). `dynamic`: dynamic sampling's counts (sampling.record_dynamic)."""
     spec, arm = ctx.spec, ctx.arm
     G = spec.rollout.group_size
     t2 = time.time()
     t0 = t2 if t0 is None else t0
-    rewards_B = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+    rewards_B = shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores)
     adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps)
     stats = StepStats()
 
@@ -189,7 +203,7 @@ def learn(
     # pi_old from the trainer's own forward, whatever the engine returned (see _mismatch_weights).
     mask_BC = batch.response_mask
     correct = None if arm.mismatch.mode == "off" else get_mismatch_correction(arm.mismatch.mode)
-    old, old_routes, from_sampler = _old_policy(ctx, batch)
+    old, old_routes, from_sampler = old_policy(ctx, batch)
     with torch.no_grad(), ctx.compute():
         ref_logp = (
             response_logprobs(ctx.ref_model, batch, spec.rollout.temperature).logp
@@ -213,7 +227,7 @@ def learn(
     bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
     if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
-    weights_BC = None if correct is None else _mismatch_weights(stats, correct, arm, old_logp, batch, mask_BC)
+    weights_BC, loss_mask_BC = token_weights(ctx.arm, stats, correct, old_logp, old.entropy, batch)
     t3 = time.time()
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
@@ -221,8 +235,7 @@ def learn(
     clipped_B = torch.zeros(len(rewards_B))  # clipped tokens per response, over the epochs (samples.jsonl)
     n_updates = skipped = 0
     for _ in range(arm.epochs):
-        order = torch.randperm(len(rewards_B), generator=ctx.shuffle)
-        for rows in order.chunk(arm.mini_batches):
+        for rows in minibatch_rows(len(rewards_B), arm.mini_batches, ctx.shuffle):  # torchrun: train/minibatch.py
             # Before the first update the current router is pi_old's: under r3 its own choices
             # against the engine's routes measure the engine/trainer routing gap instead.
             route_key = (
@@ -243,6 +256,7 @@ def learn(
                 step=step,
                 route_mask_BT=route_mask_BT,
                 weights_BC=weights_BC,
+                loss_mask_BC=loss_mask_BC,
                 minibatch=n_updates + skipped,
                 clipped_B=clipped_B,
             )
@@ -251,6 +265,8 @@ def learn(
     t4 = time.time()
 
     record_batch(stats, batch, scores, rewards_B, old.entropy, G, ctx.optimizer.param_groups[0]["lr"])
+    if dynamic is not None:
+        record_dynamic(stats, dynamic)
     if skipped:
         stats.same("policy/skipped_minibatches", skipped)  # decided together: equal on every rank
     for key, seconds in {
@@ -271,65 +287,16 @@ def learn(
     return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
-def _old_policy(ctx: Ctx, batch: RolloutBatch):
-    """(pi_old's LogProbs with entropy, the routes (L, B, T, k) every pi_theta forward replays
-    or compares with (None for a dense model), whether the log-probs came from the sampler).
-
-    With the hf engine they came from generate's own forwards already (rollout.sampler_logprobs)
-    unless the arm's mismatch correction needs the trainer's; otherwise one no-grad pass computes them: r2
-    (and no replay) records the routes it takes, r3 replays the engine's routes in it, so
-    pi_old is the trainer's probability of the very sub-network the engine sampled with."""
-    r3 = ctx.arm.routing_replay == "r3"
-    if r3 and batch.engine_routes is None:
-        raise SpecError(
-            f"arms.{ctx.arm.name}.routing_replay: r3 needs the rollout engine's routes and this "
-            "batch has none (the hf engine records them with rollout.sampler_logprobs; vLLM only "
-            "when started to return them)"
-        )
-    own_forward = ctx.arm.mismatch.mode != "off"  # the correction compares the trainer's pi_old with the engine
-    if (
-        not own_forward
-        and batch.engine_entropy is not None
-        and (ctx.routing is None or batch.engine_routes is not None)
-    ):
-        return LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy), batch.engine_routes, True
-    temp = ctx.spec.rollout.temperature
-    B, T = batch.input_ids.shape
-    with torch.no_grad(), ctx.compute():
-        if ctx.routing is None:
-            return response_logprobs(ctx.model, batch, temp, with_entropy=True), None, False
-        if r3:
-            with ctx.routing.replaying(routes_from_BT(batch.engine_routes)):
-                return response_logprobs(ctx.model, batch, temp, with_entropy=True), batch.engine_routes, False
-        with ctx.routing.recording() as rec:
-            old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
-    return old, routes_to_BT(rec.routes, B, T), False
-
-
-def _mismatch_weights(
-    stats: StepStats, correct: Callable, arm: ArmConfig, trainer_logp_BC, batch: RolloutBatch, mask_BC
-) -> torch.Tensor:
-    """(B, C) per-token loss weights of the arm's mismatch correction: the engine sampled
-    (behaviour policy `batch.engine_logp`), the loss's ratios are taken against the trainer's
-    pi_old (`trainer_logp_BC`), so each token is reweighted by pi_old / pi_engine, bounded
-    as the mode says. Its statistics go into `stats`."""
-    if batch.engine_logp is None:
-        raise SpecError(
-            f"arms.{arm.name}.mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs and this "
-            "batch has none (the hf engine returns them with rollout.sampler_logprobs)"
-        )
-    corr = correct(trainer_logp_BC, batch.engine_logp, mask_BC, low=arm.mismatch.low, high=arm.mismatch.high)
-    for k, (total, weight) in correction_stats(corr, mask_BC).items():  # weights: tokens or responses
-        stats.mean(MISMATCH_STAT_KEYS[k][0], total, weight)
-    return corr.weight_BC
-
-
 def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
     """What this rank divides its share of the mini-batch loss by: the global count (tokens
-    or responses, by the arm's aggregation) / world size, since DDP averages gradients."""
+    or responses, by the arm's aggregation) / world size, since DDP averages gradients. A
+    constant-length aggregation (Dr. GRPO) counts rows x rollout.max_new_tokens, not the
+    mini-batch's trimmed width."""
+    agg = ctx.arm.aggregation
+    max_len = ctx.spec.rollout.max_new_tokens if agg in CONSTANT_LENGTH else None
     if not ctx.dist.enabled:
-        return None
-    count = distributed.total(float(aggregation_count(mask_BC, ctx.arm.aggregation)), ctx.dist)
+        return None if max_len is None else aggregation_count(mask_BC, agg, max_len)
+    count = distributed.total(float(aggregation_count(mask_BC, agg, max_len)), ctx.dist)
     return torch.tensor(max(count, 1.0) / ctx.dist.world_size)
 
 
@@ -347,12 +314,14 @@ def _update(
     step: int,
     route_mask_BT: torch.Tensor,
     weights_BC=None,
+    loss_mask_BC=None,
     minibatch: int = 0,
     clipped_B: torch.Tensor | None = None,
 ) -> bool:
     """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
-    its statistics go into `stats`. `weights_BC` (B, C): the mismatch correction's per-token
-    loss weights, or None. `route_key`: the metric the current router's own expert choices,
+    its statistics go into `stats`. `weights_BC` (B, C): the per-token loss weights
+    (mismatch correction, token filter), or None; `loss_mask_BC` (B, C): the mask the loss
+    aggregates over (None: the response mask). `route_key`: the metric the current router's own expert choices,
     compared with `old_routes`, are logged under (None: not measured). Returns False for a
     skipped non-finite mini-batch (a decision all ranks take together). `clipped_B` (B,), when
     given, gets each row's clipped-token count added."""
@@ -361,8 +330,9 @@ def _update(
     # log-probs and loss, with a forward and backward only as wide as these rows need.
     sub, lo, c = batch.rows(rows, sampler=False).trimmed()
     hi = batch.prompt_len + c
-    m_bc = sub.response_mask
+    m_bc = sub.response_mask if loss_mask_BC is None else loss_mask_BC[rows][:, :c]
     old_logp_bc = old_logp_BC[rows][:, :c]
+    w_bc = None if weights_BC is None else weights_BC[rows][:, :c]
     mb_routes = None if old_routes is None else old_routes[:, rows, lo:hi]
     denominator = _denominator(ctx, m_bc)
     # Backward inside the routing context: gradient checkpointing recomputes the forward
@@ -370,6 +340,10 @@ def _update(
     with _routing(ctx, mb_routes) as rec:
         with ctx.compute():
             new = response_logprobs(ctx.train_model or ctx.model, sub, spec.rollout.temperature)
+        if arm.off_policy_mask is not None:  # DeepSeek-V3.2: needs pi_theta, so per mini-batch
+            keep_b = off_policy_sequence_mask(new.logp, old_logp_bc, adv_B[rows], m_bc, arm.off_policy_mask)
+            keep_bc = keep_b.unsqueeze(1).to(m_bc.dtype).expand_as(m_bc)
+            w_bc = keep_bc if w_bc is None else w_bc * keep_bc
         loss, loss_stats = ctx.loss_fn(
             new.logp,
             old_logp_bc,
@@ -379,16 +353,19 @@ def _update(
             clip_high=arm.clip_high,
             aggregation=arm.aggregation,
             denominator=denominator,
-            weights_BC=None if weights_BC is None else weights_BC[rows][:, :c],
+            weights_BC=w_bc,
+            **arm.loss_params,
         )
         extra = {}
         if ref_logp_BC is not None:
             k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows][:, :c])
             loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
             extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
-        if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:
-            loss = loss + spec.model.router_aux_loss_coef * new.aux_loss
-            extra["aux_loss"] = new.aux_loss.detach()
+        if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:  # the whole batch's, all ranks
+            aux, extra["aux_loss"] = router_aux_loss(
+                new.aux_loss, new.router_logits, sub.attention_mask, ctx.model.config, ctx.dist
+            )
+            loss = loss + spec.model.router_aux_loss_coef * aux
         ctx.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
     routes_now = rec.routes if rec is not None else None
@@ -406,11 +383,16 @@ def _update(
         return False
     ctx.optimizer.step()
     ctx.scheduler.step()
-    record_update(stats, loss, loss_stats, extra, grad_norm, m_bc)
+    # Statistics over the tokens the loss can move; the rest (dropped by a correction or filter)
+    # are counted apart, so "clipped" and "dropped" stay distinguishable.
+    kept_bc = (m_bc > 0) if w_bc is None else (m_bc > 0) & (w_bc != 0)
+    response_bc = sub.response_mask > 0
+    stats.mean("policy/dropped_token_frac", float((response_bc & ~kept_bc).sum()), float(response_bc.sum()))
+    record_update(stats, loss, loss_stats, extra, grad_norm, kept_bc.to(m_bc.dtype))
     if clipped_B is not None:
         clipped_B.index_add_(0, rows, loss_stats["clipped_tokens_B"].float().cpu())
-    record_logratio_var(stats, new.logp, old_logp_bc, m_bc, minibatch)
-    if routes_now is not None and route_key is not None:
+    record_logratio_var(stats, new.logp, old_logp_bc, kept_bc.to(m_bc.dtype), minibatch)
+    if routes_now is not None and route_key is not None and mb_routes is not None:
         tokens_N = route_mask_BT[rows, lo:hi].reshape(-1)
         frac = expert_change_frac(routes_from_BT(mb_routes), routes_now, tokens_N)
         stats.mean(route_key, frac * tokens_N.sum().item(), tokens_N.sum().item())
@@ -421,7 +403,7 @@ def _update(
 def _routing(ctx: Ctx, old_routes):
     """Around a mini-batch's forward and backward: with routing replay, `old_routes` (the
     mini-batch's (L, b, t, k), columns as its forward sees them) forced in
-    every router (r2: pi_old's, r3: the rollout engine's; see _old_policy); for any MoE, the
+    every router (r2: pi_old's, r3: the rollout engine's; see old_policy.py); for any MoE, the
     experts the current routers choose themselves recorded (for volatility). Yields a Routes
     holder (`.routes` set on exit), or None for a dense model."""
     if ctx.routing is None:

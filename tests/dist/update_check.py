@@ -8,7 +8,10 @@ away from 1 and some clip. Gradients, not parameters: Adam's first step is ~lr*s
 parameters whose gradient is float noise around 0 would differ by 2*lr without anything
 being wrong.
 
-usage: update_check.py SPEC_YAML MODEL_DIR OUT_PT
+usage: update_check.py SPEC_YAML MODEL_DIR OUT_PT [EMULATE_WORLD]
+
+EMULATE_WORLD (one process only): split mini-batches as that many processes would
+(train/minibatch.ddp_equivalent_rows), to compare multi-mini-batch updates.
 """
 
 import os
@@ -24,6 +27,7 @@ from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.rollout import RolloutBatch, response_logprobs
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score
+from gspo_cli.train.minibatch import ddp_equivalent_rows
 
 
 def fixed_batch(tok, task, n):
@@ -43,9 +47,12 @@ def fixed_batch(tok, task, n):
     return RolloutBatch(ids, attn, rmask, P, [""] * n, torch.zeros(n, dtype=torch.bool))
 
 
-def main(spec_yaml: str, source: str, out: str) -> None:
+def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     spec = spec_from_dict(yaml.safe_load(open(spec_yaml)))
     info = distributed.setup()
+    if int(emulate) > 1:
+        world = int(emulate)
+        step_mod.minibatch_rows = lambda n, m, g: ddp_equivalent_rows(n, m, g, world)
     task = make_task(spec.task.name, spec.task.params)
     ctx = step_mod.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
     G, B = spec.rollout.group_size, 16
@@ -58,7 +65,7 @@ def main(spec_yaml: str, source: str, out: str) -> None:
     wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float32)).reshape(full.logp.shape)
     old = step_mod.LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
     # pi_old is the perturbed policy, the same rows on every world size
-    step_mod._old_policy = lambda ctx, b: (old, None, False)
+    step_mod.old_policy = lambda ctx, b: (old, None, False)
     scores = [Score(reward=rewards[i], correct=rewards[i] > 0) for i in rows.tolist()]
     assert len(scores) % G == 0
     metrics = step_mod.learn(ctx, batch.rows(rows), scores, step=1)
@@ -77,4 +84,4 @@ def main(spec_yaml: str, source: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

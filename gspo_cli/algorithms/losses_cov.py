@@ -1,0 +1,140 @@
+"""Covariance-selected token losses (arXiv:2505.22617, "The Entropy Mechanism of Reinforcement
+Learning for Reasoning Language Models"; verl ``clip_cov`` / ``kl_cov``): the tokens whose
+centred advantage x centred log-prob product is largest are the ones that drive entropy
+down; Clip-Cov detaches a few of them, KL-Cov puts a KL penalty on them.
+
+    cov_{i,t} = (A_{i,t} - mean A) * (log pi(y_{i,t}) - mean log pi)    (means over the batch's
+                                                                         response tokens, detached)
+
+Both act on the mini-batch a process holds (as verl does). Same call contract as
+``losses.py``; both are token-level.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregation import aggregate
+from .losses import register_policy_loss
+from .ratios import (
+    advantages_BC,
+    clipped_surrogate_loss,
+    loss_stats,
+    masked_log_ratio,
+    ppo_clip_stats,
+    seq_log_ratio,
+    stats_mask,
+    token_ratio,
+    weighted,
+)
+
+
+def token_covariance_BC(adv_BC: torch.Tensor, logp_BC: torch.Tensor, keep_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C) cov(A, log pi) per response token (centred over ``keep_BC``'s tokens), detached;
+    -inf off the response so it is never selected."""
+    with torch.no_grad():
+        n = keep_BC.sum().clamp(min=1)
+        lp_BC = torch.where(keep_BC, logp_BC.detach(), torch.zeros_like(logp_BC))
+        a_BC = torch.where(keep_BC, adv_BC.detach(), torch.zeros_like(lp_BC))
+        cov_BC = (a_BC - a_BC.sum() / n) * (lp_BC - lp_BC.sum() / n)
+        return torch.where(keep_BC, cov_BC, torch.full_like(cov_BC, -torch.inf))
+
+
+def _n_selected(keep_BC: torch.Tensor, ratio: float) -> int:
+    """max(1, floor(ratio * response tokens)), 0 for an empty batch (verl's count)."""
+    n = int(keep_BC.sum())
+    return max(int(n * ratio), 1) if n else 0
+
+
+@register_policy_loss("clip_cov")
+def clip_cov_loss(
+    logp_BC: torch.Tensor,
+    old_logp_BC: torch.Tensor,
+    advantages: torch.Tensor,
+    mask_BC: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str = "token_mean",
+    denominator: torch.Tensor | float | None = None,
+    weights_BC: torch.Tensor | None = None,
+    cov_ratio: float = 2e-4,
+    cov_lb: float = 1.0,
+    cov_ub: float = 5.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clip-Cov: GRPO's PPO-clipped token loss, with floor(cov_ratio x tokens) (at least 1)
+    tokens drawn at random (torch's global RNG) among those not already clipped whose
+    cov lies in (cov_lb, cov_ub) detached: their loss and gradient become 0.
+
+    Paper defaults: cov_ratio 2e-4, cov_lb 1, cov_ub 5; the recipe turns the PPO clip
+    off (``clip_low`` 1.0 / ``clip_high`` a large value) and uses token-mean. Clip fractions
+    are PPO's; ``cov_frac`` (``policy/cov_selected_frac``) is the share of tokens detached.
+    """
+    keep_BC = mask_BC > 0
+    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    ratio_BC = token_ratio(log_ratio_BC)
+    adv_BC = advantages_BC(advantages, keep_BC)
+    loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
+    r_BC = ratio_BC.detach()
+    ppo_clipped_BC = ((r_BC > 1.0 + clip_high) & (adv_BC > 0)) | ((r_BC < 1.0 - clip_low) & (adv_BC < 0))
+    cov_BC = token_covariance_BC(adv_BC, logp_BC, keep_BC)
+    cand = (keep_BC & ~ppo_clipped_BC & (cov_BC > cov_lb) & (cov_BC < cov_ub)).reshape(-1).nonzero().squeeze(-1)
+    chosen = cand[torch.randperm(cand.numel(), device=cand.device)[: _n_selected(keep_BC, cov_ratio)]]
+    selected_BC = torch.zeros(keep_BC.numel(), dtype=torch.bool, device=keep_BC.device)
+    selected_BC[chosen] = True
+    selected_BC = selected_BC.reshape(keep_BC.shape)
+    loss_BC = torch.where(selected_BC, torch.zeros_like(loss_BC), loss_BC)
+    loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
+    kept_BC = stats_mask(mask_BC, weights_BC)
+    stats = ppo_clip_stats(
+        ratio_BC, seq_log_ratio(log_ratio_BC, keep_BC), log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high
+    )
+    stats["cov_frac"] = (selected_BC & kept_BC).sum().to(r_BC.dtype) / kept_BC.sum().clamp(min=1).to(r_BC.dtype)
+    return loss, stats
+
+
+@register_policy_loss("kl_cov")
+def kl_cov_loss(
+    logp_BC: torch.Tensor,
+    old_logp_BC: torch.Tensor,
+    advantages: torch.Tensor,
+    mask_BC: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str = "token_mean",
+    denominator: torch.Tensor | float | None = None,
+    weights_BC: torch.Tensor | None = None,
+    cov_ratio: float = 2e-3,
+    kl_coef: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL-Cov: the unclipped token surrogate -r A everywhere, plus kl_coef x |log r| on the
+    floor(cov_ratio x tokens) (at least 1) tokens of largest cov:
+
+        loss_{i,t} = -r_{i,t} A_{i,t} + kl_coef * |log r_{i,t}| * [t in top-k cov]
+
+    Paper defaults (its Qwen2.5-7B recipe as we read it): cov_ratio 2e-3, kl_coef 1, token-mean.
+    ``clip_low`` / ``clip_high`` are not used (no PPO clip; accepted for the shared
+    signature), so clip fractions are 0; ``cov_frac`` is the share of penalised tokens.
+    """
+    del clip_low, clip_high
+    keep_BC = mask_BC > 0
+    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    ratio_BC = token_ratio(log_ratio_BC)
+    adv_BC = advantages_BC(advantages, keep_BC)
+    cov_BC = token_covariance_BC(adv_BC, logp_BC, keep_BC)
+    k = _n_selected(keep_BC, cov_ratio)
+    selected_BC = torch.zeros(keep_BC.numel(), dtype=torch.bool, device=keep_BC.device)
+    if k:
+        selected_BC[cov_BC.reshape(-1).topk(k).indices] = True
+    selected_BC = selected_BC.reshape(keep_BC.shape) & keep_BC
+    loss_BC = -ratio_BC * adv_BC + torch.where(selected_BC, kl_coef * log_ratio_BC.abs(), torch.zeros_like(ratio_BC))
+    loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
+    kept_BC = stats_mask(mask_BC, weights_BC)
+    none_BC = torch.zeros_like(keep_BC)
+    r_BC = ratio_BC.detach()
+    stats = loss_stats(
+        r_BC, seq_log_ratio(log_ratio_BC, keep_BC), log_ratio_BC, kept_BC, high_BC=none_BC, low_BC=none_BC
+    )
+    stats["cov_frac"] = (selected_BC & kept_BC).sum().to(r_BC.dtype) / kept_BC.sum().clamp(min=1).to(r_BC.dtype)
+    return loss, stats

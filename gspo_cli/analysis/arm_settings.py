@@ -1,0 +1,78 @@
+"""The arm settings a comparison shows beside its numbers, read from each run's spec.yaml: the
+algorithm (loss, its parameters, clip, aggregation, advantage, filters, DAPO's behaviours),
+routing replay and mismatch correction. A spec written before a field existed shows its
+default."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gspo_cli.analysis.rundata import Run
+
+
+def _replay(arm: dict) -> str:
+    return str(arm.get("routing_replay", "off"))
+
+
+def _mismatch(arm: dict) -> str:
+    m = arm.get("mismatch") or {}
+    mode, low, high = str(m.get("mode", "off")), m.get("low"), m.get("high")
+    if mode == "off" or not all(isinstance(v, (int, float)) for v in (low, high)):
+        return mode
+    return f"{mode} [{low:g}, {high:g}]"
+
+
+def _algorithm(arm: dict) -> str:
+    """The loss and what defines it beyond the paper's GRPO/GSPO: its parameters, clip range,
+    aggregation, advantage estimator, token filter, off-policy mask, overlong handling and
+    dynamic sampling (defaults left out), e.g. `sapo tau_neg=1.05 tau_pos=1 · clip 0.2/0.27`."""
+    parts = [str(arm.get("loss", "?"))]
+    params = arm.get("loss_params") or {}
+    parts[0] += "".join(
+        f" {k}={v:g}" if isinstance(v, (int, float)) else f" {k}={v}" for k, v in sorted(params.items())
+    )
+    lo, hi = arm.get("clip_low"), arm.get("clip_high")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        parts.append(f"clip {lo:g}/{hi:g}")
+    if arm.get("aggregation", "seq_mean_token_mean") != "seq_mean_token_mean":
+        parts.append(str(arm["aggregation"]))
+    if arm.get("advantage", "grpo") != "grpo":
+        parts.append(f"adv {arm['advantage']}")
+    top = (arm.get("token_filter") or {}).get("entropy_top")
+    if top is not None:
+        parts.append(f"entropy top {top:g}")
+    if arm.get("off_policy_mask") is not None:
+        parts.append(f"off-policy mask {arm['off_policy_mask']:g}")
+    over = arm.get("overlong") or {}
+    if over.get("filter"):
+        parts.append("overlong filter")
+    if over.get("buffer_frac"):
+        parts.append(f"overlong penalty {over['buffer_frac']:g}")
+    rounds = (arm.get("dynamic_sampling") or {}).get("max_rounds")
+    if rounds:
+        parts.append(f"dynamic sampling <= {rounds}")
+    return " · ".join(parts)
+
+
+# Arm settings every comparison shows beside its numbers (from spec.yaml; a spec written
+# before a field existed shows its default): id -> (header, value from the run's arm).
+SETTINGS: dict[str, tuple[str, Callable[[dict], str]]] = {
+    "algorithm": ("algorithm", _algorithm),
+    "routing_replay": ("routing replay", _replay),
+    "mismatch": ("mismatch", _mismatch),
+}
+
+
+def arm_settings(runs: list[Run]) -> dict[str, str]:
+    """Each SETTINGS value of these runs' arms; values that differ between runs are joined by '/';
+    a run without a spec.yaml (or without arms in it) shows '—'."""
+    out = {}
+    for sid, (_, fn) in SETTINGS.items():
+        vals = dict.fromkeys(fn(arm) if (arm := _arm_of(r)) is not None else "—" for r in runs)
+        out[sid] = "/".join(vals)
+    return out
+
+
+def _arm_of(run: Run) -> dict | None:
+    arms = [a for a in run.spec.get("arms") or [] if isinstance(a, dict)]
+    return next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else None)

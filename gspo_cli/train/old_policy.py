@@ -1,0 +1,47 @@
+"""pi_old for a rollout batch: the log-probs (with entropy) every update's ratio is taken
+against, and, for an MoE, the routes every pi_theta forward replays or compares with. `ctx` is
+the trainer's `train.step.Ctx`."""
+
+from __future__ import annotations
+
+import torch
+
+from gspo_cli.errors import SpecError
+from gspo_cli.models.routing import routes_from_BT, routes_to_BT
+from gspo_cli.rollout import RolloutBatch
+from gspo_cli.rollout.base import LogProbs, response_logprobs
+
+
+def old_policy(ctx, batch: RolloutBatch):
+    """(pi_old's LogProbs with entropy, the routes (L, B, T, k) every pi_theta forward replays
+    or compares with (None for a dense model), whether the log-probs came from the sampler).
+
+    With the hf engine they came from generate's own forwards already (rollout.sampler_logprobs)
+    unless the arm's mismatch correction needs the trainer's; otherwise one no-grad pass computes them: r2
+    (and no replay) records the routes it takes, r3 replays the engine's routes in it, so
+    pi_old is the trainer's probability of the very sub-network the engine sampled with."""
+    r3 = ctx.arm.routing_replay == "r3"
+    if r3 and batch.engine_routes is None:
+        raise SpecError(
+            f"arms.{ctx.arm.name}.routing_replay: r3 needs the rollout engine's routes and this "
+            "batch has none (the hf engine records them with rollout.sampler_logprobs; vLLM only "
+            "when started to return them)"
+        )
+    own_forward = ctx.arm.mismatch.mode != "off"  # the correction compares the trainer's pi_old with the engine
+    if (
+        not own_forward
+        and batch.engine_entropy is not None
+        and (ctx.routing is None or batch.engine_routes is not None)
+    ):
+        return LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy), batch.engine_routes, True
+    temp = ctx.spec.rollout.temperature
+    B, T = batch.input_ids.shape
+    with torch.no_grad(), ctx.compute():
+        if ctx.routing is None:
+            return response_logprobs(ctx.model, batch, temp, with_entropy=True), None, False
+        if r3:
+            with ctx.routing.replaying(routes_from_BT(batch.engine_routes)):
+                return response_logprobs(ctx.model, batch, temp, with_entropy=True), batch.engine_routes, False
+        with ctx.routing.recording() as rec:
+            old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
+    return old, routes_to_BT(rec.routes, B, T), False

@@ -1,0 +1,105 @@
+"""Rollout-side behaviours of an arm (DAPO, arXiv:2503.14476): the rewards the advantages
+see (with the soft overlong punishment), and dynamic sampling, which drops groups whose
+rewards are all equal and samples more prompts until the batch is full of groups with
+signal (or a cap on extra rounds is hit)."""
+
+from __future__ import annotations
+
+import torch
+
+from gspo_cli import distributed
+from gspo_cli.algorithms import overlong_penalty, signal_groups
+from gspo_cli.rollout import RolloutBatch
+
+
+def shaped_rewards(arm, max_new_tokens: int, batch: RolloutBatch, scores: list) -> torch.Tensor:
+    """(B,) float32 rewards: the task's, plus DAPO's soft overlong punishment when the arm's
+    ``overlong.buffer_frac`` > 0 (buffer = round(buffer_frac x max_new_tokens) tokens)."""
+    rewards_B = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+    frac = arm.overlong.buffer_frac
+    if frac > 0:
+        lengths_B = batch.response_mask.sum(-1)
+        buffer = max(1, round(frac * max_new_tokens))
+        rewards_B = rewards_B + overlong_penalty(lengths_B, max_new_tokens, buffer, arm.overlong.penalty)
+    return rewards_B
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Rows of several rollout batches as one: prompts left-padded to the widest, responses
+    right-padded. The sampler's log-probs, entropy and full-forward check log-probs travel when
+    every batch has them (0 on padding, as engines write them); engine routes never do (their
+    column layout is per batch: r3 is refused with dynamic sampling)."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_len for b in batches)
+    C = max(b.response_mask.shape[1] for b in batches)
+
+    def pad(b: RolloutBatch, t: torch.Tensor, value) -> torch.Tensor:
+        """(B, P_b + C_b) -> (B, P + C): left pad the prompt part, right pad the response."""
+        left = t.new_full((t.shape[0], P - b.prompt_len), value)
+        right = t.new_full((t.shape[0], C - b.response_mask.shape[1]), value)
+        return torch.cat([left, t, right], dim=1)
+
+    def resp(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros((t.shape[0], C - t.shape[1]))], dim=1)
+
+    def opt(name: str) -> torch.Tensor | None:
+        parts = [getattr(b, name) for b in batches]
+        return None if any(p is None for p in parts) else torch.cat([resp(p) for p in parts])
+
+    return RolloutBatch(
+        input_ids=torch.cat([pad(b, b.input_ids, pad_id) for b in batches]),
+        attention_mask=torch.cat([pad(b, b.attention_mask, 0) for b in batches]),
+        response_mask=torch.cat([resp(b.response_mask) for b in batches]),
+        prompt_len=P,
+        completions=[c for b in batches for c in b.completions],
+        truncated=torch.cat([b.truncated for b in batches]),
+        engine_logp=opt("engine_logp"),
+        engine_entropy=opt("engine_entropy"),
+        check_logp=opt("check_logp"),
+    )
+
+
+def dynamic_sampling(ctx, problems: list, batch: RolloutBatch, scores: list, sample) -> tuple:
+    """DAPO's dynamic sampling. ``sample()`` draws one more round (this rank's share of
+    rollout.prompts_per_step prompts) and returns (problems, batch, scores). Rounds continue
+    while any rank lacks groups with signal, at most ``arm.dynamic_sampling.max_rounds``
+    extra rounds (decided together: every rank generates the same number of times, as sharded
+    generation needs). The batch keeps this rank's group count: groups with signal first, in
+    sampling order, then (when the cap is hit) groups without signal from the first round.
+
+    Returns (batch, scores, counts) with counts for ``record_dynamic``."""
+    arm, spec = ctx.arm, ctx.spec
+    G = spec.rollout.group_size
+    n_groups = len(problems)
+    pool_b, pool_s = [batch], [scores]
+    signal_Q = [signal_groups(shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores), G)]
+    rounds = 0
+    while rounds < arm.dynamic_sampling.max_rounds:
+        short = int(torch.cat(signal_Q).sum()) < n_groups
+        if not distributed.any_rank(short, ctx.dist):
+            break
+        _, b, s = sample()
+        rounds += 1
+        pool_b.append(b)
+        pool_s.append(s)
+        signal_Q.append(signal_groups(shaped_rewards(arm, spec.rollout.max_new_tokens, b, s), G))
+    all_signal_Q = torch.cat(signal_Q)
+    with_signal = all_signal_Q.nonzero().squeeze(-1).tolist()[:n_groups]
+    without = (~signal_Q[0]).nonzero().squeeze(-1).tolist()[: n_groups - len(with_signal)]
+    groups = sorted(with_signal + without)
+    rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
+    merged = concat_batches(pool_b, ctx.engine.tokenizer.pad_token_id)
+    merged_scores = [x for s in pool_s for x in s]
+    out = merged.rows(rows)
+    counts = {"rounds": rounds, "signal": len(with_signal), "groups": n_groups, "sampled": all_signal_Q.numel()}
+    return out, [merged_scores[i] for i in rows.tolist()], counts
+
+
+def record_dynamic(stats, counts: dict) -> None:
+    """``rollout/dynamic_rounds`` (extra rounds, equal on every rank), ``rollout/signal_group_frac``
+    (share of the trained groups with signal) and ``rollout/sampled_groups`` (groups generated
+    this step over all rounds and ranks) into a StepStats."""
+    stats.same("rollout/dynamic_rounds", counts["rounds"])
+    stats.mean("rollout/signal_group_frac", counts["signal"], counts["groups"])
+    stats.sum("rollout/sampled_groups", counts["sampled"])

@@ -1,0 +1,55 @@
+"""Per-token loss weights and the loss mask of a step: the arm's mismatch correction, its token
+filter (80/20 entropy) and the tokens that leave the loss's count (rejections under
+`mismatch.rejected: drop`, DAPO's overlong filter). The off-policy sequence mask needs
+pi_theta and is applied per mini-batch in step._update."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gspo_cli.algorithms import correction_stats, entropy_top_mask
+from gspo_cli.errors import SpecError
+from gspo_cli.metrics import MISMATCH_STAT_KEYS
+from gspo_cli.rollout import RolloutBatch
+from gspo_cli.spec import ArmConfig
+from gspo_cli.train.stats import StepStats
+
+
+def token_weights(arm: ArmConfig, stats: StepStats, correct, old_logp_BC, entropy_BC, batch: RolloutBatch):
+    """(weights_BC or None, loss_mask_BC), both (B, C): the per-token loss factor (mismatch
+    correction x 80/20 entropy filter; 0 drops a token from the gradient and the statistics)
+    and the mask the loss aggregates over: the response mask without the tokens that leave
+    the loss's count (a mask correction's rejections under `mismatch.rejected: drop`,
+    truncated responses under `overlong.filter`)."""
+    mask_BC = batch.response_mask
+    weights_BC, loss_mask_BC = None, mask_BC
+    if correct is not None:
+        corr = mismatch_weights(stats, correct, arm, old_logp_BC, batch, mask_BC)
+        weights_BC = corr.weight_BC
+        if arm.mismatch.rejected == "drop":
+            loss_mask_BC = loss_mask_BC * ~corr.masked_BC
+    if arm.overlong.filter:
+        loss_mask_BC = loss_mask_BC * ~batch.truncated.unsqueeze(1)
+    if arm.token_filter.entropy_top is not None:
+        keep_BC = entropy_top_mask(entropy_BC, mask_BC, arm.token_filter.entropy_top).to(mask_BC.dtype)
+        weights_BC = keep_BC if weights_BC is None else weights_BC * keep_BC
+    return weights_BC, loss_mask_BC
+
+
+def mismatch_weights(
+    stats: StepStats, correct: Callable, arm: ArmConfig, trainer_logp_BC, batch: RolloutBatch, mask_BC
+):
+    """The arm's mismatch correction (a Correction of (B, C) tensors): the engine sampled
+    (behaviour policy `batch.engine_logp`), the loss's ratios are taken against the trainer's
+    pi_old (`trainer_logp_BC`), so each token is reweighted by pi_old / pi_engine, bounded
+    as the mode says. Its statistics go into `stats`."""
+    if batch.engine_logp is None:
+        raise SpecError(
+            f"arms.{arm.name}.mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs and this "
+            "batch has none (the hf engine returns them only within its logits budget, "
+            "rollout/hf.py LOGITS_BUDGET)"
+        )
+    corr = correct(trainer_logp_BC, batch.engine_logp, mask_BC, low=arm.mismatch.low, high=arm.mismatch.high)
+    for k, (total, weight) in correction_stats(corr, mask_BC).items():  # weights: tokens or responses
+        stats.mean(MISMATCH_STAT_KEYS[k][0], total, weight)
+    return corr

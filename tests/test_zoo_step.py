@@ -1,0 +1,243 @@
+"""The zoo's trainer-side pieces without a model: which tokens leave the loss's count
+(mismatch.rejected, overlong filter), spec refusals and parameters, presets, dynamic
+sampling's batch merge, DAPO's shaped rewards, the global load-balancing loss and the
+staleness-aware labels."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from gspo_cli.algorithms import get_mismatch_correction, grpo_loss
+from gspo_cli.cli.app import app
+from gspo_cli.errors import SpecError
+from gspo_cli.metrics import describe
+from gspo_cli.models.aux_loss import global_load_balancing_loss
+from gspo_cli.rollout import RolloutBatch
+from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.tasks.base import Score
+from gspo_cli.train.sampling import concat_batches, shaped_rewards
+from gspo_cli.train.stats import StepStats
+from gspo_cli.train.token_weights import token_weights
+
+
+def base(**arm):
+    return {
+        "name": "z",
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 10, "sampler_logprobs": True},
+        "arms": [{"name": "a", **arm}],
+    }
+
+
+def spec_lines(raw) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        spec_from_dict(raw)
+    return str(info.value).splitlines()
+
+
+def batch(engine_logp=None, truncated=(False, False), lengths=(2, 2)):
+    B, C = len(lengths), max(lengths)
+    mask = (torch.arange(C)[None, :] < torch.tensor(lengths)[:, None]).float()
+    return RolloutBatch(
+        input_ids=torch.ones(B, 1 + C, dtype=torch.long),
+        attention_mask=torch.ones(B, 1 + C, dtype=torch.long),
+        response_mask=mask,
+        prompt_len=1,
+        completions=[""] * B,
+        truncated=torch.tensor(truncated),
+        engine_logp=engine_logp,
+    )
+
+
+# ----------------------------------------------------------------------------- rejected tokens
+
+
+@pytest.mark.parametrize("rejected,expected", [("drop", -1.0), ("zero", -0.5)])
+def test_rejected_responses_leave_the_loss_count_by_default(rejected, expected):
+    """1 of 2 responses rejected by seq_mask, on-policy, A = 1: the rejection-sampling form
+    (verl; our default) gives -1.0, keeping the rejected response in the count gives -0.5 (what
+    today's code always gave)."""
+    arm = spec_from_dict(
+        base(preset="paper-grpo", mini_batches=2, mismatch={"mode": "seq_mask", "rejected": rejected})
+    ).arms[0]
+    trainer_BC = torch.full((2, 2), -1.0)
+    b = batch(engine_logp=torch.tensor([[-1.0, -1.0], [-3.0, -3.0]]))  # response 1: ratio e^4 > 2
+    stats = StepStats()
+    weights, loss_mask = token_weights(arm, stats, get_mismatch_correction("seq_mask"), trainer_BC, None, b)
+    assert weights.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+    loss, _ = grpo_loss(
+        trainer_BC, trainer_BC, torch.ones(2), loss_mask, clip_low=0.2, clip_high=0.2, weights_BC=weights
+    )
+    assert loss.item() == pytest.approx(expected)
+    assert stats.reduce(__import__("gspo_cli").distributed.DistInfo())["mismatch/masked_seq_frac"] == 0.5
+
+
+def test_overlong_filter_drops_truncated_responses_from_the_count():
+    arm = spec_from_dict(base(preset="dapo", mini_batches=2)).arms[0]
+    weights, loss_mask = token_weights(arm, StepStats(), None, torch.zeros(2, 2), None, batch(truncated=(False, True)))
+    assert weights is None and loss_mask.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def test_entropy_filter_weights_only_the_top_tokens():
+    arm = spec_from_dict(base(preset="paper-grpo", mini_batches=2, token_filter={"entropy_top": 0.25})).arms[0]
+    entropy = torch.tensor([[0.1, 0.2], [0.3, 0.9]])
+    weights, loss_mask = token_weights(arm, StepStats(), None, torch.zeros(2, 2), entropy, batch())
+    assert weights.tolist() == [[0.0, 0.0], [0.0, 1.0]] and loss_mask.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+def test_presets_fill_each_variant():
+    raw = base()
+    raw["arms"] = [
+        {"name": n, "preset": n, "mini_batches": 2}
+        for n in ("dapo", "dr-grpo", "cispo", "sapo", "gmpo", "luspo", "clip-cov", "kl-cov")
+    ]
+    arms = {a.name: a for a in spec_from_dict(raw).arms}
+    assert (arms["dapo"].clip_low, arms["dapo"].clip_high, arms["dapo"].aggregation) == (0.2, 0.28, "token_mean")
+    assert arms["dapo"].overlong.filter and arms["dapo"].overlong.buffer_frac == 0.2
+    assert arms["dapo"].dynamic_sampling.max_rounds == 3
+    assert (arms["dr-grpo"].advantage, arms["dr-grpo"].aggregation) == ("mean_only", "seq_mean_token_sum_norm")
+    assert (arms["cispo"].loss, arms["cispo"].clip_low, arms["cispo"].clip_high) == ("cispo", 1.0, 4.0)
+    assert arms["sapo"].loss_params == {"tau_pos": 1.0, "tau_neg": 1.05}
+    assert (arms["gmpo"].clip_low, arms["gmpo"].clip_high) == (0.4, 0.4)
+    assert (arms["luspo"].loss, arms["luspo"].clip_low, arms["luspo"].clip_high) == ("luspo", 2e-3, 2.5e-3)
+    assert arms["kl-cov"].loss_params == {"cov_ratio": 2e-3, "kl_coef": 1.0}
+
+
+def test_an_arm_extends_its_presets_sections_key_by_key():
+    arm = spec_from_dict(base(preset="sapo", mini_batches=2, loss_params={"tau_neg": 2.0})).arms[0]
+    assert arm.loss_params == {"tau_pos": 1.0, "tau_neg": 2.0}
+
+
+def test_refusals_one_line_each():
+    assert spec_lines(base(preset="paper-grpo", loss_params={"tau_pos": 1.0})) == [
+        "arms[0].loss_params.tau_pos: a parameter of sapo, not of grpo (grpo takes no parameters)"
+    ]
+    (line,) = spec_lines(base(preset="paper-grpo", loss="sapo2"))
+    assert line.startswith("arms[0].loss: unknown policy loss 'sapo2' (did you mean 'sapo'?); registered: grpo, gspo")
+    assert "cispo" in line and "kl_cov" in line
+    for mode in ("token_tis", "token_mask"):
+        (line,) = spec_lines(base(preset="paper-gspo", mismatch={"mode": mode}))
+        assert line.startswith(f"arms[0].mismatch.mode: {mode} weights single tokens and gspo couples")
+        assert line.endswith("use seq_tis, seq_mask or geo_mask, or loss gspo_token")
+    for loss in ("luspo", "gmpo"):
+        (line,) = spec_lines(base(preset="paper-gspo", loss=loss, token_filter={"entropy_top": 0.2}))
+        assert line.startswith("arms[0].token_filter.entropy_top: ")
+    ok = spec_from_dict(base(preset="paper-gspo", mismatch={"mode": "geo_mask"}, off_policy_mask=0.1))
+    assert ok.arms[0].off_policy_mask == 0.1
+    assert spec_from_dict(base(preset="paper-gspo-token", mismatch={"mode": "token_mask"})).arms[0].loss == "gspo_token"
+    raw = base(preset="dapo")
+    raw["rollout"]["staleness"] = 1
+    raw["rollout"]["sampler_logprobs"] = False
+    assert any(line.startswith("arms[0].dynamic_sampling.max_rounds: ") for line in spec_lines(raw))
+
+
+def test_cli_refuses_another_loss_parameter_in_one_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(base(preset="paper-grpo", loss_params={"tau_pos": 1.0})))
+    res = CliRunner().invoke(app, ["train", str(p)])
+    assert res.exit_code == 2
+    assert "arms[0].loss_params.tau_pos: a parameter of sapo, not of grpo" in res.output
+    assert "Traceback" not in res.output
+
+
+# ----------------------------------------------------------------------------- DAPO rollout side
+
+
+def test_shaped_rewards_add_the_soft_overlong_punishment():
+    arm = spec_from_dict(base(preset="dapo", mini_batches=2)).arms[0]  # buffer 0.2 x 10 = 2 tokens
+    b = batch(lengths=(8, 9, 10, 3))
+    scores = [Score(reward=1.0, correct=True)] * 4
+    assert shaped_rewards(arm, 10, b, scores).tolist() == [1.0, 0.5, 0.0, 1.0]
+
+
+def test_concat_batches_pads_prompts_left_and_responses_right():
+    a = batch(lengths=(1,), truncated=(False,))
+    b = RolloutBatch(
+        input_ids=torch.tensor([[5, 6, 7, 8]]),
+        attention_mask=torch.ones(1, 4, dtype=torch.long),
+        response_mask=torch.tensor([[1.0, 1.0]]),
+        prompt_len=2,
+        completions=["x"],
+        truncated=torch.tensor([True]),
+    )
+    m = concat_batches([a, b], pad_id=0)
+    assert m.prompt_len == 2 and m.input_ids.tolist() == [[0, 1, 1, 0], [5, 6, 7, 8]]
+    assert m.attention_mask.tolist() == [[0, 1, 1, 0], [1, 1, 1, 1]]
+    assert m.response_mask.tolist() == [[1.0, 0.0], [1.0, 1.0]] and m.truncated.tolist() == [False, True]
+    assert m.position_ids[0, 1].item() == 0  # the left pad keeps the first real token at position 0
+
+
+# ----------------------------------------------------------------------------- aux loss, labels
+
+
+def test_global_load_balancing_loss_matches_transformers_and_adds_up_over_halves():
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from gspo_cli.distributed import DistInfo
+
+    torch.manual_seed(0)
+    B, T, E, k, L = 4, 3, 4, 2, 2
+    logits = tuple(torch.randn(B * T, E, dtype=torch.float64) for _ in range(L))
+    attn = torch.ones(B, T)
+    attn[0, 0] = 0
+    hf = load_balancing_loss_func(logits, E, k, attn)
+    loss, value = global_load_balancing_loss(logits, attn, E, k, DistInfo())
+    assert loss.item() == pytest.approx(hf.item(), rel=1e-6) and value.item() == pytest.approx(hf.item(), rel=1e-6)
+    halves = [
+        load_balancing_loss_func(tuple(x.reshape(B, T, E)[rows].reshape(-1, E) for x in logits), E, k, attn[rows])
+        for rows in (slice(0, 2), slice(2, 4))
+    ]
+    assert abs((halves[0] + halves[1]).item() / 2 - hf.item()) > 1e-3  # the rank-local mean is not the whole
+
+
+def test_staleness_aware_labels():
+    text, _ = describe("ratio/logvar_mb0")
+    assert "staleness 1" in text and "one update behind" in text
+    assert "staleness 1" in describe("moe/engine_route_diff_frac")[0]
+    assert not math.isnan(len(describe("policy/dropped_token_frac")[0]))
+
+
+@pytest.mark.slow
+def test_every_variant_trains_two_steps_end_to_end(tmp_path):
+    """Each variant's preset (and the filters) through the real trainer on the tiny MoE: runs
+    complete and log their own metrics."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import TINY
+
+    from gspo_cli.train.loop import train_experiment
+    from gspo_cli.train.reporting import quiet_reporter
+
+    presets = ("dapo", "dr-grpo", "cispo", "sapo", "gmpo", "luspo", "clip-cov", "kl-cov")
+    arms = [{"name": p, "preset": p, "mini_batches": 2} for p in presets]
+    arms.append(
+        {
+            "name": "filters",
+            "preset": "paper-gspo-token",
+            "mini_batches": 2,
+            "token_filter": {"entropy_top": 0.2},
+            "off_policy_mask": 0.5,
+            "mismatch": {"mode": "token_mask", "low": 0.999, "high": 1.001},
+        }
+    )
+    raw = {**TINY, "output_dir": str(tmp_path), "arms": arms, "rollout": {**TINY["rollout"], "sampler_logprobs": True}}
+    results = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
+    assert [r.status for r in results] == ["completed"] * len(arms)
+    last = {}
+    for a in arms:
+        lines = (tmp_path / "e2e" / a["name"] / "seed0" / "metrics.jsonl").read_text().splitlines()
+        last[a["name"]] = json.loads(lines[-1])
+    assert last["dapo"]["rollout/sampled_groups"] >= 4
+    assert "policy/cov_selected_frac" in last["clip-cov"]  # 0 when no token's cov falls in (1, 5)
+    assert 0 < last["kl-cov"]["policy/cov_selected_frac"] < 1  # at least one token per mini-batch
+    assert 0 < last["filters"]["policy/dropped_token_frac"] < 1  # ~80% filtered, the rest kept
