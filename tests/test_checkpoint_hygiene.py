@@ -109,7 +109,10 @@ def test_checkpoint_generation_config_does_not_reach_the_sampler(base_dir, tmp_p
         seen = _spy_on_generate(lm.model)
         torch.manual_seed(3)
         batches[name] = engine.generate(PROMPTS)
-        assert [type(p).__name__ for p in seen["proc"]] == ["TemperatureLogitsWarper"], name
+        # SamplerLogprobs is ours: it reads each step's distribution for the sampler's log-probs
+        # (rollout.sampler_logprobs) and returns the scores unchanged.
+        procs = [type(p).__name__ for p in seen["proc"] if type(p).__name__ != "SamplerLogprobs"]
+        assert procs == ["TemperatureLogitsWarper"], name
         assert sorted(type(c).__name__ for c in seen["stop"]) == ["EosTokenCriteria", "MaxLengthCriteria"], name
         if name == "polluted":  # the checkpoint's own config is back after generate (saved with checkpoints)
             assert lm.model.generation_config.top_k == 20 and lm.model.generation_config.min_p == 0.2
