@@ -182,6 +182,8 @@ def test_eval_reads_a_sharded_checkpoint_through_its_export(sharded_run, tmp_pat
 
     run = tmp_path / "run"
     shutil.copytree(sharded_run[0], run)
+    for made in (run / "checkpoints").glob("*-hf"):  # an earlier test's default-path export
+        shutil.rmtree(made)
     (run / "spec.yaml").write_text(dump_spec(spec_from_dict(TINY)))
     with pytest.raises(SpecError, match=f"gspo export {run} --checkpoint step_000002"):
         resolve_target(str(run))

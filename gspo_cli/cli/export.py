@@ -25,7 +25,10 @@ def export(
     """Write a checkpoint as a Hugging Face directory that transformers and vLLM load: config,
     tokenizer and safetensors files of at most --max-shard-gb each. Streamed: the weights are
     read a file's worth at a time, so a sharded checkpoint of a model no single process could
-    hold exports on one host; under torchrun each process writes its share of the files."""
+    hold exports on one host; under torchrun each process writes its share of the files.
+
+    Example: `gspo export results/quickstart/gspo/seed0 --dtype bfloat16`
+    """
     try:
         from gspo_cli import distributed
         from gspo_cli.train.export import checkpoint_step, export_checkpoint, resolve_checkpoint
