@@ -143,9 +143,15 @@ class CodeTask(Task):
             raise SpecError(f"task.params.{stray[0]}: only used with {other} (source is {self.p.source})")
         if not synthetic:
             self.problems = self._load()
+            self.train_pool = list(self.problems)
         detect_isolation()  # fail now, not with every reward 0, if no program can run here
 
     # -- problems ---------------------------------------------------------------------
+
+    @property
+    def num_problems(self) -> int | None:
+        """How many problems the file holds; None for the (unbounded) synthetic source."""
+        return None if self.p.source == "synthetic" else len(self.problems)
 
     def _load(self) -> list[Problem]:
         try:
@@ -155,7 +161,7 @@ class CodeTask(Task):
         except (OSError, UnicodeDecodeError) as err:
             raise unreadable(self.p.source, err, "task.params.source") from None
         self.load_stats = stats
-        if stats.malformed or stats.unsafe_pickle:
+        if rows and (stats.malformed or stats.unsafe_pickle):  # with no rows left, the error says it
             warnings.warn(
                 f"task.params.source: {self.p.source}: skipped {stats.malformed} malformed and "
                 f"{stats.unsafe_pickle} unsafe rows of {stats.rows} ({stats.reasons})",
@@ -171,6 +177,7 @@ class CodeTask(Task):
             Problem(
                 id=r.question_id,
                 prompt=lcb_prompt(r),
+                text=r.content,
                 answer="",
                 solution=None,
                 meta={
@@ -232,12 +239,12 @@ class CodeTask(Task):
         return TestCase(input=text + "\n", output=_stdout_of(expr, env))
 
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
-        if self.p.source != "synthetic":
-            return [rng.choice(self.problems) for _ in range(n)]
+        if self.train_pool is not None:
+            return [rng.choice(self.train_pool) for _ in range(n)]
         out: list[Problem] = []
         while len(out) < n:
             prob, key = self._make(rng)
-            if not in_eval_split(key, self.p.eval_fraction):
+            if not in_eval_split(key, self.p.eval_fraction) and self.trainable(prob):
                 out.append(prob)
         return out
 
