@@ -268,3 +268,129 @@ def test_bad_eval_sets_are_refused_before_any_model(tmp_path, monkeypatch):
     )
     assert "task.eval_sets[0].task: unknown task 'poetry'" in line
     assert not (tmp_path / "cache").exists()  # no model was built
+
+
+# --- end to end: train on one file, score a math and a code set by name ------------------
+
+
+@pytest.mark.slow
+def test_train_on_one_file_and_score_two_named_sets(tmp_path, monkeypatch):
+    rows = [
+        {
+            "id": f"t{i}",
+            "problem": f"What is ${i}+{i}$?",
+            "solution": f"{i}+{i}={2 * i} \\boxed{{{2 * i}}}",
+            "answer": str(2 * i),
+        }
+        for i in range(6)
+    ]
+    rows.append({"id": "dup", "problem": "What is $12 \\cdot 11$?", "answer": "132"})  # aime24's row 71
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    raw = spec(
+        {
+            "name": "math",
+            "params": {"source": str(train)},
+            "eval_sets": [
+                {"name": "aime24", "params": {"source": str(DATASETS / "aime24.parquet")}, "samples": 2},
+                {"name": "lcb", "task": "code", "params": {"source": str(LCB)}, "size": 1, "max_tokens": 8, "every": 0},
+            ],
+        },
+        output_dir=str(tmp_path / "out"),
+        name="sets",
+        model={**TINY["model"], "cold_start": {"steps": 10, "batch_size": 8, "lr": 1e-2}},
+        rollout={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8},
+        train={"steps": 2, "eval_every": 1},
+    )
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = gspo("train", path)
+    assert result.exit_code == 0, result.output
+    assert "1 problems excluded as evaluation problems" in result.output
+    assert "evaluation sets: aime24 (math, 3 problems x 2), lcb (code, 1 problems x 1)" in result.output
+    run = tmp_path / "out/sets/gspo/seed0"
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [(e["set"], e["step"]) for e in evals] == [
+        ("aime24", 0),
+        ("lcb", 0),
+        ("aime24", 1),
+        ("aime24", 2),
+        ("lcb", 2),
+    ]
+    assert all(f"avg@{e['samples']}" in e["scores"] for e in evals)
+    info = json.loads((run / "run.json").read_text())
+    assert info["data"]["excluded_from_training"] == 1 and info["data"]["train_problems"] == 6
+    assert info["data"]["eval_sets"]["lcb"] == {
+        "task": "code",
+        "source": str(LCB),
+        "problems": 1,
+        "samples": 1,
+        "max_tokens": 8,
+        "every": 0,
+    }
+    assert info["cold_start"]["excluded_problems"] == 4 and info["cold_start"]["train_problems"] == 6
+    table = gspo("compare", tmp_path / "out/sets").output
+    assert "aime24 avg@2 best" in table and "lcb avg@1 final" in table
+    result = gspo("plot", tmp_path / "out/sets", "-o", tmp_path / "figs")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "figs/eval_aime24.png").is_file() and (tmp_path / "figs/eval_lcb.png").is_file()
+    # Re-scoring one set by name, then refusing a name the run does not have.
+    result = gspo("eval", run, "--set", "lcb", "-q")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run / "eval_sets/lcb/eval_summary.json").read_text())
+    assert (summary["set"], summary["task"], summary["problems"], summary["samples"]) == ("lcb", "code", 1, 1)
+    assert "no evaluation set 'aime25'; the run's sets: aime24, lcb" in gspo("eval", run, "--set", "aime25").output
+
+
+@pytest.mark.slow
+def test_math_file_without_solutions_trains_and_evaluates(tmp_path):
+    from gspo_cli.train.loop import train_experiment
+    from gspo_cli.train.reporting import quiet_reporter
+
+    raw = spec(
+        {"name": "math", "params": {"source": str(DATASETS / "aime25.jsonl")}, "eval_size": 1},
+        output_dir=str(tmp_path / "out"),
+        model={**TINY["model"], "cold_start": {"steps": 5, "batch_size": 4, "lr": 1e-2}},
+        rollout={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8},
+        train={"steps": 1},
+    )
+    (res,) = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
+    assert res.status == "completed"
+    info = json.loads((Path(res.path) / "run.json").read_text())
+    assert info["data"]["train_problems"] == 2 and info["data"]["excluded_from_training"] == 1
+    assert info["cold_start"]["with_solution"] == 2  # the boxed answer alone stands in for a solution
+    assert [e["n"] for e in map(json.loads, (Path(res.path) / "eval.jsonl").read_text().splitlines())] == [1, 1]
+    result = gspo("eval", res.path, "-k", 1, "-q")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.slow
+def test_builtin_eval_on_a_dataset_never_cold_starts_on_it(tmp_path):
+    """Problems whose answers are random 6-digit codes: no model can know them, so a score far
+    above 0 means the model saw them (before this fix the cold start trained on the file)."""
+    from gspo_cli.eval.run import Sampling, Target, evaluate_model
+
+    rng = random.Random(7)
+    rows = []
+    for i in range(12):
+        code = rng.randint(100000, 999999)
+        rows.append(
+            {"id": i, "problem": f"Secret code of vault {i}?", "solution": f"\\boxed{{{code}}}", "answer": code}
+        )
+    data = write_jsonl(tmp_path / "secret.jsonl", rows)
+    small = spec_from_dict(
+        spec(
+            {"name": "math"},
+            model={**TINY["model"], "cold_start": {"steps": 20, "batch_size": 8, "lr": 1e-2}},
+            rollout={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 12},
+        )
+    )
+    task = make_task("math", {"source": str(data)})
+    lines = []
+    results, summary = evaluate_model(
+        Target("builtin:tiny-moe", spec=small), task, Sampling(samples=2), None, log=lines.append
+    )
+    assert summary["scores"]["avg@2"] == 0.0
+    assert any("not the evaluated dataset (its 12 problems excluded)" in line for line in lines)
+    cold = summary["cold_start"]
+    assert cold["excluded_problems"] == 12 and cold["train_problems"] is None  # synthetic, minus the file
+    assert cold["data"].startswith("arithmetic:")
