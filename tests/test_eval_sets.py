@@ -260,6 +260,7 @@ def test_bad_eval_sets_are_refused_before_any_model(tmp_path, monkeypatch):
     wrong = {"name": "lcb", "task": "code", "params": {"source": str(DATASETS / "aime25.jsonl")}}
     line = refused(tmp_path, {"name": "arithmetic", "eval_sets": [wrong]})
     assert line.startswith("error: task.eval_sets[0].params.source:") and "no problems left" in line
+    assert "columns found: problem_idx, problem, answer, problem_type; accepted: LiveCodeBench" in line
     wrong = {"name": "aime", "task": "math", "params": {"source": str(LCB)}}
     line = refused(tmp_path, {"name": "arithmetic", "eval_sets": [wrong]})
     assert "columns found: question_title" in line

@@ -146,7 +146,7 @@ def evaluate_model(
     import torch
 
     from gspo_cli.models import load_model, resolve_model_source
-    from gspo_cli.models.builtin import cold_start_info
+    from gspo_cli.models.builtin import cold_start_info, cold_start_line
     from gspo_cli.models.prompts import PromptFormat
     from gspo_cli.rollout import HFRolloutEngine
 
@@ -166,6 +166,8 @@ def evaluate_model(
         log(line)
         source = resolve_model_source(cfg.model_copy(update={"name": source}), cold_task, log=log)
         cold = cold_start_info(source)
+        if cold:
+            log(cold_start_line(cold))
     t0 = time.time()
     # Prompts and stops as in training: the run's prompt fields (defaults for a bare model).
     if sampling.engine == "vllm":  # seeded by sampling.seed

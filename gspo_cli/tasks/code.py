@@ -37,7 +37,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.files import unreadable
 from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split
 from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many
-from gspo_cli.tasks.lcb import LoadStats, lcb_prompt, load_lcb
+from gspo_cli.tasks.lcb import REQUIRED_COLUMNS, LoadStats, lcb_prompt, load_lcb
 from gspo_cli.tasks.sandbox import detect_isolation
 
 Kind = Literal["pair", "int", "list", "word"]
@@ -161,7 +161,7 @@ class CodeTask(Task):
         except (OSError, UnicodeDecodeError) as err:
             raise unreadable(self.p.source, err, "task.params.source") from None
         self.load_stats = stats
-        if rows and (stats.malformed or stats.unsafe_pickle):  # with no rows left, the error says it
+        if stats.malformed or stats.unsafe_pickle:
             warnings.warn(
                 f"task.params.source: {self.p.source}: skipped {stats.malformed} malformed and "
                 f"{stats.unsafe_pickle} unsafe rows of {stats.rows} ({stats.reasons})",
@@ -171,7 +171,9 @@ class CodeTask(Task):
             raise SpecError(
                 f"task.params.source: {self.p.source}: no problems left ({stats.rows} rows, "
                 f"{stats.filtered_date} outside the dates, {stats.filtered_difficulty} of "
-                f"other difficulties, {stats.malformed + stats.unsafe_pickle} unusable)"
+                f"other difficulties, {stats.malformed + stats.unsafe_pickle} unusable); "
+                f"columns found: {', '.join(stats.columns) or 'none'}; accepted: LiveCodeBench "
+                f"code_generation_lite rows ({', '.join(REQUIRED_COLUMNS)}, private_test_cases, metadata, ...)"
             )
         return [
             Problem(
