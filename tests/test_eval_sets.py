@@ -130,6 +130,15 @@ def test_unusable_file_names_found_and_accepted_columns(tmp_path):
     assert "map others with task.params.columns" in line
 
 
+def test_eval_keys_are_defined_once():
+    from gspo_cli.metrics import describe, eval_key, split_eval_key
+
+    assert eval_key("aime24", "avg@4") == "eval/aime24/avg@4"
+    assert split_eval_key("eval/lcb/pass@1") == ("lcb", "pass@1")
+    assert split_eval_key("reward/mean") is None
+    assert describe("eval/aime24/avg@4") == ("score avg@4 on evaluation set aime24", "score")
+
+
 # --- the exclusion rule -------------------------------------------------------------------
 
 
