@@ -119,12 +119,31 @@ LOSS_STAT_KEYS = {
 }
 
 
+# Evaluation scores are logged per evaluation set: eval/<set name>/<score>, the score being one
+# of eval.scores' (avg@K, pass@k, maj@K, timeout_frac, runtime_error_frac, rating). Without
+# named sets the held-out split of the training source is the set, named after the task.
+EVAL_PREFIX = "eval/"
+
+
+def eval_key(set_name: str, score: str) -> str:
+    """The key of one evaluation set's score, e.g. eval_key("aime24", "avg@4") = "eval/aime24/avg@4"."""
+    return f"{EVAL_PREFIX}{set_name}/{score}"
+
+
+def split_eval_key(key: str) -> tuple[str, str] | None:
+    """(set name, score) of an eval key, None for other keys. A set name has no slash."""
+    if not key.startswith(EVAL_PREFIX) or "/" not in key[len(EVAL_PREFIX) :]:
+        return None
+    name, score = key[len(EVAL_PREFIX) :].split("/", 1)
+    return name, score
+
+
 def describe(key: str) -> tuple[str, str]:
-    """(description, unit) for a key; eval keys are generated per task."""
+    """(description, unit) for a key; eval keys are generated per evaluation set."""
     if key in METRICS:
         return METRICS[key]
-    if key.startswith("eval/"):
-        return (f"held-out score {key[5:]}", "score")
+    if (parts := split_eval_key(key)) is not None:
+        return (f"score {parts[1]} on evaluation set {parts[0]}", "score")
     if key.startswith("ratio/logvar_mb"):
         return (
             f"variance of token log(pi_theta / pi_old) over the response tokens of mini-batch {key[15:]} of the "

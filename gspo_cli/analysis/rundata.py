@@ -52,7 +52,9 @@ class Run:
 
     @cached_property
     def eval_scores(self) -> pd.DataFrame:
-        """Columns step, task, key, score: one row per evaluation, scored by its first avg@K."""
+        """Columns step, task, key, score: one row per evaluation, scored by its first avg@K.
+        `task` names the evaluation set: a record's `set` (task.eval_sets), else its task (the
+        held-out split of the training source), so compare and plot show each set by name."""
         rows = []
         for rec in self.evals:
             scores = rec.get("scores") or {}
@@ -61,7 +63,7 @@ class Run:
                 rows.append(
                     {
                         "step": int(rec["step"]),
-                        "task": str(rec.get("task", "eval")),
+                        "task": str(rec.get("set") or rec.get("task", "eval")),
                         "key": key,
                         "score": _float(scores[key]),
                     }

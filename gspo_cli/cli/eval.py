@@ -4,6 +4,7 @@ completions made elsewhere."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -38,6 +39,9 @@ def eval_(
             "-d",
             help="the task's data: a .jsonl/.json/.parquet file or `hub:<id>` (sets task.params.source)",
         ),
+    ] = None,
+    eval_set: Annotated[
+        Optional[str], typer.Option("--set", help="a run's evaluation set to re-score (default: all of task.eval_sets)")
     ] = None,
     checkpoint: Annotated[
         Optional[str], typer.Option("--checkpoint", help="a run's checkpoint, e.g. step_000050 (default: the latest)")
@@ -94,6 +98,7 @@ def eval_(
     Example: `gspo eval results/quickstart/gspo/seed0 -k 8`
     """
     from gspo_cli.eval import run as ev
+    from gspo_cli.eval.sets import select_sets
 
     warnings.showwarning = _show_warning
     log = (lambda msg: None) if quiet else (lambda msg: err_console.print(msg, markup=False, highlight=False))
@@ -121,6 +126,18 @@ def eval_(
                 engine=engine,
                 vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"),
             )
+            named = [] if task or dataset or resolved.spec is None else select_sets(resolved.spec, eval_set)
+            if eval_set is not None and not named:
+                raise SpecError("--set: needs a run directory as TARGET, without --task/--dataset")
+            if named:  # a run with evaluation sets: each scored on its own, into eval_sets/<name>/
+                for s in named:
+                    per_set = replace(sampling, samples=samples or s.samples, max_tokens=max_tokens or s.max_tokens)
+                    results, summary = ev.evaluate_model(resolved, s.task, per_set, limit or len(s.problems), log=log)
+                    summary["set"] = s.name
+                    written = ev.write_results((out or resolved.run_dir) / "eval_sets" / s.name, results, summary)
+                    ev.render(summary, Console())
+                    err_console.print(f"wrote {written}", markup=False, highlight=False)
+                return
             results, summary = ev.evaluate_model(
                 resolved, ev.resolve_task(resolved.spec, task, dataset), sampling, limit, log=log
             )

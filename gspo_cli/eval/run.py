@@ -22,6 +22,7 @@ from typing import Any
 
 from gspo_cli.errors import SpecError
 from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize
+from gspo_cli.eval.sets import cold_start_task
 from gspo_cli.files import iter_lines
 from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
 from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
@@ -145,6 +146,7 @@ def evaluate_model(
     import torch
 
     from gspo_cli.models import load_model, resolve_model_source
+    from gspo_cli.models.builtin import cold_start_info, cold_start_line
     from gspo_cli.models.prompts import PromptFormat
     from gspo_cli.rollout import HFRolloutEngine
 
@@ -158,9 +160,14 @@ def evaluate_model(
         from gspo_cli.rollout.vllm_engine import _import_vllm
 
         _import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
-    source = target.source
-    if source.startswith("builtin:"):
-        source = resolve_model_source(cfg.model_copy(update={"name": source}), task, log=log)
+    source, cold = target.source, None
+    if source.startswith("builtin:"):  # cold-started on other data than it is scored on
+        cold_task, line = cold_start_task(task, problems)
+        log(line)
+        source = resolve_model_source(cfg.model_copy(update={"name": source}), cold_task, log=log)
+        cold = cold_start_info(source)
+        if cold:
+            log(cold_start_line(cold))
     t0 = time.time()
     # Prompts and stops as in training: the run's prompt fields (defaults for a bare model).
     if sampling.engine == "vllm":  # seeded by sampling.seed
@@ -201,6 +208,7 @@ def evaluate_model(
         },
         "engine": sampling.engine,
         **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {}),
+        **({"cold_start": cold} if cold else {}),
     }
     return results, _summary(task, results, info, time.time() - t0)
 

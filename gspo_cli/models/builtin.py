@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
+from gspo_cli.errors import SpecError
 from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import Task
 from gspo_cli.tasks.base import TOKENIZER_SPECIALS, character_vocabulary
@@ -88,7 +89,7 @@ def cache_key(kind: str, size: BuiltinModelConfig, cold: ColdStartConfig, task: 
             "kind": kind,
             "size": size.model_dump(),
             "cold": cold.model_dump(),
-            "task": task.fingerprint(),
+            "task": task.data_fingerprint(),  # changes with the data, exclusions included
             "recipe": RECIPE_VERSION,
             "torch": torch.__version__,
         },
@@ -149,7 +150,15 @@ def _build_into(target: Path, kind, size, cold, task, log) -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / COMPLETE_MARK).write_text(
-            json.dumps({"steps": cold.steps, "final_loss": final_loss, "seconds": round(time.time() - t0, 1)})
+            json.dumps(
+                {
+                    "steps": cold.steps,
+                    "batch_size": cold.batch_size,
+                    "final_loss": final_loss,
+                    "seconds": round(time.time() - t0, 1),
+                    **cold_start_data(task),
+                }
+            )
         )
         publish_entry(tmp, target)
     finally:
@@ -216,7 +225,7 @@ def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
         lr = cold.lr * 0.5 * (1 + math.cos(math.pi * step / max(cold.steps, 1)))
         for g in opt.param_groups:
             g["lr"] = lr
-        probs = task.train_problems(rng, cold.batch_size)
+        probs = _with_solutions(task, rng, cold.batch_size)
         input_ids, labels, attn = _sft_batch(tok, [p.prompt for p in probs], [p.solution + eos for p in probs])
         out = model(input_ids=input_ids, attention_mask=attn, labels=labels)
         opt.zero_grad(set_to_none=True)
@@ -228,6 +237,58 @@ def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
             log(f"cold start step {step + 1}/{cold.steps}: loss {out.loss.item():.3f}")
     model.eval()
     return model, tok, final_loss
+
+
+def cold_start_data(task: Task) -> dict:
+    """What a cold start on `task` trains on, for run.json and `gspo eval`: the task, its data
+    fingerprint, how many training problems (None: generated) and how many are excluded."""
+    pool = task.train_pool
+    return {
+        "task": task.name,
+        "data": task.data_fingerprint(),
+        "train_problems": len(pool) if pool is not None else None,
+        "with_solution": sum(p.solution is not None for p in pool) if pool is not None else None,
+        "excluded_problems": len(task.excluded),
+    }
+
+
+def cold_start_info(source: str) -> dict | None:
+    """The cold_start.json of a built-in model directory (None for any other model)."""
+    path = Path(source) / "cold_start.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def cold_start_line(info: dict) -> str:
+    """One line saying what a built-in model's cold start trained on (from `cold_start_info`)."""
+    pool = info.get("train_problems")
+    data = (
+        f"{pool} {info.get('task', '')} problems" if pool is not None else f"generated {info.get('task', '')} problems"
+    )
+    excluded = info.get("excluded_problems")
+    return (
+        f"built-in model cold-started for {info.get('steps')} steps x {info.get('batch_size', '?')} on {data}"
+        + (f", {excluded} evaluation problems excluded" if excluded else "")
+        + f" (data {info.get('data', 'unrecorded')})"
+    )
+
+
+def _with_solutions(task: Task, rng: random.Random, n: int) -> list:
+    """`n` training problems that have a reference solution (rows without one are skipped).
+    SpecError when the training data has none at all (LiveCodeBench rows, for instance)."""
+    out: list = []
+    for _ in range(100):
+        out += [p for p in task.train_problems(rng, n) if p.solution is not None]
+        if len(out) >= n:
+            return out[:n]
+        if not out:
+            break
+    raise SpecError(
+        f"model.cold_start: the training data of task {task.name} has no reference solutions to cold-start "
+        "the built-in model on; use a synthetic task.params.source or a pretrained model"
+    )
 
 
 def _init_routers(model) -> None:

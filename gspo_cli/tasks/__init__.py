@@ -25,7 +25,7 @@ def make_task(name: str, params: dict[str, Any]) -> Task:
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
         raise SpecError(f"task.params.{loc}: {msg}") from None
 
 

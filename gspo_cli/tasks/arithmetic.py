@@ -61,7 +61,7 @@ class ArithmeticTask(Task):
         out: list[Problem] = []
         while len(out) < n:
             prob = self._make(rng)
-            if not in_eval_split(prob.id):
+            if not in_eval_split(prob.id) and self.trainable(prob):
                 out.append(prob)
         return out
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import string
+import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from gspo_cli.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,26 @@ class Problem:
     solution: str | None = None  # a reference completion (used by the cold start)
     # Task-specific data (a code problem's tests...); not part of equality or the hash.
     meta: dict | None = field(default=None, compare=False, hash=False)
+    # The statement before the prompt template (dataset problems); overlap checks compare it.
+    text: str | None = field(default=None, compare=False, hash=False)
+
+
+# LaTeX spacing commands: `7\,000` and `7000`, `a\;b` and `ab` are one problem.
+_LATEX_SPACING = re.compile(r"\\(?:[,;:! ]|quad\b|qquad\b)|~")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_text(text: str) -> str:
+    """The overlap key of a problem statement: Unicode NFKC, lower case, LaTeX spacing commands
+    (`\\,` `\\;` `\\:` `\\!` `\\ ` `\\quad` `\\qquad` `~`) and all whitespace removed. Two
+    statements with the same key are the same problem, whatever their spacing or case."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    return _WHITESPACE.sub("", _LATEX_SPACING.sub("", text))
+
+
+def problem_key(problem: Problem) -> str:
+    """`normalize_text` of the problem's statement (its prompt when it has no separate text)."""
+    return normalize_text(problem.text if problem.text is not None else problem.prompt)
 
 
 @dataclass(frozen=True)
@@ -33,6 +57,39 @@ class Score:
 
 class Task(ABC):
     name: str
+    # Training never draws a problem whose `problem_key` is here (see `exclude`).
+    excluded: frozenset[str] = frozenset()
+    # A dataset task's training problems (None: a generator, which filters as it draws).
+    train_pool: list[Problem] | None = None
+
+    def exclude(self, problems: Iterable[Problem], what: str = "the evaluation sets") -> int | None:
+        """Never train on `problems` (matched by `problem_key`). A dataset task drops them from
+        its training pool now and returns how many rows it dropped; a generator (synthetic)
+        drops them as drawn and returns None. SpecError when no training problem is left."""
+        self.excluded = self.excluded | {problem_key(p) for p in problems}
+        if self.train_pool is None:
+            return None
+        kept = [p for p in self.train_pool if problem_key(p) not in self.excluded]
+        if not kept:
+            raise SpecError(
+                f"task.params.source: all {len(self.train_pool)} training problems are also in {what}; "
+                "train on other data (task.params.source) or evaluate on other sets"
+            )
+        removed = len(self.train_pool) - len(kept)
+        self.train_pool = kept
+        return removed
+
+    def trainable(self, problem: Problem) -> bool:
+        """Whether training may draw `problem` (not excluded)."""
+        return not self.excluded or problem_key(problem) not in self.excluded
+
+    def data_fingerprint(self) -> str:
+        """`fingerprint` plus what was excluded from training: everything that determines the
+        problems a cold start sees (the built-in model cache key)."""
+        if not self.excluded:
+            return self.fingerprint()
+        digest = hashlib.sha256("\n".join(sorted(self.excluded)).encode()).hexdigest()[:16]
+        return f"{self.fingerprint()}-minus:{digest}"
 
     @abstractmethod
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:

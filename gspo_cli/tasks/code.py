@@ -37,7 +37,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.files import unreadable
 from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split
 from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many
-from gspo_cli.tasks.lcb import LoadStats, lcb_prompt, load_lcb
+from gspo_cli.tasks.lcb import REQUIRED_COLUMNS, LoadStats, lcb_prompt, load_lcb
 from gspo_cli.tasks.sandbox import detect_isolation
 
 Kind = Literal["pair", "int", "list", "word"]
@@ -143,9 +143,15 @@ class CodeTask(Task):
             raise SpecError(f"task.params.{stray[0]}: only used with {other} (source is {self.p.source})")
         if not synthetic:
             self.problems = self._load()
+            self.train_pool = list(self.problems)
         detect_isolation()  # fail now, not with every reward 0, if no program can run here
 
     # -- problems ---------------------------------------------------------------------
+
+    @property
+    def num_problems(self) -> int | None:
+        """How many problems the file holds; None for the (unbounded) synthetic source."""
+        return None if self.p.source == "synthetic" else len(self.problems)
 
     def _load(self) -> list[Problem]:
         try:
@@ -165,12 +171,15 @@ class CodeTask(Task):
             raise SpecError(
                 f"task.params.source: {self.p.source}: no problems left ({stats.rows} rows, "
                 f"{stats.filtered_date} outside the dates, {stats.filtered_difficulty} of "
-                f"other difficulties, {stats.malformed + stats.unsafe_pickle} unusable)"
+                f"other difficulties, {stats.malformed + stats.unsafe_pickle} unusable); "
+                f"columns found: {', '.join(stats.columns) or 'none'}; accepted: LiveCodeBench "
+                f"code_generation_lite rows ({', '.join(REQUIRED_COLUMNS)}, private_test_cases, metadata, ...)"
             )
         return [
             Problem(
                 id=r.question_id,
                 prompt=lcb_prompt(r),
+                text=r.content,
                 answer="",
                 solution=None,
                 meta={
@@ -232,12 +241,12 @@ class CodeTask(Task):
         return TestCase(input=text + "\n", output=_stdout_of(expr, env))
 
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
-        if self.p.source != "synthetic":
-            return [rng.choice(self.problems) for _ in range(n)]
+        if self.train_pool is not None:
+            return [rng.choice(self.train_pool) for _ in range(n)]
         out: list[Problem] = []
         while len(out) < n:
             prob, key = self._make(rng)
-            if not in_eval_split(key, self.p.eval_fraction):
+            if not in_eval_split(key, self.p.eval_fraction) and self.trainable(prob):
                 out.append(prob)
         return out
 

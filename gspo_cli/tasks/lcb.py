@@ -31,6 +31,8 @@ from gspo_cli.tasks.code_judge import TestCase
 
 MAX_DECOMPRESSED_BYTES = 1 << 30  # a zlib bomb stops here instead of filling memory
 DIFFICULTIES = ("easy", "medium", "hard")
+# What a row needs (the rest is optional), for the error that lists what a file holds instead.
+REQUIRED_COLUMNS = ("question_id", "question_content", "difficulty", "contest_date", "public_test_cases")
 
 
 class UnsafePickle(ValueError):
@@ -74,6 +76,7 @@ class LoadStats:
     filtered_date: int = 0
     filtered_difficulty: int = 0
     reasons: dict[str, int] = field(default_factory=dict)  # first words of each skip reason
+    columns: list[str] = field(default_factory=list)  # the first row's keys, for errors
 
     def skip(self, reason: str, unsafe: bool = False) -> None:
         if unsafe:
@@ -197,7 +200,10 @@ def load_lcb(
                 continue
             stats.rows += 1
             try:
-                prob = parse_row(json.loads(line))
+                row = json.loads(line)
+                if isinstance(row, dict) and not stats.columns:
+                    stats.columns = list(row)
+                prob = parse_row(row)
             except UnsafePickle:
                 stats.skip("unsafe pickle", unsafe=True)
                 continue

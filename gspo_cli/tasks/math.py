@@ -6,14 +6,13 @@ r"""AIME-style math: a problem, free-form reasoning, a final answer in \boxed{}.
   difficulty knobs (`num_operands`, `max_operand`, `operators`). The problems, and the
   random draws that make them, are exactly arithmetic's, so a spec switched from
   ``arithmetic`` to ``math`` keeps its calibration and its cached cold start.
-- a local file (``.jsonl``, ``.json``, ``.parquet``) or ``hub:<dataset id>``, with columns
-  matched case-insensitively: ``problem`` (or ``question``), ``answer``, and optional ``id``,
-  ``solution`` and a numeric ``rating``/``difficulty``. This covers the exports of
-  HuggingFaceH4/aime_2024 (id, problem, solution, answer, url, year) and
-  Maxwell-Jia/AIME_2024 (ID, Problem, Solution, Answer). Rows without a problem or an answer
-  are skipped with a warning saying how many. The held-out set is the file in its order;
-  training draws from the whole file (point a training spec at a different file than the
-  one you evaluate on).
+- a local file (``.jsonl``, ``.json``, ``.parquet``), a `save_to_disk` directory or
+  ``hub:<dataset id>``, its columns found as `math_rows` says (problem/question/chat prompt,
+  answer / GSM8K ``####`` / DAPO ``reward_model.ground_truth`` / a \boxed{} in the solution,
+  optional solution, id and a numeric ``rating``/``difficulty``) or mapped by ``columns``.
+  Rows without a problem or an answer are skipped with a warning saying how many. The
+  held-out set is the file in its order; training draws from `train_pool`, which the trainer
+  strips of every evaluation problem (`Task.exclude`).
 
 Scoring (see `math_answer`): the last \boxed{} answer, else with `answer_fallbacks` the last
 "the answer is X" / "Answer: X"; integers compared as numbers (033 = 33), anything else by
@@ -34,7 +33,8 @@ from gspo_cli.errors import SpecError
 from gspo_cli.tasks.arithmetic import ArithmeticParams, ArithmeticTask
 from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
 from gspo_cli.tasks.math_answer import answers_match, extract_answer, normalize_answer
-from gspo_cli.tasks.records import load_records
+from gspo_cli.tasks.math_rows import ROLES, accepted_columns, read_math_row
+from gspo_cli.tasks.records import columns_of, load_records
 
 DEFAULT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}.\n"
 SYNTHETIC_ONLY = ("num_operands", "max_operand", "operators")
@@ -47,6 +47,18 @@ class MathParams(ArithmeticParams):
     split: str = Field("train", description="dataset split, for hub: sources")
     prompt_template: str = Field(DEFAULT_TEMPLATE, description="prompt for dataset problems; {problem} is replaced")
     answer_fallbacks: bool = Field(True, description='also accept "the answer is X" / "Answer: X" without a box')
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="dataset columns by role, e.g. {problem: question, answer: reward_model.ground_truth}",
+    )
+
+    @field_validator("columns")
+    @classmethod
+    def _known_roles(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - set(ROLES))
+        if unknown:
+            raise ValueError(f"unknown role {unknown[0]!r}; roles: {', '.join(ROLES)}")
+        return v
 
     @field_validator("prompt_template")
     @classmethod
@@ -70,7 +82,10 @@ class MathTask(Task):
         stray = sorted(set(SYNTHETIC_ONLY) & self.p.model_fields_set)
         if stray:
             raise SpecError(f"task.params.{stray[0]}: only used with source: synthetic (source is {self.p.source})")
-        self.problems = load_math_problems(self.p.source, split=self.p.split, template=self.p.prompt_template)
+        self.problems = load_math_problems(
+            self.p.source, split=self.p.split, template=self.p.prompt_template, columns=self.p.columns
+        )
+        self.train_pool = list(self.problems)
 
     @property
     def num_problems(self) -> int | None:
@@ -80,7 +95,13 @@ class MathTask(Task):
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
         if self._synthetic is not None:
             return self._synthetic.train_problems(rng, n)
-        return [rng.choice(self.problems) for _ in range(n)]
+        return [rng.choice(self.train_pool) for _ in range(n)]
+
+    def exclude(self, problems, what: str = "the evaluation sets") -> int | None:
+        problems = list(problems)
+        if self._synthetic is not None:
+            self._synthetic.exclude(problems, what)
+        return super().exclude(problems, what)
 
     def eval_problems(self, n: int) -> list[Problem]:
         if self._synthetic is not None:
@@ -103,42 +124,52 @@ class MathTask(Task):
             # Same problems as arithmetic with these knobs, so the same cached cold start.
             return self._synthetic.fingerprint()
         digest = hashlib.sha256(
-            json.dumps([(p.prompt, p.answer, p.solution) for p in self.problems]).encode()
+            json.dumps([(p.prompt, p.answer, p.solution) for p in self.train_pool]).encode()
         ).hexdigest()
         return f"{self.name}:{digest[:16]}"
 
 
-def load_math_problems(source: str, *, split: str = "train", template: str = DEFAULT_TEMPLATE) -> list[Problem]:
-    """Problems from a dataset file or hub id (see the module docstring).
+def load_math_problems(
+    source: str, *, split: str = "train", template: str = DEFAULT_TEMPLATE, columns: dict[str, str] | None = None
+) -> list[Problem]:
+    """Problems from a dataset file, saved dataset or hub id (columns: see `math_rows`).
 
-    SpecError when the file cannot be read, holds no usable row, or repeats an id.
+    SpecError when the file cannot be read, holds no usable row (naming the columns it has and
+    the ones accepted), or repeats an id.
     """
+    columns = {k: v.lower() for k, v in (columns or {}).items()}
     rows = load_records(source, split=split)
-    problems, skipped, seen = [], 0, set()
+    problems, skipped, repeats, seen = [], 0, 0, {}
     for i, row in enumerate(rows):
-        text = next((row[k] for k in ("problem", "question") if isinstance(row.get(k), str) and row[k].strip()), None)
-        answer = _answer_text(row.get("answer"))
-        if text is None or answer is None:
+        got = read_math_row(row, columns)
+        if got is None:
             skipped += 1
             continue
-        pid = str(row["id"]) if row.get("id") not in (None, "") else str(i)
+        pid = got.id if got.id is not None else str(i)
         if pid in seen:
+            if seen[pid] == (got.text, got.answer):  # exports repeat rows (DAPO-Math-17k): keep one
+                repeats += 1
+                continue
             raise SpecError(f"task.params.source: {source}: duplicate id {pid!r} (ids must be unique)")
-        seen.add(pid)
+        seen[pid] = (got.text, got.answer)
         problems.append(
             Problem(
                 id=pid,
-                prompt=template.replace("{problem}", text.strip()),
-                answer=answer,
-                solution=_reference(row.get("solution"), answer),
+                prompt=template.replace("{problem}", got.text),
+                answer=got.answer,
+                solution=_reference(got.solution, got.answer),
                 meta=_meta(row),
+                text=got.text,
             )
         )
     if not problems:
+        found = ", ".join(columns_of(rows)) or "none"
         raise SpecError(
-            f"task.params.source: {source}: no usable problems "
-            f"({len(rows)} rows, none with both a problem and an answer)"
+            f"task.params.source: {source}: no usable problems ({len(rows)} rows, none with both a problem and "
+            f"an answer); columns found: {found}; accepted: {accepted_columns(columns)}"
         )
+    if repeats:
+        warnings.warn(f"task.params.source: {source}: kept one of each repeated row ({repeats} repeats)", stacklevel=2)
     if skipped:
         warnings.warn(
             f"task.params.source: {source}: skipped {skipped} of {len(rows)} rows without a problem or an answer",
@@ -147,23 +178,12 @@ def load_math_problems(source: str, *, split: str = "train", template: str = DEF
     return problems
 
 
-def _answer_text(v: Any) -> str | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, float):
-        return str(int(v)) if v.is_integer() else repr(v)  # parquet turns int columns with gaps into floats
-    if isinstance(v, (int, str)):
-        s = str(v).strip()
-        return s or None
-    return None
-
-
-def _reference(solution: Any, answer: str) -> str | None:
-    """A worked solution ending in the boxed answer, as the cold start expects."""
-    if not isinstance(solution, str) or not solution.strip():
-        return None
-    sol = solution.strip()
-    return sol if extract_boxed(sol) is not None else f"{sol}\n\\boxed{{{answer}}}"
+def _reference(solution: str | None, answer: str) -> str:
+    """A worked solution ending in the boxed answer, as the cold start expects; a row with no
+    solution gives the boxed answer alone (the cold start then learns the format only)."""
+    if solution is None:
+        return f"\\boxed{{{answer}}}"
+    return solution if extract_boxed(solution) is not None else f"{solution}\n\\boxed{{{answer}}}"
 
 
 def _meta(row: dict[str, Any]) -> dict[str, Any] | None:

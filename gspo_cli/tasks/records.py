@@ -1,4 +1,5 @@
-"""Rows of a dataset file, whatever it was exported as: JSONL, a JSON list, parquet, or the hub.
+"""Rows of a dataset file, whatever it was exported as: JSONL, a JSON list, parquet, a
+`datasets` directory written by ``save_to_disk``, or the hub.
 
 Every task with real data reads its rows here, so each format is handled (and fails with
 one clear line naming the file) in one place. Rows come back as plain dicts with their
@@ -20,8 +21,10 @@ HUB_PREFIX = "hub:"
 
 def load_records(source: str, *, split: str = "train", field: str = "task.params.source") -> list[dict[str, Any]]:
     """Rows of `source`: a local ``.jsonl``/``.ndjson``, ``.json`` (a list of objects, or an object
-    holding one under ``data``/``rows``/``problems``), ``.parquet`` file, or ``hub:<dataset id>``
-    (needs the optional `datasets` package; uses its cache when offline).
+    holding one under ``data``/``rows``/``problems``), ``.parquet`` file, a directory written by
+    `datasets`' ``save_to_disk`` (a Dataset, or a DatasetDict whose `split` is read; its arrow
+    files are read with pyarrow, no `datasets` needed), or ``hub:<dataset id>`` (needs the
+    optional `datasets` package; uses its cache when offline).
 
     Any problem (missing file, bad JSON, unknown format, missing package) is a SpecError
     naming `field` and the file.
@@ -31,11 +34,10 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
     else:
         path = Path(source).expanduser()
         if path.is_dir():
-            raise SpecError(f"{field}: {source}: is a directory, not a dataset file")
-        if not path.is_file():
+            rows = _load_saved_dataset(path, split, field)
+        elif not path.is_file():
             raise SpecError(f"{field}: no such file {source} (use synthetic, a .jsonl/.json/.parquet file or hub:<id>)")
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson"):
+        elif (suffix := path.suffix.lower()) in (".jsonl", ".ndjson"):
             rows = _load_jsonl(path, field)
         elif suffix == ".json":
             rows = _load_json(path, field)
@@ -46,6 +48,43 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
                 f"{field}: {source}: unknown format {suffix or '(no suffix)'}; expected .jsonl, .json or .parquet"
             )
     return [{str(k).lower(): _plain(v) for k, v in row.items()} for row in rows]
+
+
+def columns_of(rows: list[dict[str, Any]]) -> list[str]:
+    """The column names of `rows` (first-seen order, at most the first 50 rows looked at)."""
+    seen: dict[str, None] = {}
+    for row in rows[:50]:
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
+def _load_saved_dataset(path: Path, split: str, field: str) -> list[dict]:
+    """Rows of a `save_to_disk` directory: state.json lists the arrow files (IPC streams)."""
+    if (path / "dataset_dict.json").is_file():  # a DatasetDict: one folder per split
+        splits = json.loads(read_text(path / "dataset_dict.json", field)).get("splits", [])
+        if split not in splits:
+            raise SpecError(f"{field}: {path}: no split {split!r} (it has: {', '.join(splits) or 'none'})")
+        path = path / split
+    state = path / "state.json"
+    if not state.is_file():
+        raise SpecError(
+            f"{field}: {path}: is a directory, not a dataset file or a save_to_disk directory (no state.json)"
+        )
+    try:
+        import pyarrow as pa
+
+        files = [f["filename"] for f in json.loads(read_text(state, field)).get("_data_files", [])]
+        rows: list[dict] = []
+        for name in files:
+            with pa.memory_map(str(path / name)) as src:
+                rows += pa.ipc.open_stream(src).read_all().to_pylist()
+        return rows
+    except ImportError as err:
+        raise SpecError(f"{field}: reading {path} needs pyarrow (pip install pyarrow): {err}") from None
+    except SpecError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a corrupt or foreign directory: say so, naming it
+        raise SpecError(f"{field}: {path}: not a readable saved dataset ({type(err).__name__}: {err})") from None
 
 
 def _load_jsonl(path: Path, field: str) -> list[dict]:

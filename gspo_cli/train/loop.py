@@ -17,9 +17,9 @@ from pathlib import Path
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
-from gspo_cli.eval.scores import evaluate_policy
+from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.models import resolve_model_source
-from gspo_cli.models.builtin import share_across_nodes
+from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.spec.loading import dump_spec
@@ -65,6 +65,9 @@ def train_experiment(
     seed_list = seeds if seeds else spec.seeds
     check_sinks(spec.train.sinks)  # a missing tracker package is a spec error before any model is built
     task = make_task(spec.task.name, spec.task.params)
+    # Evaluation sets read and their problems removed from training before any model exists:
+    # a bad set costs nothing, and the cold start below never sees an evaluation problem.
+    eval_sets, data = plan_data(spec, task)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
     distributed.check_divisible(
@@ -72,6 +75,8 @@ def train_experiment(
     )
     if not info.is_main:
         reporter = quiet_reporter()
+    for line in data_lines(data):
+        reporter.log(line)
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
     source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
     if info.enabled and spec.model.name.startswith("builtin:"):
@@ -86,6 +91,8 @@ def train_experiment(
             "fsdp every rank writes its checkpoint shards there and a resume reads them all: put it on a shared "
             "filesystem"
         )
+    if (cold := cold_start_info(source)) is not None:
+        reporter.log(cold_start_line(cold))
     results = []
     with stop_on_signals() as stop:
         for arm in selected:
@@ -103,6 +110,7 @@ def train_experiment(
                             stop=stop,
                             dist_info=info,
                             unshared=unshared,
+                            eval_sets=(eval_sets, data),
                         )
                     )
                 except (DivergedError, RunError, RunLockedError) as err:
@@ -140,6 +148,7 @@ def train_run(
     stop: "StopFlag | None" = None,
     dist_info: DistInfo = DistInfo(),
     unshared: str | None = None,
+    eval_sets: "tuple[list[EvalSet], dict] | None" = None,
 ) -> RunResult:
     """Train one arm x seed into its run directory.
 
@@ -148,7 +157,9 @@ def train_run(
     afresh. The model is loaded before any file is touched, so a bad model name costs nothing.
     `unshared`: why the run directory is not one filesystem for all ranks (None: it is); such
     a run trains (rank 0 writes everything) but cannot resume.
+    `eval_sets`: `plan_data(spec, task)` when the caller made it (else made here).
     """
+    sets = eval_sets if eval_sets is not None else plan_data(spec, task)
     path = run_path(spec.output_dir, spec.name, arm.name, seed)
     # Only rank 0 writes the run directory (and holds its lock); the others read it.
     if not dist_info.is_main:
@@ -159,6 +170,7 @@ def train_run(
             task,
             source,
             ReadOnlyRunDir(path),
+            sets,
             reporter=reporter,
             force=force,
             stop=stop,
@@ -173,6 +185,7 @@ def train_run(
             task,
             source,
             RunDir(path),
+            sets,
             reporter=reporter,
             force=force,
             stop=stop,
@@ -181,7 +194,9 @@ def train_run(
         )
 
 
-def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force, stop, info, unshared) -> RunResult:
+def _train_locked(
+    spec, arm, seed, task, source, rd: RunDir, sets, *, reporter, force, stop, info, unshared
+) -> RunResult:
     name = f"{arm.name}/seed{seed}"
     own_spec = run_spec(spec, arm, seed)
     kind, ckpt_path = decide_start(rd, own_spec, force, info, unshared)
@@ -221,6 +236,8 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
             git_commit=git_commit(),
             versions=versions(),
             model_source=source,
+            data=sets[1],
+            **({"cold_start": cold} if (cold := cold_start_info(source)) else {}),
         )
     prior_wall = rd.info().get("wall_s", 0.0) if ckpt is not None else 0.0
 
@@ -229,7 +246,7 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
 
     try:
         stop = stop if stop is not None else StopFlag()
-        summary = _loop(ctx, rd, name, reporter, start_step, stop, source=source, seed=seed, pending=pending)
+        summary = _loop(ctx, rd, name, reporter, start_step, stop, sets[0], source=source, seed=seed, pending=pending)
     except InterruptedRun:
         finish("interrupted")
         raise
@@ -255,11 +272,20 @@ def _train_locked(spec, arm, seed, task, source, rd: RunDir, *, reporter, force,
 
 
 def _loop(
-    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, *, source, seed, pending
+    ctx: Ctx,
+    rd: RunDir,
+    name: str,
+    reporter: Reporter,
+    start_step: int,
+    stop: StopFlag,
+    eval_sets: list[EvalSet],
+    *,
+    source,
+    seed,
+    pending,
 ) -> dict:
     spec = ctx.spec
     steps = spec.train.steps
-    eval_problems = ctx.task.eval_problems(spec.task.eval_size)
     reporter.run_started(name, steps)
     # metrics.jsonl stays the truth; sinks are views, written by rank 0 like everything else
     sinks = make_sinks(list(spec.train.sinks) if ctx.dist.is_main else [], rd.path, spec.to_dict())
@@ -267,8 +293,8 @@ def _loop(
     stale = StaleRollouts(ctx, source=source, seed=seed, pending=pending) if spec.rollout.staleness else None
     try:
         if start_step == 0:
-            _evaluate(ctx, rd, eval_problems, step=0, sinks=sinks)
-        _steps(ctx, rd, name, reporter, start_step, stop, eval_problems, sinks, stale)
+            _evaluate(ctx, rd, eval_sets, step=0, sinks=sinks)
+        _steps(ctx, rd, name, reporter, start_step, stop, eval_sets, sinks, stale)
         if distributed.is_sharded(ctx.model):  # its checkpoints are shards: transformers needs a whole copy
             export_checkpoint(rd.checkpoints / f"step_{steps:06d}", rd.path / "model", info=ctx.dist, step=steps)
     finally:
@@ -280,7 +306,7 @@ def _loop(
 
 
 def _steps(
-    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, eval_problems, sinks, stale
+    ctx: Ctx, rd: RunDir, name: str, reporter: Reporter, start_step: int, stop: StopFlag, eval_sets, sinks, stale
 ) -> None:
     spec = ctx.spec
     steps = spec.train.steps
@@ -301,8 +327,7 @@ def _steps(
         gap_warning.check(metrics, reporter)
         is_last = step == steps
         stopping = distributed.broadcast_object(bool(stop), ctx.dist)  # every rank stops at the same step
-        if is_last or (spec.train.eval_every and step % spec.train.eval_every == 0):
-            _evaluate(ctx, rd, eval_problems, step=step, sinks=sinks)
+        _evaluate(ctx, rd, [s for s in eval_sets if s.due(step, steps)], step=step, sinks=sinks)
         due = spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0
         if is_last or stopping or due:
             _checkpoint(ctx, rd, step, extra=stale.checkpoint_state() if stale is not None else None)
@@ -353,30 +378,22 @@ def _check_finite(metrics: dict, step: int) -> None:
             raise DivergedError(f"step {step}: {key} is {v}")
 
 
-def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
-    """Rank 0 evaluates and logs. With sharded weights (FSDP) every rank must take part in
-    each generation step, so all ranks sample the same evaluation and only rank 0 logs it."""
-    if not problems or not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
+def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=()) -> None:
+    """Rank 0 scores the sets due and logs them. With sharded weights (FSDP) every rank must
+    take part in each generation step, so all ranks sample the same evaluation and only rank 0
+    logs it (the others' RunDir writes nowhere)."""
+    if not sets or not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
         return
-    t = time.time()
     stats = getattr(ctx.engine, "sampler_logprobs", False)  # evaluation needs only the texts
     if stats:
         ctx.engine.sampler_logprobs = False
     try:
         with ctx.compute():
-            scores = evaluate_policy(ctx.engine, ctx.task, problems, ctx.spec.train.eval_samples)
+            score_and_log(ctx.engine, sets, step, rd.log_eval, sinks)
     finally:
         if stats:
             ctx.engine.sampler_logprobs = True
-    rd.log_eval(
-        {
-            "step": step,
-            "task": ctx.task.name,
-            "n": len(problems),
-            "samples": ctx.spec.train.eval_samples,
-            "scores": scores,
-            "time_s": round(time.time() - t, 3),
-        }
-    )
-    for sink in sinks:
-        sink.log({f"eval/{ctx.task.name}/{k}": v for k, v in scores.items()}, step)
+
+
+# ---------------------------------------------------------------------------------------
+# One step: the recipe
