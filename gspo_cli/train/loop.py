@@ -393,7 +393,12 @@ def _check_finite(metrics: dict, step: int) -> None:
 def _evaluate(ctx: Ctx, rd: RunDir, problems, step: int, sinks=()) -> None:
     """Rank 0 evaluates and logs. With sharded weights (FSDP) every rank must take part in
     each generation step, so all ranks sample the same evaluation and only rank 0 logs it."""
-    if not problems or not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
+    if not problems:
+        return
+    refresh = getattr(ctx.engine, "sync_if_stale", None)
+    if refresh is not None and getattr(ctx.engine, "sharded", False):
+        refresh()  # streaming sharded weights into the engine takes every rank, even if rank 0 alone samples
+    if not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
         return
     t = time.time()
     stats = getattr(ctx.engine, "sampler_logprobs", False)  # evaluation needs only the texts
