@@ -61,6 +61,8 @@ def make_engine(
         prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
         return_routes=return_routes,
         sharded=synced,
+        moe_layers=getattr(routing, "decoder_layers", None),
+        num_experts=getattr(routing, "num_experts", None),
     )
 
 
