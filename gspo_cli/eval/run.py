@@ -155,9 +155,9 @@ def evaluate_model(
     if sampling.engine == "vllm":
         if temperature > 2:
             raise SpecError(f"--temperature: {temperature} is above 2, the most vLLM samples at")
-        from gspo_cli.rollout.vllm_engine import _import_vllm
+        from gspo_cli.rollout.vllm_settings import import_vllm
 
-        _import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
+        import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
     source = target.source
     if source.startswith("builtin:"):
         source = resolve_model_source(cfg.model_copy(update={"name": source}), task, log=log)

@@ -43,9 +43,10 @@ def make_engine(
             stop_ids=stop_token_ids(model, tokenizer),
             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
         )
-    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine, _import_vllm
+    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
+    from gspo_cli.rollout.vllm_settings import import_vllm
 
-    _import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
+    import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
     # Under torchrun each process's engine samples its own share with its own seed; rank 0
     # keeps the run's, as one process would (the same rule as the trainer's torch seed).
     return VLLMRolloutEngine(

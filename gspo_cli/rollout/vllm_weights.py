@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 
-def checkpoint_weights(model: torch.nn.Module, probe=None):
+def checkpoint_weights(model: torch.nn.Module):
     """(name, tensor) pairs of `model`'s weights in checkpoint names and layouts, as
     save_pretrained writes them (e.g. per-expert MoE matrices rather than transformers'
     fused 3-D ones): what vLLM's loaders read and map onto their own fused layouts. A
@@ -16,19 +16,38 @@ def checkpoint_weights(model: torch.nn.Module, probe=None):
 
     FSDP-sharded parameters (DTensors) are all-gathered (`full_tensor`, a collective) one
     at a time, in `named_parameters` order, which is the same on every process: every
-    process must consume the whole generator. `probe(name, full_tensor)`, if given, is
-    called after each gather (memory measurements)."""
+    process must consume the whole generator."""
     from torch.distributed.tensor import DTensor
     from transformers.core_model_loading import revert_weight_conversion
 
     for name, param in model.named_parameters():
-        full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
-        if probe is not None:
-            probe(name, full)
+        full = gather_full(param) if isinstance(param, DTensor) else param.detach()
         # One parameter's conversion (e.g. fused gate_up -> per-expert gate and up) needs
         # only that parameter: conversions that read several run the other way (loading).
         yield from revert_weight_conversion(model, {name: full}).items()
         del full
+
+
+def gather_full(param) -> torch.Tensor:
+    """The whole tensor of a DTensor parameter, on every process of its mesh (a collective).
+    FSDP2's layout (a 1-D mesh, dim 0 sharded in chunks of ceil(rows / world)) is gathered
+    straight into one output buffer: `full_tensor` gathers into a list and concatenates, so
+    for a moment it holds the parameter twice (measured: docs/scaling/vllm-fsdp.md). Other
+    layouts go through `full_tensor`."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard
+
+    mesh = param.device_mesh
+    if mesh.ndim != 1 or tuple(param.placements) != (Shard(0),):
+        return param.full_tensor()
+    world, rows = mesh.size(), param.shape[0]
+    chunk = -(-rows // world)  # torch.chunk's split, as FSDP2 shards
+    local = param.to_local().detach()
+    if local.shape[0] != chunk:  # the last ranks' shards are short (or empty): pad to the chunk
+        local = torch.cat([local, local.new_zeros(chunk - local.shape[0], *local.shape[1:])])
+    out = local.new_empty(chunk * world, *local.shape[1:])
+    dist.all_gather_into_tensor(out, local.contiguous(), group=mesh.get_group())
+    return out[:rows]
 
 
 def weights_version(model: torch.nn.Module) -> tuple:

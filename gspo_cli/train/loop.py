@@ -22,6 +22,7 @@ from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
 from gspo_cli.eval.scores import evaluate_policy
 from gspo_cli.models import resolve_model_source
+from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, truncate_jsonl, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.spec.loading import check_stored_spec, dump_spec
@@ -66,6 +67,8 @@ def train_experiment(
     task = make_task(spec.task.name, spec.task.params)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
+    if spec.rollout.engine == "vllm":  # before any model loads: settings that cannot work, in one line
+        check_vllm_settings(spec.rollout.vllm, any(a.routing_replay == "r3" for a in selected), info.world_size)
     distributed.check_divisible(
         spec.rollout.prompts_per_step, spec.rollout.group_size, [a.mini_batches for a in selected], info
     )

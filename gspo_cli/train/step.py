@@ -156,6 +156,8 @@ def train_step(ctx: Ctx, step: int) -> dict:
     problems = distributed.shard(ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step), ctx.dist)
     with ctx.compute():
         batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
+    if hasattr(ctx.engine, "sleep"):
+        ctx.engine.sleep()  # vLLM sleep mode: its GPU memory goes back to the trainer for the update
     t1 = time.time()
 
     # 2. Reward.
