@@ -26,7 +26,8 @@ from gspo_cli.train.step import setup, train_step
 
 
 def test_routes_from_vllm_places_each_position_by_hand():
-    """Two rows, 2 layers, top-2. vLLM gives [len-1, layers, top_k] int16 per row, prompt first.
+    """Two rows, 2 layers, top-2. vLLM gives [len-1, layers, top_k] per row (uint8 up to 256
+    experts, uint16 above; int16 here, any integer dtype converts), prompt first.
     Row 0: prompt 2 tokens (1 left pad in width P=3), response 2 -> 3 routed positions.
     Row 1: prompt 3 tokens, response 1 (width C=2) -> 3 routed positions."""
     r0 = np.array(
