@@ -111,3 +111,16 @@ gpu-check:
 	else \
 		echo "gpu-check: no CUDA device here (nvidia-smi finds no GPU); nothing to check"; \
 	fi
+
+# `make reproduce-gpu`: the paper_moe comparison (GRPO, GRPO+R2, GRPO+R3, GSPO) on a wider built-in
+# MoE with vLLM rollouts, on one GPU (experiments/paper_moe_gpu.yaml; estimated ~10 minutes on one
+# H200, not run on a GPU yet). Uses gpu-check's virtualenv. Without a GPU it says so and exits 0.
+.PHONY: reproduce-gpu
+reproduce-gpu:
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory $(GPU_STAMP) && \
+		$(GPU_BIN)/gspo sweep experiments/paper_moe_gpu.yaml --jobs 1 && \
+		$(GPU_BIN)/gspo report results/paper_moe_gpu; \
+	else \
+		echo "reproduce-gpu: no CUDA device here (nvidia-smi finds no GPU); nothing to run"; \
+	fi
