@@ -105,7 +105,9 @@ bench: setup
 
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
 # hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,
-# a few minutes), then vLLM R3 (routed_experts replayed in the trainer; a 2-step r3 + token_tis run). Its own virtualenv: vllm (pinned to the release the CPU tests use) brings its
+# a few minutes), then vLLM R3 (routed_experts replayed in the trainer; a 2-step r3 + token_tis run),
+# then the paper's shape (benchmarks/gpu_paper_shape.py: a random ~1.5 B Qwen3-MoE, bf16, vLLM
+# sleep mode + R3, one summary table; its CPU dry run is tests/vllm/test_gpu_script_dry_run.py). Its own virtualenv: vllm (pinned to the release the CPU tests use) brings its
 # CUDA torch, our package is installed beside it. Without a GPU it says so, installs nothing, exits 0.
 GPU_VENV := .venv-gpu
 GPU_BIN := $(GPU_VENV)/bin
@@ -123,7 +125,21 @@ $(GPU_STAMP): pyproject.toml
 gpu-check:
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(MAKE) --no-print-directory $(GPU_STAMP) && $(GPU_BIN)/python benchmarks/gpu_check.py && \
-		$(GPU_BIN)/python -m pytest -q -s tests/vllm/test_vllm_r3_gpu.py; \
+		$(GPU_BIN)/python -m pytest -q -s tests/vllm/test_vllm_r3_gpu.py && \
+		$(GPU_BIN)/python benchmarks/gpu_paper_shape.py; \
 	else \
 		echo "gpu-check: no CUDA device here (nvidia-smi finds no GPU); nothing to check"; \
+	fi
+
+# `make reproduce-gpu`: the paper_moe comparison (GRPO, GRPO+R2, GRPO+R3, GSPO) on a wider built-in
+# MoE with vLLM rollouts, on one GPU (experiments/paper_moe_gpu.yaml; estimated ~10 minutes on one
+# H200, not run on a GPU yet). Uses gpu-check's virtualenv. Without a GPU it says so and exits 0.
+.PHONY: reproduce-gpu
+reproduce-gpu:
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory $(GPU_STAMP) && \
+		$(GPU_BIN)/gspo sweep experiments/paper_moe_gpu.yaml --jobs 1 && \
+		$(GPU_BIN)/gspo report results/paper_moe_gpu; \
+	else \
+		echo "reproduce-gpu: no CUDA device here (nvidia-smi finds no GPU); nothing to run"; \
 	fi

@@ -275,3 +275,12 @@ def test_fsdp_runs_checkpoint_for_transformers_and_resume_across_process_counts(
     assert [e["step"] for e in rd.evals()] == [0, 2, 4]
     assert all(math.isfinite(m["policy/loss"]) for m in ms)
     assert all(0 <= m["moe/expert_change_frac"] < 0.5 for m in ms)
+
+
+def test_sharded_weights_stream_as_the_whole_model_converts():
+    """The FSDP -> vLLM weight stream, without vLLM: on each of 2 processes, the gathered,
+    name-converted parameters (uneven shards included) equal the unsharded model's
+    save_pretrained-layout weights, name for name and bit for bit."""
+    res = subprocess.run(TORCHRUN + [str(HERE / "dist/stream_check.py")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ok 32 tensors" in res.stdout

@@ -13,8 +13,10 @@ from helpers import TINY
 
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
-from gspo_cli.models.routing import routes_from_BT, routes_from_vllm
-from gspo_cli.rollout.vllm_engine import _check_routes_supported, _to_batch
+from gspo_cli.models.engine_routes import routes_from_vllm
+from gspo_cli.models.routing import routes_from_BT
+from gspo_cli.rollout.vllm_engine import _to_batch
+from gspo_cli.rollout.vllm_settings import check_routes_supported
 from gspo_cli.spec import ModelConfig
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
@@ -24,7 +26,8 @@ from gspo_cli.train.step import setup, train_step
 
 
 def test_routes_from_vllm_places_each_position_by_hand():
-    """Two rows, 2 layers, top-2. vLLM gives [len-1, layers, top_k] int16 per row, prompt first.
+    """Two rows, 2 layers, top-2. vLLM gives [len-1, layers, top_k] per row (uint8 up to 256
+    experts, uint16 above; int16 here, any integer dtype converts), prompt first.
     Row 0: prompt 2 tokens (1 left pad in width P=3), response 2 -> 3 routed positions.
     Row 1: prompt 3 tokens, response 1 (width C=2) -> 3 routed positions."""
     r0 = np.array(
@@ -51,7 +54,7 @@ def test_routes_from_vllm_refuses_other_shapes():
         routes_from_vllm([ok], [2], [1], P=3, C=2)
     with pytest.raises(ValueError, match="alike in every row"):
         routes_from_vllm([ok, np.zeros((3, 3, 2), dtype=np.int16)], [2, 2], [2, 2], P=3, C=2)
-    with pytest.raises(ValueError, match=r"expert index outside \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"expert id 4 outside \[0, 4\)"):
         routes_from_vllm([ok + 4], [2], [2], P=3, C=2, num_experts=4)
 
 
@@ -88,13 +91,13 @@ def test_vllm_batch_carries_the_converted_routes():
 
 def test_r3_with_vllm_is_refused_in_one_line_where_it_cannot_work():
     with pytest.raises(SpecError) as err:
-        _check_routes_supported(SimpleNamespace(EngineArgs=SimpleNamespace()), on_cpu=True)
+        check_routes_supported(SimpleNamespace(EngineArgs=SimpleNamespace()), on_cpu=True)
     assert "only its GPU model runner returns" in str(err.value) and len(str(err.value).splitlines()) == 1
     old = SimpleNamespace(__version__="0.10.0", EngineArgs=SimpleNamespace())
     with pytest.raises(SpecError, match=r"vLLM 0.10.0 cannot return routed experts"):
-        _check_routes_supported(old, on_cpu=False)
+        check_routes_supported(old, on_cpu=False)
     new = SimpleNamespace(EngineArgs=SimpleNamespace(enable_return_routed_experts=False))
-    assert _check_routes_supported(new, on_cpu=False) is True
+    assert check_routes_supported(new, on_cpu=False) is True
 
 
 # --------------------------------------------------------------------------- training on the tiny MoE

@@ -3,6 +3,7 @@
 The vLLM engine itself is tested against a real vLLM in tests/vllm (`make test-vllm`)."""
 
 import importlib.util
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -96,3 +97,52 @@ def test_vllm_outputs_become_the_hf_batch_layout():
     assert torch.allclose(batch.engine_logp, torch.tensor([[-0.1, -0.2, 0.0], [-1.0, -2.0, -3.0]]))
     sub = batch.rows(torch.tensor([1]))
     assert isinstance(sub, RolloutBatch) and torch.equal(sub.engine_logp, batch.engine_logp[1:])
+
+
+# ----------------------------------------------------------------- rollout.vllm settings
+
+
+@pytest.mark.parametrize(
+    "vllm, problem",
+    [
+        ({"sleep": 3}, "vllm.sleep: 3 is not 0, 1 or 2"),
+        ({"sleep": True}, "vllm.sleep: True is not 0, 1 or 2"),
+        ({"gpu_memory_utilization": 1.5}, "vllm.gpu_memory_utilization: 1.5 is not a fraction in (0, 1]"),
+        ({"tensor_parallel_size": 0}, "vllm.tensor_parallel_size: 0 is not a positive whole number"),
+    ],
+)
+def test_bad_vllm_values_are_spec_errors(vllm, problem):
+    with pytest.raises(SpecError, match=re.escape(problem)):
+        _spec(engine="vllm", vllm=vllm)
+
+
+def test_colocated_engine_arguments():
+    """Our own keys never reach vllm.LLM; on GPU the engine takes 30% of the GPU unless told
+    otherwise; sleep mode switches vLLM's on and is refused on CPU in one line."""
+    from gspo_cli.rollout.vllm_settings import COLOCATED_GPU_MEMORY_UTILIZATION, engine_kwargs_for
+
+    assert COLOCATED_GPU_MEMORY_UTILIZATION == 0.3
+    assert engine_kwargs_for({"sleep": 1}, on_cpu=False) == (
+        {"enable_sleep_mode": True, "gpu_memory_utilization": 0.3},
+        1,
+    )
+    assert engine_kwargs_for({"gpu_memory_utilization": 0.5}, on_cpu=False) == ({"gpu_memory_utilization": 0.5}, 0)
+    assert engine_kwargs_for({"max_num_seqs": 8}, on_cpu=True) == ({"max_num_seqs": 8}, 0)
+    with pytest.raises(SpecError, match=r"^rollout.vllm.sleep: vLLM's sleep mode needs a GPU") as err:
+        engine_kwargs_for({"sleep": 2}, on_cpu=True)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "tp, world, message",
+    [
+        (3, 2, "rollout.vllm.tensor_parallel_size: 3 does not divide the 2 processes into engine groups"),
+        (2, 4, "rollout.vllm.tensor_parallel_size: 2: tensor-parallel engines are not supported yet"),
+    ],
+)
+def test_tensor_parallel_sizes_are_refused_before_vllm_is_imported(tp, world, message):
+    from gspo_cli.rollout.vllm_settings import check_vllm_settings
+
+    with pytest.raises(SpecError, match=re.escape(message)) as err:
+        check_vllm_settings({"tensor_parallel_size": tp}, r3=False, world_size=world)
+    assert "\n" not in str(err.value)

@@ -157,9 +157,9 @@ def evaluate_model(
     if sampling.engine == "vllm":
         if temperature > 2:
             raise SpecError(f"--temperature: {temperature} is above 2, the most vLLM samples at")
-        from gspo_cli.rollout.vllm_engine import _import_vllm
+        from gspo_cli.rollout.vllm_settings import import_vllm
 
-        _import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
+        import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
     source, cold = target.source, None
     if source.startswith("builtin:"):  # cold-started on other data than it is scored on
         cold_task, line = cold_start_task(task, problems)

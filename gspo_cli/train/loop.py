@@ -20,6 +20,7 @@ from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, 
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.models import resolve_model_source
 from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
+from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.spec.loading import dump_spec
@@ -70,6 +71,8 @@ def train_experiment(
     eval_sets, data = plan_data(spec, task)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
+    if spec.rollout.engine == "vllm":  # before any model loads: settings that cannot work, in one line
+        check_vllm_settings(spec.rollout.vllm, any(a.routing_replay == "r3" for a in selected), info.world_size)
     distributed.check_divisible(
         spec.rollout.prompts_per_step, spec.rollout.group_size, [a.mini_batches for a in selected], info
     )
@@ -382,7 +385,12 @@ def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=()) ->
     """Rank 0 scores the sets due and logs them. With sharded weights (FSDP) every rank must
     take part in each generation step, so all ranks sample the same evaluation and only rank 0
     logs it (the others' RunDir writes nowhere)."""
-    if not sets or not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
+    if not sets:
+        return
+    refresh = getattr(ctx.engine, "sync_if_stale", None)
+    if refresh is not None and getattr(ctx.engine, "sharded", False):
+        refresh()  # streaming sharded weights into the engine takes every rank, even if rank 0 alone samples
+    if not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
         return
     stats = getattr(ctx.engine, "sampler_logprobs", False)  # evaluation needs only the texts
     if stats:

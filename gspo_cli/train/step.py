@@ -176,6 +176,8 @@ def train_step(ctx: Ctx, step: int) -> dict:
     dynamic = None
     if ctx.arm.dynamic_sampling.max_rounds:  # DAPO: more rounds until the groups carry signal
         batch, scores, dynamic = dynamic_sampling(ctx, problems, batch, scores, sample)
+    if hasattr(ctx.engine, "sleep"):
+        ctx.engine.sleep()  # vLLM sleep mode: its GPU memory goes back to the trainer for the update
     return learn(ctx, batch, scores, step, times=times, t0=t0, dynamic=dynamic)
 
 
