@@ -163,11 +163,14 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
     """rollout.sampler_logprobs (default) and a separate old-log-prob pass train the same run:
     same samples and rewards, ratios and losses equal to float rounding, one forward fewer
     per step; with routing replay too."""
+    import gspo_cli.train.old_policy as old_mod
     import gspo_cli.train.step as step_mod
 
     calls = []
     real = step_mod.response_logprobs
-    monkeypatch.setattr(step_mod, "response_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    counted = lambda *a, **k: calls.append(1) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr(step_mod, "response_logprobs", counted)  # the updates' forwards
+    monkeypatch.setattr(old_mod, "response_logprobs", counted)  # pi_old's own pass
     arms = [TINY["arms"][1], TINY["arms"][2]]
     runs, forwards = {}, {}
     for flag in (True, False):

@@ -23,8 +23,9 @@ import yaml
 
 import gspo_cli.train.step as step_mod
 from gspo_cli import distributed
-from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.rollout import RolloutBatch, response_logprobs
+from gspo_cli.rollout.base import LogProbs
+from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score
 from gspo_cli.train.minibatch import ddp_equivalent_rows
@@ -63,7 +64,7 @@ def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     with torch.no_grad(), ctx.compute():  # in model.dtype, as the step's own pi_old pass
         full = response_logprobs(ctx.model, batch, with_entropy=True)
     wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float32)).reshape(full.logp.shape)
-    old = step_mod.LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
+    old = LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
     # pi_old is the perturbed policy, the same rows on every world size
     step_mod.old_policy = lambda ctx, b: (old, None, False)
     scores = [Score(reward=rewards[i], correct=rewards[i] > 0) for i in rows.tolist()]
