@@ -202,8 +202,8 @@ def test_training_writes_samples_users_can_read(tmp_path):
                 {"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
                 # a mask window that only tokens the engine and trainer agree on exactly pass
                 {
-                    "name": "gspo_mask",
-                    "preset": "paper-gspo",
+                    "name": "gspo_mask",  # a per-token mask needs a token-level loss (gspo is refused)
+                    "preset": "paper-gspo-token",
                     "mini_batches": 2,
                     "mismatch": {"mode": "token_mask", "low": 1.0, "high": 1.0 + 1e-7},
                 },
