@@ -236,11 +236,11 @@ def test_training_writes_samples_users_can_read(tmp_path):
                 pair = [x for x in recs if x["step"] == step and x["group"] == g]
                 assert pair[0]["reward"] >= pair[-1]["reward"] and pair[0]["advantage"] >= pair[-1]["advantage"]
                 assert all(x["index"] // G == g for x in pair)
-        assert all(x["clip_frac"] in (0.0, 1.0) for x in recs)  # GSPO, one epoch: all tokens or none
         if r.arm == "gspo":
+            assert all(x["clip_frac"] in (0.0, 1.0) for x in recs)  # GSPO, one epoch: all tokens or none
             assert all(x["masked_frac"] is None for x in recs)
-        else:
-            assert all(0 <= x["masked_frac"] <= 1 for x in recs)
+        else:  # gspo_token with a token mask: masked tokens are neither kept nor clipped
+            assert all(0 <= x["clip_frac"] <= 1 and 0 <= x["masked_frac"] <= 1 for x in recs)
     res = runner.invoke(app, ["samples", results[0].path, "--best", "--plain"])
     assert res.exit_code == 0 and res.output.startswith("=== step 2, gspo/seed0, group ")
 
