@@ -43,7 +43,7 @@ from .ratios import (
     masked_log_ratio,
     ppo_clip_stats,
     seq_log_ratio,
-    sequence_advantages,
+    sequence_clipped_loss,
     stats_mask,
     token_ratio,
     weighted,
@@ -168,18 +168,9 @@ def gspo_loss(
     A token-varying ``weights_BC`` only rescales a response by its mean weight: a
     per-token mismatch correction is refused by the spec (``token_level_only``).
     """
-    sequence_advantages(advantages_B, "gspo")
-    keep_BC = mask_BC > 0
-    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
-    seq_lr_B = seq_log_ratio(log_ratio_BC, keep_BC)
-    seq_ratio_B = seq_lr_B.exp()
-    adv_BC = advantages_BC(advantages_B, keep_BC)  # validates B; used for stats
-    loss_B = clipped_surrogate_loss(seq_ratio_B, advantages_B, clip_low, clip_high)
-    loss_BC = loss_B.unsqueeze(1).expand_as(logp_BC)
-    loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
-    ratio_BC = seq_ratio_B.detach().unsqueeze(1).expand_as(logp_BC)
-    kept_BC = stats_mask(mask_BC, weights_BC)
-    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high)
+    return sequence_clipped_loss(
+        "gspo", logp_BC, old_logp_BC, advantages_B, mask_BC, clip_low, clip_high, aggregation, denominator, weights_BC
+    )
 
 
 @register_policy_loss("gspo_token")

@@ -10,12 +10,11 @@ from .aggregation import aggregate
 from .losses import register_policy_loss
 from .ratios import (
     advantages_BC,
-    clipped_surrogate_loss,
     loss_stats,
     masked_log_ratio,
-    ppo_clip_stats,
     seq_log_ratio,
     sequence_advantages,
+    sequence_clipped_loss,
     stats_mask,
     token_ratio,
     weighted,
@@ -46,18 +45,20 @@ def luspo_loss(
     Clip decisions are GSPO's. Preset clip: 2e-3 / 2.5e-3. Shapes as ``gspo_loss``;
     advantages (B,) only.
     """
-    sequence_advantages(advantages_B, "luspo")
-    keep_BC = mask_BC > 0
-    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
-    seq_lr_B = seq_log_ratio(log_ratio_BC, keep_BC)
-    seq_ratio_B = seq_lr_B.exp()
-    adv_BC = advantages_BC(advantages_B, keep_BC)
-    length_B = keep_BC.sum(-1).to(logp_BC.dtype)
-    loss_B = length_B * clipped_surrogate_loss(seq_ratio_B, advantages_B, clip_low, clip_high)
-    loss = aggregate(weighted(loss_B.unsqueeze(1).expand_as(logp_BC), weights_BC), mask_BC, aggregation, denominator)
-    ratio_BC = seq_ratio_B.detach().unsqueeze(1).expand_as(logp_BC)
-    kept_BC = stats_mask(mask_BC, weights_BC)
-    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high)
+    length_B = (mask_BC > 0).sum(-1).to(logp_BC.dtype)
+    return sequence_clipped_loss(
+        "luspo",
+        logp_BC,
+        old_logp_BC,
+        advantages_B,
+        mask_BC,
+        clip_low,
+        clip_high,
+        aggregation,
+        denominator,
+        weights_BC,
+        scale_B=length_B,
+    )
 
 
 @register_policy_loss("gmpo", level="sequence")

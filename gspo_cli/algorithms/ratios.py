@@ -152,3 +152,34 @@ def ppo_clip_stats(
         high_BC=(r_BC > 1.0 + clip_high) & (adv_BC > 0),
         low_BC=(r_BC < 1.0 - clip_low) & (adv_BC < 0),
     )
+
+
+def sequence_clipped_loss(
+    name: str,
+    logp_BC: torch.Tensor,
+    old_logp_BC: torch.Tensor,
+    advantages_B: torch.Tensor,
+    mask_BC: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str,
+    denominator,
+    weights_BC: torch.Tensor | None,
+    scale_B: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO's clipped sequence loss, optionally times a per-response scale `scale_B` (B,) (LUSPO:
+    the response length), broadcast to the response's tokens and aggregated; statistics on the
+    sequence ratio. `name` names the loss in the (B,)-advantages error."""
+    sequence_advantages(advantages_B, name)
+    keep_BC = mask_BC > 0
+    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    seq_lr_B = seq_log_ratio(log_ratio_BC, keep_BC)
+    seq_ratio_B = seq_lr_B.exp()
+    adv_BC = advantages_BC(advantages_B, keep_BC)  # validates B; used for stats
+    loss_B = clipped_surrogate_loss(seq_ratio_B, advantages_B, clip_low, clip_high)
+    if scale_B is not None:
+        loss_B = scale_B * loss_B
+    loss = aggregate(weighted(loss_B.unsqueeze(1).expand_as(logp_BC), weights_BC), mask_BC, aggregation, denominator)
+    ratio_BC = seq_ratio_B.detach().unsqueeze(1).expand_as(logp_BC)
+    kept_BC = stats_mask(mask_BC, weights_BC)
+    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high)
