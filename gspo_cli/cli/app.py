@@ -6,6 +6,8 @@ Errors a user can cause end in one line on stderr and exit code 2 (bad usage or 
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -76,7 +78,23 @@ app.command()(samples)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if code and _in_process_group():
+            # A torchrun worker that stops on an error leaves without C++ teardown: the peers may
+            # have gone already, and the process group's destructors then abort (SIGABRT) instead
+            # of returning the error's exit code.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        raise
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never imports torch: the analysis side stays torch-free
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 if __name__ == "__main__":
