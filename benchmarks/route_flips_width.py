@@ -72,7 +72,10 @@ def main() -> None:
             random.seed(seed)
             res = one_seed(model, tok, flips_task, a.lr, seed, a.prompts, 30, a.router_lr_scale)
             means = [100 * sum(v) / len(v) for v in res.values()]
-            print(f"| {width} | {n:.1f} | {built:.0f} | {seed} | " + " | ".join(f"{m:.2f}%" for m in means) + " |", flush=True)
+            print(
+                f"| {width} | {n:.1f} | {built:.0f} | {seed} | " + " | ".join(f"{m:.2f}%" for m in means) + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
