@@ -44,9 +44,10 @@ def global_load_balancing_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss to backpropagate on this process, the whole batch's loss value, detached).
 
-    One process: both are the batch's loss (equal to transformers' `aux_loss` with the same mask). Under torchrun:
-    the first is world_size x E x sum_e f_e x (this process's prob sum_e) / R, whose gradient
-    averaged over processes is the whole batch's; the second is the whole batch's value."""
+    One process: both are the batch's loss (equal to transformers' `aux_loss` given the same
+    mask). Under torchrun: the first is world_size x E x sum_e f_e x (this process's prob
+    sum_e) / R, whose gradient averaged over processes is the whole batch's; the second is the
+    whole batch's value."""
     picks_E, prob_E, rows = load_balance_parts(router_logits, attention_mask, num_experts, top_k)
     picks_E = distributed.total_tensor(picks_E, info)
     rows_all = distributed.total_tensor(rows, info).clamp(min=1)
