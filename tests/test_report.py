@@ -279,3 +279,10 @@ def test_collapse_rule_on_synthetic_runs(tmp_path):
     assert "| gspo | 1/2 | s1: 30 (diverged), s2: – | 30 | 0.200 | 0.195 |" in text
     assert "Arms that collapse (median step, earliest first): `grpo` at step 15." in text
     assert "Collapse rule (fixed before the runs" in text and "below 0.5 x its own step-0" in text
+    for seed in range(3):  # every grpo seed holds on: no arm collapses
+        (exp / "grpo" / f"seed{seed}" / "eval.jsonl").write_text(
+            json.dumps({"step": 0, "task": "math", "n": 10, "samples": 4, "scores": {"avg@4": 0.2}}) + "\n"
+        )
+    text = write_report(exp).read_text()
+    assert "| grpo | 0/3 | s0: –, s1: –, s2: – | – | 0.200 | n/a |" in text
+    assert "No arm collapses: in none do more than half of the rated seeds" in text

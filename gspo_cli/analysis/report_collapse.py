@@ -93,7 +93,7 @@ def collapse_lines(groups: list[Group], task: str | None, label: str = "held-out
         + ", ".join(f"`{name}` at step {m:g}" for m, name in verdicts)
         + "."
         if verdicts
-        else "No arm collapses: fewer than half of each arm's seeds fall below the threshold."
+        else "No arm collapses: in none do more than half of the rated seeds fall below the threshold."
     )
     return [
         "## Collapse",
