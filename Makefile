@@ -79,8 +79,10 @@ test-vllm: $(VLLM_STAMP)
 # The GSPO paper's MoE findings on the built-in MoE testbed (experiments/paper_moe.yaml): arms x
 # 5 seeds, two processes at a time; resumable (rerun after an interruption); writes
 # results/paper_moe/REPORT.md. `make reproduce-tiny`: the earlier 16-expert study (paper_tiny and
-# its 4x learning-rate variant).
-.PHONY: reproduce-tiny
+# its 4x learning-rate variant). `make reproduce-stress`: the router-speed stress study
+# (experiments/paper_moe_stress.yaml, routers at 60x the learning rate; every arm collapses by
+# design, the report says when: results/paper_moe_stress/REPORT.md, about as long as reproduce).
+.PHONY: reproduce-tiny reproduce-stress
 # `make zoo`: the field's policy losses side by side on the quickstart's model and task
 # (experiments/zoo.yaml: GRPO, GRPO+R2, GSPO, DAPO, Dr. GRPO, CISPO, SAPO, GMPO x 3 seeds, ~40-50 min
 # on 2 cores by the quickstart's measured step time); resumable; writes results/zoo/REPORT.md.
@@ -92,6 +94,10 @@ zoo: setup
 reproduce: setup
 	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
 	$(BIN)/gspo report results/paper_moe
+
+reproduce-stress: setup
+	$(BIN)/gspo sweep experiments/paper_moe_stress.yaml --jobs 2
+	$(BIN)/gspo report results/paper_moe_stress
 
 reproduce-tiny: setup
 	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2

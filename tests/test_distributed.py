@@ -114,18 +114,22 @@ def test_two_processes_with_two_mini_batches_update_like_one_on_the_same_rows(tm
     _assert_same_update(one, two)
 
 
-@pytest.mark.xfail(
-    reason="known broken (2026-12-04 run): 2-rank gradients differ from 1 process (max diff 0.0139 vs "
-    "scale 0.0204) although global_load_balancing_loss matches transformers' value on one process "
-    "(test_zoo_step.py); not yet found",
-    strict=False,
-)
-def test_load_balancing_loss_is_the_whole_batch_under_ddp(tmp_path, source):
+# (ddp, 1 mini-batch) is left out: (ddp, 2) covers it and more, and each case costs a torchrun
+@pytest.mark.parametrize(("sharding", "mini_batches"), [("fsdp", 1), ("ddp", 2)])
+def test_load_balancing_loss_is_the_whole_batch_under_ddp(tmp_path, source, sharding, mini_batches):
     """router_aux_loss_coef > 0: the load-balancing loss (a product of two means) of 2 ranks is
-    the whole batch's, in value (moe/aux_loss) and gradient. Rank-local, it was not (review:
-    whole batch 2.152 vs mean of halves 2.218)."""
-    one = _run_update_check(tmp_path, source, "token_mean", "grpo", 1, aux=0.5)
-    two = _run_update_check(tmp_path, source, "token_mean", "grpo", 2, aux=0.5)
+    the whole batch's, in value (moe/aux_loss) and gradient, with FSDP, and with DDP and 2
+    mini-batches (against one process given the same rows). Rank-local, it was not (review:
+    whole batch 2.152 vs mean of halves 2.218). Two bugs hid behind this: the chunked log-prob
+    path dropped the router logits (so every rank fell back to its own aux_loss), and rows were
+    counted by the attention mask, whose attended-but-unmasked tail (rank 0's cut responses
+    here) one process keeps and a rank's trimmed mini-batch drops: DDP, 1 mini-batch, max
+    gradient diff 0.0139 of scale 0.0204 before, 1.1e-8 of 0.033 after."""
+    emulate = 2 if mini_batches > 1 else 1
+    one = _run_update_check(
+        tmp_path, source, "token_mean", "grpo", 1, mini_batches=mini_batches, aux=0.5, emulate=emulate
+    )
+    two = _run_update_check(tmp_path, source, "token_mean", "grpo", 2, sharding, mini_batches=mini_batches, aux=0.5)
     assert one["metrics"]["moe/aux_loss"] > 0
     _assert_same_update(one, two)
 

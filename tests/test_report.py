@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gspo_cli.analysis.report import arm_role, welch_diff, write_report
+from gspo_cli.analysis.report_collapse import Collapse, run_collapse
 from gspo_cli.analysis.rundata import load_runs
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
@@ -235,3 +236,53 @@ def test_finding_5_does_not_hold_and_diverged_grpo_counts(tmp_path):
     diverged = _logvar_experiment(tmp_path / "b", (1e-4, 2e-4, 3e-4), 1e-4, ("completed", "diverged", "completed"))
     text = write_report(diverged).read_text()
     assert "trains less stably — holds.**" in text and "GRPO 1/3, GRPO + routing replay 0/3, GSPO 0/3" in text
+
+
+def _collapse_experiment(root: Path) -> Path:
+    """grpo: step-0 score 0.2, evals every 10 steps. Seed 0 falls below 0.1 at step 20, seed 1 at
+    10, seed 2 ends at exactly 0.1 (not below: never). gspo: seed 0 starts at 0 (not rated),
+    seed 1 diverges (status) without a drop (collapses at its last step, 30), seed 2 holds."""
+    curves = {
+        ("grpo", 0): (0.2, 0.15, 0.08, 0.05),
+        ("grpo", 1): (0.2, 0.09, 0.12, 0.03),
+        ("grpo", 2): (0.2, 0.15, 0.12, 0.1),
+        ("gspo", 0): (0.0, 0.1, 0.1, 0.1),
+        ("gspo", 1): (0.2, 0.18, 0.16, 0.14),
+        ("gspo", 2): (0.2, 0.25, 0.3, 0.3),
+    }
+    for (arm, seed), scores in curves.items():
+        status = "diverged" if (arm, seed) == ("gspo", 1) else "completed"
+        _write(root, arm, arm, "off", seed, 0.3, 0.01, 0.01, status)
+        (root / "paper" / arm / f"seed{seed}" / "eval.jsonl").write_text(
+            "".join(
+                json.dumps({"step": 10 * i, "task": "math", "n": 10, "samples": 4, "scores": {"avg@4": v}}) + "\n"
+                for i, v in enumerate(scores)
+            )
+        )
+    return root / "paper"
+
+
+def test_collapse_rule_on_synthetic_runs(tmp_path):
+    exp = _collapse_experiment(tmp_path)
+    got = {(r.arm, r.seed): run_collapse(r, "math") for r in load_runs([str(exp)])}
+    assert got[("grpo", 0)] == Collapse(step=20, start=0.2, low=0.05)
+    assert got[("grpo", 1)] == Collapse(step=10, start=0.2, low=0.03)
+    assert got[("grpo", 2)] == Collapse(step=None, start=0.2, low=0.1)  # 0.1 is half, not below
+    assert got[("gspo", 0)] is None  # nothing to fall from
+    assert got[("gspo", 1)] == Collapse(step=STEPS, start=0.2, low=0.14, diverged=True)
+    assert got[("gspo", 2)].step is None
+    assert run_collapse(load_runs([str(exp / "grpo" / "seed0")])[0], "other") is None  # no such eval set
+    text = write_report(exp).read_text()
+    # grpo: 2 of 3 collapse, median of (20, 10) = 15; step-0 mean 0.2, mean of lows (0.05, 0.03, 0.1) = 0.06
+    assert "| grpo | 2/3 | s0: 20, s1: 10, s2: – | 15 | 0.200 | 0.060 |" in text
+    # gspo: seed 0 not rated; 1 of 2 (the divergence) is not more than half; lows (0.14, 0.25)
+    assert "| gspo | 1/2 | s1: 30 (diverged), s2: – | 30 | 0.200 | 0.195 |" in text
+    assert "Arms that collapse (median step, earliest first): `grpo` at step 15." in text
+    assert "Collapse rule (fixed before the runs" in text and "below 0.5 x its own step-0" in text
+    for seed in range(3):  # every grpo seed holds on: no arm collapses
+        (exp / "grpo" / f"seed{seed}" / "eval.jsonl").write_text(
+            json.dumps({"step": 0, "task": "math", "n": 10, "samples": 4, "scores": {"avg@4": 0.2}}) + "\n"
+        )
+    text = write_report(exp).read_text()
+    assert "| grpo | 0/3 | s0: –, s1: –, s2: – | – | 0.200 | n/a |" in text
+    assert "No arm collapses: in none do more than half of the rated seeds" in text

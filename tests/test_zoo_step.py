@@ -197,6 +197,24 @@ def test_global_load_balancing_loss_matches_transformers_and_adds_up_over_halves
     assert abs((halves[0] + halves[1]).item() / 2 - hf.item()) > 1e-3  # the rank-local mean is not the whole
 
 
+def test_load_balancing_loss_by_hand_and_masked_rows_do_not_count():
+    """E=2, top-1, one layer. Rows with probabilities (.75, .25), (.25, .75), (.75, .25): picks
+    f = (2/3, 1/3), mean probabilities P = (7/12, 5/12), loss = 2 (2/3 7/12 + 1/3 5/12) = 19/18.
+    A fourth row with mask 0 (any logits) changes nothing; the gradient reaches the logits only
+    through P: d loss / d p_e of a row = E f_e / R."""
+    from gspo_cli.distributed import DistInfo
+
+    ln3 = math.log(3.0)
+    logits = torch.tensor([[ln3, 0.0], [0.0, ln3], [ln3, 0.0], [0.0, 9.0]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, value = global_load_balancing_loss((logits,), mask, 2, 1, DistInfo())
+    assert loss.item() == pytest.approx(19 / 18, rel=1e-6) and value.item() == pytest.approx(19 / 18, rel=1e-6)
+    loss.backward()
+    # d/dz of softmax-weighted sum: row 0 p = (.75, .25), c = E f / R = (4/9, 2/9): dz_0 = p_0 p_1 (c_0 - c_1)
+    assert logits.grad[0, 0].item() == pytest.approx(0.75 * 0.25 * (4 / 9 - 2 / 9), rel=1e-6)
+    assert logits.grad[3].abs().max().item() == 0.0
+
+
 def test_staleness_aware_labels():
     text, _ = describe("ratio/logvar_mb0")
     assert "staleness 1" in text and "one update behind" in text

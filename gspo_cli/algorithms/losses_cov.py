@@ -46,6 +46,26 @@ def _n_selected(keep_BC: torch.Tensor, ratio: float) -> int:
     return max(int(n * ratio), 1) if n else 0
 
 
+def _token_terms(logp_BC, old_logp_BC, advantages, mask_BC):
+    """What both losses start from, each (B, C): (keep, log-ratio, ratio, advantage, cov)."""
+    keep_BC = mask_BC > 0
+    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
+    adv_BC = advantages_BC(advantages, keep_BC)
+    return keep_BC, log_ratio_BC, token_ratio(log_ratio_BC), adv_BC, token_covariance_BC(adv_BC, logp_BC, keep_BC)
+
+
+def _selection_BC(flat_indices: torch.Tensor, keep_BC: torch.Tensor) -> torch.Tensor:
+    """(B, C) bool: True at `flat_indices` (into keep_BC flattened), on response tokens only."""
+    selected_N = torch.zeros(keep_BC.numel(), dtype=torch.bool, device=keep_BC.device)
+    selected_N[flat_indices] = True
+    return selected_N.reshape(keep_BC.shape) & keep_BC
+
+
+def _selected_frac(selected_BC: torch.Tensor, kept_BC: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``cov_frac``: the share of the statistics' tokens that were selected (0-d)."""
+    return (selected_BC & kept_BC).sum().to(dtype) / kept_BC.sum().clamp(min=1).to(dtype)
+
+
 @register_policy_loss("clip_cov")
 def clip_cov_loss(
     logp_BC: torch.Tensor,
@@ -70,26 +90,20 @@ def clip_cov_loss(
     off (``clip_low`` 1.0 / ``clip_high`` a large value) and uses token-mean. Clip fractions
     are PPO's; ``cov_frac`` (``policy/cov_selected_frac``) is the share of tokens detached.
     """
-    keep_BC = mask_BC > 0
-    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
-    ratio_BC = token_ratio(log_ratio_BC)
-    adv_BC = advantages_BC(advantages, keep_BC)
+    keep_BC, log_ratio_BC, ratio_BC, adv_BC, cov_BC = _token_terms(logp_BC, old_logp_BC, advantages, mask_BC)
     loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
     r_BC = ratio_BC.detach()
     ppo_clipped_BC = ((r_BC > 1.0 + clip_high) & (adv_BC > 0)) | ((r_BC < 1.0 - clip_low) & (adv_BC < 0))
-    cov_BC = token_covariance_BC(adv_BC, logp_BC, keep_BC)
     cand = (keep_BC & ~ppo_clipped_BC & (cov_BC > cov_lb) & (cov_BC < cov_ub)).reshape(-1).nonzero().squeeze(-1)
     chosen = cand[torch.randperm(cand.numel(), device=cand.device)[: _n_selected(keep_BC, cov_ratio)]]
-    selected_BC = torch.zeros(keep_BC.numel(), dtype=torch.bool, device=keep_BC.device)
-    selected_BC[chosen] = True
-    selected_BC = selected_BC.reshape(keep_BC.shape)
+    selected_BC = _selection_BC(chosen, keep_BC)
     loss_BC = torch.where(selected_BC, torch.zeros_like(loss_BC), loss_BC)
     loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     kept_BC = stats_mask(mask_BC, weights_BC)
     stats = ppo_clip_stats(
         ratio_BC, seq_log_ratio(log_ratio_BC, keep_BC), log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high
     )
-    stats["cov_frac"] = (selected_BC & kept_BC).sum().to(r_BC.dtype) / kept_BC.sum().clamp(min=1).to(r_BC.dtype)
+    stats["cov_frac"] = _selected_frac(selected_BC, kept_BC, r_BC.dtype)
     return loss, stats
 
 
@@ -118,16 +132,8 @@ def kl_cov_loss(
     signature), so clip fractions are 0; ``cov_frac`` is the share of penalised tokens.
     """
     del clip_low, clip_high
-    keep_BC = mask_BC > 0
-    log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
-    ratio_BC = token_ratio(log_ratio_BC)
-    adv_BC = advantages_BC(advantages, keep_BC)
-    cov_BC = token_covariance_BC(adv_BC, logp_BC, keep_BC)
-    k = _n_selected(keep_BC, cov_ratio)
-    selected_BC = torch.zeros(keep_BC.numel(), dtype=torch.bool, device=keep_BC.device)
-    if k:
-        selected_BC[cov_BC.reshape(-1).topk(k).indices] = True
-    selected_BC = selected_BC.reshape(keep_BC.shape) & keep_BC
+    keep_BC, log_ratio_BC, ratio_BC, adv_BC, cov_BC = _token_terms(logp_BC, old_logp_BC, advantages, mask_BC)
+    selected_BC = _selection_BC(cov_BC.reshape(-1).topk(_n_selected(keep_BC, cov_ratio)).indices, keep_BC)
     loss_BC = -ratio_BC * adv_BC + torch.where(selected_BC, kl_coef * log_ratio_BC.abs(), torch.zeros_like(ratio_BC))
     loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     kept_BC = stats_mask(mask_BC, weights_BC)
@@ -136,5 +142,5 @@ def kl_cov_loss(
     stats = loss_stats(
         r_BC, seq_log_ratio(log_ratio_BC, keep_BC), log_ratio_BC, kept_BC, high_BC=none_BC, low_BC=none_BC
     )
-    stats["cov_frac"] = (selected_BC & kept_BC).sum().to(r_BC.dtype) / kept_BC.sum().clamp(min=1).to(r_BC.dtype)
+    stats["cov_frac"] = _selected_frac(selected_BC, kept_BC, r_BC.dtype)
     return loss, stats

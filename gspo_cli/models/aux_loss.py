@@ -3,12 +3,13 @@ transformers' Qwen3-MoE computes) over the whole batch when it is split across p
 
     loss = E * sum_e f_e * P_e,   f_e = (top-k picks of expert e) / R,   P_e = (sum of p_e) / R
 
-over every (layer, non-padding position) row, R rows in all. It is a product of two means, so
-the mean of per-process losses is not the loss of the whole batch (review: 2.218 vs 2.152 on
-two halves). Here each process sums its parts, the parts are added over processes (counts and
-R without gradient), and each process backpropagates its own share of P, scaled by the world
-size because DDP and FSDP average gradients: the averaged gradient and the logged value are the
-whole batch's, as one process would compute them.
+over every (layer, counted position) row, R rows in all (transformers counts the attended
+positions; the trainer passes the prompt and response tokens, the same rows in a real rollout).
+It is a product of two means, so the mean of per-process losses is not the loss of the whole
+batch (review: 2.218 vs 2.152 on two halves). Here each process sums its parts, the parts are
+added over processes (counts and R without gradient), and each process backpropagates its own
+share of P, scaled by the world size because DDP and FSDP average gradients: the averaged
+gradient and the logged value are the whole batch's, as one process would compute them.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from gspo_cli.distributed import DistInfo
 def load_balance_parts(router_logits, attention_mask: torch.Tensor, num_experts: int, top_k: int):
     """(picks_E, prob_sum_E, rows): this process's sums over every layer's rows. `router_logits`:
     a tuple of (B*T, E) per MoE layer (the model's `router_logits` output); `attention_mask`
-    (B, T), 0 on padding. picks_E (no gradient) counts top-k choices per expert, prob_sum_E
-    (differentiable) sums the router's softmax probabilities, rows is a 0-d count."""
+    (B, T), 1 on the positions that count (0 on padding). picks_E (no gradient) counts top-k
+    choices per expert, prob_sum_E (differentiable) sums the router's softmax probabilities,
+    rows is a 0-d count."""
     flat = attention_mask.reshape(-1).float()
     picks_E = torch.zeros(num_experts, dtype=torch.float32, device=flat.device)
     prob_E = torch.zeros(num_experts, dtype=torch.float32, device=flat.device)
@@ -42,9 +44,10 @@ def global_load_balancing_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss to backpropagate on this process, the whole batch's loss value, detached).
 
-    One process: both are the batch's loss (equal to transformers' `aux_loss`). Under torchrun:
-    the first is world_size x E x sum_e f_e x (this process's prob sum_e) / R, whose gradient
-    averaged over processes is the whole batch's; the second is the whole batch's value."""
+    One process: both are the batch's loss (equal to transformers' `aux_loss` given the same
+    mask). Under torchrun: the first is world_size x E x sum_e f_e x (this process's prob
+    sum_e) / R, whose gradient averaged over processes is the whole batch's; the second is the
+    whole batch's value."""
     picks_E, prob_E, rows = load_balance_parts(router_logits, attention_mask, num_experts, top_k)
     picks_E = distributed.total_tensor(picks_E, info)
     rows_all = distributed.total_tensor(rows, info).clamp(min=1)
@@ -56,12 +59,17 @@ def global_load_balancing_loss(
     return info.world_size * num_experts * (f_E * prob_E / rows_all).sum(), value
 
 
-def router_aux_loss(model_aux_loss, router_logits, attention_mask, config, info: DistInfo):
-    """(term to add to this process's loss, logged value) of the load-balancing loss: the model's
-    own `aux_loss` with one process (bit for bit), `global_load_balancing_loss` under torchrun.
-    `config`: the model's (num_experts, num_experts_per_tok)."""
-    if not info.enabled or router_logits is None:
+def router_aux_loss(model_aux_loss, router_logits, tokens_BT: torch.Tensor, config, info: DistInfo):
+    """(term to add to this process's loss, logged value) of the load-balancing loss:
+    `global_load_balancing_loss` over the positions `tokens_BT` (B, T) marks, on one process as
+    under torchrun, so both count the same rows however a mini-batch is split or trimmed. Pass
+    the prompt and response tokens (not the attention mask: a position the model attends but
+    no row of a mini-batch needs is trimmed away, which would change the rows with the split).
+    Models that do not return `router_logits`: their own `aux_loss` on one process; under
+    torchrun that would be rank-local, so it raises. `config`: the model's (num_experts,
+    num_experts_per_tok)."""
+    if router_logits is None:
+        if info.enabled:
+            raise RuntimeError("the model returns no router_logits: its load-balancing loss would be rank-local")
         return model_aux_loss, model_aux_loss.detach()
-    return global_load_balancing_loss(
-        router_logits, attention_mask, config.num_experts, config.num_experts_per_tok, info
-    )
+    return global_load_balancing_loss(router_logits, tokens_BT, config.num_experts, config.num_experts_per_tok, info)

@@ -158,7 +158,10 @@ def response_logprobs(
         del head.forward
     res_BCk = out.logits
     return LogProbs(
-        logp=res_BCk[..., 0], entropy=res_BCk[..., 1] if with_entropy else None, aux_loss=getattr(out, "aux_loss", None)
+        logp=res_BCk[..., 0],
+        entropy=res_BCk[..., 1] if with_entropy else None,
+        aux_loss=getattr(out, "aux_loss", None),
+        router_logits=getattr(out, "router_logits", None),
     )
 
 

@@ -365,7 +365,7 @@ def _update(
             extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
         if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:  # the whole batch's, all ranks
             aux, extra["aux_loss"] = router_aux_loss(
-                new.aux_loss, new.router_logits, sub.attention_mask, ctx.model.config, ctx.dist
+                new.aux_loss, new.router_logits, _routed_tokens(sub), ctx.model.config, ctx.dist
             )
             loss = loss + spec.model.router_aux_loss_coef * aux
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -416,6 +416,16 @@ def _routing(ctx: Ctx, old_routes):
     else:
         with ctx.routing.recording() as rec:
             yield rec
+
+
+def _routed_tokens(batch: RolloutBatch) -> torch.Tensor:
+    """(B, T) 1 on the prompt and response tokens: the rows the load-balancing loss averages over.
+    Not the attention mask: an attended position past a row's response mask is kept or trimmed
+    with the other rows of its mini-batch (RolloutBatch.trimmed), so counting it would make the
+    loss depend on how the batch is split across mini-batches and processes."""
+    P = batch.prompt_len
+    response_BC = (batch.response_mask > 0).to(batch.attention_mask.dtype) * batch.attention_mask[:, P:]
+    return torch.cat([batch.attention_mask[:, :P], response_BC], dim=1)
 
 
 def _route_token_mask(batch: RolloutBatch) -> torch.Tensor:
