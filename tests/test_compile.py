@@ -83,7 +83,10 @@ def test_compiled_update_equals_eager_with_routing_replay(tmp_path, monkeypatch)
     """R2 arm, one width (bucket 64 > every width here): the compiled forward's log-probs equal
     eager's to 1e-5 under replay (and the routers' own choices agree), and a training step gives
     the same losses, clip fractions, expert changes and weights as the eager step."""
+    import torch._inductor.config
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "ind"))
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)  # no worker pool to start
     ctx = _ctx(tmp_path / "c", "grpo_rr", compile=True, compile_bucket=64)
     step_c = train_step(ctx, 1)
     ref = _ctx(tmp_path / "e", "grpo_rr")  # setup seeds torch: the same batch as ctx's step
@@ -129,11 +132,15 @@ ids = torch.randint(3, 32, (2, 12), generator=torch.Generator().manual_seed(1))
 attn, no = torch.ones(2, 12, dtype=torch.long), torch.zeros(2, dtype=torch.bool)
 batch = RolloutBatch(ids, attn, torch.ones(2, 8), 4, ["", ""], no)
 fwd, _ = cu.pad(batch, None)
-with ctl.recording(), cu.active():
+with ctl.recording() as eager_routes:
+    eager = response_logprobs(model, batch).logp
+with ctl.recording() as routes, cu.active():
     logp = response_logprobs(model, fwd).logp[:, :8]
 logp.sum().backward()
 c = {k: v for g in ("inductor", "aot_autograd") for k, v in counters[g].items() if "cache" in k}
-print(json.dumps({"counters": c, "logp": logp.tolist(), "cache": str(cu.cache_dir)}))
+same_routes = torch.equal(routes.routes.reshape(1, 2, 16, 2)[:, :, :12], eager_routes.routes.reshape(1, 2, 12, 2))
+print(json.dumps({"counters": c, "logp": logp.tolist(), "cache": str(cu.cache_dir),
+    "gap": (logp - eager).abs().max().item(), "same_routes": same_routes}))
 """
 
 
@@ -141,7 +148,8 @@ print(json.dumps({"counters": c, "logp": logp.tolist(), "cache": str(cu.cache_di
 def test_a_second_process_loads_the_compiled_update_from_disk(tmp_path):
     """Two fresh processes with one GSPO_CACHE_DIR: the first compiles (cache misses, entries
     written under <cache>/torch-compile), the second finds every graph on disk (hits, no miss)
-    and computes the same log-probs."""
+    and computes the same log-probs. The compiled forward records the routes eager takes and
+    gives eager's log-probs (1e-5)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR")}
     env.update(GSPO_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO), TORCHINDUCTOR_COMPILE_THREADS="1")
 
@@ -155,6 +163,7 @@ def test_a_second_process_loads_the_compiled_update_from_disk(tmp_path):
     assert first["counters"].get("fxgraph_cache_miss", 0) >= 2  # forward and backward compiled
     assert first["counters"].get("autograd_cache_miss", 0) == 1
     assert any((tmp_path / "torch-compile" / "fxgraph").rglob("*"))
+    assert first["gap"] < 1e-5 and first["same_routes"]  # route recording under compile: eager's routes
     second = run()
     assert second["counters"].get("fxgraph_cache_miss", 0) == 0
     assert second["counters"].get("autograd_cache_miss", 0) == 0
