@@ -72,6 +72,17 @@ class ExperimentSpec(_Strict):
             problems += _engine_problems(i, arm, self.rollout)
         if self.optimizer.router_lr_scale != 1.0 and self.model.name == "builtin:tiny-dense":
             problems.append(router_scale_problem(self.optimizer.router_lr_scale, self.model.name))  # hub: once built
+        if self.train.compile and self.model.sharding == "fsdp":
+            problems.append(
+                "train.compile: not supported with model.sharding: fsdp (compiled updates are built and tested "
+                "for unsharded models only); use sharding ddp or compile: false"
+            )
+        if self.train.compile and self.train.gradient_checkpointing:
+            problems.append(
+                "train.compile: with train.gradient_checkpointing the decoder layers fall outside the "
+                "compiled graph (it breaks at the checkpoint wrapper), so compiling would cost without "
+                "paying; use one or the other"
+            )
         if self.model.dtype == "float16":
             problems.append(
                 "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "

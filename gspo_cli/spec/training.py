@@ -79,3 +79,13 @@ class TrainConfig(_Strict):
         "backward instead of keeping them (less memory, "
         "~1 extra forward per update)",
     )
+    # Compiling costs tens of seconds per width on a CPU; the artefacts are cached on disk
+    # (GSPO_CACHE_DIR/torch-compile), so only the first run with a given model size and width pays.
+    compile: bool = Field(
+        False,
+        description="compile the update's forward and backward with torch.compile, each mini-batch padded "
+        "to a width that is a multiple of compile_bucket; compiled code is cached on disk across runs",
+    )
+    compile_bucket: int = Field(
+        16, ge=1, description="with compile: pad each mini-batch's width (tokens) up to a multiple of this"
+    )

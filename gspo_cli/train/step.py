@@ -39,6 +39,7 @@ from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_
 from gspo_cli.rollout.base import check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
+from gspo_cli.train.compiled import CompiledUpdate, compiled_context, unpad_routes
 from gspo_cli.train.minibatch import minibatch_rows
 from gspo_cli.train.old_policy import old_policy
 from gspo_cli.train.optim import make_optimizer
@@ -74,6 +75,7 @@ class Ctx:
     # Forward passes run inside compute(): autocast to model.dtype over float32 master weights
     # (FSDP: nothing, its MixedPrecisionPolicy gathers model.dtype copies of the shards).
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    compiled: CompiledUpdate | None = None  # train.compile: the update's compiled decoder
 
 
 def setup(
@@ -107,6 +109,7 @@ def setup(
         )
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    compiled = CompiledUpdate(model, spec.train.compile_bucket) if spec.train.compile else None
     ref_model = None
     if arm.kl_coef > 0:
         if sharded:  # sharded like the policy, from rank 0's read of the initial weights
@@ -149,6 +152,7 @@ def setup(
         seed=seed,
         train_model=train_model,
         compute=functools.partial(compute_context, spec.model.dtype, spec.model.device, sharded),
+        compiled=compiled,
     )
 
 
@@ -337,11 +341,14 @@ def _update(
     w_bc = None if weights_BC is None else weights_BC[rows][:, :c]
     mb_routes = None if old_routes is None else old_routes[:, rows, lo:hi]
     denominator = _denominator(ctx, m_bc)
+    # train.compile: the forward runs on the rows padded to a bucketed width (train/compiled.py)
+    fwd, fwd_routes = (sub, mb_routes) if ctx.compiled is None else ctx.compiled.pad(sub, mb_routes)
     # Backward inside the routing context: gradient checkpointing recomputes the forward
     # there, and a replayed forward must be replayed again.
-    with _routing(ctx, mb_routes) as rec:
-        with ctx.compute():
-            new = response_logprobs(ctx.train_model or ctx.model, sub, spec.rollout.temperature)
+    with _routing(ctx, fwd_routes) as rec:
+        with ctx.compute(), compiled_context(ctx.compiled):
+            new = response_logprobs(ctx.train_model or ctx.model, fwd, spec.rollout.temperature)
+        new.logp = new.logp[:, :c]
         if arm.off_policy_mask is not None:  # DeepSeek-V3.2: needs pi_theta, so per mini-batch
             keep_b = off_policy_sequence_mask(new.logp, old_logp_bc, adv_B[rows], m_bc, arm.off_policy_mask)
             keep_bc = keep_b.unsqueeze(1).to(m_bc.dtype).expand_as(m_bc)
@@ -365,12 +372,12 @@ def _update(
             extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
         if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:  # the whole batch's, all ranks
             aux, extra["aux_loss"] = router_aux_loss(
-                new.aux_loss, new.router_logits, _routed_tokens(sub), ctx.model.config, ctx.dist
+                new.aux_loss, new.router_logits, _routed_tokens(fwd), ctx.model.config, ctx.dist
             )
             loss = loss + spec.model.router_aux_loss_coef * aux
         ctx.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
-    routes_now = rec.routes if rec is not None else None
+    routes_now = unpad_routes(rec.routes, len(rows), hi - lo) if rec is not None else None
     grad_norm = distributed.scalar(torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip))
     bad = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
     if distributed.any_rank(bad, ctx.dist):

@@ -1,0 +1,162 @@
+"""Fused MoE experts (`model.experts_implementation: grouped_mm`, transformers' grouped-GEMM
+experts) compute what the loop over experts (`eager`) computes: forward, backward, routes,
+routing replay and the expert-change metric, in float32; and both load the same checkpoints."""
+
+import copy
+
+import pytest
+import torch
+import transformers as tf
+from helpers import TINY
+
+from gspo_cli.models import load_model, resolve_model_source
+from gspo_cli.models.routing import RoutingController, expert_change_frac
+from gspo_cli.spec import ModelConfig
+from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.tasks import make_task
+from gspo_cli.train.step import setup, train_step
+
+V, E, K = 48, 8, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    # tiny models: a second intra-op thread only adds overhead on a busy 2-core box
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _pair():
+    """The same tiny Qwen3-MoE (random routers, so tokens spread over the experts) twice: experts
+    as a loop and as grouped matmuls."""
+    cfg = tf.Qwen3MoeConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        moe_intermediate_size=24,
+        num_experts=E,
+        num_experts_per_tok=K,
+        norm_topk_prob=True,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    # one config object each: from_config records the implementation in the config it is given
+    loop = tf.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), experts_implementation="eager").train()
+    with torch.no_grad():
+        for name, p in loop.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 1.0)
+    fused = tf.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), experts_implementation="grouped_mm").train()
+    fused.load_state_dict(loop.state_dict())
+    assert loop.config._experts_implementation == "eager" and fused.config._experts_implementation == "grouped_mm"
+    return loop, fused
+
+
+def _inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, V, (3, 10), generator=g)
+    attn = torch.ones_like(ids)
+    attn[0, :3] = 0  # left padding
+    attn[2, -2:] = 0  # right padding
+    return dict(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+
+
+def _fwd_bwd(model, ctl, seed, replay=None):
+    """(logits, {name: grad}, routes): routes recorded, or under `replay` the routers' own choices."""
+    ctx = ctl.replaying(replay) if replay is not None else ctl.recording()
+    with ctx as rec:
+        logits = model(**_inputs(seed)).logits
+        (logits.log_softmax(-1)[..., 5].sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return logits.detach(), grads, rec.routes
+
+
+def _close(a, b, what):
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), f"{what}: {k} differs by {(a[k] - b[k]).abs().max()}"
+
+
+def test_grouped_experts_equal_the_loop_forward_backward_routes_replay():
+    loop, fused = _pair()
+    c_loop, c_fused = RoutingController(loop), RoutingController(fused)
+    l1, g1, r1 = _fwd_bwd(loop, c_loop, seed=1)
+    l2, g2, r2 = _fwd_bwd(fused, c_fused, seed=1)
+    assert (l1 - l2).abs().max() < 1e-5
+    assert len(g1) == len(g2) == len(list(loop.parameters())) and any(".experts." in k for k in g1)
+    _close(g1, g2, "gradient")
+    assert torch.equal(r1, r2) and r1.shape == (2, 30, K)
+    assert len(r1.unique()) > E // 2  # several experts in use: the comparison covers the grouping
+
+    # R2: replay another batch's routes (forced experts): same outputs, gradients, own choices
+    forced = _fwd_bwd(loop, c_loop, seed=2)[2]
+    l1, g1, own1 = _fwd_bwd(loop, c_loop, seed=1, replay=forced)
+    l2, g2, own2 = _fwd_bwd(fused, c_fused, seed=1, replay=forced)
+    assert (l1 - l2).abs().max() < 1e-5
+    _close(g1, g2, "gradient under replay")
+    assert torch.equal(own1, own2)
+    assert torch.equal(own1[0], r1[0])  # the first layer's own choices: unreplayed ones (later layers see replay)
+    frac = expert_change_frac(forced, own1)
+    assert 0 < frac < 1 and frac == expert_change_frac(forced, own2)
+
+
+def test_one_checkpoint_loads_either_way(tmp_path):
+    """The experts' parameters are the same 3-D tensors either way: a checkpoint saved from the
+    loop (as every cached built-in model is) loads fused, and gives the same forward."""
+    loop, _ = _pair()
+    loop.save_pretrained(tmp_path / "m")
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=_char_tokenizer(), pad_token="<pad>", eos_token="</s>")
+    tok.save_pretrained(tmp_path / "m")
+    models = {}
+    for impl in ("eager", "grouped_mm"):
+        lm = load_model(str(tmp_path / "m"), ModelConfig(name=str(tmp_path / "m"), experts_implementation=impl))
+        assert lm.model.config._experts_implementation == impl and lm.is_moe
+        models[impl] = lm.model
+    sd_loop, sd_fused = models["eager"].state_dict(), models["grouped_mm"].state_dict()
+    assert {k: v.shape for k, v in sd_loop.items()} == {k: v.shape for k, v in sd_fused.items()}
+    assert all(torch.equal(sd_loop[k], sd_fused[k]) for k in sd_loop)
+    with torch.no_grad():
+        a, b = (models[i](**_inputs(3)).logits for i in ("eager", "grouped_mm"))
+    assert (a - b).abs().max() < 1e-5
+
+
+def _char_tokenizer():
+    from tokenizers import Tokenizer, models
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", *[chr(97 + i) for i in range(V - 3)]])}
+    return Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<pad>"))
+
+
+@pytest.mark.parametrize("arm", ["grpo", "grpo_rr"])
+def test_a_training_step_is_the_same_with_either_experts(tmp_path, arm):
+    """One step of the trainer on the built-in tiny MoE (route recording, or R2 replay) with
+    each implementation: the same losses, clip fractions, expert-change metric and weights."""
+    out = {}
+    for impl in ("eager", "grouped_mm"):
+        raw = {
+            **TINY,
+            "output_dir": str(tmp_path / impl),
+            "model": {**TINY["model"], "experts_implementation": impl},
+            "arms": [a for a in TINY["arms"] if a["name"] == arm],
+        }
+        spec = spec_from_dict(raw)
+        task = make_task(spec.task.name, spec.task.params)
+        ctx = setup(spec, spec.arms[0], 0, task, resolve_model_source(spec.model, task, log=lambda m: None))
+        assert ctx.model.config._experts_implementation == impl
+        out[impl] = (train_step(ctx, 1), ctx.model.state_dict())
+    (m1, w1), (m2, w2) = out["eager"], out["grouped_mm"]
+    keys = [k for k in m1 if k.startswith(("policy/", "ratio/", "moe/", "reward/"))]
+    assert "moe/expert_change_frac" in keys
+    for k in keys:
+        assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), k
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], atol=1e-5), k
