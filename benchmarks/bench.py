@@ -49,9 +49,16 @@ from benchmarks.orchestrate import orchestrate
 from benchmarks.profiling import worker_profile
 from benchmarks.quickstart import quickstart_full
 from benchmarks.render import render
-from benchmarks.workers import worker_ours, worker_trl, worker_variants
+from benchmarks.trl_worker import worker_trl
+from benchmarks.workers import worker_ours, worker_ref, worker_variants
 
-WORKERS = {"ours": worker_ours, "trl": worker_trl, "variants": worker_variants, "profile": worker_profile}
+WORKERS = {
+    "ours": worker_ours,
+    "trl": worker_trl,
+    "ref": worker_ref,
+    "variants": worker_variants,
+    "profile": worker_profile,
+}
 
 
 def main(argv=None) -> None:
@@ -61,9 +68,33 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mini-batches", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=1, help="warm-up steps per process, not measured")
-    p.add_argument("--steps", type=int, default=4, help="measured steps per process")
-    p.add_argument("--reps", type=int, default=3, help="alternating repetitions of ours / TRL")
+    p.add_argument(
+        "--rounds", type=int, default=9, help="paired rounds: one turn of every side each (default 9; >= 7 for a CI)"
+    )
+    p.add_argument(
+        "--turn-steps", type=int, default=3, help="measured steps per turn, after one warm-up step (default 3)"
+    )
+    p.add_argument(
+        "--probe-rounds",
+        type=int,
+        default=3,
+        help="thread probe rounds (each synchronous side at 1 thread and one per core; the fastest turn "
+        "decides; with --threads default, or auto on a box idle at start; 0: skip, torch's default)",
+    )
+    p.add_argument(
+        "--cores",
+        default=None,
+        help="comma-separated CPU cores every benchmark process is pinned to (default: all this process may use)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="the vLLM virtualenv's python for comparison (c) (default: .venv-vllm/bin/python; missing: (c) skipped)",
+    )
+    p.add_argument("--paired-only", action="store_true", help="only the paired comparisons (stage 1), not stages 2-5")
+    p.add_argument("--warmup", type=int, default=1, help="stages 2-3: warm-up rounds, not measured")
+    p.add_argument("--steps", type=int, default=4, help="stages 2-3: measured rounds per repetition")
+    p.add_argument("--reps", type=int, default=3, help="stages 2-3: repetitions (rounds = warmup + steps x reps)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
@@ -83,18 +114,12 @@ def main(argv=None) -> None:
         help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
         "quickstart.json, which later bench reports include",
     )
-    p.add_argument(
-        "--probe-steps",
-        type=int,
-        default=3,
-        help="measured steps per block of the thread probe (each side at 1 and all cores; with --threads "
-        "default, or auto on a box idle at start; 0: skip, torch's default)",
-    )
     p.add_argument("--profile-steps", type=int, default=3, help="steps under cProfile per profiled arm (0: skip)")
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 1 repetition, small sizes, no quickstart; writes to $TMPDIR/gspo-bench-quick",
+        help="a smoke run: 2 rounds of 1 step per turn, no probe, small sizes, no quickstart; writes to "
+        "$TMPDIR/gspo-bench-quick",
     )
     p.add_argument(
         "--out",
@@ -117,7 +142,8 @@ def main(argv=None) -> None:
         return
     if a.quick:
         a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
-        a.quickstart_steps, a.profile_steps, a.probe_steps = 0, 1, 1
+        a.rounds, a.turn_steps, a.probe_rounds = 2, 1, 0
+        a.quickstart_steps, a.profile_steps = 0, 1
         if a.out == DEFAULT_OUT:  # a smoke run never replaces the real results
             a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"
     result = orchestrate(a)

@@ -24,7 +24,7 @@ def worker_profile(cfg: dict) -> None:
     after warm-up, for one arm; writes profile_<preset>.txt."""
     from gspo_cli.train.step import setup, train_step
 
-    set_threads(cfg)
+    set_threads(cfg.get("threads", 0))
     raw = base_raw(
         prompts=cfg["prompts"],
         group=cfg["group"],
