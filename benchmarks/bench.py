@@ -92,6 +92,12 @@ def main(argv=None) -> None:
         help="the vLLM virtualenv's python for comparison (c) (default: .venv-vllm/bin/python; missing: (c) skipped)",
     )
     p.add_argument("--paired-only", action="store_true", help="only the paired comparisons (stage 1), not stages 2-5")
+    p.add_argument(
+        "--spec",
+        type=Path,
+        default=None,
+        help="the spec whose model, task and optimizer both sides use (default: experiments/quickstart.yaml)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="stages 2-3: warm-up rounds, not measured")
     p.add_argument("--steps", type=int, default=4, help="stages 2-3: measured rounds per repetition")
     p.add_argument("--reps", type=int, default=3, help="stages 2-3: repetitions (rounds = warmup + steps x reps)")
@@ -118,7 +124,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 2 rounds of 1 step per turn, no probe, small sizes, no quickstart; writes to "
+        help="a smoke run: 2 rounds of 1 step per turn, at most 1 probe round, small sizes, no quickstart; writes to "
         "$TMPDIR/gspo-bench-quick",
     )
     p.add_argument(
@@ -142,7 +148,7 @@ def main(argv=None) -> None:
         return
     if a.quick:
         a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
-        a.rounds, a.turn_steps, a.probe_rounds = 2, 1, 0
+        a.rounds, a.turn_steps, a.probe_rounds = 2, 1, min(a.probe_rounds, 1)
         a.quickstart_steps, a.profile_steps = 0, 1
         if a.out == DEFAULT_OUT:  # a smoke run never replaces the real results
             a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"

@@ -38,13 +38,14 @@ def base_raw(
     preset: str,
     staleness: int = 0,
     engine: str = "hf",
+    spec_path: str | None = None,
 ) -> dict:
-    """The quickstart spec (model, task, optimizer) with the benchmark's rollout sizes and one
-    arm; `staleness` is rollout.staleness (1: a worker process samples one step ahead),
-    `engine` rollout.engine ("hf" or "vllm")."""
+    """The quickstart spec (model, task, optimizer; `spec_path`: another spec's) with the
+    benchmark's rollout sizes and one arm; `staleness` is rollout.staleness (1: a worker
+    process samples one step ahead), `engine` rollout.engine ("hf" or "vllm")."""
     import yaml
 
-    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw = yaml.safe_load(Path(spec_path or QUICKSTART).read_text())
     raw["rollout"].update(
         prompts_per_step=prompts,
         group_size=group,

@@ -88,6 +88,7 @@ def orchestrate(a) -> dict:
         "mini_batches": a.mini_batches,
         "seed": a.seed,
         "threads": threads,
+        "spec": str(a.spec) if a.spec else None,
     }
     log(
         f"gspo bench: {a.prompts} prompts x {a.group} samples, max {a.max_new_tokens} new tokens, "
@@ -104,6 +105,7 @@ def orchestrate(a) -> dict:
         mini_batches=a.mini_batches,
         steps=1,
         preset="paper-gspo",
+        spec_path=common["spec"],
     )
     spec, task = load_spec_and_task(raw)
     source = model_source(spec, task)

@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import ROOT, loadavg, median
-from benchmarks.procs import Worker
+from benchmarks.procs import Worker, WorkerError
 from benchmarks.stats import drift, paired_ratios, pick_by_min, summarize_ratio
 from benchmarks.workers import PHASES
 
@@ -112,15 +112,27 @@ def _run_turn(workers: dict, side: str, steps: int, threads: int, log, tag: str)
 
 
 def _start(sides: list[str], cfg: dict, pythons: dict, cores: list[int], threads: int, log) -> dict:
-    """Start every side's process and the reference worker; wait until all are set up."""
+    """Start every side's process and the reference worker; wait until all are set up. A vLLM
+    side that fails to set up is dropped, with the last line of its error in "vllm_error"
+    (comparison (c) is then skipped); any other failure ends the benchmark."""
     workers = {}
     for side in sides:
         kind, extra, env = SIDES[side]
         workers[side] = Worker(kind, {**cfg, **extra, "threads": threads}, python=pythons[env], cores=cores)
     workers["ref"] = Worker("ref", {}, cores=cores)
-    ready = {side: w.recv() for side, w in workers.items()}
+    ready, vllm_error = {}, None
+    for side, w in list(workers.items()):
+        try:
+            ready[side] = w.recv()
+        except WorkerError as e:
+            if side not in SIDES or SIDES[side][2] != "vllm":
+                raise
+            lines = [ln for ln in e.tail.splitlines() if ln.strip()]
+            vllm_error = f"{side} failed to set up: {lines[-1] if lines else e}"
+            log(f"  {vllm_error}")
+            del workers[side]
     log("  set up: " + ", ".join(f"{s} {r['setup_s']:.1f} s" for s, r in ready.items() if s != "ref"))
-    return {"workers": workers, "setup_s": {s: r["setup_s"] for s, r in ready.items()}}
+    return {"workers": workers, "setup_s": {s: r["setup_s"] for s, r in ready.items()}, "vllm_error": vllm_error}
 
 
 def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
@@ -142,6 +154,12 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
     )
     started = _start(sides, wcfg, pythons, cores, threads, log)
     workers = started["workers"]
+    if started["vllm_error"]:  # (c) cannot run: both vLLM sides go, the report quotes the error
+        for side in ("ours_vllm", "trl_vllm"):
+            if side in workers:
+                workers.pop(side).kill()
+        sides = [s for s in sides if SIDES[s][2] == "main"]
+        vllm_why = started["vllm_error"]
     ref_s: list[float] = []
     finals: dict = {}
     try:

@@ -19,6 +19,15 @@ from benchmarks.common import RESULT_TAG, ROOT, loadavg
 BENCH_SCRIPT = ROOT / "benchmarks" / "bench.py"
 
 
+class WorkerError(SystemExit):
+    """A worker process that died; `tail`: the end of its stderr. Uncaught, it ends the
+    benchmark with that message (a SystemExit)."""
+
+    def __init__(self, msg: str, tail: str):
+        super().__init__(msg)
+        self.tail = tail
+
+
 class Worker:
     """A worker process; its stderr goes to a temporary file, shown if it fails. `python`: the
     interpreter (default: this one; the vLLM sides run in the vLLM virtualenv's); `cores`: the
@@ -48,8 +57,9 @@ class Worker:
             if not line:
                 self.proc.wait()
                 self.err.seek(0)
-                sys.stderr.write(self.err.read()[-8000:])
-                raise SystemExit(f"bench: worker {self.label} failed (exit {self.proc.returncode})")
+                tail = self.err.read()[-8000:]
+                sys.stderr.write(tail)
+                raise WorkerError(f"bench: worker {self.label} failed (exit {self.proc.returncode})", tail)
             if line.startswith(RESULT_TAG):
                 return json.loads(line[len(RESULT_TAG) :])
 

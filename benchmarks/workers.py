@@ -25,7 +25,8 @@ def _spec_for(
     cfg: dict, *, steps: int, group: int | None = None, max_new: int | None = None, preset: str | None = None
 ):
     """(spec, task) of the quickstart at a worker's sizes; group/max_new/preset override cfg's,
-    cfg["staleness"] (default 0) is rollout.staleness, cfg["engine"] (default "hf") rollout.engine."""
+    cfg["staleness"] (default 0) is rollout.staleness, cfg["engine"] (default "hf") rollout.engine,
+    cfg["spec"] (default: the quickstart) the spec the model, task and optimizer come from."""
     raw = base_raw(
         prompts=cfg["prompts"],
         group=group or cfg["group"],
@@ -35,6 +36,7 @@ def _spec_for(
         preset=preset or cfg["preset"],
         staleness=cfg.get("staleness", 0),
         engine=cfg.get("engine", "hf"),
+        spec_path=cfg.get("spec"),
     )
     return load_spec_and_task(raw)
 
