@@ -220,6 +220,14 @@ def _phase_table(p: dict) -> list[str]:
         ),
         "",
     ]
+    finals, setup = p.get("finals") or {}, p.get("setup_s") or {}
+    procs = [
+        f"{SIDE_NAMES[s]} {setup[s]:.1f} s / {finals[s]['peak_rss_mb']:.0f} MB"
+        for s in p["sides"]
+        if s in finals and s in setup
+    ]
+    if procs:
+        lines += [f"Set-up time / peak RSS per process: {', '.join(procs)}.", ""]
     return lines
 
 

@@ -59,6 +59,7 @@ def worker_ours(cfg: dict) -> None:
     spec, task = _spec_for(cfg, steps=cfg["max_steps"] + stale_on)
     source = model_source(spec, task)
     threads = torch.get_num_threads()
+    stale_threads = "{} trainer + {} worker".format(*split_threads(threads))
     t0 = time.perf_counter()
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, source)
     # the worker process starts here, inside the set-up time
@@ -80,12 +81,17 @@ def worker_ours(cfg: dict) -> None:
                 recs.append({**rec, "cpu_s": time.process_time() - c0, "t_end": time.perf_counter()})
             if stale:
                 stale.checkpoint_state()  # waits for the batch requested for the next step
-            emit({"turn": recs, "torch_threads": torch.get_num_threads()})
+            emit({"turn": recs, "torch_threads": stale_threads if stale else torch.get_num_threads()})
     finally:
         if stale:
             stale.close()
-    threads_desc = "{} trainer + {} worker".format(*split_threads(threads)) if stale else torch.get_num_threads()
-    emit({"final": True, "peak_rss_mb": peak_rss_mb(), "torch_threads": threads_desc})
+    emit(
+        {
+            "final": True,
+            "peak_rss_mb": peak_rss_mb(),
+            "torch_threads": stale_threads if stale else torch.get_num_threads(),
+        }
+    )
 
 
 def our_step_record(m: dict, B: int, sync_s: float = 0.0) -> dict:
