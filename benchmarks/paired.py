@@ -98,6 +98,7 @@ def turn_stats(turn: dict) -> dict:
     out = {
         "s_per_step": (recs[-1]["t_end"] - recs[0]["t_end"]) / len(measured),
         "torch_threads": turn.get("torch_threads"),
+        "affinity": turn.get("affinity"),
         "gen_overlapped": bool(measured[0].get("gen_overlapped")),
     }
     for k in ("step_s", "cpu_s", "length_mean", *PHASES):
@@ -229,6 +230,7 @@ def summarize_paired(turns: dict, ref_s: list[float], info: dict) -> dict:
             "max_over_min": max(s) / min(s),
             "gen_overlapped": ts[0]["gen_overlapped"],
             "torch_threads": ts[0]["torch_threads"],
+            "affinity": ts[-1].get("affinity"),
             **{k: median([t[k] for t in ts]) for k in ("step_s", "cpu_s", "length_mean", *PHASES)},
         }
     comps = {}

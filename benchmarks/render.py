@@ -164,6 +164,13 @@ def _drift_lines(p: dict) -> list[str]:
         lines.append("")
     threads = ", ".join(f"{SIDE_NAMES[s]} {v['torch_threads']}" for s, v in p["sides"].items())
     lines.append(f"Torch threads: {threads} ({p['threads_why']}).")
+    moved = [
+        f"{SIDE_NAMES[s]} {v['affinity']}" for s, v in p["sides"].items() if v.get("affinity") not in (None, p["cores"])
+    ]
+    if moved:  # something inside the process (vLLM's CPU worker binds its threads) narrowed the pinning
+        lines.append(
+            f"Cores a process could run on at the end of its turns, where not all of {p['cores']}: {', '.join(moved)}."
+        )
     if p.get("probe"):
         lines += [
             "",

@@ -13,6 +13,7 @@ backend repacks the weights after loading), is replaced by the sync our engine u
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -174,8 +175,6 @@ def worker_trl(cfg: dict) -> None:
     """TRL's GRPOTrainer doing the same step, in turns: one step = one generation round and its
     `mini_batches` optimizer steps; "turn N THREADS" runs N of them back to back, held at the
     round boundary by a callback until the next command ("done": the trainer stops)."""
-    import os
-
     import torch
     import trl
     from transformers import TrainerCallback
@@ -246,7 +245,13 @@ def worker_trl(cfg: dict) -> None:
             if self.left:
                 self._go()
             else:
-                emit({"turn": self.recs, "torch_threads": torch.get_num_threads()})
+                emit(
+                    {
+                        "turn": self.recs,
+                        "torch_threads": torch.get_num_threads(),
+                        "affinity": sorted(os.sched_getaffinity(0)),
+                    }
+                )
                 self._next_turn(control)
 
     trainer.add_callback(Turns())

@@ -9,6 +9,7 @@ tagged JSON lines (`common.emit`) and times only; summaries and the report are e
 
 from __future__ import annotations
 
+import os
 import time
 
 from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, peak_rss_mb, set_threads, wait_for_turn
@@ -81,7 +82,13 @@ def worker_ours(cfg: dict) -> None:
                 recs.append({**rec, "cpu_s": time.process_time() - c0, "t_end": time.perf_counter()})
             if stale:
                 stale.checkpoint_state()  # waits for the batch requested for the next step
-            emit({"turn": recs, "torch_threads": stale_threads if stale else torch.get_num_threads()})
+            emit(
+                {
+                    "turn": recs,
+                    "torch_threads": stale_threads if stale else torch.get_num_threads(),
+                    "affinity": sorted(os.sched_getaffinity(0)),  # vLLM's CPU worker may bind threads
+                }
+            )
     finally:
         if stale:
             stale.close()
