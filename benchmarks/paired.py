@@ -22,6 +22,7 @@ the count whose fastest turn was fastest (stats.pick_by_min).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import statistics
 from pathlib import Path
@@ -190,6 +191,9 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
                     st = _run_turn(workers, side, a.turn_steps, turn_threads, log, f"round {r + 1}/{a.rounds}")
                     turns[side].append({**st, "round": r})
                 ref_s.append(workers["ref"].turn(1)["ref_s"])
+            # what was measured so far, kept should a later round fail (summarize_paired rebuilds the figures)
+            partial = {"turns": turns, "ref_s": ref_s, "probe": probe_res, "threads_by_side": by_side}
+            (a.out / "paired_rounds.json").write_text(json.dumps(partial, indent=1) + "\n")
         for side, w in workers.items():
             finals[side] = w.stop()
     finally:
