@@ -234,7 +234,12 @@ def _phase_table(p: dict) -> list[str]:
         if s in finals and s in setup
     ]
     if procs:
-        lines += [f"Set-up time / peak RSS per process: {', '.join(procs)}.", ""]
+        lines += [
+            "Set-up time (imports, model, engine; processes started together) / peak RSS per process: "
+            + ", ".join(procs)
+            + ".",
+            "",
+        ]
     return lines
 
 

@@ -175,6 +175,7 @@ def worker_trl(cfg: dict) -> None:
     """TRL's GRPOTrainer doing the same step, in turns: one step = one generation round and its
     `mini_batches` optimizer steps; "turn N THREADS" runs N of them back to back, held at the
     round boundary by a callback until the next command ("done": the trainer stops)."""
+    t0 = time.perf_counter()  # set-up: imports (TRL imports vLLM when it is installed), model, engine
     import torch
     import trl
     from transformers import TrainerCallback
@@ -190,7 +191,6 @@ def worker_trl(cfg: dict) -> None:
     source = model_source(spec, task)
     mb, B = cfg["mini_batches"], cfg["prompts"] * cfg["group"]
 
-    t0 = time.perf_counter()
     out_dir = tempfile.mkdtemp(prefix="gspo-bench-trl-")
     trainer = _trl_trainer(cfg, spec, task, source, out_dir)
     setup_s = time.perf_counter() - t0

@@ -50,6 +50,7 @@ def worker_ours(cfg: dict) -> None:
     batch already requested is waited for, so the sampler never runs during another side's
     turn (the next turn's first step then has its batch ready: the orchestrator does not
     measure first steps). cfg["engine"] = "vllm": the vLLM engine, its weight sync timed apart."""
+    t0 = time.perf_counter()  # set-up: imports, model, engine (and sampler), as for TRL
     import torch
 
     from gspo_cli.train.staleness import StaleRollouts, split_threads
@@ -61,7 +62,6 @@ def worker_ours(cfg: dict) -> None:
     source = model_source(spec, task)
     threads = torch.get_num_threads()
     stale_threads = "{} trainer + {} worker".format(*split_threads(threads))
-    t0 = time.perf_counter()
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, source)
     # the worker process starts here, inside the set-up time
     stale = StaleRollouts(ctx, source=source, seed=cfg["seed"]) if stale_on else None

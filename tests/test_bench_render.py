@@ -329,6 +329,7 @@ def test_setup_and_peak_rss_line_lists_the_processes_that_reported():
     finals = {"ours": {"peak_rss_mb": 500.0}, "trl": {"peak_rss_mb": 610.4}}
     r = small_result(paired=paired_result(setup_s={"ours": 10.0, "trl": 20.0, "ref": 0.0}, finals=finals))
     assert (
-        "Set-up time / peak RSS per process: ours, synchronous 10.0 s / 500 MB, TRL GRPOTrainer 20.0 s / 610 MB."
+        "Set-up time (imports, model, engine; processes started together) / peak RSS per process: "
+        "ours, synchronous 10.0 s / 500 MB, TRL GRPOTrainer 20.0 s / 610 MB."
     ) in render(r).splitlines()
     assert "Set-up time" not in render(small_result())
