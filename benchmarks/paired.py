@@ -89,9 +89,11 @@ def trl_async_text() -> str:
 
 
 def turn_stats(turn: dict) -> dict:
-    """One turn's figures from the worker's answer: s_per_step (after the warm-up step), the
-    medians of the measured steps' phases, step_s, cpu_s and length_mean; ValueError when the
-    turn has fewer than 2 steps (nothing measured after the warm-up)."""
+    """One turn's figures from the worker's answer: s_per_step (the wall time from the end of
+    the warm-up step to the end of the last, over the measured steps), the means over the
+    measured steps of step_s, cpu_s, length_mean and each phase (None where no step has it),
+    and other_s: s_per_step minus the phases on the step's path (a sampler's generation that
+    ran during the previous step is not). ValueError when the turn has fewer than 2 steps."""
     recs = turn["turn"]
     if len(recs) < 2:
         raise ValueError(f"a turn needs a warm-up step and >= 1 measured step, got {len(recs)}")
@@ -103,7 +105,10 @@ def turn_stats(turn: dict) -> dict:
         "gen_overlapped": bool(measured[0].get("gen_overlapped")),
     }
     for k in ("step_s", "cpu_s", "length_mean", *PHASES):
-        out[k] = median([r.get(k) for r in measured])
+        vals = [r[k] for r in measured if r.get(k) is not None]
+        out[k] = statistics.fmean(vals) if vals else None
+    on_path = [k for k in PHASES if not (k == "gen_s" and out["gen_overlapped"])]
+    out["other_s"] = out["s_per_step"] - sum(out[k] or 0.0 for k in on_path)
     return out
 
 
@@ -220,8 +225,8 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
 
 def summarize_paired(turns: dict, ref_s: list[float], info: dict) -> dict:
     """The `paired` result: per comparison the summarize_ratio verdict of the rounds' ratios
-    (None when a side did not run); per side the medians over rounds of s/step and of each
-    phase, the spread of its s/step (max/min over rounds) and its threads; drift of the
+    (None when a side did not run); per side the medians over rounds of s/step, of each
+    phase and of other_s (turn_stats), the spread of its s/step (max/min over rounds) and its threads; drift of the
     reference workload; `info` as given (set-up, probe, threads, why (b) and (c) are as they are)."""
     per_side = {}
     for side, ts in turns.items():
@@ -235,7 +240,7 @@ def summarize_paired(turns: dict, ref_s: list[float], info: dict) -> dict:
             "gen_overlapped": ts[0]["gen_overlapped"],
             "torch_threads": ts[0]["torch_threads"],
             "affinity": ts[-1].get("affinity"),
-            **{k: median([t[k] for t in ts]) for k in ("step_s", "cpu_s", "length_mean", *PHASES)},
+            **{k: median([t[k] for t in ts]) for k in ("step_s", "cpu_s", "length_mean", "other_s", *PHASES)},
         }
     comps = {}
     for key, c in COMPARISONS.items():

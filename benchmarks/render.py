@@ -194,24 +194,21 @@ def _counts(p: dict) -> list:
 
 def _phase_table(p: dict) -> list[str]:
     lines = [
-        "### Where the time goes, per phase (median seconds per step over all measured turns)",
+        "### Where the time goes, per phase (seconds per step: median over turns of the turn's mean)",
         "",
         "| side | s/step (turn) | " + " | ".join(name for _, name in PHASE_COLUMNS) + " | other | response length |",
         "|---|---:|" + "---:|" * len(PHASE_COLUMNS) + "---:|---:|",
     ]
     for s, v in p["sides"].items():
-        cells, on_path = [], 0.0
+        cells = []
         for key, _ in PHASE_COLUMNS:
             x = v.get(key)
-            if key == "gen_s" and v["gen_overlapped"]:
-                cells.append(f"({fmt_s(x)})")  # in the sampler process, during the previous step
-                continue
-            cells.append(fmt_s(x))
-            on_path += x or 0.0
+            # in parentheses: sampled in the sampler process during the previous step
+            cells.append(f"({fmt_s(x)})" if key == "gen_s" and v["gen_overlapped"] else fmt_s(x))
         lines.append(
             f"| {SIDE_NAMES[s]} | {fmt_s(v['s_per_step'])} | "
             + " | ".join(cells)
-            + f" | {fmt_s(v['s_per_step'] - on_path)} | {v['length_mean']:.1f} |"
+            + f" | {fmt_s(v['other_s'])} | {v['length_mean']:.1f} |"
         )
     lines += [
         "",
@@ -222,8 +219,8 @@ def _phase_table(p: dict) -> list[str]:
             "sampling done by the staleness-1 worker during the previous step, not on the step's path. TRL: its "
             "own methods wrapped with timers (`_generate`, `_calculate_rewards`, `_get_per_token_logps_and_entropies` "
             "inside `_generate_and_score_completions`, the vLLM sync); its updates are the round minus "
-            "`_generate_and_score_completions`. Other: s/step minus the phases on the path (tokenizing, "
-            "advantages, the callback, Python)."
+            "`_generate_and_score_completions`. Other: per turn, s/step minus the phases on the step's path "
+            "(tokenizing, advantages, batch statistics, the trainer loop, Python)."
         ),
         "",
     ]

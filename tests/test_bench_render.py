@@ -50,7 +50,9 @@ def _turn(rnd: int, s: float, **over) -> dict:
         "sync_s": 0.0,
         "wait_s": 0.0,
     }
-    return {**t, **over}
+    t = {**t, **over}
+    phases = ("score_s", "old_logp_s", "update_s", "sync_s", "wait_s") + (() if t["gen_overlapped"] else ("gen_s",))
+    return {**t, "other_s": t["s_per_step"] - sum(t[k] for k in phases)}
 
 
 def paired_result(async_s=(0.3, 0.4), ref_s=(0.5, 0.6, 0.55), **info) -> dict:
@@ -264,8 +266,10 @@ def test_turn_stats_time_the_steps_after_the_warm_up():
         for s, t, u in [(3.0, 10.0, 9.0), (0.9, 11.0, 0.1), (0.5, 11.5, 0.2), (1.0, 12.5, 0.3)]
     ]
     st = turn_stats({"turn": recs, "torch_threads": 2})
-    assert st["s_per_step"] == pytest.approx(2.5 / 3) and st["step_s"] == 0.9 and st["update_s"] == 0.2
+    assert st["s_per_step"] == pytest.approx(2.5 / 3)
+    assert st["step_s"] == pytest.approx(0.8) and st["update_s"] == pytest.approx(0.2)  # means of the 3
     assert st["wait_s"] is None and st["torch_threads"] == 2  # no record has a wait: none, not zero
+    assert st["other_s"] == pytest.approx(2.5 / 3 - 0.2)  # the update is the only phase on record
     with pytest.raises(ValueError, match="warm-up"):
         turn_stats({"turn": recs[:1]})
 
