@@ -192,7 +192,13 @@ def worker_trl(cfg: dict) -> None:
     mb, B = cfg["mini_batches"], cfg["prompts"] * cfg["group"]
 
     out_dir = tempfile.mkdtemp(prefix="gspo-bench-trl-")
-    trainer = _trl_trainer(cfg, spec, task, source, out_dir)
+    set_num_threads = torch.set_num_threads
+    try:
+        trainer = _trl_trainer(cfg, spec, task, source, out_dir)
+    finally:
+        # vLLM's CPU worker replaces torch.set_num_threads process-wide (a no-op for the caller):
+        # restored, as our engine does, so that each turn's thread count holds
+        torch.set_num_threads = set_num_threads
     setup_s = time.perf_counter() - t0
     acc = _time_trl_phases(trainer)
 
