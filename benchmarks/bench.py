@@ -9,26 +9,33 @@ aggregation (TRL: `importance_sampling_level="sequence"`, `loss_type="grpo"`), n
 router load-balancing loss, fp32, no gradient checkpointing, no logging, no saving, the
 same optimizer (AdamW, constant lr, grad clip 1) and a reward that is our task's scorer.
 
-Each side runs in its own process (so its peak RSS is its own). The two processes run in
-lockstep, one RL step on one side then one on the other, alternating who goes first, over
-several pairs of fresh processes (one seed each). The headline ratio is the median over
-steps of ours/TRL measured back to back, so other work on a shared box hits both alike.
-Arm overheads and scaling run our trainer only, with the variants stepped round-robin in
-one process for the same reason. On a busy box each process gets one torch thread
-(`--threads auto`): with one thread per core, OpenMP spin-waits stall steps for seconds.
+Each side runs in its own long-lived process (so its peak RSS is its own), all pinned to the
+same cores; only one runs at a time, in turns (a warm-up step, then --turn-steps steps back to
+back). A round is one turn of every side; three comparisons (paired.py): (a) our synchronous
+step vs TRL's GRPOTrainer, (b) ours with rollout.staleness 1 vs TRL's fastest mode that runs
+here (its GRPOTrainer: its AsyncGRPOTrainer needs CUDA), (c) both sampling with vLLM, in the
+vLLM virtualenv. Each is stated as the median over rounds of ours/TRL with a 95% bootstrap
+interval (stats.py), beside the drift of a fixed reference workload timed between rounds and
+each side's time per phase. Arm overheads and scaling run our trainer only, with the variants
+stepped round-robin in one process. On a busy box each process gets one torch thread
+(`--threads auto`): with one thread per core, OpenMP spin-waits stall steps for seconds; on an
+idle one a probe picks each side's count.
 
-    python benchmarks/bench.py                     # everything, ~3-4 min on 2 cores (model cached)
-    python benchmarks/bench.py --quick             # a smoke run, ~30 s
+    python benchmarks/bench.py                     # everything, ~6 min on 2 cores (model cached)
+    python benchmarks/bench.py --quick             # a smoke run, ~1-2 min
+    python benchmarks/bench.py --paired-only       # only the three comparisons
     python benchmarks/bench.py --quickstart-full   # only: time the whole quickstart from a cold cache
                                                    # (-> quickstart.json, shown in later reports)
 
 Results go to results/bench/ (git-ignored; --out to choose): bench.md (the report, also
-printed), bench.json (every measurement), profile_<arm>.txt (cProfile, CPU time, of a few of
-our steps). A committed reference run is in benchmarks/reference/.
+printed), bench.json (every summary), profile_<arm>.txt (cProfile, CPU time, of a few of
+our steps), paired_rounds.json (the turns so far). A committed reference run is in
+benchmarks/reference/.
 
-This file is the command line only. The measuring is in workers.py (the two sides' steps),
-profiling.py, quickstart.py and orchestrate.py (processes, lockstep, summaries); the
-rendering in render.py (pure: result dict -> markdown); shared helpers in common.py.
+This file is the command line only. The measuring is in workers.py (our side, the drift
+reference), trl_worker.py (TRL's side), profiling.py, quickstart.py, paired.py (the paired
+stage) and orchestrate.py (the stages, summaries); the statistics in stats.py; the rendering
+in render.py (pure: result dict -> markdown); shared helpers in common.py and procs.py.
 """
 
 from __future__ import annotations
