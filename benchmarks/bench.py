@@ -9,26 +9,33 @@ aggregation (TRL: `importance_sampling_level="sequence"`, `loss_type="grpo"`), n
 router load-balancing loss, fp32, no gradient checkpointing, no logging, no saving, the
 same optimizer (AdamW, constant lr, grad clip 1) and a reward that is our task's scorer.
 
-Each side runs in its own process (so its peak RSS is its own). The two processes run in
-lockstep, one RL step on one side then one on the other, alternating who goes first, over
-several pairs of fresh processes (one seed each). The headline ratio is the median over
-steps of ours/TRL measured back to back, so other work on a shared box hits both alike.
-Arm overheads and scaling run our trainer only, with the variants stepped round-robin in
-one process for the same reason. On a busy box each process gets one torch thread
-(`--threads auto`): with one thread per core, OpenMP spin-waits stall steps for seconds.
+Each side runs in its own long-lived process (so its peak RSS is its own), all pinned to the
+same cores; only one runs at a time, in turns (a warm-up step, then --turn-steps steps back to
+back). A round is one turn of every side; three comparisons (paired.py): (a) our synchronous
+step vs TRL's GRPOTrainer, (b) ours with rollout.staleness 1 vs TRL's fastest mode that runs
+here (its GRPOTrainer: its AsyncGRPOTrainer needs CUDA), (c) both sampling with vLLM, in the
+vLLM virtualenv. Each is stated as the median over rounds of ours/TRL with a 95% bootstrap
+interval (stats.py), beside the drift of a fixed reference workload timed between rounds and
+each side's time per phase. Arm overheads and scaling run our trainer only, with the variants
+stepped round-robin in one process. On a busy box each process gets one torch thread
+(`--threads auto`): with one thread per core, OpenMP spin-waits stall steps for seconds; on an
+idle one a probe picks each side's count.
 
-    python benchmarks/bench.py                     # everything, ~3-4 min on 2 cores (model cached)
-    python benchmarks/bench.py --quick             # a smoke run, ~30 s
+    python benchmarks/bench.py                     # everything, ~6 min on 2 cores (model cached)
+    python benchmarks/bench.py --quick             # a smoke run, ~1-2 min
+    python benchmarks/bench.py --paired-only       # only the three comparisons
     python benchmarks/bench.py --quickstart-full   # only: time the whole quickstart from a cold cache
                                                    # (-> quickstart.json, shown in later reports)
 
 Results go to results/bench/ (git-ignored; --out to choose): bench.md (the report, also
-printed), bench.json (every measurement), profile_<arm>.txt (cProfile, CPU time, of a few of
-our steps). A committed reference run is in benchmarks/reference/.
+printed), bench.json (every summary), profile_<arm>.txt (cProfile, CPU time, of a few of
+our steps), paired_rounds.json (the turns so far). A committed reference run is in
+benchmarks/reference/.
 
-This file is the command line only. The measuring is in workers.py (the two sides' steps),
-profiling.py, quickstart.py and orchestrate.py (processes, lockstep, summaries); the
-rendering in render.py (pure: result dict -> markdown); shared helpers in common.py.
+This file is the command line only. The measuring is in workers.py (our side, the drift
+reference), trl_worker.py (TRL's side), profiling.py, quickstart.py, paired.py (the paired
+stage) and orchestrate.py (the stages, summaries); the statistics in stats.py; the rendering
+in render.py (pure: result dict -> markdown); shared helpers in common.py and procs.py.
 """
 
 from __future__ import annotations
@@ -49,9 +56,16 @@ from benchmarks.orchestrate import orchestrate
 from benchmarks.profiling import worker_profile
 from benchmarks.quickstart import quickstart_full
 from benchmarks.render import render
-from benchmarks.workers import worker_ours, worker_trl, worker_variants
+from benchmarks.trl_worker import worker_trl
+from benchmarks.workers import worker_ours, worker_ref, worker_variants
 
-WORKERS = {"ours": worker_ours, "trl": worker_trl, "variants": worker_variants, "profile": worker_profile}
+WORKERS = {
+    "ours": worker_ours,
+    "trl": worker_trl,
+    "ref": worker_ref,
+    "variants": worker_variants,
+    "profile": worker_profile,
+}
 
 
 def main(argv=None) -> None:
@@ -61,9 +75,39 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mini-batches", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=1, help="warm-up steps per process, not measured")
-    p.add_argument("--steps", type=int, default=4, help="measured steps per process")
-    p.add_argument("--reps", type=int, default=3, help="alternating repetitions of ours / TRL")
+    p.add_argument(
+        "--rounds", type=int, default=9, help="paired rounds: one turn of every side each (default 9; >= 7 for a CI)"
+    )
+    p.add_argument(
+        "--turn-steps", type=int, default=3, help="measured steps per turn, after one warm-up step (default 3)"
+    )
+    p.add_argument(
+        "--probe-rounds",
+        type=int,
+        default=3,
+        help="thread probe rounds (each synchronous side at 1 thread and one per core; the fastest turn "
+        "decides; with --threads default, or auto on a box idle at start; 0: skip, torch's default)",
+    )
+    p.add_argument(
+        "--cores",
+        default=None,
+        help="comma-separated CPU cores every benchmark process is pinned to (default: all this process may use)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="the vLLM virtualenv's python for comparison (c) (default: .venv-vllm/bin/python; missing: (c) skipped)",
+    )
+    p.add_argument("--paired-only", action="store_true", help="only the paired comparisons (stage 1), not stages 2-5")
+    p.add_argument(
+        "--spec",
+        type=Path,
+        default=None,
+        help="the spec whose model, task and optimizer both sides use (default: experiments/quickstart.yaml)",
+    )
+    p.add_argument("--warmup", type=int, default=1, help="stages 2-3: warm-up rounds, not measured")
+    p.add_argument("--steps", type=int, default=4, help="stages 2-3: measured rounds per repetition")
+    p.add_argument("--reps", type=int, default=3, help="stages 2-3: repetitions (rounds = warmup + steps x reps)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
@@ -83,18 +127,12 @@ def main(argv=None) -> None:
         help="only time the whole quickstart (train + compare + plot) from an empty model cache and write "
         "quickstart.json, which later bench reports include",
     )
-    p.add_argument(
-        "--probe-steps",
-        type=int,
-        default=3,
-        help="measured steps per block of the thread probe (each side at 1 and all cores; with --threads "
-        "default, or auto on a box idle at start; 0: skip, torch's default)",
-    )
     p.add_argument("--profile-steps", type=int, default=3, help="steps under cProfile per profiled arm (0: skip)")
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 1 repetition, small sizes, no quickstart; writes to $TMPDIR/gspo-bench-quick",
+        help="a smoke run: 2 rounds of 1 step per turn, at most 1 probe round, small sizes, no quickstart; writes to "
+        "$TMPDIR/gspo-bench-quick",
     )
     p.add_argument(
         "--out",
@@ -117,7 +155,8 @@ def main(argv=None) -> None:
         return
     if a.quick:
         a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
-        a.quickstart_steps, a.profile_steps, a.probe_steps = 0, 1, 1
+        a.rounds, a.turn_steps, a.probe_rounds = 2, 1, min(a.probe_rounds, 1)
+        a.quickstart_steps, a.profile_steps = 0, 1
         if a.out == DEFAULT_OUT:  # a smoke run never replaces the real results
             a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"
     result = orchestrate(a)

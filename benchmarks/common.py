@@ -29,15 +29,30 @@ SHARED_LOAD = 2.5  # 1-minute load average above which the box counts as shared 
 
 
 def base_raw(
-    *, prompts: int, group: int, max_new: int, mini_batches: int, steps: int, preset: str, staleness: int = 0
+    *,
+    prompts: int,
+    group: int,
+    max_new: int,
+    mini_batches: int,
+    steps: int,
+    preset: str,
+    staleness: int = 0,
+    engine: str = "hf",
+    spec_path: str | None = None,
 ) -> dict:
-    """The quickstart spec (model, task, optimizer) with the benchmark's rollout sizes and one
-    arm; `staleness` is rollout.staleness (1: a worker process samples one step ahead)."""
+    """The quickstart spec (model, task, optimizer; `spec_path`: another spec's) with the
+    benchmark's rollout sizes and one arm; `staleness` is rollout.staleness (1: a worker
+    process samples one step ahead), `engine` rollout.engine ("hf" or "vllm")."""
     import yaml
 
-    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw = yaml.safe_load(Path(spec_path or QUICKSTART).read_text())
     raw["rollout"].update(
-        prompts_per_step=prompts, group_size=group, max_new_tokens=max_new, temperature=1.0, staleness=staleness
+        prompts_per_step=prompts,
+        group_size=group,
+        max_new_tokens=max_new,
+        temperature=1.0,
+        staleness=staleness,
+        engine=engine,
     )
     raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0)
     raw["arms"] = [{"name": preset, "preset": preset, "mini_batches": mini_batches, "epochs": 1}]
@@ -111,26 +126,30 @@ def median(xs):
 
 # ---------------------------------------------------------------------------------------
 # The worker protocol. Each worker runs in its own process and answers on stdout with tagged
-# JSON lines. The ours/TRL workers run in lockstep: after set-up they wait on stdin for
-# "step", run one RL step, report it and wait again, so the orchestrator can alternate the
-# two sides step by step while the idle one sleeps.
+# JSON lines. The ours/TRL workers run in turns: after set-up they wait on stdin for
+# "turn N THREADS", run N RL steps back to back with THREADS torch threads (0: leave them),
+# report the turn and wait again, so the orchestrator can interleave the sides turn by turn
+# while the idle ones sleep; "done" ends them.
 
 
 def emit(obj: dict) -> None:
     print(RESULT_TAG + json.dumps(obj), flush=True)
 
 
-def wait_for_step() -> bool:
-    """True on "step", False on "done"; anything else (EOF: the orchestrator died) ends the process."""
-    cmd = sys.stdin.readline().strip()
-    if cmd in ("step", "done"):
-        return cmd == "step"
+def wait_for_turn() -> tuple[int, int] | None:
+    """(steps, threads) on "turn N THREADS", None on "done"; anything else (EOF: the orchestrator
+    died) ends the process."""
+    cmd = sys.stdin.readline().split()
+    if cmd == ["done"]:
+        return None
+    if len(cmd) == 3 and cmd[0] == "turn":
+        return int(cmd[1]), int(cmd[2])
     raise SystemExit(f"bench worker: unexpected command {cmd!r}")
 
 
-def set_threads(cfg: dict) -> None:
-    """torch threads from a worker's config (0 or absent: torch's default)."""
+def set_threads(n: int) -> None:
+    """torch threads (0: leave torch's count as it is)."""
     import torch
 
-    if cfg.get("threads"):
-        torch.set_num_threads(cfg["threads"])
+    if n:
+        torch.set_num_threads(n)

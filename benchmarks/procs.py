@@ -1,7 +1,7 @@
 """The benchmark's worker processes, seen from the orchestrator: start one (bench.py run with
-`--worker KIND JSON`), read its tagged answers, and either step it in lockstep (`Worker`),
-let it run to its single answer (`run_worker`) or run a block of back-to-back steps alone
-(`run_block`). A worker that dies ends the benchmark with its stderr's tail.
+`--worker KIND JSON`), read its tagged answers, and either run it in turns (`Worker.turn`) or
+let it run to its single answer (`run_worker`). A worker that dies ends the benchmark with its
+stderr's tail.
 """
 
 from __future__ import annotations
@@ -19,23 +19,36 @@ from benchmarks.common import RESULT_TAG, ROOT, loadavg
 BENCH_SCRIPT = ROOT / "benchmarks" / "bench.py"
 
 
-class Worker:
-    """A worker process; its stderr goes to a temporary file, shown if it fails."""
+class WorkerError(SystemExit):
+    """A worker process that died; `tail`: the end of its stderr. Uncaught, it ends the
+    benchmark with that message (a SystemExit)."""
 
-    def __init__(self, kind: str, cfg: dict):
+    def __init__(self, msg: str, tail: str):
+        super().__init__(msg)
+        self.tail = tail
+
+
+class Worker:
+    """A worker process; its stderr goes to a temporary file, shown if it fails. `python`: the
+    interpreter (default: this one; the vLLM sides run in the vLLM virtualenv's); `cores`: the
+    CPU cores it may run on (os.sched_setaffinity before it starts, so its threads and the
+    processes it starts inherit them; None: this process's own)."""
+
+    def __init__(self, kind: str, cfg: dict, python: str | None = None, cores: list[int] | None = None):
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.kind, self.label = kind, f"{kind} {cfg.get('preset', '')}".strip()
         self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH_SCRIPT), "--worker", kind, json.dumps(cfg)],
+            [python or sys.executable, str(BENCH_SCRIPT), "--worker", kind, json.dumps(cfg)],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,
             text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
 
     def recv(self) -> dict:
@@ -44,14 +57,20 @@ class Worker:
             if not line:
                 self.proc.wait()
                 self.err.seek(0)
-                sys.stderr.write(self.err.read()[-8000:])
-                raise SystemExit(f"bench: worker {self.label} failed (exit {self.proc.returncode})")
+                tail = self.err.read()[-8000:]
+                sys.stderr.write(tail)
+                raise WorkerError(f"bench: worker {self.label} failed (exit {self.proc.returncode})", tail)
             if line.startswith(RESULT_TAG):
                 return json.loads(line[len(RESULT_TAG) :])
 
     def send(self, cmd: str) -> None:
         self.proc.stdin.write(cmd + "\n")
         self.proc.stdin.flush()
+
+    def turn(self, steps: int, threads: int = 0) -> dict:
+        """Run one turn ("turn STEPS THREADS") and return the worker's answer."""
+        self.send(f"turn {steps} {threads}")
+        return self.recv()
 
     def finish(self) -> dict:
         res = self.recv()
@@ -61,6 +80,17 @@ class Worker:
         res["process_wall_s"] = time.perf_counter() - self.t0
         return res
 
+    def stop(self) -> dict:
+        """Send "done" and return the worker's final answer."""
+        self.send("done")
+        return self.finish()
+
+    def kill(self) -> None:
+        """End the process (after a failure elsewhere); its own children end with it or on EOF."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
 
 def run_worker(kind: str, cfg: dict, log) -> dict:
     """A worker that runs to completion and answers once."""
@@ -68,23 +98,3 @@ def run_worker(kind: str, cfg: dict, log) -> dict:
     res = w.finish()
     log(f"  {w.label:22s} done in {res['process_wall_s']:5.1f} s (load {loadavg():.2f})")
     return res
-
-
-def run_block(kind: str, cfg: dict) -> dict:
-    """A lockstep worker ("ours" or "trl") run in block mode: its `cfg["rounds"]` steps back to
-    back, nothing else of the benchmark running. Returns {"setup_s", "records" (one per step,
-    in order, each with `t_end`, perf_counter seconds at the step's end), "final" (the worker's
-    last answer: peak RSS, threads), "load" (1-minute load average after the block)}; returns
-    only once the process has exited (a staleness-1 worker has stopped its sampler)."""
-    w = Worker(kind, {**cfg, "block": True})
-    ready = w.recv()
-    records = []
-    while True:
-        rec = w.recv()
-        if rec.get("final"):
-            break
-        records.append(rec)
-    w.proc.stdin.close()
-    w.proc.wait()
-    w.err.close()
-    return {"setup_s": ready["setup_s"], "records": records, "final": rec, "load": loadavg()}

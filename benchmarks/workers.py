@@ -1,26 +1,33 @@
-"""The measuring side of `make bench`: one worker per process, for our trainer and for TRL's
-GRPOTrainer doing the same RL step (the equal-work terms are in bench.py's docstring).
+"""The measuring side of `make bench`, our trainer's part: one worker per process (TRL's side is
+in trl_worker.py; the equal-work terms are in bench.py's docstring), and the fixed reference
+workload that times the box's drift between rounds.
 
 Each worker reads its config (a dict, from the orchestrator's command line), answers with
 tagged JSON lines (`common.emit`) and times only; summaries and the report are elsewhere
-(orchestrate.py, render.py).
+(paired.py, orchestrate.py, render.py).
 """
 
 from __future__ import annotations
 
-import random
-import shutil
-import tempfile
+import os
 import time
 
-from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, peak_rss_mb, set_threads, wait_for_step
+from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, peak_rss_mb, set_threads, wait_for_turn
+
+# A step's time split into phases, the same keys on both sides (seconds; None: not measured):
+# gen (sampling, weight sync excluded), score (the reward), old_logp (pi_old's log-prob pass),
+# update (every mini-batch's forward, backward and optimizer step), sync (weights into the
+# sampler), wait (waiting for a sampler that runs beside the trainer). `gen_overlapped`: the
+# sampling ran in another process during the previous step, so it is not part of this step.
+PHASES = ("gen_s", "score_s", "old_logp_s", "update_s", "sync_s", "wait_s")
 
 
 def _spec_for(
     cfg: dict, *, steps: int, group: int | None = None, max_new: int | None = None, preset: str | None = None
 ):
     """(spec, task) of the quickstart at a worker's sizes; group/max_new/preset override cfg's,
-    cfg["staleness"] (default 0) is rollout.staleness."""
+    cfg["staleness"] (default 0) is rollout.staleness, cfg["engine"] (default "hf") rollout.engine,
+    cfg["spec"] (default: the quickstart) the spec the model, task and optimizer come from."""
     raw = base_raw(
         prompts=cfg["prompts"],
         group=group or cfg["group"],
@@ -29,60 +36,89 @@ def _spec_for(
         steps=steps,
         preset=preset or cfg["preset"],
         staleness=cfg.get("staleness", 0),
+        engine=cfg.get("engine", "hf"),
+        spec_path=cfg.get("spec"),
     )
     return load_spec_and_task(raw)
 
 
 def worker_ours(cfg: dict) -> None:
-    """Our trainer: setup() once, then `rounds` steps, each on "step" (lockstep), or back to
-    back with cfg["block"] (a block: the orchestrator runs nothing else meanwhile). With
-    cfg["staleness"] = 1 the steps are stale.StaleRollouts' (a worker process samples one step
-    ahead, torch threads split as the trainer splits them); the spec then has one step more
-    than is run, so every measured step overlaps the next step's sampling (steady state)."""
+    """Our trainer: setup() once, then turns ("turn N THREADS": N steps back to back) until
+    "done". cfg["max_steps"] bounds the steps of all turns together. With cfg["staleness"] = 1
+    the steps are stale.StaleRollouts' (a worker process samples one step ahead, torch threads
+    split as the trainer splits them, so a turn's THREADS is ignored); at the end of a turn the
+    batch already requested is waited for, so the sampler never runs during another side's
+    turn (the next turn's first step then has its batch ready: the orchestrator does not
+    measure first steps). cfg["engine"] = "vllm": the vLLM engine, its weight sync timed apart."""
+    t0 = time.perf_counter()  # set-up: imports, model, engine (and sampler), as for TRL
     import torch
 
     from gspo_cli.train.staleness import StaleRollouts, split_threads
     from gspo_cli.train.step import setup, train_step
 
-    set_threads(cfg)
-    block, stale_on = cfg.get("block", False), bool(cfg.get("staleness"))
-    spec, task = _spec_for(cfg, steps=cfg["rounds"] + stale_on)
+    set_threads(cfg.get("threads", 0))
+    stale_on = bool(cfg.get("staleness"))
+    spec, task = _spec_for(cfg, steps=cfg["max_steps"] + stale_on)
     source = model_source(spec, task)
     threads = torch.get_num_threads()
-    t0 = time.perf_counter()
+    stale_threads = "{} trainer + {} worker".format(*split_threads(threads))
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, source)
-    # the worker process starts here, inside the set-up time; its first batch is warm-up's
+    # the worker process starts here, inside the set-up time
     stale = StaleRollouts(ctx, source=source, seed=cfg["seed"]) if stale_on else None
     emit({"ready": True, "setup_s": time.perf_counter() - t0})
     B = cfg["prompts"] * cfg["group"]
+    step = 0
     try:
-        for i in range(1, cfg["rounds"] + 1):
-            if not block and not wait_for_step():
-                break
-            c0 = time.process_time()
-            m = stale.step(ctx, i) if stale else train_step(ctx, i)
-            rec = {**our_step_record(m, B), "cpu_s": time.process_time() - c0, "t_end": time.perf_counter()}
+        while (turn := wait_for_turn()) is not None:
+            n, turn_threads = turn
+            if not stale:
+                set_threads(turn_threads)
+            recs = []
+            for _ in range(n):
+                step += 1
+                c0, sync0 = time.process_time(), getattr(ctx.engine, "sync_s", 0.0)
+                m = stale.step(ctx, step) if stale else train_step(ctx, step)
+                rec = our_step_record(m, B, sync_s=getattr(ctx.engine, "sync_s", 0.0) - sync0)
+                recs.append({**rec, "cpu_s": time.process_time() - c0, "t_end": time.perf_counter()})
             if stale:
-                rec["wait_s"] = m["perf/rollout_wait_s"]
-            emit(rec)
+                stale.checkpoint_state()  # waits for the batch requested for the next step
+            emit(
+                {
+                    "turn": recs,
+                    "torch_threads": stale_threads if stale else torch.get_num_threads(),
+                    "affinity": sorted(os.sched_getaffinity(0)),  # vLLM's CPU worker may bind threads
+                }
+            )
     finally:
         if stale:
             stale.close()
-    if not block:
-        wait_for_step()  # "done"
-    threads_desc = "{} trainer + {} worker".format(*split_threads(threads)) if stale else threads
-    emit({"final": True, "peak_rss_mb": peak_rss_mb(), "torch_threads": threads_desc})
+    emit(
+        {
+            "final": True,
+            "peak_rss_mb": peak_rss_mb(),
+            "torch_threads": stale_threads if stale else torch.get_num_threads(),
+        }
+    )
 
 
-def our_step_record(m: dict, B: int) -> dict:
-    """One step's record (seconds, tokens, tokens/s) from our trainer's metrics; B = rollouts per step."""
+def our_step_record(m: dict, B: int, sync_s: float = 0.0) -> dict:
+    """One step's record (seconds, tokens, tokens/s, the PHASES) from our trainer's metrics; B =
+    rollouts per step; `sync_s`: weight sync inside the rollout (the vLLM engine's), taken out of
+    generation. With staleness 1 the sync is the metric time/weight_sync_s, and generation ran
+    in the worker, overlapped with the previous step."""
+    stale = "perf/rollout_wait_s" in m
+    sync = m.get("time/weight_sync_s", 0.0) if stale else sync_s
     gen_tokens = m["response/length_mean"] * B
     return {
         "step_s": m["time/step_s"],
         "rollout_s": m["time/rollout_s"],
+        "gen_s": m["time/rollout_s"] - (0.0 if stale else sync),
+        "gen_overlapped": stale,
         "score_s": m["time/score_s"],
         "old_logp_s": m["time/old_logp_s"],
         "update_s": m["time/update_s"],
+        "sync_s": sync,
+        "wait_s": m.get("perf/rollout_wait_s", 0.0),
         "gen_tokens": gen_tokens,
         "gen_tok_per_s": gen_tokens / max(m["time/rollout_s"], 1e-9),
         "length_mean": m["response/length_mean"],
@@ -92,173 +128,30 @@ def our_step_record(m: dict, B: int) -> dict:
     }
 
 
-def _trl_trainer(cfg: dict, spec, task, source: str, out_dir: str):
-    """TRL's GRPOTrainer set up for the same work as our arm `spec.arms[0]`."""
+def reference_workload(reps: int = 40) -> float:
+    """Seconds for a fixed CPU workload on one torch thread: `reps` products of two 256x256
+    float32 matrices and a pure-Python loop of 200k additions per rep (~0.3-0.5 s on this box
+    when idle). Timed between rounds, its spread is the drift the box put on the rounds."""
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
-    arm, mb = spec.arms[0], cfg["mini_batches"]
-    torch.manual_seed(cfg["seed"])
-    # The same expert kernels as our trainer (transformers' own default is grouped_mm too).
-    model = AutoModelForCausalLM.from_pretrained(
-        source, experts_implementation=spec.model.experts_implementation, dtype=torch.float32
-    )
-    model.config.router_aux_loss_coef = 0.0  # TRL would add the load-balancing loss (DESIGN: TRL facts)
-    model.config.output_router_logits = False
-    tok = AutoTokenizer.from_pretrained(source)
-    tok.padding_side = "left"
-
-    # The prompts our trainer draws: train_problems(Random(seed), prompts) once per step, in order.
-    rng = random.Random(cfg["seed"])
-    problems = [p for _ in range(cfg["rounds"] + 1) for p in task.train_problems(rng, cfg["prompts"])]
-    dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "pid": list(range(len(problems)))})
-
-    def task_reward(prompts, completions, pid, **_):
-        return [task.score(problems[i], c).reward for i, c in zip(pid, completions)]
-
-    opt = spec.optimizer
-    args = GRPOConfig(
-        output_dir=out_dir,
-        seed=cfg["seed"],
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        logging_strategy="no",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        shuffle_dataset=False,
-        max_steps=mb * cfg["rounds"],
-        # one rollout = prompts x group completions, split into `mb` optimizer steps, one epoch
-        per_device_train_batch_size=cfg["prompts"] * cfg["group"] // mb,
-        gradient_accumulation_steps=1,
-        steps_per_generation=mb,
-        num_iterations=arm.epochs,
-        num_generations=cfg["group"],
-        max_completion_length=cfg["max_new"],
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        min_p=None,
-        repetition_penalty=1.0,
-        loss_type="grpo",
-        importance_sampling_level="sequence" if arm.loss == "gspo" else "token",
-        epsilon=arm.clip_low,
-        epsilon_high=arm.clip_high,
-        beta=0.0,
-        router_aux_loss_coef=0.0,
-        learning_rate=opt.lr,
-        weight_decay=opt.weight_decay,
-        adam_beta1=opt.beta1,
-        adam_beta2=opt.beta2,
-        max_grad_norm=opt.grad_clip,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        optim="adamw_torch",
-    )
-    return GRPOTrainer(model=model, reward_funcs=task_reward, args=args, train_dataset=dataset, processing_class=tok)
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    t = time.perf_counter()
+    for _ in range(reps):
+        (a @ b).sum()
+        sum(range(200_000))
+    return time.perf_counter() - t
 
 
-def _time_trl_phases(trainer) -> tuple[dict[str, list[float]], list[int], list[int]]:
-    """Wrap the trainer's own methods with timers (instance attributes shadow the class's).
-    Returns (seconds per call by phase "prep"/"gen"/"reward", generated tokens per round,
-    longest completion per round); the lists fill as the trainer runs."""
-    phases: dict[str, list[float]] = {"prep": [], "gen": [], "reward": []}
-    gen_tokens: list[int] = []
-    gen_longest: list[int] = []
-
-    def timed(name, fn, count_tokens=False):
-        def wrapper(*a, **kw):
-            t = time.perf_counter()
-            out = fn(*a, **kw)
-            phases[name].append(time.perf_counter() - t)
-            if count_tokens:
-                gen_tokens.append(sum(len(c) for c in out[1]))  # completion ids up to and incl. EOS
-                gen_longest.append(max(len(c) for c in out[1]))
-            return out
-
-        return wrapper
-
-    trainer._generate_and_score_completions = timed("prep", trainer._generate_and_score_completions)
-    trainer._generate = timed("gen", trainer._generate, count_tokens=True)
-    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
-    return phases, gen_tokens, gen_longest
-
-
-def worker_trl(cfg: dict) -> None:
-    """TRL's GRPOTrainer doing the same step; one round = one generation + `mini_batches` optimizer
-    steps, each on "step" (lockstep), or back to back with cfg["block"]."""
-    import torch
-    import trl
-    from transformers import TrainerCallback
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    set_threads(cfg)
-    spec, task = _spec_for(cfg, steps=cfg["rounds"])
-    source = model_source(spec, task)
-    mb, B = cfg["mini_batches"], cfg["prompts"] * cfg["group"]
-
-    t0 = time.perf_counter()
-    out_dir = tempfile.mkdtemp(prefix="gspo-bench-trl-")
-    trainer = _trl_trainer(cfg, spec, task, source, out_dir)
-    setup_s = time.perf_counter() - t0
-    phases, gen_tokens, gen_longest = _time_trl_phases(trainer)
-
-    class Lockstep(TrainerCallback):
-        """Hold the training loop at every round boundary until the orchestrator says "step"."""
-
-        def _go(self):
-            if not cfg.get("block") and not wait_for_step():
-                raise SystemExit("bench worker: stopped before the last round")
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-
-        def on_train_begin(self, *a, **kw):
-            emit({"ready": True, "setup_s": setup_s})
-            self._go()
-
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step % mb:
-                return
-            r = state.global_step // mb - 1
-            step_s = time.perf_counter() - self.t0
-            gen, reward, prep = phases["gen"][r], phases["reward"][r], phases["prep"][r]
-            emit(
-                {
-                    "step_s": step_s,
-                    "cpu_s": time.process_time() - self.c0,
-                    "rollout_s": gen,
-                    "score_s": reward,
-                    "old_logp_s": prep - gen - reward,
-                    "update_s": step_s - prep,
-                    "gen_tokens": gen_tokens[r],
-                    "gen_tok_per_s": gen_tokens[r] / max(gen, 1e-9),
-                    "length_mean": gen_tokens[r] / B,
-                    "length_max": gen_longest[r],
-                    "gen_ms_per_token_step": 1000 * gen / max(gen_longest[r], 1),
-                    "t_end": time.perf_counter(),
-                }
-            )
-            if state.global_step < args.max_steps:
-                self._go()
-
-    trainer.add_callback(Lockstep())
-    trainer.train()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    if not cfg.get("block"):
-        wait_for_step()  # "done"
-    emit(
-        {
-            "final": True,
-            "peak_rss_mb": peak_rss_mb(),
-            "torch_threads": torch.get_num_threads(),
-            "trl_version": trl.__version__,
-        }
-    )
+def worker_ref(cfg: dict) -> None:
+    """The drift reference: on each "turn N THREADS", times reference_workload() once (N and
+    THREADS are ignored) and answers {"ref_s": seconds}."""
+    reference_workload(5)  # first-call costs (allocator, libraries) out of the timings
+    emit({"ready": True, "setup_s": 0.0})
+    while wait_for_turn() is not None:
+        emit({"ref_s": reference_workload()})
+    emit({"final": True, "peak_rss_mb": peak_rss_mb(), "torch_threads": 1})
 
 
 def worker_variants(cfg: dict) -> None:
@@ -268,7 +161,7 @@ def worker_variants(cfg: dict) -> None:
     changes; rewards and the loss still end at the first EOS)."""
     from gspo_cli.train.step import setup, train_step
 
-    set_threads(cfg)
+    set_threads(cfg.get("threads", 0))
     ctxs = []
     for v in cfg["variants"]:
         spec, task = _spec_for(cfg, steps=cfg["rounds"], group=v["group"], max_new=v["max_new"], preset=v["preset"])

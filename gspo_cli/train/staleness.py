@@ -80,16 +80,22 @@ class StaleRollouts:
         G = spec.rollout.group_size
         t0 = time.time()
         if self.next is None:  # nothing sampled ahead: the first step
-            self.next = self._request(ctx, step, version=step - 1)
+            self.next, _ = self._request(ctx, step, version=step - 1)
         item = self._collect()
         self.next = None
         wait_s = time.time() - t0
+        sync_s = 0.0
         if step < self.steps:  # sample the next step's batch while this one trains
-            self.next = self._request(ctx, step + 1, version=step - 1)
+            self.next, sync_s = self._request(ctx, step + 1, version=step - 1)
         t1 = time.time()
         batch = item.batch
         scores = ctx.task.score_batch([item.problems[i // G] for i in range(len(batch.completions))], batch.completions)
-        times = {"time/rollout_s": item.rollout_s, "time/score_s": time.time() - t1, "perf/rollout_wait_s": wait_s}
+        times = {
+            "time/rollout_s": item.rollout_s,
+            "time/score_s": time.time() - t1,
+            "time/weight_sync_s": sync_s,
+            "perf/rollout_wait_s": wait_s,
+        }
         metrics = learn(ctx, batch, scores, step, times=times, t0=t0)
         metrics["rollout/staleness"] = (step - 1) - item.version
         return metrics
@@ -102,13 +108,16 @@ class StaleRollouts:
         item = self._collect()
         return {CHECKPOINT_KEY: vars(item).copy()}
 
-    def _request(self, ctx: Ctx, step: int, version: int) -> Pending:
+    def _request(self, ctx: Ctx, step: int, version: int) -> tuple[Pending, float]:
+        """(the request for step `step`'s batch, seconds spent copying the weights to the worker)."""
         problems = ctx.task.train_problems(ctx.rng, ctx.spec.rollout.prompts_per_step)
         G = ctx.spec.rollout.group_size
+        t = time.time()
         self.sampler.publish(ctx.model.state_dict())  # the worker is idle: nothing outstanding
+        sync_s = time.time() - t
         check = check_due(ctx.spec.rollout.logprob_check_every, step)
         self.sampler.request(step, version, [p.prompt for p in problems for _ in range(G)], check)
-        return Pending(step=step, version=version, problems=problems)
+        return Pending(step=step, version=version, problems=problems), sync_s
 
     def _collect(self) -> Pending:
         """self.next, its batch waited for if the worker is still sampling it."""
