@@ -259,3 +259,18 @@ def test_every_variant_trains_two_steps_end_to_end(tmp_path):
     assert "policy/cov_selected_frac" in last["clip-cov"]  # 0 when no token's cov falls in (1, 5)
     assert 0 < last["kl-cov"]["policy/cov_selected_frac"] < 1  # at least one token per mini-batch
     assert 0 < last["filters"]["policy/dropped_token_frac"] < 1  # ~80% filtered, the rest kept
+
+
+def test_a_model_without_router_logits_under_torchrun_fails_in_one_line():
+    from types import SimpleNamespace
+
+    from gspo_cli.distributed import DistInfo
+    from gspo_cli.errors import RunError
+    from gspo_cli.models.aux_loss import router_aux_loss
+
+    cfg = SimpleNamespace(num_experts=4, num_experts_per_tok=2)
+    own = torch.tensor(1.25)
+    assert router_aux_loss(own, None, torch.ones(1, 3), cfg, DistInfo())[1].item() == 1.25  # one process: its own
+    with pytest.raises(RunError, match=r"^model.router_aux_loss_coef: the model returns no router_logits") as err:
+        router_aux_loss(own, None, torch.ones(1, 3), cfg, DistInfo(rank=0, world_size=2))
+    assert "\n" not in str(err.value)

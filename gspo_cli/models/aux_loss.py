@@ -18,6 +18,7 @@ import torch
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
+from gspo_cli.errors import RunError
 
 
 def load_balance_parts(router_logits, attention_mask: torch.Tensor, num_experts: int, top_k: int):
@@ -66,10 +67,13 @@ def router_aux_loss(model_aux_loss, router_logits, tokens_BT: torch.Tensor, conf
     the prompt and response tokens (not the attention mask: a position the model attends but
     no row of a mini-batch needs is trimmed away, which would change the rows with the split).
     Models that do not return `router_logits`: their own `aux_loss` on one process; under
-    torchrun that would be rank-local, so it raises. `config`: the model's (num_experts,
+    torchrun that would be rank-local, so it is a RunError (one line). `config`: the model's (num_experts,
     num_experts_per_tok)."""
     if router_logits is None:
         if info.enabled:
-            raise RuntimeError("the model returns no router_logits: its load-balancing loss would be rank-local")
+            raise RunError(
+                "model.router_aux_loss_coef: the model returns no router_logits, so under torchrun its "
+                "load-balancing loss would be each process's own; set router_aux_loss_coef: 0"
+            )
         return model_aux_loss, model_aux_loss.detach()
     return global_load_balancing_loss(router_logits, tokens_BT, config.num_experts, config.num_experts_per_tok, info)
