@@ -18,3 +18,14 @@ def _deterministic_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch thread for a module of tiny-model tests (use with `pytest.mark.usefixtures`): a
+    second intra-op thread only adds overhead there (the eager experts' index_add_ can take ~40 ms
+    per call with 2 threads on a loaded CPU); restored for the other modules."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

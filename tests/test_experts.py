@@ -19,13 +19,7 @@ from gspo_cli.train.step import setup, train_step
 V, E, K = 48, 8, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # tiny models: a second intra-op thread only adds overhead on a busy 2-core box
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
 def _pair():

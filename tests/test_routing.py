@@ -58,14 +58,7 @@ def _ids(b=B, t=T, seed=1):
     return torch.randint(3, V, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # tiny models: intra-op threads only add overhead (the eager experts' index_add_ can take
-    # ~40 ms per call with 2 threads on a loaded CPU); restored for the other test modules
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
 @pytest.fixture
