@@ -274,3 +274,39 @@ def test_a_model_without_router_logits_under_torchrun_fails_in_one_line():
     with pytest.raises(RunError, match=r"^model.router_aux_loss_coef: the model returns no router_logits") as err:
         router_aux_loss(own, None, torch.ones(1, 3), cfg, DistInfo(rank=0, world_size=2))
     assert "\n" not in str(err.value)
+
+
+def test_a_run_with_the_load_balancing_loss_samples_evaluates_and_logs_it(tmp_path):
+    """router_aux_loss_coef > 0 turns on the model's router_logits output; the hf engine's
+    generation (rollouts and the step-0 evaluation) must not compute transformers' aux loss
+    over one decode step against the whole mask (it failed: "size of tensor a (16) must match
+    ... b (144)"). The update logs the loss: E x sum f_e P_e >= 1 with equality only when balanced."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import TINY
+
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.tasks import make_task
+    from gspo_cli.train.loop import train_experiment
+    from gspo_cli.train.reporting import quiet_reporter
+
+    # prompts of different lengths (the failure needs left padding)
+    task = {"name": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 50}, "eval_size": 8}
+    builtin = spec_from_dict({**TINY, "task": task})
+    local = resolve_model_source(builtin.model, make_task(builtin.task.name, builtin.task.params), log=lambda m: None)
+    raw = {  # the built-in model's directory, loaded as a user's local Hugging Face model
+        **TINY,
+        "task": task,
+        "output_dir": str(tmp_path),
+        "model": {"name": str(local), "router_aux_loss_coef": 0.01},
+        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+    }
+    results = train_experiment(spec_from_dict(raw), reporter=quiet_reporter())
+    assert [r.status for r in results] == ["completed"]
+    run = tmp_path / "e2e" / "gspo" / "seed0"
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all(m["moe/aux_loss"] >= 1.0 - 1e-6 for m in metrics)
+    assert (run / "eval.jsonl").read_text().strip()

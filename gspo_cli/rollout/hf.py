@@ -71,6 +71,11 @@ class HFRolloutEngine:
         want = self.sampler_logprobs
         reader = SamplerLogprobs(self.temperature) if want else None
         extra = {"logits_processor": LogitsProcessorList([reader])} if want else {}
+        if getattr(self.model.config, "output_router_logits", False):
+            # On for the update's load-balancing loss (model.router_aux_loss_coef); while decoding,
+            # transformers would compute that loss over one step's router logits against the
+            # whole attention mask and fail ("size of tensor a (16) must match ... b (144)").
+            extra["output_router_logits"] = False
         record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
         try:
             # steps: None unless routes are recorded
