@@ -82,14 +82,30 @@ def main() -> None:
         app()
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        if code and _in_process_group():
-            # A torchrun worker that stops on an error leaves without C++ teardown: the peers may
-            # have gone already, and the process group's destructors then abort (SIGABRT) instead
-            # of returning the error's exit code.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        if _in_process_group():
+            _leave_group(code)
         raise
+
+
+def _leave_group(code: int) -> None:
+    """End a torchrun worker without the process group's C++ destructors, which abort (SIGABRT,
+    "terminate called without an active exception") when they run at interpreter exit after a
+    peer has gone. On success the ranks meet once more and the group is destroyed in order; on
+    an error the peers may have gone already, so the worker just leaves with its code."""
+    import logging
+
+    import torch.distributed as dist
+
+    if code == 0:
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:  # a peer failed after its last collective: its own exit code reports it
+            code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def _in_process_group() -> bool:

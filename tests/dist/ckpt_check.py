@@ -14,6 +14,7 @@ usage: ckpt_check.py save|load|export RUN_DIR OUT
 """
 
 import copy
+import os
 import random
 import sys
 from pathlib import Path
@@ -92,7 +93,7 @@ def main(mode: str, run_dir: str, out: str) -> None:
         save_checkpoint(rd, 2, model, opt, Tok(), sched, info=info, rng=rng, shuffle=shuffle, keep=2)
     elif mode == "export":
         export_checkpoint(valid_checkpoints(rd)[-1], Path(out), max_shard_bytes=20_000, info=info, step=2)
-        return
+        leave(info)
     else:
         ckpt = valid_checkpoints(rd)[-1]
         model, opt, sched = build(1, info, weights_to_load(ckpt))
@@ -103,6 +104,17 @@ def main(mode: str, run_dir: str, out: str) -> None:
     next_loss = step(model, opt, sched)
     if info.is_main:
         torch.save({**full, **extra, "losses": losses, "next_loss": next_loss}, out)
+    leave(info)
+
+
+def leave(info) -> None:
+    """Destroy the process group in order and exit without C++ destructors: left to interpreter
+    exit, gloo's can abort (SIGABRT) once the peer has gone."""
+    if info.enabled:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ usage: nan_check.py SPEC_YAML OUT_DIR
 import os
 import sys
 
+import torch
 import yaml
 
 import gspo_cli.train.step as step_mod
@@ -38,6 +39,11 @@ def main(spec_yaml: str, out_dir: str) -> None:
     (res,) = train_experiment(spec_from_dict(yaml.safe_load(open(spec_yaml))), reporter=quiet_reporter())
     with open(os.path.join(out_dir, f"rank{os.environ.get('RANK', '0')}.txt"), "w") as f:
         f.write(res.status)
+    if torch.distributed.is_initialized():  # in order: gloo's destructors at exit can abort
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
