@@ -93,7 +93,7 @@ def main(mode: str, run_dir: str, out: str) -> None:
         save_checkpoint(rd, 2, model, opt, Tok(), sched, info=info, rng=rng, shuffle=shuffle, keep=2)
     elif mode == "export":
         export_checkpoint(valid_checkpoints(rd)[-1], Path(out), max_shard_bytes=20_000, info=info, step=2)
-        leave(info)
+        return
     else:
         ckpt = valid_checkpoints(rd)[-1]
         model, opt, sched = build(1, info, weights_to_load(ckpt))
@@ -104,13 +104,13 @@ def main(mode: str, run_dir: str, out: str) -> None:
     next_loss = step(model, opt, sched)
     if info.is_main:
         torch.save({**full, **extra, "losses": losses, "next_loss": next_loss}, out)
-    leave(info)
 
 
-def leave(info) -> None:
+def leave() -> None:
     """Destroy the process group in order and exit without C++ destructors: left to interpreter
-    exit, gloo's can abort (SIGABRT) once the peer has gone."""
-    if info.enabled:
+    exit, gloo's can abort (SIGABRT) once the peer has gone. For the script only (tests import
+    this module and call its functions)."""
+    if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     sys.stdout.flush()
@@ -119,3 +119,4 @@ def leave(info) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    leave()

@@ -12,8 +12,8 @@ import yaml
 
 import gspo_cli.train.step as step_mod
 from gspo_cli.spec.loading import spec_from_dict
-from gspo_cli.train.reporting import quiet_reporter
 from gspo_cli.train.loop import train_experiment
+from gspo_cli.train.reporting import quiet_reporter
 
 
 def poison(get_loss):
@@ -39,12 +39,12 @@ def main(spec_yaml: str, out_dir: str) -> None:
     (res,) = train_experiment(spec_from_dict(yaml.safe_load(open(spec_yaml))), reporter=quiet_reporter())
     with open(os.path.join(out_dir, f"rank{os.environ.get('RANK', '0')}.txt"), "w") as f:
         f.write(res.status)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
     if torch.distributed.is_initialized():  # in order: gloo's destructors at exit can abort
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
