@@ -16,8 +16,11 @@ step vs TRL's GRPOTrainer, (b) ours with rollout.staleness 1 vs TRL's fastest mo
 here (its GRPOTrainer: its AsyncGRPOTrainer needs CUDA), (c) both sampling with vLLM, in the
 vLLM virtualenv. Each is stated as the median over rounds of ours/TRL with a 95% bootstrap
 interval (stats.py), beside the drift of a fixed reference workload timed between rounds and
-each side's time per phase. Arm overheads and scaling run our trainer only, with the variants
-stepped round-robin in one process. On a busy box each process gets one torch thread
+each side's time per phase. Every side is weighed eager and compiled (ours: train.compile; TRL:
+its Trainer's torch_compile) by a probe before the rounds, which run each side in its faster
+mode: the comparisons are of the fastest modes found here (--no-compile: eager only). Arm
+overheads and scaling run our trainer only, with the variants stepped round-robin in one
+process. On a busy box each process gets one torch thread
 (`--threads auto`): with one thread per core, OpenMP spin-waits stall steps for seconds; on an
 idle one a probe picks each side's count.
 
@@ -89,6 +92,13 @@ def main(argv=None) -> None:
         "decides; with --threads default, or auto on a box idle at start; 0: skip, torch's default)",
     )
     p.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="paired stage: eager only (default: the probe also tries each side compiled, ours with train.compile, "
+        "TRL with torch_compile, and keeps the faster; the first run with an empty compile cache compiles for minutes)",
+    )
+    p.add_argument(
         "--cores",
         default=None,
         help="comma-separated CPU cores every benchmark process is pinned to (default: all this process may use)",
@@ -156,6 +166,7 @@ def main(argv=None) -> None:
     if a.quick:
         a.prompts, a.group, a.max_new_tokens, a.steps, a.reps = 4, 4, 16, 1, 1
         a.rounds, a.turn_steps, a.probe_rounds = 2, 1, min(a.probe_rounds, 1)
+        a.compile = False  # minutes of compiling are no smoke test
         a.quickstart_steps, a.profile_steps = 0, 1
         if a.out == DEFAULT_OUT:  # a smoke run never replaces the real results
             a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"

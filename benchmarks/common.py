@@ -39,10 +39,12 @@ def base_raw(
     staleness: int = 0,
     engine: str = "hf",
     spec_path: str | None = None,
+    compile: bool = False,
 ) -> dict:
     """The quickstart spec (model, task, optimizer; `spec_path`: another spec's) with the
     benchmark's rollout sizes and one arm; `staleness` is rollout.staleness (1: a worker
-    process samples one step ahead), `engine` rollout.engine ("hf" or "vllm")."""
+    process samples one step ahead), `engine` rollout.engine ("hf" or "vllm"), `compile`
+    train.compile (the update's forward and backward compiled at bucketed widths)."""
     import yaml
 
     raw = yaml.safe_load(Path(spec_path or QUICKSTART).read_text())
@@ -54,7 +56,7 @@ def base_raw(
         staleness=staleness,
         engine=engine,
     )
-    raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0)
+    raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0, compile=compile)
     raw["arms"] = [{"name": preset, "preset": preset, "mini_batches": mini_batches, "epochs": 1}]
     return raw
 
@@ -145,6 +147,13 @@ def wait_for_turn() -> tuple[int, int] | None:
     if len(cmd) == 3 and cmd[0] == "turn":
         return int(cmd[1]), int(cmd[2])
     raise SystemExit(f"bench worker: unexpected command {cmd!r}")
+
+
+def compiles() -> int:
+    """Graphs torch.compile has traced in this process so far (0 when it never ran): a turn in
+    which this grew paid for compiling (or loading compiled code from the cache)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
 
 
 def set_threads(n: int) -> None:

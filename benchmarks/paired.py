@@ -40,11 +40,22 @@ SIDES = {
     "ours_vllm": ("ours", {"engine": "vllm"}, "vllm"),
     "trl_vllm": ("trl", {"engine": "vllm"}, "vllm"),
 }
+# Each side's compiled process, which the probe weighs against the eager one (unless --no-compile):
+# ours with `train.compile` (the update's forward and backward compiled at bucketed widths, the
+# code cached on disk), TRL with its Trainer's `torch_compile` (torch.compile of the model).
+COMPILED = {
+    "ours": ("ours", {"compile": True}, "main"),
+    "trl": ("trl", {"compile": True}, "main"),
+    "ours_async": ("ours", {"staleness": 1, "compile": True}, "main"),
+}
 # Turns run in these groups; within a group, the order alternates round by round, so each
 # comparison's two turns are adjacent in time (TRL's turn sits next to both of ours in (a), (b)).
 GROUPS = (("ours", "trl", "ours_async"), ("ours_vllm", "trl_vllm"))
 # Sides whose thread count the probe picks (staleness 1 splits all cores: trainer + sampler).
 PROBED = ("ours", "trl", "ours_vllm", "trl_vllm")
+# A turn during which the process compiled something (a new width, a recompile) is run again, at
+# most this many times: compiling takes seconds to minutes and is paid once, not per step.
+RECOMPILE_RETRIES = 3
 COMPARISONS = {
     "a": {"ours": "ours", "trl": "trl", "target": 0.7, "title": "ours synchronous vs TRL GRPOTrainer"},
     "b": {"ours": "ours_async", "trl": "trl", "target": 0.5, "title": "ours rollout.staleness 1 vs TRL GRPOTrainer"},
@@ -112,54 +123,100 @@ def turn_stats(turn: dict) -> dict:
     return out
 
 
-def _run_turn(workers: dict, side: str, steps: int, threads: int, log, tag: str) -> dict:
-    st = turn_stats(workers[side].turn(steps + 1, threads))
-    log(f"  {tag} {side:10s} {st['s_per_step']:.3f} s/step ({st['torch_threads']} threads, load {loadavg():.2f})")
-    return st
+def _run_turn(workers: dict, proc: str, steps: int, threads: int, log, tag: str, recompiled: dict) -> dict:
+    """One turn of process `proc` (a side, or a side's compiled process "<side>+compiled"): its
+    turn_stats. A turn whose measured steps compiled anything (the steps' running `compiles`
+    count grew after the warm-up step) is run again, up to RECOMPILE_RETRIES times, each
+    counted in `recompiled[proc]`."""
+    for attempt in range(RECOMPILE_RETRIES + 1):
+        ans = workers[proc].turn(steps + 1, threads)
+        st = turn_stats(ans)
+        new = ans["turn"][-1].get("compiles", 0) - ans["turn"][0].get("compiles", 0)
+        again = new > 0 and attempt < RECOMPILE_RETRIES
+        log(
+            f"  {tag} {proc:19s} {st['s_per_step']:.3f} s/step ({st['torch_threads']} threads, load {loadavg():.2f})"
+            + (f", compiled {new} graph(s) in a measured step: turn run again" if again else "")
+        )
+        if not again:
+            return {**st, "compiled_during": new > 0}
+        recompiled[proc] = recompiled.get(proc, 0) + 1
+    raise AssertionError("unreachable")
 
 
-def _start(sides: list[str], cfg: dict, pythons: dict, cores: list[int], threads: int, log) -> dict:
-    """Start every side's process and the reference worker; wait until all are set up. A vLLM
-    side that fails to set up is dropped, with the last line of its error in "vllm_error"
-    (comparison (c) is then skipped); any other failure ends the benchmark."""
+def _procs(side: str, compile_on: bool) -> list[str]:
+    """The processes a side may run its turns in: itself, and its compiled one (COMPILED)."""
+    return [side] + ([f"{side}+compiled"] if compile_on and side in COMPILED else [])
+
+
+def _proc_spec(proc: str) -> tuple:
+    side, _, compiled = proc.partition("+")
+    return COMPILED[side] if compiled else SIDES[side]
+
+
+def _candidates(side: str, compile_on: bool, counts: list[int], threads: int) -> dict:
+    """{label: (process, threads)} the probe tries for `side`: each of its processes (_procs) at
+    each thread count (PROBED sides: `counts`, or `threads` when fixed; staleness 1 splits the
+    cores itself: 0). Labels: "1", "2", "1 compiled", ..., "split", "split compiled"."""
+    ns = ([threads] if threads else counts) if side in PROBED else [0]
+    return {
+        (f"{n}" if n else "split") + (" compiled" if "+" in p else ""): (p, n)
+        for p in _procs(side, compile_on)
+        for n in ns
+    }
+
+
+def _start(procs: list[str], cfg: dict, pythons: dict, cores: list[int], threads: int, log) -> dict:
+    """Start every process (sides and their compiled ones) and the reference worker; wait until
+    all are set up. A vLLM side that fails to set up is dropped, with the last line of its error
+    in "vllm_error" (comparison (c) is then skipped); any other failure ends the benchmark."""
     workers = {}
-    for side in sides:
-        kind, extra, env = SIDES[side]
-        workers[side] = Worker(kind, {**cfg, **extra, "threads": threads}, python=pythons[env], cores=cores)
+    for proc in procs:
+        kind, extra, env = _proc_spec(proc)
+        workers[proc] = Worker(kind, {**cfg, **extra, "threads": threads}, python=pythons[env], cores=cores)
     workers["ref"] = Worker("ref", {}, cores=cores)
     ready, vllm_error = {}, None
-    for side, w in list(workers.items()):
+    for proc, w in list(workers.items()):
         try:
-            ready[side] = w.recv()
+            ready[proc] = w.recv()
         except WorkerError as e:
-            if side not in SIDES or SIDES[side][2] != "vllm":
+            if proc == "ref" or _proc_spec(proc)[2] != "vllm":
                 raise
             lines = [ln for ln in e.tail.splitlines() if ln.strip()]
-            vllm_error = f"{side} failed to set up: {lines[-1] if lines else e}"
+            vllm_error = f"{proc} failed to set up: {lines[-1] if lines else e}"
             log(f"  {vllm_error}")
-            del workers[side]
+            del workers[proc]
     log("  set up: " + ", ".join(f"{s} {r['setup_s']:.1f} s" for s, r in ready.items() if s != "ref"))
     return {"workers": workers, "setup_s": {s: r["setup_s"] for s, r in ready.items()}, "vllm_error": vllm_error}
 
 
 def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
     """The three comparisons for parsed flags `a` (rounds, turn_steps, probe_rounds, cores,
-    vllm_python) and the workers' common config `cfg`; `threads` from common.pick_threads (0:
-    probe each synchronous side's count; else every side gets it). Returns the `paired` key of
+    vllm_python, compile) and the workers' common config `cfg`; `threads` from
+    common.pick_threads (0: probe each synchronous side's count; else every side gets it). With
+    a.compile the probe also weighs each side's compiled process (COMPILED) against its eager
+    one; the rounds then run every side in the process and thread count the probe picked, so
+    each comparison is of the two sides' fastest modes found here. Returns the `paired` key of
     bench.json (see summarize_paired)."""
     cores = [int(c) for c in a.cores.split(",")] if a.cores else sorted(os.sched_getaffinity(0))
     vpy, vllm_why = vllm_python(a.vllm_python)
     sides = [s for s in SIDES if SIDES[s][2] == "main" or vpy]
     pythons = {"main": None, "vllm": vpy}
-    candidates = sorted({1, len(cores)})
-    probe = threads == 0 and len(candidates) > 1 and a.probe_rounds > 0
-    n_turns = (a.probe_rounds * len(candidates) if probe else 0) + a.rounds
-    wcfg = {**cfg, "max_steps": n_turns * (a.turn_steps + 1) + 1}
+    counts = sorted({1, len(cores)})
+    compile_on = bool(getattr(a, "compile", False))
+    cands = {s: _candidates(s, compile_on, counts, threads) for s in sides}
+    probe = a.probe_rounds > 0 and any(len(c) > 1 for c in cands.values())
+    n_turns = (a.probe_rounds * max(len(c) for c in cands.values()) if probe else 0) + a.rounds
+    # every turn may run again after a compile (RECOMPILE_RETRIES): steps for that too
+    wcfg = {**cfg, "max_steps": (n_turns + 4 * RECOMPILE_RETRIES) * (a.turn_steps + 1) + 1}
     log(
         f"1/5 paired comparisons: {a.rounds} rounds of turns (1 warm-up + {a.turn_steps} steps), sides "
-        f"{', '.join(sides)}, pinned to cores {cores}" + ("" if vpy else f"; (c) skipped: {vllm_why}")
+        f"{', '.join(sides)}"
+        + (" (each eager or compiled, as the probe finds faster)" if compile_on else "")
+        + f", pinned to cores {cores}"
+        + ("" if vpy else f"; (c) skipped: {vllm_why}")
     )
-    started = _start(sides, wcfg, pythons, cores, threads, log)
+    procs = [p for s in sides for p in _procs(s, compile_on)]
+    started = _start(procs, wcfg, pythons, cores, threads, log)
     workers = started["workers"]
     if started["vllm_error"]:  # (c) cannot run: both vLLM sides go, the report quotes the error
         for side in ("ours_vllm", "trl_vllm"):
@@ -169,22 +226,28 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
         vllm_why = started["vllm_error"]
     ref_s: list[float] = []
     finals: dict = {}
+    recompiled: dict = {}
     try:
-        by_side = {s: (threads or len(cores)) for s in sides}
+        pick = {s: next(iter(cands[s].values())) for s in sides}  # without a probe: eager, first count
         probe_res = None
         if probe:
-            per = {s: {n: [] for n in candidates} for s in sides if s in PROBED}
+            per = {s: {label: [] for label in cands[s]} for s in sides if len(cands[s]) > 1}
             for r in range(a.probe_rounds):
-                for n in candidates:
-                    for side in per if r % 2 == 0 else list(per)[::-1]:
-                        per[side][n].append(
-                            _run_turn(workers, side, a.turn_steps, n, log, f"probe {r + 1}")["s_per_step"]
-                        )
+                for side in per if r % 2 == 0 else list(per)[::-1]:
+                    for label, (proc, n) in cands[side].items():
+                        st = _run_turn(workers, proc, a.turn_steps, n, log, f"probe {r + 1}", recompiled)
+                        per[side][label].append(st["s_per_step"])
                 ref_s.append(workers["ref"].turn(1)["ref_s"])
-            probe_res = {s: dict(zip(("best", "min_s_per_step"), pick_by_min(v))) for s, v in per.items()}
-            probe_res = {s: {**v, "rounds": {str(n): t for n, t in per[s].items()}} for s, v in probe_res.items()}
-            by_side.update({s: v["best"] for s, v in probe_res.items()})
+            probe_res = {}
+            for s, v in per.items():
+                best, mins = pick_by_min(v)
+                pick[s] = cands[s][best]
+                probe_res[s] = {"best": best, "min_s_per_step": mins, "rounds": v}
             log("  probe picked " + ", ".join(f"{s} {v['best']}" for s, v in probe_res.items()))
+        for proc in [p for p in workers if p != "ref" and p not in {pick[s][0] for s in sides}]:
+            workers.pop(proc).kill()  # the processes the probe did not pick: their memory back
+        by_side = {s: pick[s][1] for s in sides}
+        process_by_side = {s: pick[s][0] for s in sides}
         turns: dict[str, list[dict]] = {s: [] for s in sides}
         for r in range(a.rounds):
             for group in GROUPS:
@@ -192,15 +255,15 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
                 if not order:
                     continue
                 for side in order:
-                    turn_threads = 0 if side == "ours_async" else by_side[side]
-                    st = _run_turn(workers, side, a.turn_steps, turn_threads, log, f"round {r + 1}/{a.rounds}")
+                    tag = f"round {r + 1}/{a.rounds}"
+                    st = _run_turn(workers, pick[side][0], a.turn_steps, by_side[side], log, tag, recompiled)
                     turns[side].append({**st, "round": r})
                 ref_s.append(workers["ref"].turn(1)["ref_s"])
             # what was measured so far, kept should a later round fail (summarize_paired rebuilds the figures)
             partial = {"turns": turns, "ref_s": ref_s, "probe": probe_res, "threads_by_side": by_side}
             (a.out / "paired_rounds.json").write_text(json.dumps(partial, indent=1) + "\n")
-        for side, w in workers.items():
-            finals[side] = w.stop()
+        for proc, w in workers.items():
+            finals[proc] = w.stop()
     finally:
         for w in workers.values():
             w.kill()
@@ -212,7 +275,10 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
             "turn_steps": a.turn_steps,
             "rounds": a.rounds,
             "threads_by_side": by_side,
-            "threads_why": threads_why if not probe else f"probed: fastest turn of {candidates} threads",
+            "process_by_side": process_by_side,
+            "compile_probed": compile_on and probe,
+            "recompiled_turns": recompiled,
+            "threads_why": f"probed: fastest turn of {counts} threads" if probe and not threads else threads_why,
             "probe": probe_res,
             "setup_s": started["setup_s"],
             "finals": finals,

@@ -76,6 +76,14 @@ SIDE_NAMES = {
     "ours_vllm": "ours, rollout.engine vllm",
     "trl_vllm": "TRL GRPOTrainer, use_vllm colocate",
 }
+# How a side's compiled process compiles (paired.COMPILED).
+COMPILED_NAMES = {"ours": "train.compile", "trl": "torch_compile", "ours_async": "train.compile"}
+
+
+def side_name(p: dict, s: str) -> str:
+    """A side's name in the report, with how it compiled when the probe picked its compiled process."""
+    compiled = "+" in (p.get("process_by_side") or {}).get(s, s)
+    return SIDE_NAMES[s] + (f", {COMPILED_NAMES[s]}" if compiled else "")
 
 
 def ratio_text(c: dict) -> str:
@@ -132,7 +140,14 @@ def _paired(r: dict) -> list[str]:
                 if "ratio_of_medians" in c
                 else ""
             )
-            lines.append(f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}{unpaired}")
+            modes = (
+                f"; sides as run: {side_name(p, c['ours'])} vs {side_name(p, c['trl'])}"
+                if p.get("compile_probed")
+                else ""
+            )
+            lines.append(
+                f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}{unpaired}{modes}"
+            )
     lines += [
         f"- (b): {p['trl_async']}",
         (
@@ -163,38 +178,61 @@ def _drift_lines(p: dict) -> list[str]:
             f"200k Python additions)), timed {d['n']} times between groups of turns, took {d['min']:.3f}-"
             f"{d['max']:.3f} s (median {d['median']:.3f} s): max/min {d['max_over_min']:.2f}, coefficient of "
             f"variation {d['cv']:.1%}. Each side's own s/step, max/min over rounds: "
-            + ", ".join(f"{SIDE_NAMES[s]} {v['max_over_min']:.2f}" for s, v in p["sides"].items())
+            + ", ".join(f"{side_name(p, s)} {v['max_over_min']:.2f}" for s, v in p["sides"].items())
             + "."
         )
         lines.append("")
-    threads = ", ".join(f"{SIDE_NAMES[s]} {v['torch_threads']}" for s, v in p["sides"].items())
+    threads = ", ".join(f"{side_name(p, s)} {v['torch_threads']}" for s, v in p["sides"].items())
     lines.append(f"Torch threads: {threads} ({p['threads_why']}).")
+    if p.get("compile_probed"):
+        lines.append(
+            "Compiled or eager: each side also ran in a second process that compiles (ours: `train.compile`, "
+            "the update's forward and backward at widths bucketed to 16 tokens, code cached on disk; TRL: its "
+            "Trainer's `torch_compile`), and the probe kept the faster (names above say which: no suffix, eager). "
+            "A turn during which a process compiled anything ran again (compiling is paid once, not per step): "
+            + (
+                ", ".join(f"{k} {n}x" for k, n in p["recompiled_turns"].items())
+                if p.get("recompiled_turns")
+                else "none needed"
+            )
+            + "."
+        )
     moved = [
-        f"{SIDE_NAMES[s]} {v['affinity']}" for s, v in p["sides"].items() if v.get("affinity") not in (None, p["cores"])
+        f"{side_name(p, s)} {v['affinity']}"
+        for s, v in p["sides"].items()
+        if v.get("affinity") not in (None, p["cores"])
     ]
     if moved:  # something inside the process (vLLM's CPU worker binds its threads) narrowed the pinning
         lines.append(
             f"Cores a process could run on at the end of its turns, where not all of {p['cores']}: {', '.join(moved)}."
         )
     if p.get("probe"):
-        lines += [
-            "",
-            "| thread probe (fastest turn, s/step) | " + " | ".join(f"{n} threads" for n in _counts(p)) + " | picked |",
-        ]
-        lines.append("|---|" + "---:|" * len(_counts(p)) + "---:|")
+        labels = _probe_labels(p)
+        lines += ["", "| probe (fastest turn, s/step) | " + " | ".join(_label_text(x) for x in labels) + " | picked |"]
+        lines.append("|---|" + "---:|" * len(labels) + "---:|")
         for s, v in p["probe"].items():
-            mins = v["min_s_per_step"]
+            mins = {str(k): x for k, x in v["min_s_per_step"].items()}
             lines.append(
                 f"| {SIDE_NAMES[s]} | "
-                + " | ".join(fmt_s(mins.get(n, mins.get(str(n)))) for n in _counts(p))
-                + f" | {v['best']} |"
+                + " | ".join(fmt_s(mins.get(x)) for x in labels)
+                + f" | {_label_text(v['best'])} |"
             )
     lines.append("")
     return lines
 
 
-def _counts(p: dict) -> list:
-    return sorted({int(n) for v in p["probe"].values() for n in v["min_s_per_step"]})
+def _probe_labels(p: dict) -> list[str]:
+    """The probe's candidates over all sides (paired._candidates labels; thread counts from older
+    results), eager before compiled, fewer threads first."""
+    labels = {str(k) for v in p["probe"].values() for k in v["min_s_per_step"]}
+    return sorted(labels, key=lambda x: ("compiled" in x, x.split()[0] != "split", x))
+
+
+def _label_text(label) -> str:
+    """ "2" -> "2 threads", "1 compiled" -> "1 thread, compiled", "split" -> "trainer + sampler"."""
+    n, _, compiled = str(label).partition(" ")
+    head = "trainer + sampler" if n == "split" else f"{n} thread" + ("s" if n != "1" else "")
+    return head + (", compiled" if compiled else "")
 
 
 def _phase_table(p: dict) -> list[str]:
@@ -211,7 +249,7 @@ def _phase_table(p: dict) -> list[str]:
             # in parentheses: sampled in the sampler process during the previous step
             cells.append(f"({fmt_s(x)})" if key == "gen_s" and v["gen_overlapped"] else fmt_s(x))
         lines.append(
-            f"| {SIDE_NAMES[s]} | {fmt_s(v['s_per_step'])} | "
+            f"| {side_name(p, s)} | {fmt_s(v['s_per_step'])} | "
             + " | ".join(cells)
             + f" | {fmt_s(v['other_s'])} | {v['length_mean']:.1f} |"
         )
@@ -230,10 +268,11 @@ def _phase_table(p: dict) -> list[str]:
         "",
     ]
     finals, setup = p.get("finals") or {}, p.get("setup_s") or {}
+    by = p.get("process_by_side") or {}
     procs = [
-        f"{SIDE_NAMES[s]} {setup[s]:.1f} s / {finals[s]['peak_rss_mb']:.0f} MB"
+        f"{side_name(p, s)} {setup[by.get(s, s)]:.1f} s / {finals[by.get(s, s)]['peak_rss_mb']:.0f} MB"
         for s in p["sides"]
-        if s in finals and s in setup
+        if by.get(s, s) in finals and by.get(s, s) in setup
     ]
     if procs:
         lines += [

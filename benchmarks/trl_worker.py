@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from benchmarks.common import emit, model_source, peak_rss_mb, set_threads, wait_for_turn
+from benchmarks.common import compiles, emit, model_source, peak_rss_mb, set_threads, wait_for_turn
 from benchmarks.workers import _spec_for
 
 
@@ -95,6 +95,7 @@ def _trl_trainer(cfg: dict, spec, task, source: str, out_dir: str):
         lr_scheduler_type="constant",
         warmup_steps=0,
         optim="adamw_torch",
+        torch_compile=bool(cfg.get("compile")),  # transformers' Trainer: torch.compile(model)
         **(
             {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False}
             if cfg.get("engine") == "vllm"
@@ -247,6 +248,7 @@ def worker_trl(cfg: dict) -> None:
                     "length_max": acc["longest"],
                     "gen_ms_per_token_step": 1000 * gen / max(acc["longest"], 1),
                     "t_end": time.perf_counter(),
+                    "compiles": compiles(),
                 }
             )
             self.left -= 1

@@ -12,7 +12,16 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks.common import base_raw, emit, load_spec_and_task, model_source, peak_rss_mb, set_threads, wait_for_turn
+from benchmarks.common import (
+    base_raw,
+    compiles,
+    emit,
+    load_spec_and_task,
+    model_source,
+    peak_rss_mb,
+    set_threads,
+    wait_for_turn,
+)
 
 # A step's time split into phases, the same keys on both sides (seconds; None: not measured):
 # gen (sampling, weight sync excluded), score (the reward), old_logp (pi_old's log-prob pass),
@@ -38,6 +47,7 @@ def _spec_for(
         staleness=cfg.get("staleness", 0),
         engine=cfg.get("engine", "hf"),
         spec_path=cfg.get("spec"),
+        compile=bool(cfg.get("compile")),
     )
     return load_spec_and_task(raw)
 
@@ -79,7 +89,9 @@ def worker_ours(cfg: dict) -> None:
                 c0, sync0 = time.process_time(), getattr(ctx.engine, "sync_s", 0.0)
                 m = stale.step(ctx, step) if stale else train_step(ctx, step)
                 rec = our_step_record(m, B, sync_s=getattr(ctx.engine, "sync_s", 0.0) - sync0)
-                recs.append({**rec, "cpu_s": time.process_time() - c0, "t_end": time.perf_counter()})
+                recs.append(
+                    {**rec, "cpu_s": time.process_time() - c0, "t_end": time.perf_counter(), "compiles": compiles()}
+                )
             if stale:
                 stale.checkpoint_state()  # waits for the batch requested for the next step
             emit(

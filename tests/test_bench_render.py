@@ -295,12 +295,36 @@ def test_thread_probe_renders_the_same_from_memory_and_from_json():
     r = small_result(paired=paired_result(probe=probe, threads_why="probed: fastest turn of [1, 2] threads"))
     text = render(r)
     lines = text.splitlines()
-    assert "| thread probe (fastest turn, s/step) | 1 threads | 2 threads | picked |" in lines
+    assert "| probe (fastest turn, s/step) | 1 thread | 2 threads | picked |" in lines
     assert (
-        "| ours, synchronous | 0.700 s | 0.500 s | 2 |" in lines
-        and "| TRL GRPOTrainer | 0.900 s | 1.100 s | 1 |" in lines
+        "| ours, synchronous | 0.700 s | 0.500 s | 2 threads |" in lines
+        and "| TRL GRPOTrainer | 0.900 s | 1.100 s | 1 thread |" in lines
     )
     assert render(json.loads(json.dumps(r))) == text  # json turns the thread counts into strings
+
+
+def test_compiled_picks_are_named_with_how_they_compiled():
+    """The probe weighed eager and compiled processes: the table has a column per candidate, the
+    sides the rounds ran compiled say so everywhere, and turns run again after a compile are counted."""
+    probe = {
+        "ours": {"best": "2 compiled", "min_s_per_step": {"1": 0.7, "2": 0.6, "1 compiled": 0.55, "2 compiled": 0.5}},
+        "trl": {"best": "2", "min_s_per_step": {"1": 0.9, "2": 0.8, "1 compiled": 1.3, "2 compiled": 1.2}},
+        "ours_async": {"best": "split compiled", "min_s_per_step": {"split": 0.45, "split compiled": 0.35}},
+    }
+    by = {"ours": "ours+compiled", "trl": "trl", "ours_async": "ours_async+compiled"}
+    p = paired_result(
+        probe=probe, process_by_side=by, compile_probed=True, recompiled_turns={"ours+compiled": 2}, threads_why="x"
+    )
+    lines = render(small_result(paired=p)).splitlines()
+    head = "| probe (fastest turn, s/step) | trainer + sampler | 1 thread | 2 threads | trainer + sampler, compiled "
+    assert head + "| 1 thread, compiled | 2 threads, compiled | picked |" in lines
+    assert "| ours, synchronous | — | 0.700 s | 0.600 s | — | 0.550 s | 0.500 s | 2 threads, compiled |" in lines
+    assert "| ours, rollout.staleness 1 | 0.450 s | — | — | 0.350 s | — | — | trainer + sampler, compiled |" in lines
+    text = "\n".join(lines)
+    assert "sides as run: ours, synchronous, train.compile vs TRL GRPOTrainer" in text
+    assert "sides as run: ours, rollout.staleness 1, train.compile vs TRL GRPOTrainer" in text
+    assert "| ours, synchronous, train.compile | 0.550 s |" in text  # the per-phase table
+    assert "ran again (compiling is paid once, not per step): ours+compiled 2x." in text
 
 
 def test_vllm_rollout_text_lays_out_the_four_lines():
@@ -337,3 +361,45 @@ def test_setup_and_peak_rss_line_lists_the_processes_that_reported():
         "ours, synchronous 10.0 s / 500 MB, TRL GRPOTrainer 20.0 s / 610 MB."
     ) in render(r).splitlines()
     assert "Set-up time" not in render(small_result())
+
+
+class _FakeWorker:
+    """A worker whose steps report a running count of compiled graphs: turn i's steps `counts[i]`."""
+
+    def __init__(self, counts):
+        self.seen, self.counts = [], list(counts)
+
+    def turn(self, steps, threads):
+        i = len(self.seen)
+        self.seen.append((steps, threads))
+        recs = [{"t_end": float(j), "step_s": 1.0, "compiles": c} for j, c in enumerate(self.counts[i])]
+        return {"turn": recs, "torch_threads": threads}
+
+
+def test_a_turn_that_compiled_runs_again_until_it_does_not():
+    from benchmarks.paired import RECOMPILE_RETRIES, _candidates, _run_turn
+
+    # turn 1 compiles in its warm-up step only (kept as is); turn 2 in a measured step (run again)
+    w, recompiled = _FakeWorker([[2, 2, 2], [2, 2, 3], [3, 3, 3]]), {}
+    st = _run_turn({"ours+compiled": w}, "ours+compiled", 2, 1, lambda m: None, "t", recompiled)
+    assert w.seen == [(3, 1)] and recompiled == {} and not st["compiled_during"]
+    st = _run_turn({"ours+compiled": w}, "ours+compiled", 2, 1, lambda m: None, "t", recompiled)
+    assert w.seen == [(3, 1)] * 3 and recompiled == {"ours+compiled": 1} and not st["compiled_during"]
+    assert st["s_per_step"] == pytest.approx(1.0)
+    # one that compiles in every turn is kept after RECOMPILE_RETRIES reruns, flagged
+    w, recompiled = _FakeWorker([[i, i + 1] for i in range(9)]), {}
+    st = _run_turn({"x": w}, "x", 1, 2, lambda m: None, "t", recompiled)
+    assert len(w.seen) == RECOMPILE_RETRIES + 1 and recompiled == {"x": RECOMPILE_RETRIES} and st["compiled_during"]
+    # the probe's candidates: eager and compiled processes, thread counts only where probed
+    assert _candidates("ours", True, [1, 2], 0) == {
+        "1": ("ours", 1),
+        "2": ("ours", 2),
+        "1 compiled": ("ours+compiled", 1),
+        "2 compiled": ("ours+compiled", 2),
+    }
+    assert _candidates("ours_async", True, [1, 2], 0) == {
+        "split": ("ours_async", 0),
+        "split compiled": ("ours_async+compiled", 0),
+    }
+    assert _candidates("trl", False, [1, 2], 1) == {"1": ("trl", 1)}
+    assert _candidates("ours_vllm", True, [1, 2], 0) == {"1": ("ours_vllm", 1), "2": ("ours_vllm", 2)}
