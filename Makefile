@@ -81,8 +81,8 @@ test-vllm: $(VLLM_STAMP)
 # 5 seeds, two processes at a time; resumable (rerun after an interruption); writes
 # results/paper_moe/REPORT.md. `make reproduce-tiny`: the earlier 16-expert study (paper_tiny and
 # its 4x learning-rate variant). `make reproduce-stress`: the router-speed stress study
-# (experiments/paper_moe_stress.yaml, routers at 60x the learning rate; every arm collapses by
-# design, the report says when: results/paper_moe_stress/REPORT.md, about as long as reproduce).
+# (experiments/paper_moe_stress.yaml, routers at 60x the learning rate, 3 arms x 3 seeds x 100
+# steps; every arm collapses, the report says when: results/paper_moe_stress/REPORT.md).
 .PHONY: reproduce-tiny reproduce-stress
 # `make zoo`: the field's policy losses side by side on the quickstart's model and task
 # (experiments/zoo.yaml: GRPO, GRPO+R2, GSPO, DAPO, Dr. GRPO, CISPO, SAPO, GMPO x 3 seeds, ~40-50 min
