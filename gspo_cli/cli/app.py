@@ -88,10 +88,12 @@ def main() -> None:
 
 
 def _leave_group(code: int) -> None:
-    """End a torchrun worker without the process group's C++ destructors, which abort (SIGABRT,
-    "terminate called without an active exception") when they run at interpreter exit after a
-    peer has gone. On success the ranks meet once more and the group is destroyed in order; on
-    an error the peers may have gone already, so the worker just leaves with its code."""
+    """End a torchrun worker without tripping the process group's C++ destructors, which abort
+    (SIGABRT, "terminate called without an active exception") when they run at interpreter exit
+    after a peer has gone. On success the ranks meet once more and the group is destroyed in
+    order, then the interpreter exits normally (its exit handlers and destructors run: vLLM's CPU
+    engine unlinks its shared-memory segments there). On an error the peers may have gone already,
+    so the worker leaves at once with its code."""
     import logging
 
     import torch.distributed as dist
@@ -100,6 +102,7 @@ def _leave_group(code: int) -> None:
         try:
             dist.barrier()
             dist.destroy_process_group()
+            return
         except Exception:  # a peer failed after its last collective: its own exit code reports it
             code = 1
     sys.stdout.flush()
