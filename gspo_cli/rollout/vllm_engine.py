@@ -67,6 +67,7 @@ from gspo_cli.rollout.vllm_settings import (
     external_launcher_kwargs,
     import_vllm,
     route_capture_kwargs,
+    run_unique_cpu_shm_names,
     vllm_platform_is_cpu,
 )
 from gspo_cli.rollout.vllm_weights import checkpoint_weights, refresh_cpu_kernels, weights_version
@@ -141,16 +142,18 @@ class VLLMRolloutEngine:
         if return_routes:
             kwargs.update(route_capture_kwargs(vllm, on_cpu, kwargs))
         set_num_threads = torch.set_num_threads
+        shm_names = run_unique_cpu_shm_names() if on_cpu and self.shares_world else contextlib.nullcontext()
         try:
-            self.llm = vllm.LLM(
-                model=str(model_dir),
-                skip_tokenizer_init=True,
-                dtype=dtype,
-                seed=seed,
-                logprobs_mode="processed_logprobs",
-                generation_config="vllm",
-                **kwargs,
-            )
+            with shm_names:
+                self.llm = vllm.LLM(
+                    model=str(model_dir),
+                    skip_tokenizer_init=True,
+                    dtype=dtype,
+                    seed=seed,
+                    logprobs_mode="processed_logprobs",
+                    generation_config="vllm",
+                    **kwargs,
+                )
         finally:
             torch.set_num_threads = set_num_threads
         # The engine loaded model_dir: assumed equal to `model`.

