@@ -44,6 +44,8 @@ def spec_for(kind: str, engine: str, device: str, dtype: str, steps: int):
     from gspo_cli.spec.loading import spec_from_dict
 
     rollout = {"engine": engine, "prompts_per_step": 16, "group_size": 8, "max_new_tokens": 48}
+    if engine == "hf":  # generate's own log-probs, for the gap measured below
+        rollout["sampler_logprobs"] = True
     if engine == "vllm" and device == "cuda":
         # Share the GPU with the trainer; eager mode: no CUDA-graph capture in a short check.
         rollout["vllm"] = {"gpu_memory_utilization": 0.3, "enforce_eager": True}

