@@ -115,6 +115,33 @@ def check(kind: str, engine: str, device: str, dtype: str, steps: int) -> dict:
     }
 
 
+def check_collectives() -> str:
+    """Our metric collectives under NCCL, in a world of one on this GPU: NCCL moves device
+    memory only, so a scalar built on the host fails there (gloo, used on CPU, takes it).
+    `DistInfo(world_size=2)` makes the helpers run their collectives on the world of one."""
+    import socket
+
+    import torch.distributed as dist
+
+    from gspo_cli import distributed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        info = distributed.DistInfo(rank=0, world_size=2)
+        got_total = distributed.total(2.5, info)
+        got_any = distributed.any_rank(True, info)
+        host = distributed.total_tensor(torch.arange(3.0), info)
+        objs = distributed.gather_objects({"a": 1}, info)
+    finally:
+        dist.destroy_process_group()
+    ok = got_total == 2.5 and got_any and host.device.type == "cpu" and host.tolist() == [0.0, 1.0, 2.0]
+    ok = ok and objs[0] == {"a": 1}  # a list as long as info's world, filled by the one rank there is
+    return f"collectives on nccl: {'ok' if ok else 'WRONG'} (total {got_total}, any {got_any}, {host.tolist()})"
+
+
 def vllm_importable() -> str | None:
     """None if vLLM imports, else why not."""
     try:
@@ -152,6 +179,14 @@ def main() -> int:
     quiet_transformers()
     os.environ.setdefault("GSPO_CACHE_DIR", tempfile.mkdtemp(prefix="gspo-gpu-check-"))
     engines = args.engines.split(",")
+    failed = 0
+    if args.device == "cuda":
+        try:
+            line = check_collectives()
+        except Exception as err:
+            line = f"collectives on nccl: FAILED: {type(err).__name__}: {err}"
+        print(line, flush=True)
+        failed += "ok" not in line
     if "vllm" in engines and (why := vllm_importable()) is not None:
         print(f"gpu-check: vllm engine skipped, vLLM does not import ({why})")
         engines.remove("vllm")
@@ -159,7 +194,6 @@ def main() -> int:
         f"{'model':<11}{'engine':<7}{'steps':>6}{'rollout tok/s':>15}{'step tok/s':>12}"
         f"{'logp gap mean':>15}{'max':>10}{'peak GiB':>10}{'reward':>8}{'s':>7}"
     )
-    failed = 0
     for kind in args.models.split(","):
         for engine in engines:
             try:

@@ -118,10 +118,11 @@ def run(spec, device: str) -> dict:
     cuda = device == "cuda"
     task = make_task(spec.task.name, spec.task.params)
     ctx = setup(spec, spec.arms[0], 0, task, spec.model.name)
-    generate, peaks = ctx.engine.generate, {"rollout": 0.0, "update": 0.0}
+    generate, peaks = ctx.engine.generate, {"rollout": 0.0, "update": 0.0, "held": 0.0}
 
     def measured(prompts):  # the rollout phase: wake, weight stream, sampling
-        if cuda:
+        if cuda:  # what the step starts with: weights, and after step 1 gradients and AdamW's moments
+            peaks["held"] = max(peaks["held"], torch.cuda.memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
         batch = generate(prompts)
         if cuda:
@@ -149,6 +150,7 @@ def run(spec, device: str) -> dict:
         "reward": rows[-1]["reward/mean"],
         "peak_rollout": peaks["rollout"],
         "peak_update": peaks["update"],
+        "held": peaks["held"],
         "rollout_tok_s": tokens / rollout_s if rollout_s else float("nan"),
         "update_tok_s": tokens / (step_s - rollout_s) if step_s > rollout_s else float("nan"),
     }
@@ -170,7 +172,9 @@ def planned(spec) -> dict:
     plan = plan_memory(shape, spec, Hardware(), prompt_tokens=prompt, layout="sharded")
     runtime = CUDA_RUNTIME if spec.model.device != "cpu" else 0
     phase = {p.name: (p.device_total - runtime) / 2**30 for p in plan.phases}
-    return {"rollout": phase["rollout"], "update": max(phase["pi_old"], phase["update"])}
+    update = plan.phase("update")
+    held = sum(b for name, b in update.device if name in update.resident) / 2**30
+    return {"held": held, "rollout": phase["rollout"], "update": max(phase["pi_old"], phase["update"])}
 
 
 def checks(r: dict, r3: bool) -> list[tuple[str, str, str, bool]]:
@@ -190,9 +194,10 @@ def checks(r: dict, r3: bool) -> list[tuple[str, str, str, bool]]:
         ok = math.isfinite(r["route_diff"]) and r["route_diff"] < LIMITS["route_diff"]
         out.append(("moe/engine_route_diff_frac", f"{r['route_diff']:.4f}", f"< {LIMITS['route_diff']}", ok))
     out += [
+        ("GPU GiB held at step start", f"{r.get('held', float('nan')):.2f}", "shown", True),
         ("peak GPU GiB, rollout phase", f"{r['peak_rollout']:.2f}", "shown", True),
         ("peak GPU GiB, update phase", f"{r['peak_update']:.2f}", "shown", True),
-        *[(f"gspo plan GiB, {k} phase", f"{v:.2f}", "shown", True) for k, v in r.get("plan", {}).items()],
+        *[(f"gspo plan GiB, {k}", f"{v:.2f}", "shown", True) for k, v in r.get("plan", {}).items()],
         ("tokens/s rollout", f"{r['rollout_tok_s']:.0f}", "shown", True),
         ("tokens/s update", f"{r['update_tok_s']:.0f}", "shown", True),
     ]

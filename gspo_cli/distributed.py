@@ -93,21 +93,30 @@ def gather_objects(obj, info: DistInfo) -> list:
     return out
 
 
+def comm_device() -> torch.device:
+    """Where a collective's tensors must be: this process's GPU under NCCL (it moves no host
+    memory), the host under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def total(value: float, info: DistInfo) -> float:
     """The sum of `value` over all ranks (e.g. a global token count)."""
     if not info.enabled:
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t.item())
 
 
 def total_tensor(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """The elementwise sum of a (detached) tensor over all ranks, as a new tensor."""
-    out = t.detach().clone()
-    if info.enabled:
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out
+    """The elementwise sum of a (detached) tensor over all ranks, as a new tensor on `t`'s device."""
+    if not info.enabled:
+        return t.detach().clone()
+    out = t.detach().to(comm_device(), copy=True)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(t.device)
 
 
 def any_rank(flag: bool, info: DistInfo) -> bool:
@@ -115,7 +124,7 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     diverge must be taken by all ranks together, or the others wait in the next collective."""
     if not info.enabled:
         return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0])
+    t = torch.tensor([1.0 if flag else 0.0], device=comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
 

@@ -27,7 +27,7 @@ def test_paper_shape_script_with_the_hf_engine_replays_generates_routes():
     # R3 on generate's own routes: the trainer's replayed forward takes exactly those experts
     assert float(rows["moe/engine_route_diff_frac"][0]) == 0.0
     # gspo plan's figures sit beside the measured ones (on the CPU: the plan alone)
-    assert float(rows["gspo plan GiB, update phase"][0]) > 0
+    assert float(rows["gspo plan GiB, update"][0]) > 0
     assert all(r[-1] == "yes" for r in rows.values()), out
 
 

@@ -146,7 +146,8 @@ class SamplerLogprobs(LogitsProcessor):
             self._take(resp_BC[:, len(self.logp)])
         B, C = resp_BC.shape
         if not self.logp:
-            return torch.zeros(B, C), torch.zeros(B, C)
+            zeros = torch.zeros(B, C, device=resp_BC.device)
+            return zeros, zeros.clone()
         return torch.stack(self.logp, 1)[:, :C], torch.stack(self.entropy, 1)[:, :C]
 
 

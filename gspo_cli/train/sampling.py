@@ -18,7 +18,7 @@ def shaped_rewards(arm, max_new_tokens: int, batch: RolloutBatch, scores: list) 
     rewards_B = torch.tensor([s.reward for s in scores], dtype=torch.float32)
     frac = arm.overlong.buffer_frac
     if frac > 0:
-        lengths_B = batch.response_mask.sum(-1)
+        lengths_B = batch.response_mask.sum(-1).cpu()  # rewards stay on the host, beside the scores
         buffer = max(1, round(frac * max_new_tokens))
         rewards_B = rewards_B + overlong_penalty(lengths_B, max_new_tokens, buffer, arm.overlong.penalty)
     return rewards_B

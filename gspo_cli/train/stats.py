@@ -130,7 +130,7 @@ def record_logratio_var(stats: StepStats, new_logp_BC, old_logp_BC, mask_BC, min
     stats.var(f"ratio/logvar_mb{minibatch}", logr_BC[on])
     keys = [logvar_length_key(int(n)) if n else None for n in mask_BC.sum(-1).tolist()]
     for key in dict.fromkeys(k for k in keys if k is not None):
-        rows = torch.tensor([k == key for k in keys])
+        rows = torch.tensor([k == key for k in keys], device=logr_BC.device)
         stats.var(key, logr_BC[rows][on[rows]])
 
 

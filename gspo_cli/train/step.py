@@ -201,13 +201,13 @@ def learn(
     G = spec.rollout.group_size
     t2 = time.time()
     t0 = t2 if t0 is None else t0
-    rewards_B = shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores)
-    adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps)
+    mask_BC = batch.response_mask
+    rewards_B = shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores)  # on the host, as scores
+    adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps).to(mask_BC.device)  # the loss's device
     stats = StepStats()
 
     # 3. Old log-probs, entropy and (MoE) the routes pi_old took. A mismatch correction needs
     # pi_old from the trainer's own forward, whatever the engine returned (see _mismatch_weights).
-    mask_BC = batch.response_mask
     correct = None if arm.mismatch.mode == "off" else get_mismatch_correction(arm.mismatch.mode)
     old, old_routes, from_sampler = old_policy(ctx, batch)
     with torch.no_grad(), ctx.compute():
@@ -441,7 +441,7 @@ def _route_token_mask(batch: RolloutBatch) -> torch.Tensor:
     is predicted at column P-1+j. Each row's last token predicts nothing a loss uses, and no
     engine routes it (generate never feeds the last sampled token back, vLLM's routed_experts
     stop one short), so it is left out; so is padding."""
-    m = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+    m = torch.zeros(batch.input_ids.shape, dtype=torch.bool, device=batch.response_mask.device)
     P = batch.prompt_len
     m[:, P - 1 : -1] = batch.response_mask > 0
     return m
