@@ -129,6 +129,31 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     return bool(t.item() > 0)
 
 
+def leave_process_group(code: int = 0, *, exit_now: bool = False) -> None:
+    """End a torchrun worker without tripping the process group's C++ destructors, which abort
+    (SIGABRT, "terminate called without an active exception") when they run at interpreter exit
+    after a peer has gone. On success (`code` 0) the ranks meet once more and the group is
+    destroyed in order; then, unless `exit_now`, this returns and the interpreter exits normally
+    (its exit handlers run: vLLM's CPU engine unlinks its shared-memory segments there). On an
+    error the peers may have gone already, so the process leaves at once with its code, as it
+    does with `exit_now` (scripts whose other threads' destructors have aborted at exit)."""
+    import logging
+    import sys
+
+    if code == 0 and dist.is_initialized():
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:  # a peer failed after its last collective: its own exit code reports it
+            code = 1
+    if code == 0 and not exit_now:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 def broadcast_object(obj, info: DistInfo):
     """Rank 0's value of `obj` on every rank (decisions must agree: resume, stop)."""
     if not info.enabled:

@@ -288,3 +288,28 @@ def test_sharded_weights_stream_as_the_whole_model_converts():
     res = subprocess.run(TORCHRUN + [str(HERE / "dist/stream_check.py")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok 32 tensors" in res.stdout
+
+
+LEAVE = """
+import sys
+import torch.distributed as dist
+from gspo_cli.distributed import leave_process_group
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+leave_process_group({code}, exit_now={exit_now})
+print("returned", dist.is_initialized(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("code,exit_now,rc,out", [(0, False, 0, "returned False"), (0, True, 0, ""), (3, False, 3, "")])
+def test_leaving_the_process_group(code, exit_now, rc, out):
+    """Success destroys the group and returns (the interpreter's exit handlers still run) unless
+    told to exit at once; an error leaves at once with its code, without a collective."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = LEAVE.format(port=port, code=code, exit_now=exit_now)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == rc, res.stderr[-2000:]
+    assert res.stdout.strip() == out

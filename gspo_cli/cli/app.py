@@ -6,7 +6,6 @@ Errors a user can cause end in one line on stderr and exit code 2 (bad usage or 
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated
 
@@ -82,33 +81,11 @@ def main() -> None:
         app()
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        if _in_process_group():
-            _leave_group(code)
+        if _in_process_group():  # torch is imported already: a torchrun worker
+            from gspo_cli.distributed import leave_process_group
+
+            leave_process_group(code)
         raise
-
-
-def _leave_group(code: int) -> None:
-    """End a torchrun worker without tripping the process group's C++ destructors, which abort
-    (SIGABRT, "terminate called without an active exception") when they run at interpreter exit
-    after a peer has gone. On success the ranks meet once more and the group is destroyed in
-    order, then the interpreter exits normally (its exit handlers and destructors run: vLLM's CPU
-    engine unlinks its shared-memory segments there). On an error the peers may have gone already,
-    so the worker leaves at once with its code."""
-    import logging
-
-    import torch.distributed as dist
-
-    if code == 0:
-        try:
-            dist.barrier()
-            dist.destroy_process_group()
-            return
-        except Exception:  # a peer failed after its last collective: its own exit code reports it
-            code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
 
 
 def _in_process_group() -> bool:

@@ -14,7 +14,6 @@ usage: ckpt_check.py save|load|export RUN_DIR OUT
 """
 
 import copy
-import os
 import random
 import sys
 from pathlib import Path
@@ -107,14 +106,8 @@ def main(mode: str, run_dir: str, out: str) -> None:
 
 
 def leave() -> None:
-    """Destroy the process group in order and exit without C++ destructors: left to interpreter
-    exit, gloo's can abort (SIGABRT) once the peer has gone. For the script only (tests import
-    this module and call its functions)."""
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    """For the script only (tests import this module and call its functions)."""
+    distributed.leave_process_group(0, exit_now=True)
 
 
 if __name__ == "__main__":

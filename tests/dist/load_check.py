@@ -32,11 +32,7 @@ def main(source: str, dtype: str, out: str) -> None:
         {"whole": whole, "local": local, "buffers": buffers, "logits": logits, "dtypes": dtypes},
         os.path.join(out, f"rank{info.rank}.pt"),
     )
-    if info.enabled:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    distributed.leave_process_group(0, exit_now=True)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ usage: nan_check.py SPEC_YAML OUT_DIR
 import os
 import sys
 
-import torch
 import yaml
 
 import gspo_cli.train.step as step_mod
+from gspo_cli import distributed
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.train.loop import train_experiment
 from gspo_cli.train.reporting import quiet_reporter
@@ -43,8 +43,4 @@ def main(spec_yaml: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    if torch.distributed.is_initialized():  # in order: gloo's destructors at exit can abort
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    distributed.leave_process_group(0, exit_now=True)

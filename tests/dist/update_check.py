@@ -14,7 +14,6 @@ EMULATE_WORLD (one process only): split mini-batches as that many processes woul
 (train/minibatch.ddp_equivalent_rows), to compare multi-mini-batch updates.
 """
 
-import os
 import random
 import sys
 
@@ -39,11 +38,12 @@ def fixed_batch(tok, task, n):
     P, C = max(map(len, p_ids)), max(map(len, r_ids))
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (P - len(a)) + a + b + [pad] * (C - len(b)) for a, b in zip(p_ids, r_ids)])
-    attn = torch.tensor([[0] * (P - len(a)) + [1] * (len(a) + len(b)) + [0] * (C - len(b))
-                         for a, b in zip(p_ids, r_ids)])
+    attn = torch.tensor(
+        [[0] * (P - len(a)) + [1] * (len(a) + len(b)) + [0] * (C - len(b)) for a, b in zip(p_ids, r_ids)]
+    )
     rmask = torch.tensor([[1.0] * len(b) + [0.0] * (C - len(b)) for b in r_ids])
     for i in range(n // 2):  # the first half (rank 0's) keeps 2..9 tokens
-        rmask[i, 2 + i:] = 0.0
+        rmask[i, 2 + i :] = 0.0
     rmask[1] = 0.0  # an empty response
     return RolloutBatch(ids, attn, rmask, P, [""] * n, torch.zeros(n, dtype=torch.bool))
 
@@ -71,17 +71,12 @@ def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     assert len(scores) % G == 0
     metrics = step_mod.learn(ctx, batch.rows(rows), scores, step=1)
     # whole gradients on every rank (gathering FSDP's shards is a collective), saved by rank 0
-    grads = {k: distributed.scalar(p.grad).detach().clone() for k, p in ctx.model.named_parameters()
-             if p.grad is not None}
+    grads = {
+        k: distributed.scalar(p.grad).detach().clone() for k, p in ctx.model.named_parameters() if p.grad is not None
+    }
     if info.is_main:
         torch.save({"grads": grads, "metrics": metrics}, out)
-    if info.enabled:  # leave together: a rank exiting while another still talks aborts it
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    # Skip interpreter teardown: under load, C++ destructors of torch's background threads
-    # have aborted a finished rank ("terminate called without an active exception").
-    sys.stdout.flush()
-    os._exit(0)
+    distributed.leave_process_group(0, exit_now=True)
 
 
 if __name__ == "__main__":
