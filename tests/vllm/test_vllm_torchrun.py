@@ -3,6 +3,7 @@ own share of the groups, synced from its own copy of the weights every step, clo
 end of each run without ending the trainer's process group."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,26 @@ def test_a_tensor_parallel_engine_group_samples_as_one_process(tmp_path):
         assert tp[0][key] == one[0][key], key
     assert runs["tp"].evals()[0]["scores"] == runs["one"].evals()[0]["scores"]
     assert [e["step"] for e in runs["tp"].evals()] == [0, 3]
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_processes_is_one_line(tmp_path):
+    """tensor_parallel_size 3 over 2 processes: refused by every rank in one line, exit 2,
+    before any model is built (the cache stays empty)."""
+    raw = {
+        **TINY,
+        "rollout": {**TINY["rollout"], "vllm": {"tensor_parallel_size": 3}},
+        "output_dir": str(tmp_path / "runs"),
+    }
+    spec = tmp_path / "tp3.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "GSPO_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = TORCHRUN + ["-m", "gspo_cli", "train", str(spec), "--quiet"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if "tensor_parallel_size" in ln]
+    one = "error: rollout.vllm.tensor_parallel_size: 3 does not divide the 2 processes into engine groups"
+    assert lines == [one, one]
+    # each worker exits 2 with its one line; the only traceback is torchrun's own report of that
+    assert "gspo_cli/" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.count("exitcode  : 2") == 2, res.stderr[-2000:]
+    assert not any((tmp_path / "cache").glob("tiny-moe-*"))
