@@ -5,7 +5,7 @@ With one process everything here is a no-op, so the single-process path pays not
 Gradients are averaged by DDP, so each rank divides its share of the loss by the global
 count (tokens or responses) / world size: the average is then the single-process loss
 for every aggregation (`algorithms.aggregate`). Metrics are combined exactly by
-`stepstats.StepStats`.
+`train.stats.StepStats`.
 """
 
 from __future__ import annotations

@@ -70,6 +70,18 @@ COVERED = {
         "tests/test_math_task.py::test_parquet_with_question_column_gaps_and_ratings",
     ],
     r"gspo report results/paper_tiny": ["tests/test_report.py::test_cli_report_and_bad_input"],
+    r"gspo samples results/quickstart/gspo/seed0( --step \d+)?( --(worst|best))?( -n \d+)?( --(plain|json))?": [
+        "tests/test_samples.py::test_cli_plain_json_and_errors",
+        "tests/test_samples.py::test_training_writes_samples_users_can_read",
+    ],
+    # The synopsis: -o and --max-shard-gb, --dtype, a whole-model run, and --checkpoint (a missing
+    # step; the checkpoint directory as RUN selects one too) are each run by one of these.
+    r"gspo export RUN \[--checkpoint step_N\] \[--dtype bfloat16\] \[-o DIR\] \[--max-shard-gb 5\]": [
+        "tests/test_sharded_checkpoints.py::test_export_writes_several_files_that_transformers_loads_exactly",
+        "tests/test_sharded_checkpoints.py::test_export_in_bf16_holds_the_rounded_weights",
+        "tests/test_sharded_checkpoints.py::test_export_of_a_whole_checkpoint_recasts_and_splits_it",
+        "tests/test_sharded_checkpoints.py::test_export_bad_input_is_one_line",
+    ],
     r"torchrun --nproc-per-node 2 -m gspo_cli train exp\.yaml": [
         "tests/test_distributed.py::test_torchrun_trains_writes_once_and_resumes_with_one_process"
     ],

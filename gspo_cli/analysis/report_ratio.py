@@ -1,7 +1,7 @@
 """The report's ratio diagnostic: token log-ratio variance by response length and by
 mini-batch, per arm (the GSPO paper's argument for sequence-level ratios), and the
 stability finding built on it. Values come from the run directories' `ratio/logvar_*`
-metrics (gspo_cli.stepstats.record_logratio_var)."""
+metrics (gspo_cli.train.stats.record_logratio_var)."""
 
 from __future__ import annotations
 
