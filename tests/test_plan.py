@@ -142,13 +142,67 @@ def test_hand_computed_phase_totals(tmp_path):
     #   resident 16 x 1288 / 2 = 10304; gathered fp32 root (88) + 2 layers (1200): 4 x 1288 = 5152;
     #   one layer's unsharded grads (4 + 4) x 600 = 4800; activations 1 x 10 x (92 + 88) x 2 layers
     #   x 4 B = 14400 (attention 2h+3q+3kv+2q+q+2h = 92, SwiGLU 2h+4I+h = 88);
-    #   logits 1 x (10 x 10 x 4 + 3 x 6 x 10 x 4) = 1120
-    assert update.device_total == 3 * 10**9 + 10304 + 5152 + 4800 + 14400 + 1120
+    #   logits: the 6 response positions fit one 64 MiB chunk: 3 fp32 [6, 10] tensors = 720;
+    #   the response hidden states the head reads, 1 x 6 x 8 x 4 B = 192
+    assert update.device_total == 3 * 10**9 + 10304 + 5152 + 4800 + 14400 + 720 + 192
     assert update.dominant() == "CUDA context, NCCL, allocator slack"
     assert plan.fits(update) == (True, None)
-    # Today: the whole fp32 model reaches the device before sharding.
+    # Before issue 25: the whole fp32 model reaches the device before sharding, and the
+    # update's logits are one row's whole [10 tokens, 10 vocab] plus 3 fp32 [6, 10]: 400 + 720.
+    before = plan_memory(shape, spec, Hardware(gpus_per_node=2), prompt_tokens=4, layout="before")
+    assert dict(before.phase("load").device)["whole fp32 model before sharding"] == 4 * 1288
+    assert dict(before.phase("update").device)["logits (1 rows x 10 tokens x 10 vocab)"] == 1120
+    # "today", the layout's former name, is still accepted
     today = plan_memory(shape, spec, Hardware(gpus_per_node=2), prompt_tokens=4, layout="today")
-    assert dict(today.phase("load").device)["whole fp32 model before sharding"] == 4 * 1288
+    assert today.layout == "before" and [p.device for p in today.phases] == [p.device for p in before.phases]
+    with pytest.raises(ValueError, match="layout: 'after'"):
+        plan_memory(shape, spec, Hardware(), prompt_tokens=4, layout="after")
+
+
+def test_plan_constants_are_the_codes():
+    """The plan keeps torch-free copies of two constants of the code it models."""
+    from gspo_cli.plan import memory
+    from gspo_cli.rollout import base, vllm_settings
+
+    assert memory.LOGITS_CHUNK_BYTES == base.LOGITS_CHUNK_BYTES == 64 * 2**20
+    assert memory.COLOCATED_GPU_MEMORY_UTILIZATION == vllm_settings.COLOCATED_GPU_MEMORY_UTILIZATION
+
+
+def test_logits_chunks_are_64_mib_of_positions():
+    """Qwen3's 151,936-token vocabulary: 110 positions per chunk (110 x 151,936 x 4 B =
+    66,851,840 <= 2**26 = 67,108,864 < 111 x 151,936 x 4), three fp32 [110, vocab] tensors at
+    once, whatever the number of rows or the response length."""
+    shape = shape_from_config(read_config(QWEN3_30B))
+    spec = spec_from_dict(yaml.safe_load((ROOT / "experiments" / "gpu_qwen3_moe.yaml").read_text()))
+    assert 110 * 151_936 * 4 <= 2**26 < 111 * 151_936 * 4
+    for tokens in (2048, 4096):
+        longer = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"max_new_tokens": tokens})})
+        plan = plan_memory(shape, longer, Hardware(gpus_per_node=8), prompt_tokens=512)
+        for phase, rows in (("pi_old", 8), ("update", 2)):  # 64 responses / 8 ranks; / 4 mini-batches
+            terms = dict(plan.phase(phase).device)
+            assert terms["logits chunk (110 positions x 151936 vocab, 3 fp32 tensors)"] == 3 * 4 * 110 * 151_936
+            assert terms[f"response hidden states ({rows} rows x {tokens} tokens)"] == rows * tokens * 2048 * 2
+
+
+def test_vllm_share_defaults_to_the_colocated_default(tmp_path):
+    """rollout.engine vllm without gpu_memory_utilization: the engine takes 0.3 of the GPU
+    (gspo-cli's default on GPU, not vLLM's 0.92); with FSDP too, and no note that it is not
+    supported."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_DENSE))
+    raw = {
+        "name": "x",
+        "model": {"name": str(tmp_path), "device": "cuda", "sharding": "fsdp"},
+        "rollout": {"engine": "vllm"},
+        "arms": [{"name": "a", "preset": "paper-gspo"}],
+    }
+    spec = spec_from_dict(raw)
+    shape, _ = model_shape(spec)
+    plan = plan_memory(shape, spec, Hardware(gpus_per_node=2, gpu_bytes=80 * 10**9), prompt_tokens=4)
+    assert dict(plan.phase("rollout").device)["vLLM (gpu_memory_utilization 0.3 of the GPU)"] == 24 * 10**9
+    assert plan.notes == []
+    raw["rollout"]["vllm"] = {"gpu_memory_utilization": 0.5}
+    plan = plan_memory(shape, spec_from_dict(raw), Hardware(gpus_per_node=2, gpu_bytes=80 * 10**9), prompt_tokens=4)
+    assert dict(plan.phase("rollout").device)["vLLM (gpu_memory_utilization 0.5 of the GPU)"] == 40 * 10**9
 
 
 def test_gradient_checkpointing_keeps_layer_inputs_only(tmp_path):
@@ -230,14 +284,24 @@ def test_size_units():
 
 
 def test_the_documented_command(tmp_path):
-    """docs/scaling/plan.md's command and the per-GPU totals it explains."""
+    """docs/scaling/plan.md's command and the per-GPU totals it explains: pi_old and update were
+    74.0 and 78.2 GB while the plan counted one row's whole logits (4,511,891,456 B: 2560 x
+    151,936 x 2 B + 3 x 2048 x 151,936 x 4 B); the 64 MiB chunks count 3 x 110 x 151,936 x 4 B
+    = 200,555,520 plus the response hidden states (8 or 2 rows x 2048 x 2048 x 2 B)."""
     args = ["plan", str(ROOT / "experiments" / "gpu_qwen3_moe.yaml"), "--gpus", "8", "--gpu-memory", "80GB"]
     args += ["--config", str(QWEN3_30B), "--host-memory", "1TB", "--json"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     phases = json.loads(res.stdout)["layouts"]["sharded"]["phases"]
     totals = {p["phase"]: round(p["device_bytes"] / 1e9, 1) for p in phases}
-    assert totals == {"load": 20.1, "rollout": 70.2, "pi_old": 74.0, "update": 78.2, "checkpoint": 64.1}
+    assert totals == {"load": 20.1, "rollout": 70.2, "pi_old": 69.7, "update": 73.9, "checkpoint": 64.1}
+    before = {p["phase"]: p["device_bytes"] for p in json.loads(res.stdout)["layouts"]["today"]["phases"]}
+    old_logits = 2560 * 151_936 * 2 + 3 * 2048 * 151_936 * 4
+    for phase, rows in (("pi_old", 8), ("update", 2)):
+        device = next(p["device_bytes"] for p in phases if p["phase"] == phase)
+        chunked = 3 * 110 * 151_936 * 4 + rows * 2048 * 2048 * 2
+        assert round((device - chunked + old_logits) / 1e9, 1) == {"pi_old": 74.0, "update": 78.2}[phase]
+    assert round(before["pi_old"] / 1e9, 1) == 111.8  # the whole logits of 8 rows
     assert all(p["device_fits"] and p["host_fits"] for p in phases)
     doc = (ROOT / "docs" / "scaling" / "plan.md").read_text()
     assert all(f"{v} GB" in doc for v in totals.values())

@@ -1,13 +1,15 @@
 """Memory per phase of an RL step, per device and per host, from a ModelShape and the spec.
 
-Two layouts. `sharded` is the run as issue 25 makes it: the model built on the meta device and
-filled from rank 0's one copy in the checkpoint's dtype; FSDP2 full sharding of fp32 master
-weights, gradients and AdamW state, with bf16 all-gathers (MixedPrecisionPolicy) when
-model.dtype is bfloat16; log-probs and entropy computed a few rows at a time; per-rank
-checkpoints (torch.distributed.checkpoint). `today` is the code before it: every process loads
-the whole fp32 model on the host and moves it to its device before sharding, FSDP gathers fp32
-under autocast, log-probs build [rows, tokens, vocab] fp32 logits, and a checkpoint gathers the
-whole weights and AdamW state on rank 0's host.
+Two layouts. `sharded` is the code as it is (since issue 25): under FSDP the model is built on
+the meta device and filled from rank 0's one copy in the checkpoint's dtype; FSDP2 full
+sharding of fp32 master weights, gradients and AdamW state, with bf16 all-gathers
+(MixedPrecisionPolicy, no autocast) when model.dtype is bfloat16; log-probs and entropy from the
+output head applied in 64 MiB chunks (rollout/base.py); per-rank checkpoints
+(torch.distributed.checkpoint). `before` is the code before issue 25, kept for comparison
+(accepted under its former name, `today`): every process loads the whole fp32 model on the host
+and moves it to its device before sharding, FSDP gathers fp32 under autocast, log-probs build
+[rows, tokens, vocab] fp32 logits, and a checkpoint gathers the whole weights and AdamW state on
+rank 0's host.
 
 Units are bytes; 1 GB = 1e9 bytes (a '30.5 B parameter model is 122 GB in fp32').
 """
@@ -19,17 +21,23 @@ from dataclasses import dataclass, field
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape
 from gspo_cli.spec import ExperimentSpec
 
-LAYOUTS = ("sharded", "today")
+LAYOUTS = ("sharded", "before")
+LAYOUT_ALIASES = {"today": "before"}  # the name `before` had while it was the code as it was
 FP32 = 4
 # Per device: CUDA context, NCCL buffers and allocator slack (a flat allowance, not derived).
 CUDA_RUNTIME = 3 * 10**9
 # Per process on the host: Python, torch, transformers and their libraries.
 HOST_RUNTIME = {"cuda": 4 * 10**9, "cpu": 6 * 10**8}
-# Rows whose [rows, tokens, vocab] logits exist at once in the `sharded` layout's log-prob pass.
-LOGIT_CHUNK_ROWS = 1
-# Today's hf engine keeps the sampler's logits for its log-probs only below this (rollout/hf.py).
+# Largest fp32 logits (positions x vocab x 4 B) one chunk of the log-prob pass builds: a copy of
+# LOGITS_CHUNK_BYTES in gspo_cli/rollout/base.py (response_logprobs), which imports torch;
+# tests/test_plan.py checks the two are equal.
+LOGITS_CHUNK_BYTES = 1 << 26
+# Before issue 25 the hf engine kept the sampler's logits for its log-probs only below this.
 HF_LOGITS_BUDGET = 1 << 30
-VLLM_DEFAULT_UTILIZATION = 0.92  # vLLM's own default
+# rollout.vllm.gpu_memory_utilization when the spec leaves it out (vLLM on a GPU): a copy of
+# COLOCATED_GPU_MEMORY_UTILIZATION in gspo_cli/rollout/vllm_settings.py (not vLLM's own 0.92);
+# tests/test_plan.py checks the two are equal.
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.3
 # model.device cpu (a process's memory is its RSS): what loading transformers' modeling code and
 # the first forward/backward add to a process whatever the model's size (kernels, autograd,
 # allocator arenas, gloo buffers). Measured with benchmarks/plan_check.py on an 11 M-parameter model.
@@ -201,12 +209,14 @@ def plan_memory(
     """Per-phase memory (load, rollout, pi_old, update, checkpoint) of `spec` on `hw`.
 
     Per device: the busiest rank's bytes on its device. Per host: rank 0's node (it holds the
-    checkpoint copy when loading and, today, the gathered checkpoint). With model.device cpu
-    the "device" is the process's share of host memory and the host holds every process.
-    `layout`: "sharded" (after issue 25) or "today" (see the module docstring)."""
+    checkpoint copy when loading and, before issue 25, the gathered checkpoint). With
+    model.device cpu the "device" is the process's share of host memory and the host holds
+    every process. `layout`: "sharded" (the code as it is) or "before" (the code before issue
+    25; "today" is accepted for it), see the module docstring."""
+    layout = LAYOUT_ALIASES.get(layout, layout)
     if layout not in LAYOUTS:
         raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
-    today = layout == "today"
+    before = layout == "before"
     W = hw.world
     kind = "cpu" if spec.model.device == "cpu" else "cuda"
     wl = workload(spec, shape, W, prompt_tokens)
@@ -230,7 +240,7 @@ def plan_memory(
 
     # Weights a forward needs beyond the shards: FSDP gathers the root (embeddings, head; kept
     # through forward and backward) and about two decoder layers at a time (one prefetched).
-    gather_bytes = FP32 if (today or c == FP32) else c
+    gather_bytes = FP32 if (before or c == FP32) else c
     gathered: list[tuple[str, int]] = []
     if fsdp:
         gathered = [
@@ -239,7 +249,7 @@ def plan_memory(
                 gather_bytes * (shape.embedding_params() + 2 * shape.largest_layer_params()),
             )
         ]
-    if c != FP32 and (today or not fsdp):
+    if c != FP32 and (before or not fsdp):
         # autocast keeps a compute-dtype copy of every gathered nn.Linear weight for the whole
         # forward; grouped-GEMM experts are not autocast ops and are not copied.
         linear = P - shape.expert_params() - shape.vocab * shape.hidden * (0 if shape.tied else 1)
@@ -249,12 +259,26 @@ def plan_memory(
     live_elems = [forward_elems_per_token(shape, i) for i in range(shape.layers)]
     T, V = wl.tokens, shape.vocab
 
-    def logits(rows: int) -> int:
-        # lm_head output in the compute dtype, then fp32: logits/temperature, log-softmax and
-        # one more [rows, response, vocab] tensor (entropy's exp, or backward's gradient).
-        return rows * (T * V * c + 3 * wl.new_tokens * V * FP32)
+    def logits(rows: int) -> list[tuple[str, int]]:
+        C = wl.new_tokens
+        if before:
+            # lm_head output for every position in the compute dtype, then fp32: logits/temperature,
+            # log-softmax and one more [rows, response, vocab] tensor (entropy's exp, or backward's gradient).
+            return [(f"logits ({rows} rows x {T} tokens x {V} vocab)", rows * (T * V * c + 3 * C * V * FP32))]
+        # rollout/base.py, response_logprobs: the head runs on the response positions' final hidden
+        # states (copied out of [rows, tokens, hidden]; the update keeps the copy for backward, as
+        # the checkpointed chunks' input), N positions at a time, N x vocab x 4 B <= 64 MiB. At most
+        # three fp32 [N, vocab] tensors live at once: pi_old's forward with entropy holds the
+        # log-probs, their exp and the product; the update's backward recomputes the chunk and holds
+        # the saved log-probs, the gathered token's gradient and log-softmax's gradient (the head's
+        # compute-dtype output and its fp32 cast, 6 B per element, come and go before). No logits
+        # are kept between chunks or for backward.
+        n = min(rows * C, max(1, LOGITS_CHUNK_BYTES // (FP32 * V)))
+        return [
+            (f"logits chunk ({n} positions x {V} vocab, 3 fp32 tensors)", 3 * FP32 * n * V),
+            (f"response hidden states ({rows} rows x {C} tokens)", rows * C * shape.hidden * c),
+        ]
 
-    chunk_rows = lambda rows: rows if today else min(rows, LOGIT_CHUNK_ROWS)  # noqa: E731
     runtime_dev = (
         [("CUDA context, NCCL, allocator slack", CUDA_RUNTIME)]
         if kind == "cuda"
@@ -273,7 +297,7 @@ def plan_memory(
 
     # load
     ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
-    if today:
+    if before:
         # from_pretrained maps the safetensors files: an fp32 checkpoint's dense tensors are used
         # in place (pages shared by the node's processes through the page cache); MoE experts,
         # stored one per expert, are concatenated into new fused tensors (their pages read and a
@@ -317,7 +341,7 @@ def plan_memory(
     dev = list(resident)
     rows = wl.rows
     if engine == "vllm":
-        util = float(spec.rollout.vllm.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
+        util = float(spec.rollout.vllm.get("gpu_memory_utilization", COLOCATED_GPU_MEMORY_UTILIZATION))
         if hw.gpu_bytes is not None:
             dev.append((f"vLLM (gpu_memory_utilization {util} of the GPU)", int(util * hw.gpu_bytes)))
             if c * P > util * hw.gpu_bytes:
@@ -325,18 +349,16 @@ def plan_memory(
                     f"vLLM's weights ({gb(c * P)} in {spec.model.dtype}) exceed its share "
                     f"({util} x {gb(hw.gpu_bytes)}): it cannot start"
                 )
-        if fsdp:
-            notes.append("rollout.engine vllm with model.sharding fsdp is not supported today (ddp only)")
     else:
         dev += gathered
         kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * c * rows * T
         dev.append((f"KV cache ({rows} rows x {T} tokens)", kv))
         dev.append(("prefill activations (one layer)", rows * wl.prompt_tokens * max(live_elems) * c))
         sampler = rows * wl.new_tokens * V * FP32
-        if spec.rollout.sampler_logprobs and today and sampler <= HF_LOGITS_BUDGET:
+        if spec.rollout.sampler_logprobs and before and sampler <= HF_LOGITS_BUDGET:
             # generate's per-step logits, stacked, /temperature, log-softmax, exp and product (entropy)
             dev.append(("sampler logits for log-probs", 6 * sampler))
-        elif spec.rollout.sampler_logprobs and not today:
+        elif spec.rollout.sampler_logprobs and not before:
             # log-probs and entropy taken at each decoding step: a few [rows, vocab] tensors
             dev.append(("sampler log-probs per decoding step", 3 * rows * V * FP32))
         if wl.routes and spec.rollout.sampler_logprobs:
@@ -348,7 +370,7 @@ def plan_memory(
     # pi_old (and the KL reference's log-probs): one no-grad forward of the local batch
     dev = list(resident) + gathered
     dev.append(("activations (no grad, one layer)", rows * T * max(live_elems) * c))
-    dev.append((f"logits ({chunk_rows(rows)} rows x {T} tokens x {V} vocab)", logits(chunk_rows(rows))))
+    dev += logits(rows)
     if wl.routes:
         dev.append(("recorded routes", 8 * shape.layers * rows * T * shape.top_k))
     phase = Phase("pi_old", runtime_dev + dev)
@@ -359,21 +381,21 @@ def plan_memory(
     ur = wl.update_rows
     dev = list(resident) + gathered
     if fsdp:
-        grad_bytes = FP32 if today else c + FP32  # bf16 gradients, cast to fp32 for the reduce-scatter
+        grad_bytes = FP32 if before else c + FP32  # bf16 gradients, cast to fp32 for the reduce-scatter
         dev.append(("unsharded gradients of one layer", grad_bytes * shape.largest_layer_params()))
     if wl.checkpointing:
         dev.append(("activations: layer inputs (checkpointed)", ur * T * shape.hidden * c * shape.layers))
         dev.append(("activations: one layer recomputed", ur * T * max(layer_elems) * c))
     else:
         dev.append((f"activations ({ur} rows x {T} tokens x {shape.layers} layers)", ur * T * sum(layer_elems) * c))
-    dev.append((f"logits ({chunk_rows(ur)} rows x {T} tokens x {V} vocab)", logits(chunk_rows(ur))))
+    dev += logits(ur)
     phase = Phase("update", runtime_dev + dev)
     phase.host = host_terms([], phase.device_total)
     phases.append(phase)
 
     # checkpoint: what saving adds over the resident state
     dev = list(resident)
-    if today:
+    if before:
         full = FP32 * P + 2 * FP32 * P  # whole weights + whole AdamW state
         if W > 1:
             host_extra = [("rank 0 gathers whole weights + AdamW (fp32)", full)]
