@@ -207,3 +207,52 @@ def test_export_of_a_whole_checkpoint_recasts_and_splits_it(tmp_path):
     want, _ = _logits(saved["model"])
     assert model.dtype == torch.bfloat16 and (got - want).abs().max() < 0.1
     assert json.loads((out / "export.json").read_text())["step"] == 2
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("trainer_state.pt", "unreadable checkpoint"),
+        ("state/__1_0.distcp", "cannot load its sharded state"),
+        ("state/.metadata", "cannot load its sharded state"),
+    ],
+)
+def test_a_damaged_sharded_checkpoint_is_one_line(sharded_run, tmp_path, damage, message):
+    """A truncated trainer state, shard or shard index: a RunError (one line, naming the
+    checkpoint) from load_trainer_state, not a traceback from torch."""
+    import random
+    import shutil
+
+    sys.path.insert(0, str(HERE / "dist"))
+    from ckpt_check import build
+
+    from gspo_cli.distributed import DistInfo
+    from gspo_cli.errors import RunError
+    from gspo_cli.train.checkpoint import load_trainer_state
+
+    run, _ = sharded_run
+    ckpt = tmp_path / "step_000002"
+    shutil.copytree(run / "checkpoints/step_000002", ckpt)
+    target = ckpt / damage
+    target.write_bytes(target.read_bytes()[:40])
+    model, opt, sched = build(1, DistInfo())
+    with pytest.raises(RunError) as err:
+        load_trainer_state(ckpt, model, opt, sched, rng=random.Random(0), shuffle=torch.Generator())
+    text = str(err.value)
+    assert message in text and str(ckpt) in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("damage", ["state/__0_0.distcp", "state/.metadata"])
+def test_export_of_a_damaged_sharded_checkpoint_is_one_line(sharded_run, tmp_path, damage):
+    """`gspo export` of a run whose shard or shard index is truncated: exit 1 and one line."""
+    import shutil
+
+    run, _ = sharded_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    target = copy / "checkpoints/step_000002" / damage
+    target.write_bytes(target.read_bytes()[:40])
+    res = CliRunner().invoke(app, ["export", str(copy)])
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cannot read its sharded state" in lines[0], res.output

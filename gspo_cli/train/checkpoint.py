@@ -117,7 +117,19 @@ def _save_shards(model, optimizer, where: Path, final: Path, info: DistInfo) -> 
     return next((f for f in distributed.gather_objects(failure, info) if f), None)
 
 
-def _first_line(err: Exception) -> str:
+def dcp_reason(err: BaseException) -> str:
+    """One line for a torch.distributed.checkpoint failure: the first rank's own error (a
+    CheckpointException wraps each rank's as (exception, traceback)), else the error's line."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, BaseException):
+            return _first_line(inner)
+    return _first_line(err)
+
+
+def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     for marker in ("No space left on device", "Permission denied", "Read-only file system"):
         if marker in text:
@@ -200,12 +212,13 @@ def load_trainer_state(
     if is_sharded_checkpoint(ckpt):
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         states = distributed.sharded_states(model, optimizer)
         try:
             dcp.load(states, checkpoint_id=str(Path(ckpt) / SHARDED_DIR), no_dist=not dist.is_initialized())
-        except Exception as err:
-            raise RunError(f"{ckpt}: cannot load its sharded state ({_first_line(err)})") from None
+        except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+            raise RunError(f"{ckpt}: cannot load its sharded state ({dcp_reason(err)})") from None
         distributed.load_sharded_states(model, optimizer, states)
     elif "optimizer" in state:
         distributed.load_optimizer_state(model, optimizer, state["optimizer"])

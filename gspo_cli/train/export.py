@@ -31,7 +31,7 @@ from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.models.loading import DTYPES
-from gspo_cli.train.checkpoint import SHARDED_DIR, STATE_FILE, fsync_dir, is_sharded_checkpoint
+from gspo_cli.train.checkpoint import SHARDED_DIR, STATE_FILE, dcp_reason, fsync_dir, is_sharded_checkpoint
 
 EXPORT_INFO = "export.json"  # which checkpoint and dtype an exported directory holds
 DEFAULT_SHARD_BYTES = 5 * 2**30
@@ -105,9 +105,13 @@ def _open_weights(ckpt: Path) -> _Weights:
 
 def _dcp_weights(path: Path) -> _Weights:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as err:
+        raise RunError(f"{path.parent}: cannot read its sharded state's index ({dcp_reason(err)})") from None
     entries = {
         key.removeprefix("model."): (tuple(m.size), m.properties.dtype)
         for key, m in metadata.state_dict_metadata.items()
@@ -121,12 +125,15 @@ def _dcp_weights(path: Path) -> _Weights:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             # no_dist: each process reads its own files' tensors, whatever the others do
-            dcp.load(
-                box,
-                storage_reader=dcp.FileSystemReader(str(path)),
-                planner=DefaultLoadPlanner(allow_partial_load=True),
-                no_dist=True,
-            )
+            try:
+                dcp.load(
+                    box,
+                    storage_reader=dcp.FileSystemReader(str(path)),
+                    planner=DefaultLoadPlanner(allow_partial_load=True),
+                    no_dist=True,
+                )
+            except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+                raise RunError(f"{path.parent}: cannot read its sharded state ({dcp_reason(err)})") from None
         return box["model"]
 
     return _Weights(entries, read, converted=True)
