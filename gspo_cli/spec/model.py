@@ -51,7 +51,9 @@ class ModelConfig(_Strict):
 
     name: str = Field("builtin:tiny-moe", description="builtin:tiny-moe, builtin:tiny-dense, a hub id or a local path")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="compute dtype (bfloat16: autocast over float32 master weights); float16 is refused"
+        "float32",
+        description="compute dtype; bfloat16 computes in bf16 over float32 master weights (autocast "
+        "with one process or DDP, FSDP2 mixed precision with sharding: fsdp); float16 is refused",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
     builtin: BuiltinModelConfig = BuiltinModelConfig()
