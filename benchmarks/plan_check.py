@@ -8,7 +8,8 @@ Each configuration runs in fresh processes (torchrun for 2). A worker loads the 
 (`setup`, phase "load"), trains two steps and writes one checkpoint; the peak of each phase is
 the kernel's high-water mark (VmHWM) after resetting it at the phase's start (writing 5 to
 /proc/self/clear_refs), the largest over the two steps and over ranks. The plan (layout
-"today": the code as it runs here) is compared with the measured peak minus the worker's
+"today", now called "before": the code before issue 25; the `sharded` column is the code as
+it is now and is printed beside it) is compared with the measured peak minus the worker's
 baseline (its RSS after imports and process-group start, before the model exists): the
 plan's CPU runtime allowance is a guess, the baseline is measured.
 """
