@@ -182,7 +182,7 @@ def worker(spec_file: str) -> None:
     with meter("load"):
         ctx = step.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
     ctx.engine.generate = meter.wrap("rollout", ctx.engine.generate)
-    step._old_policy = meter.wrap("pi_old", step._old_policy)
+    step.old_policy = meter.wrap("pi_old", step.old_policy)  # as step.py imported it
     step._update = meter.wrap("update", step._update)
     prompt_len = 0
     generate = ctx.engine.generate
@@ -245,23 +245,27 @@ def plan_for(raw: dict, world: int, prompt_len: int) -> dict:
     return out
 
 
-def render(results: list[dict]) -> str:
+def render(results: list[dict], layout: str = "sharded") -> str:
+    """The table; plan / measured uses `layout`'s plan: "sharded" (the code as it is; measure
+    with it) or "today" (the code before issue 25: measurements taken before it landed)."""
+    other = "today" if layout == "sharded" else "sharded"
+    names = {"sharded": "plan, the code as it is (MB)", "today": "plan, code before issue 25 (MB)"}
     lines = [
         "| model | parameters | processes | sharding | act. ckpt | phase | measured peak - baseline (MB) "
-        "| plan, today's code (MB) | plan / measured | plan after issue 25 (MB) |",
+        f"| {names[layout]} | plan / measured | {names[other]} |",
         "|---|---:|---:|---|---|---|---:|---:|---:|---:|",
     ]
     for r in results:
         for phase in PHASES:
             meas = r["measured_mb"][phase]
-            today = r["plan"]["today"][phase] / 2**20
-            after = r["plan"]["sharded"][phase] / 2**20
+            mine = r["plan"][layout][phase] / 2**20
+            theirs = r["plan"][other][phase] / 2**20
             lines.append(
                 f"| {r['name']} | {r['plan']['params'] / 1e6:,.1f} M | {r['world']} | {r['sharding']} | "
-                f"{'yes' if r['ckpt'] else 'no'} | {phase} | {meas:,.0f} | {today:,.0f} | "
-                f"{today / max(meas, 1):.2f} | {after:,.0f} |"
+                f"{'yes' if r['ckpt'] else 'no'} | {phase} | {meas:,.0f} | {mine:,.0f} | "
+                f"{mine / max(meas, 1):.2f} | {theirs:,.0f} |"
             )
-    ratios = [r["plan"]["today"][ph] / 2**20 / max(r["measured_mb"][ph], 1) for r in results for ph in PHASES]
+    ratios = [r["plan"][layout][ph] / 2**20 / max(r["measured_mb"][ph], 1) for r in results for ph in PHASES]
     within = sum(0.75 <= x <= 1.25 for x in ratios)
     base = ", ".join(f"{r['name']} x{r['world']}: {r['baseline_mb']:,.0f}" for r in results)
     return (
@@ -276,6 +280,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "plan_check.md"))
     ap.add_argument("--only", help="run only configurations whose name contains this")
     ap.add_argument("--replan", nargs="+", metavar="JSON", help="re-render saved measurements with the current plan")
+    ap.add_argument(
+        "--layout", default="sharded", choices=("sharded", "today"), help="plan for the ratio (today: pre-issue-25)"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -285,7 +292,7 @@ def main() -> None:
         results = [r for path in args.replan for r in json.loads(Path(path).read_text())]
         for r in results:
             r["plan"] = replan(r)
-        write(render(results), results, args.out)
+        write(render(results, args.layout), results, args.out)
         return
     results = []
     for name, model, world, sharding, ckpt in CONFIGS:
@@ -310,7 +317,7 @@ def main() -> None:
             }
         )
         print(json.dumps(results[-1]), flush=True)
-    write(render(results), results, args.out)
+    write(render(results, args.layout), results, args.out)
 
 
 def write(text: str, results: list[dict], out: str) -> None:
