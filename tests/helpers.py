@@ -1,5 +1,15 @@
-"""Shared test helpers: the tiny end-to-end spec. Test modules import
+"""Shared test helpers: the tiny end-to-end spec, a free local port. Test modules import
 these from here, never from each other."""
+
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now (for a process group's store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 TINY = {
     "name": "e2e",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import TINY
+from helpers import TINY, free_port
 
 from gspo_cli.models import resolve_model_source
 from gspo_cli.runs import RunDir
@@ -304,12 +304,7 @@ print("returned", dist.is_initialized(), flush=True)
 def test_leaving_the_process_group(code, exit_now, rc, out):
     """Success destroys the group and returns (the interpreter's exit handlers still run) unless
     told to exit at once; an error leaves at once with its code, without a collective."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = LEAVE.format(port=port, code=code, exit_now=exit_now)
+    script = LEAVE.format(port=free_port(), code=code, exit_now=exit_now)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert res.returncode == rc, res.stderr[-2000:]
     assert res.stdout.strip() == out

@@ -4,24 +4,17 @@ model cache's publish-whole-or-nothing rule."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import yaml
-from helpers import TINY
+from helpers import TINY, free_port
 
 from gspo_cli.models.builtin import builtin_model_dir, cache_key, entry_digest, is_complete, publish_entry
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import make_task
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_nodes(tmp_path, spec, out0, out1, timeout=900):
