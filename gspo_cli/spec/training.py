@@ -29,6 +29,14 @@ class OptimizerConfig(_Strict):
     beta2: float = Field(0.999, ge=0, lt=1, description="AdamW second-moment decay")
     grad_clip: float = Field(1.0, gt=0, description="largest global gradient norm; larger ones are scaled down")
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up, in RL steps")
+    decay: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="learning-rate decay after the warm-up, reaching lr x min_lr_ratio at train.steps: "
+        "constant (none), linear or cosine",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="with decay: the final learning rate as a fraction of lr"
+    )
     router_lr_scale: float = Field(
         1.0,
         gt=0,

@@ -3,6 +3,8 @@ faster group (optimizer.router_lr_scale), with torch's fused kernel where it app
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from gspo_cli.errors import SpecError, router_scale_problem
@@ -23,6 +25,30 @@ def make_optimizer(model, routing, cfg: OptimizerConfig, model_name: str, sharde
     if fused:
         opt.register_step_post_hook(_bump_versions)
     return opt
+
+
+def lr_factor(i: int, warmup: int, total: int, decay: str = "constant", floor: float = 0.0) -> float:
+    """The learning rate's multiplier before optimizer step `i` (0-based): a linear warm-up over
+    `warmup` steps, then `decay` from 1 at step `warmup` to `floor` at step `total` (constant: 1
+    throughout; linear: a straight line; cosine: floor + (1 - floor)(1 + cos(pi t)) / 2 with t the
+    fraction of the decay done). Steps past `total` (a resumed run given more steps) stay at `floor`."""
+    if warmup and i < warmup:
+        return (i + 1) / warmup
+    if decay == "constant" or total <= warmup:
+        return 1.0
+    t = min(1.0, (i - warmup) / (total - warmup))
+    if decay == "linear":
+        return 1.0 - (1.0 - floor) * t
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def make_scheduler(optimizer, cfg: OptimizerConfig, steps: int, updates_per_step: int):
+    """LambdaLR over optimizer steps: warm-up and decay are given in RL steps, each of which
+    makes `updates_per_step` optimizer steps (mini-batches x epochs)."""
+    warm, total = cfg.warmup_steps * updates_per_step, steps * updates_per_step
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: lr_factor(i, warm, total, cfg.decay, cfg.min_lr_ratio)
+    )
 
 
 def _bump_versions(opt: torch.optim.Optimizer, args, kwargs) -> None:

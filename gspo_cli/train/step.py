@@ -42,7 +42,7 @@ from gspo_cli.tasks import Task
 from gspo_cli.train.compiled import CompiledUpdate, compiled_context, unpad_routes
 from gspo_cli.train.minibatch import minibatch_rows
 from gspo_cli.train.old_policy import old_policy
-from gspo_cli.train.optim import make_optimizer
+from gspo_cli.train.optim import make_optimizer, make_scheduler
 from gspo_cli.train.samples import sample_records, samples_due
 from gspo_cli.train.sampling import dynamic_sampling, record_dynamic, shaped_rewards
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
@@ -120,8 +120,7 @@ def setup(
     train_model = distributed.wrap(model, dist_info, spec.model.sharding)  # before the optimizer sees parameters
     opt_cfg = spec.optimizer
     optimizer = make_optimizer(model, routing, opt_cfg, spec.model.name, sharded)
-    warm = opt_cfg.warmup_steps * arm.mini_batches * arm.epochs  # warmup counted in rollout steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+    scheduler = make_scheduler(optimizer, opt_cfg, spec.train.steps, arm.mini_batches * arm.epochs)
     engine = make_engine(
         spec.rollout,
         model,
