@@ -34,9 +34,7 @@ class OptimizerConfig(_Strict):
         description="learning-rate decay after the warm-up, reaching lr x min_lr_ratio at train.steps: "
         "constant (none), linear or cosine",
     )
-    min_lr_ratio: float = Field(
-        0.0, ge=0, le=1, description="with decay: the final learning rate as a fraction of lr"
-    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="with decay: the final learning rate as a fraction of lr")
     router_lr_scale: float = Field(
         1.0,
         gt=0,
