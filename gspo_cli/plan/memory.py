@@ -297,40 +297,57 @@ def plan_memory(
 
     # load
     ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
-    if before:
-        # from_pretrained maps the safetensors files: an fp32 checkpoint's dense tensors are used
-        # in place (pages shared by the node's processes through the page cache); MoE experts,
-        # stored one per expert, are concatenated into new fused tensors (their pages read and a
-        # copy made); a checkpoint in another dtype is converted into an fp32 copy per process.
-        # Then the whole model moves to the device before fully_shard (measured on CPU:
+    experts = shape.expert_params()
+    if before or not fsdp:
+        # from_pretrained in every process (one process, DDP, and every layout before issue 25):
+        # it maps the safetensors files and uses an fp32 checkpoint's dense tensors in place
+        # (pages shared by the node's processes through the page cache); MoE experts, stored one
+        # per expert, are concatenated into new fused tensors (their pages read and a copy made);
+        # a checkpoint in another dtype is converted into an fp32 copy per process. Before issue
+        # 25 FSDP then moved the whole model to the device before fully_shard (measured on CPU:
         # benchmarks/README.md, "gspo plan against measured peaks").
         converted = ck != FP32
-        experts = FP32 * shape.expert_params()
         if converted:
             per_proc = [("fp32 copy of the checkpoint", FP32 * P)]
         elif experts:
-            per_proc = [("experts fused at load (pages read + fused copy)", 2 * experts)]
+            per_proc = [("experts fused at load (pages read + fused copy)", 2 * FP32 * experts)]
         else:
             per_proc = []
         if kind == "cpu":
             dev = list(per_proc)
             if fsdp and not converted:  # fully_shard reads every tensor: the rest of the file is paged in
-                dev.append(("checkpoint pages read by fully_shard", FP32 * P - experts))
+                dev.append(("checkpoint pages read by fully_shard", FP32 * (P - experts)))
             host_extra = []
         else:
-            dev = [("whole fp32 model before sharding", FP32 * P)]
+            dev = [("whole fp32 model" + (" before sharding" if fsdp else ""), FP32 * P)]
             host_extra = [(f"{n} x {procs_on_node} processes", procs_on_node * b) for n, b in per_proc]
             if not converted:
                 host_extra.append(("checkpoint pages (page cache, shared)", FP32 * P))
         if wl.kl:
             dev.append(("KL reference (whole, fp32)", FP32 * P))
     else:
+        # FSDP (models/loading.py, _load_sharded): every rank allocates its fp32 shards; rank 0
+        # alone reads the checkpoint with from_pretrained in the checkpoint's own dtype (its
+        # tensors' pages read; per-expert tensors fused into a new copy) and broadcasts it one
+        # tensor at a time. The busiest process is rank 0.
         dev = [(f"fp32 master shard (1/{share})", FP32 * P // share)]
         if wl.kl:
             dev.append((f"KL reference shard (1/{share})", FP32 * P // share))
         biggest = shape.vocab * shape.hidden
-        dev.append(("one tensor in flight (largest: embedding)", (ck + FP32) * biggest))
-        host_extra = [(f"rank 0's one copy in the checkpoint dtype ({shape.checkpoint_dtype})", ck * P)]
+        rank0 = [(f"rank 0: checkpoint pages read ({shape.checkpoint_dtype})", ck * P)]
+        if experts:
+            rank0.append(("rank 0: experts fused at load (copy)", ck * experts))
+        if kind == "cpu":
+            # rank 0 broadcasts the tensors it read (no copy); a checkpoint in another dtype is
+            # converted one tensor at a time into the fp32 shards.
+            dev += rank0
+            if ck != FP32:
+                dev.append(("one tensor converted in flight (largest: embedding)", FP32 * biggest))
+            host_extra = []
+        else:
+            # each rank's device receives the whole tensor, then converts its slice
+            dev.append(("one tensor in flight (largest: embedding)", (ck + FP32) * biggest))
+            host_extra = rank0
     libraries = [("libraries loaded with the model", CPU_LOAD_LIBRARIES)]
     phase = Phase("load", (runtime_dev if kind == "cuda" else libraries) + dev)
     phase.host = host_terms(host_extra, phase.device_total)
