@@ -316,3 +316,47 @@ def test_the_documented_command(tmp_path):
     assert all(p["device_fits"] and p["host_fits"] for p in phases)
     doc = (ROOT / "docs" / "scaling" / "plan.md").read_text()
     assert all(f"{v} GB" in doc for v in totals.values())
+
+
+def test_a_colocated_vllm_engine_in_every_phase(tmp_path):
+    """vLLM's share of the GPU (gpu_memory_utilization x GPU) stays on the GPU through pi_old,
+    the update and the checkpoint unless the engine sleeps; level 1 keeps its weights (1/tp of
+    them per process) in host memory, level 2 nothing. The weight sync holds up to three copies
+    of the largest tensor (the 10-vocab x 8 embedding). The share check counts 1/tp of the
+    weights per GPU."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_DENSE))
+
+    def plan(gpu_bytes=10**10, **vllm):
+        spec = spec_from_dict(
+            {
+                "name": "x",
+                "model": {"name": str(tmp_path), "device": "cuda", "sharding": "fsdp"},
+                "rollout": {
+                    "prompts_per_step": 2,
+                    "group_size": 2,
+                    "max_new_tokens": 6,
+                    "engine": "vllm",
+                    "vllm": vllm,
+                },
+                "arms": [{"name": "a", "preset": "paper-gspo"}],
+            }
+        )
+        shape, _ = model_shape(spec)
+        return plan_memory(shape, spec, Hardware(gpus_per_node=2, gpu_bytes=gpu_bytes), prompt_tokens=4)
+
+    awake, light, deep = plan(), plan(sleep=1), plan(sleep=2)
+    share = 3 * 10**9  # the colocated default, 0.3 of 10 GB
+    rollout = dict(awake.phase("rollout").device)
+    assert rollout["vLLM (gpu_memory_utilization 0.3 of the GPU)"] == share
+    assert rollout["weight sync: largest tensor, 3 copies"] == 3 * 4 * 10 * 8
+    for name in ("pi_old", "update", "checkpoint"):
+        held = awake.phase(name).device_total - light.phase(name).device_total
+        assert held == share, name
+        assert light.phase(name).device == deep.phase(name).device
+        extra = light.phase(name).host_total - deep.phase(name).host_total
+        assert extra == 2 * 4 * 1288, name  # 2 processes x the fp32 weights, whole with tp 1
+    tp2 = plan(sleep=1, tensor_parallel_size=2)
+    assert tp2.phase("update").host_total - deep.phase("update").host_total == 2 * 4 * 1288 // 2
+    # the share: 0.3 x 10 kB = 3,000 B against the weights' 5,152 B, or 2,576 B per GPU with tp 2
+    assert any("exceed its share" in n for n in plan(gpu_bytes=10**4).notes)
+    assert not any("exceed its share" in n for n in plan(gpu_bytes=10**4, tensor_parallel_size=2).notes)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape
+from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
 from gspo_cli.spec import ExperimentSpec
 
 LAYOUTS = ("sharded", "before")
@@ -170,37 +170,6 @@ def workload(spec: ExperimentSpec, shape: ModelShape, world: int, prompt_tokens:
         kl=any(a.kl_coef > 0 for a in spec.arms),
         routes=shape.experts > 0,
     )
-
-
-def activation_elems_per_token(shape: ModelShape, layer: int) -> int:
-    """Elements one token keeps for backward in one decoder layer (no recompute), counted from
-    the ops of transformers' Qwen3 / Qwen3-MoE layers: each RMSNorm's input and normalised
-    output (2h), q/k/v and their per-head norms and rotary outputs, the attention output (GQA's
-    k/v expanded to every head for SDPA), the residual sums; a dense SwiGLU's gate, up, act and
-    product (4 x intermediate); an MoE block's router logits and probabilities (2E) and, per
-    routed copy (top_k per token), the gathered input, gate/up, act, product, down output and
-    weighted output (3h + 4 x moe_intermediate)."""
-    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    attn = 2 * h + 3 * q + 3 * kv + 2 * q + q + 2 * h  # norm, q/k/v(+norms, rope), sdpa (GQA expanded), o, residual
-    if layer in shape.moe_layers:
-        mlp = 2 * h + 2 * shape.experts + shape.top_k * (3 * h + 4 * shape.moe_intermediate) + h
-    else:
-        mlp = 2 * h + 4 * shape.intermediate + h
-    return attn + mlp
-
-
-def forward_elems_per_token(shape: ModelShape, layer: int) -> int:
-    """Elements one token holds at the peak of a no-grad forward through one layer (nothing
-    kept for backward): the residual stream and its normalised copy, then the widest point,
-    q/k/v (GQA expanded) in attention or, in an MoE block, each routed copy's input, gate/up and
-    activation (top_k x (h + 3 x moe_intermediate)); a dense SwiGLU's gate, up and activation."""
-    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    attn = 2 * h + 3 * q + 2 * kv
-    if layer in shape.moe_layers:
-        mlp = 2 * h + 2 * shape.experts + shape.top_k * (h + 3 * shape.moe_intermediate)
-    else:
-        mlp = 2 * h + 3 * shape.intermediate
-    return max(attn, mlp)
 
 
 def plan_memory(
@@ -357,15 +326,32 @@ def plan_memory(
     engine = spec.rollout.engine
     dev = list(resident)
     rows = wl.rows
+    vllm_held: list[tuple[str, int]] = []  # what a colocated engine holds on each GPU outside rollout
+    vllm_host: list[tuple[str, int]] = []
     if engine == "vllm":
-        util = float(spec.rollout.vllm.get("gpu_memory_utilization", COLOCATED_GPU_MEMORY_UTILIZATION))
+        vcfg = spec.rollout.vllm
+        util = float(vcfg.get("gpu_memory_utilization", COLOCATED_GPU_MEMORY_UTILIZATION))
+        tp = int(vcfg.get("tensor_parallel_size", 1))
+        sleep = int(vcfg.get("sleep", 0))
+        engine_weights = c * P // tp  # each engine group's member holds 1/tp of the weights
         if hw.gpu_bytes is not None:
-            dev.append((f"vLLM (gpu_memory_utilization {util} of the GPU)", int(util * hw.gpu_bytes)))
-            if c * P > util * hw.gpu_bytes:
+            share_bytes = int(util * hw.gpu_bytes)
+            dev.append((f"vLLM (gpu_memory_utilization {util} of the GPU)", share_bytes))
+            if engine_weights > share_bytes:
                 notes.append(
-                    f"vLLM's weights ({gb(c * P)} in {spec.model.dtype}) exceed its share "
-                    f"({util} x {gb(hw.gpu_bytes)}): it cannot start"
+                    f"vLLM's weights ({gb(engine_weights)} per GPU in {spec.model.dtype}"
+                    + (f", 1/{tp} with tensor_parallel_size {tp}" if tp > 1 else "")
+                    + f") exceed its share ({util} x {gb(hw.gpu_bytes)}): it cannot start"
                 )
+            if sleep == 0:
+                vllm_held = [(f"vLLM, awake (gpu_memory_utilization {util}; rollout.vllm.sleep 0)", share_bytes)]
+        # the weight sync after each update: the stream gathers one parameter at a time and
+        # holds up to three copies of it (docs/scaling/vllm-fsdp.md, measured on CPU)
+        dev.append(("weight sync: largest tensor, 3 copies", 3 * c * shape.vocab * shape.hidden))
+        if sleep == 1:  # level 1 keeps the engine's weights in host memory while it sleeps
+            vllm_host = [
+                (f"vLLM weights asleep in host memory ({procs_on_node} processes)", procs_on_node * engine_weights)
+            ]
     else:
         dev += gathered
         kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * c * rows * T
@@ -385,18 +371,18 @@ def plan_memory(
     phases.append(phase)
 
     # pi_old (and the KL reference's log-probs): one no-grad forward of the local batch
-    dev = list(resident) + gathered
+    dev = list(resident) + vllm_held + gathered
     dev.append(("activations (no grad, one layer)", rows * T * max(live_elems) * c))
     dev += logits(rows)
     if wl.routes:
         dev.append(("recorded routes", 8 * shape.layers * rows * T * shape.top_k))
     phase = Phase("pi_old", runtime_dev + dev)
-    phase.host = host_terms([], phase.device_total)
+    phase.host = host_terms(list(vllm_host), phase.device_total)
     phases.append(phase)
 
     # update: one mini-batch's forward and backward, then the optimizer step
     ur = wl.update_rows
-    dev = list(resident) + gathered
+    dev = list(resident) + vllm_held + gathered
     if fsdp:
         grad_bytes = FP32 if before else c + FP32  # bf16 gradients, cast to fp32 for the reduce-scatter
         dev.append(("unsharded gradients of one layer", grad_bytes * shape.largest_layer_params()))
@@ -407,11 +393,11 @@ def plan_memory(
         dev.append((f"activations ({ur} rows x {T} tokens x {shape.layers} layers)", ur * T * sum(layer_elems) * c))
     dev += logits(ur)
     phase = Phase("update", runtime_dev + dev)
-    phase.host = host_terms([], phase.device_total)
+    phase.host = host_terms(list(vllm_host), phase.device_total)
     phases.append(phase)
 
     # checkpoint: what saving adds over the resident state
-    dev = list(resident)
+    dev = list(resident) + vllm_held
     if before:
         full = FP32 * P + 2 * FP32 * P  # whole weights + whole AdamW state
         if W > 1:
@@ -432,7 +418,7 @@ def plan_memory(
             dev.append(("one tensor staged for writing", staged))
             host_extra = []
     phase = Phase("checkpoint", runtime_dev + dev)
-    phase.host = host_terms(host_extra, phase.device_total)
+    phase.host = host_terms(host_extra + vllm_host, phase.device_total)
     phases.append(phase)
 
     for phase in phases:

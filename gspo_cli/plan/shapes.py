@@ -233,3 +233,34 @@ def model_shape(spec: ExperimentSpec, config: str | Path | None = None) -> tuple
             "sized here as a Qwen3-shaped transformer"
         )
     return shape, warnings
+
+
+def activation_elems_per_token(shape: ModelShape, layer: int) -> int:
+    """Elements one token keeps for backward in one decoder layer (no recompute), counted from
+    the ops of transformers' Qwen3 / Qwen3-MoE layers: each RMSNorm's input and normalised
+    output (2h), q/k/v and their per-head norms and rotary outputs, the attention output (GQA's
+    k/v expanded to every head for SDPA), the residual sums; a dense SwiGLU's gate, up, act and
+    product (4 x intermediate); an MoE block's router logits and probabilities (2E) and, per
+    routed copy (top_k per token), the gathered input, gate/up, act, product, down output and
+    weighted output (3h + 4 x moe_intermediate)."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    attn = 2 * h + 3 * q + 3 * kv + 2 * q + q + 2 * h  # norm, q/k/v(+norms, rope), sdpa (GQA expanded), o, residual
+    if layer in shape.moe_layers:
+        mlp = 2 * h + 2 * shape.experts + shape.top_k * (3 * h + 4 * shape.moe_intermediate) + h
+    else:
+        mlp = 2 * h + 4 * shape.intermediate + h
+    return attn + mlp
+
+
+def forward_elems_per_token(shape: ModelShape, layer: int) -> int:
+    """Elements one token holds at the peak of a no-grad forward through one layer (nothing
+    kept for backward): the residual stream and its normalised copy, then the widest point,
+    q/k/v (GQA expanded) in attention or, in an MoE block, each routed copy's input, gate/up and
+    activation (top_k x (h + 3 x moe_intermediate)); a dense SwiGLU's gate, up and activation."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    attn = 2 * h + 3 * q + 2 * kv
+    if layer in shape.moe_layers:
+        mlp = 2 * h + 2 * shape.experts + shape.top_k * (h + 3 * shape.moe_intermediate)
+    else:
+        mlp = 2 * h + 3 * shape.intermediate
+    return max(attn, mlp)
