@@ -2,6 +2,7 @@
 weights are gathered into each process's colocated engine, next to the steady state.
 
     torchrun --nproc-per-node 2 benchmarks/vllm_fsdp_stream.py [--hidden 512] [--layers 4] [--vocab 32000]
+        [--dtype bfloat16]
 
 (run with `.venv-vllm`'s python: `python -m torch.distributed.run --standalone ...`). Builds a
 random Qwen3-MoE from a config (nothing downloaded), shards it with FSDP2 (one unit per decoder
@@ -66,6 +67,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--syncs", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", help="the engine's dtype (the trainer keeps float32 master weights)")
     args = ap.parse_args()
 
     import torch
@@ -100,14 +102,21 @@ def main() -> None:
     dist.barrier()
     shard_(model)
     engine = VLLMRolloutEngine(
-        model, None, model_dir=str(model_dir), max_new_tokens=4, temperature=1.0, stop_ids=[0], sharded=True
+        model,
+        None,
+        model_dir=str(model_dir),
+        max_new_tokens=4,
+        temperature=1.0,
+        stop_ids=[0],
+        sharded=True,
+        dtype=args.dtype,
     )
     from gspo_cli.rollout.vllm_weights import checkpoint_weights
 
     # Our side alone: the gathers and name conversions, consumed and dropped (no engine).
     before = rss_bytes()
     with PeakRSS() as peak:
-        for _ in checkpoint_weights(model):
+        for _ in checkpoint_weights(model, engine.weight_dtype):
             pass
     rows = [{"sync": 0, "rss_before_mib": before / MiB, "rss_peak_mib": peak.peak / MiB, "s": 0.0}]
     for i in range(args.syncs):
@@ -121,14 +130,15 @@ def main() -> None:
             secs = time.time() - t
         rows.append({"sync": i + 1, "rss_before_mib": before / MiB, "rss_peak_mib": peak.peak / MiB, "s": secs})
     # Every parameter arrived: the engine's embedding equals the trainer's full one.
-    emb = model.model.embed_tokens.weight.full_tensor()
+    emb = model.model.embed_tokens.weight.full_tensor().to(engine.weight_dtype)
     got = engine.llm.apply_model(lambda m: m.model.embed_tokens.weight.detach().clone())[0]
     out = {
         "rank": info.rank,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "layer_gathered_mib": layer_bytes / MiB,
         "largest_param_mib": largest / MiB,
-        "embed_max_abs_diff": (emb - got).abs().max().item(),
+        "embed_max_abs_diff": (emb.float() - got.float()).abs().max().item(),
+        "dtype": args.dtype,
         "syncs": [{k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
     }
     print(json.dumps(out), flush=True)

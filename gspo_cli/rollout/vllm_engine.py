@@ -70,7 +70,7 @@ from gspo_cli.rollout.vllm_settings import (
     run_unique_cpu_shm_names,
     vllm_platform_is_cpu,
 )
-from gspo_cli.rollout.vllm_weights import checkpoint_weights, refresh_cpu_kernels, weights_version
+from gspo_cli.rollout.vllm_weights import checkpoint_weights, engine_weight_dtype, refresh_cpu_kernels, weights_version
 
 
 class VLLMRolloutEngine:
@@ -156,6 +156,8 @@ class VLLMRolloutEngine:
                 )
         finally:
             torch.set_num_threads = set_num_threads
+        # The dtype the engine holds its weights in ("auto" resolved): the stream sends that.
+        self.weight_dtype = engine_weight_dtype(self.llm)
         # The engine loaded model_dir: assumed equal to `model`.
         self._synced = weights_version(model) if model is not None else None
         self.sync_s = 0.0  # seconds spent copying weights in, in total
@@ -171,7 +173,8 @@ class VLLMRolloutEngine:
         hf = getattr(model, "module", model)  # DDP wraps the PreTrainedModel
         with torch.no_grad():
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": checkpoint_weights(hf), "is_checkpoint_format": True}
+                "reload_weights",
+                kwargs={"weights_iterator": checkpoint_weights(hf, self.weight_dtype), "is_checkpoint_format": True},
             )
             self.llm.apply_model(refresh_cpu_kernels)
         self.llm.reset_prefix_cache()

@@ -37,10 +37,23 @@ def main():
     shard_(model)
     for p in model.parameters():
         assert torch.equal(gather_full(p), p.full_tensor())
+    # one row over two processes: rank 1's shard is empty (nothing to broadcast from it)
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = model.model.embed_tokens.weight.device_mesh
+    one_row = distribute_tensor(torch.arange(3.0)[None], mesh, [Shard(0)])
+    assert torch.equal(gather_full(one_row), torch.arange(3.0)[None])
     got = dict(checkpoint_weights(model))
     assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
     for name, t in want.items():
         assert torch.equal(got[name], t), name
+    # in the engine's dtype: each shard cast before its gather, the values of a cast afterwards
+    for p in model.parameters():
+        assert torch.equal(gather_full(p, torch.bfloat16), p.full_tensor().to(torch.bfloat16))
+    half = dict(checkpoint_weights(model, torch.bfloat16))
+    assert sorted(half) == sorted(want)
+    for name, t in want.items():
+        assert half[name].dtype == torch.bfloat16 and torch.equal(half[name], t.to(torch.bfloat16)), name
     if dist.get_rank() == 0:
         print(f"ok {len(got)} tensors", flush=True)
 
