@@ -698,6 +698,7 @@ def test_every_shipped_experiment_spec_is_valid():
     b = moe.model.builtin
     assert (b.num_experts, b.experts_per_token, moe.optimizer.router_lr_scale) == (64, 8, 1.0)
     assert len(moe.seeds) == 5 and [a.routing_replay for a in moe.arms] == ["off", "r2", "off"]
+    assert (moe.optimizer.decay, moe.optimizer.min_lr_ratio, moe.train.steps) == ("linear", 0.0, 100)
     stress = loaded["paper_moe_stress"]  # `make reproduce-stress`: fast routers, collapse timed every 25 steps
     b = stress.model.builtin
     assert (b.num_experts, b.experts_per_token, stress.optimizer.router_lr_scale) == (64, 8, 60.0)
