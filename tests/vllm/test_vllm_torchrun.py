@@ -132,6 +132,41 @@ def test_a_tensor_parallel_engine_group_samples_as_one_process(tmp_path):
     assert [e["step"] for e in runs["tp"].evals()] == [0, 3]
 
 
+def test_two_tensor_parallel_engine_groups_over_four_processes(tmp_path):
+    """`tensor_parallel_size: 2` over 4 FSDP processes: two engines, ranks 0-1 and ranks 2-3,
+    each sampling its group's prompts and each fed by the one weight stream (its gathers are
+    collectives of all four). Every step's engine log-probs match the trainer's on every rank
+    (`rollout/logprob_diff_max` is the maximum over the four), so the second group's engine got
+    each update too; evaluation (rank 0's group alone) runs at the start and the end."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("gspo*cpushm*")) if shm.is_dir() else set()
+    raw = {
+        **TINY,
+        "model": {
+            **TINY["model"],
+            "sharding": "fsdp",
+            "builtin": {**TINY["model"]["builtin"], "moe_intermediate_size": 64},  # see the test above
+        },
+        "rollout": {**TINY["rollout"], "vllm": {"tensor_parallel_size": 2}},
+        "output_dir": str(tmp_path / "tp"),
+    }
+    spec = tmp_path / "tp.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    four = [a if a != "2" else "4" for a in TORCHRUN]
+    res = subprocess.run(
+        four + ["-m", "gspo_cli", "train", str(spec), "--quiet"], capture_output=True, text=True, timeout=900
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = RunDir(tmp_path / "tp" / "vllm/gspo/seed0")
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["rollout/logprob_diff_max"] < 1e-4, m
+    assert [e["step"] for e in run.evals()] == [0, 2]
+    if shm.is_dir():
+        assert set(shm.glob("gspo*cpushm*")) == before
+
+
 def test_a_tensor_parallel_size_that_does_not_divide_the_processes_is_one_line(tmp_path):
     """tensor_parallel_size 3 over 2 processes: refused by every rank in one line, exit 2,
     before any model is built (the cache stays empty)."""
