@@ -286,3 +286,13 @@ def test_collapse_rule_on_synthetic_runs(tmp_path):
     text = write_report(exp).read_text()
     assert "| grpo | 0/3 | s0: –, s1: –, s2: – | – | 0.200 | n/a |" in text
     assert "No arm collapses: in none do more than half of the rated seeds" in text
+
+
+def test_the_learning_rate_schedule_in_words():
+    from gspo_cli.analysis.report import lr_text
+
+    assert lr_text({"lr": 5e-05}) == "lr 5e-05"
+    assert lr_text({"lr": 5e-05, "decay": "constant", "warmup_steps": 0}) == "lr 5e-05"
+    sched = {"lr": 5e-05, "warmup_steps": 10, "decay": "linear", "min_lr_ratio": 0.0}
+    assert lr_text(sched) == "lr 5e-05, 10 warm-up steps, linear decay to 0 x lr"
+    assert lr_text({"lr": 1e-3, "decay": "cosine", "min_lr_ratio": 0.1}) == "lr 0.001, cosine decay to 0.1 x lr"

@@ -264,12 +264,23 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
         f"- Per step: {r.get('prompts_per_step')} prompts x {r.get('group_size')} samples, up to "
         f"{r.get('max_new_tokens')} new tokens, temperature {r.get('temperature')}; "
         f"{arm.get('mini_batches')} mini-batches per rollout batch (off-policy after the first); "
-        f"lr {spec.get('optimizer', {}).get('lr')}; {tr.get('steps')} steps",
+        f"{lr_text(spec.get('optimizer', {}))}; {tr.get('steps')} steps",
         f"- Seeds: {', '.join(map(str, seeds))}; runs: {len(runs)}; summed run wall time "
         f"{sum(walls) / 60:.1f} min (runs in parallel overlap)",
         "",
     ]
     return lines
+
+
+def lr_text(opt: dict) -> str:
+    """The learning rate and its schedule as the spec gives them: "lr 5e-05", "lr 5e-05,
+    10 warm-up steps, linear decay to 0 x lr"."""
+    out = f"lr {opt.get('lr')}"
+    if opt.get("warmup_steps"):
+        out += f", {opt['warmup_steps']} warm-up steps"
+    if opt.get("decay", "constant") != "constant":
+        out += f", {opt['decay']} decay to {opt.get('min_lr_ratio', 0.0):g} x lr"
+    return out
 
 
 def _regime_lines(runs: list[Run], last: int) -> list[str]:
