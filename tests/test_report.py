@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gspo_cli.analysis.report import arm_role, welch_diff, write_report
 from gspo_cli.analysis.report_collapse import Collapse, run_collapse
-from gspo_cli.analysis.rundata import load_runs
+from gspo_cli.analysis.rundata import group_runs, load_runs
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 
@@ -296,3 +296,26 @@ def test_the_learning_rate_schedule_in_words():
     sched = {"lr": 5e-05, "warmup_steps": 10, "decay": "linear", "min_lr_ratio": 0.0}
     assert lr_text(sched) == "lr 5e-05, 10 warm-up steps, linear decay to 0 x lr"
     assert lr_text({"lr": 1e-3, "decay": "cosine", "min_lr_ratio": 0.1}) == "lr 0.001, cosine decay to 0.1 x lr"
+
+
+def test_learning_rule_on_synthetic_runs(tmp_path):
+    """Did each arm end above its step-0 held-out score? grpo: changes +0.1, +0.05, -0.05 (mean
+    +0.0333, std 0.0764, t(2) 4.303 -> half-width 0.190: above, not significantly, 2 of 3 seeds);
+    gspo: +0.1, +0.11, +0.09 (mean 0.1, std 0.01 -> 0.025: significantly); grpo_rr: -0.05 each
+    (std 0, so any interval excludes 0: below, significantly)."""
+    from gspo_cli.analysis.report_collapse import learning_lines
+
+    ends = {"grpo": (0.2, 0.15, 0.05), "gspo": (0.2, 0.21, 0.19), "grpo_rr": (0.05, 0.05, 0.05)}
+    roles = {"grpo": ("grpo", "off"), "gspo": ("gspo", "off"), "grpo_rr": ("grpo", "r2")}
+    for arm, vals in ends.items():
+        for seed, end in enumerate(vals):
+            _write(tmp_path, arm, *roles[arm], seed, 0.3, 0.01, 0.004, evals=(0.1, end))
+    groups = group_runs(load_runs([str(tmp_path / "paper")]), "arm")
+    text = "\n".join(learning_lines(groups, "math", "math avg@4", window=10))
+    assert "| grpo | 0.100 → 0.133 | +0.033 ± 0.190 | 2/3 | 0.300 → 0.300 | ends above step 0 |" in text
+    assert "| gspo | 0.100 → 0.200 | +0.100 ± 0.025 | 3/3 | 0.300 → 0.300 | ends above step 0, significantly |" in text
+    assert "| grpo_rr | 0.100 → 0.050 | -0.050 ± 0.000 | 0/3 |" in text and "ends below step 0, significantly" in text
+    assert learning_lines(groups, None) == [] and learning_lines(groups, "other") == []
+    # too few steps for the windows: the train reward column says so
+    assert "| 3/3 | n/a |" in "\n".join(learning_lines(groups, "math", window=25))
+    assert "## Did each arm learn?" in write_report(tmp_path / "paper").read_text()

@@ -21,7 +21,7 @@ import numpy as np
 
 from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
-from gspo_cli.analysis.report_collapse import collapse_lines
+from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
 from gspo_cli.errors import SpecError
@@ -222,7 +222,9 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += _findings(roles, comp, diff, vals, eval_col, eval_label, runs)
     lines += stability_finding(roles, welch_diff)
     lines += ["", RULES + STABILITY_RULE]
-    lines += collapse_lines(groups, eval_col.split(":", 1)[1] if eval_col else None, eval_label)
+    eval_task = eval_col.split(":", 1)[1] if eval_col else None
+    lines += learning_lines(groups, eval_task, eval_label, last)
+    lines += collapse_lines(groups, eval_task, eval_label)
     lines += ["## Figures", ""]
     for p in written:
         lines += [f"![{p.stem}]({rel(p)})", ""]

@@ -1,8 +1,9 @@
-"""The report's collapse finding: when each arm's held-out score falls apart, by one rule fixed in
-advance (COLLAPSE_RULE). A stress study (experiments/paper_moe_stress.yaml: routers learning 60x
-faster than the rest) is meant to collapse; this says when, per seed and per arm, so arms can be
-compared by how long they last rather than by a final score near zero. Reads eval.jsonl through
-`Run.eval_scores`; no torch."""
+"""The report's per-arm findings: whether each arm ended above where it started (LEARNING_RULE:
+its last held-out score against its own step-0 score), and when each arm's held-out score falls
+apart, by one rule fixed in advance (COLLAPSE_RULE). A stress study
+(experiments/paper_moe_stress.yaml: routers learning 60x faster than the rest) is meant to
+collapse; this says when, per seed and per arm, so arms can be compared by how long they last
+rather than by a final score near zero. Reads eval.jsonl through `Run.eval_scores`; no torch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.rundata import Group, Run, seed_stats
 
 # A run collapses when its held-out score falls below this share of its own step-0 score.
 COLLAPSE_FRACTION = 0.5
@@ -111,4 +112,76 @@ def collapse_lines(groups: list[Group], task: str | None, label: str = "held-out
     ]
 
 
-__all__ = ["COLLAPSE_FRACTION", "COLLAPSE_RULE", "Collapse", "collapse_lines", "run_collapse"]
+LEARNING_RULE = """\
+Learning rule (added after the first runs it rated, `paper_moe` of 2026-12-04; the same for every
+arm and report): a seed's **change** is its last held-out score minus its own step-0 score (the
+arms of a seed share the cold-started model, so the same step-0 score). An arm **ends above step
+0** when its mean change over seeds is above 0, **significantly** when the 95% t interval of that
+mean excludes 0, and **ends below step 0** when the mean change is below 0. The train reward's
+change (the last steps against the first) is given beside it without a verdict: its batches
+differ between the two windows.
+"""
+
+
+def learning_lines(groups: list[Group], task: str | None, label: str = "held-out score", window: int = 25) -> list[str]:
+    """A "## Did each arm learn?" section (LEARNING_RULE): per arm, the held-out score at step 0 and at the end
+    (seed means), the mean change with its 95% t interval, how many seeds ended above their start,
+    and the train reward's first-`window` and last-`window` step means. Empty without an
+    evaluation set or a run with both scores."""
+    if task is None:
+        return []
+    rows = []
+    for g in groups:
+        starts, ends, first, last = [], [], [], []
+        for r in g.runs:
+            ev = r.eval_scores
+            ev = ev[ev.task == task].drop_duplicates("step").sort_values("step")
+            s0, later = ev.score[ev.step == 0], ev[ev.step > 0]
+            if not len(s0) or not len(later):
+                continue
+            starts.append(float(s0.iloc[0]))
+            ends.append(float(later.score.iloc[-1]))
+            rew = r.metrics["reward/mean"].dropna() if "reward/mean" in r.metrics else []
+            if len(rew) >= 2 * window:
+                first.append(float(rew.iloc[:window].mean()))
+                last.append(float(rew.iloc[-window:].mean()))
+        if not starts:
+            continue
+        change = [e - s for s, e in zip(starts, ends)]
+        st = seed_stats(change)
+        mean, half = st.mean, st.ci95
+        verdict = "ends above step 0" if mean > 0 else "ends below step 0" if mean < 0 else "no change"
+        if mean != 0 and math.isfinite(half) and half < abs(mean):
+            verdict += ", significantly"
+        up = sum(c > 0 for c in change)
+        reward = f"{np.mean(first):.3f} → {np.mean(last):.3f}" if first else "n/a"
+        ci = f" ± {half:.3f}" if math.isfinite(half) else ""
+        rows.append(
+            f"| {g.name} | {np.mean(starts):.3f} → {np.mean(ends):.3f} | {mean:+.3f}{ci} | "
+            f"{up}/{len(change)} | {reward} | {verdict} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Did each arm learn?",
+        "",
+        f"{label}: step 0 → the last evaluation (seed means); change: mean ± 95% t half-width over seeds.",
+        "",
+        f"| arm | {label}, step 0 → end | change | seeds above step 0 | "
+        f"train reward, first {window} → last {window} steps | verdict |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        LEARNING_RULE,
+    ]
+
+
+__all__ = [
+    "COLLAPSE_FRACTION",
+    "COLLAPSE_RULE",
+    "LEARNING_RULE",
+    "Collapse",
+    "collapse_lines",
+    "learning_lines",
+    "run_collapse",
+]
