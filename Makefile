@@ -85,8 +85,8 @@ test-vllm: $(VLLM_STAMP)
 # steps; every arm collapses, the report says when: results/paper_moe_stress/REPORT.md).
 .PHONY: reproduce-tiny reproduce-stress
 # `make zoo`: the field's policy losses side by side on the quickstart's model and task
-# (experiments/zoo.yaml: GRPO, GRPO+R2, GSPO, DAPO, Dr. GRPO, CISPO, SAPO, GMPO x 3 seeds, ~40-50 min
-# on 2 cores by the quickstart's measured step time); resumable; writes results/zoo/REPORT.md.
+# (experiments/zoo.yaml: GRPO, GRPO+R2, GSPO, DAPO, Dr. GRPO, CISPO, SAPO, GMPO x 3 seeds, 34 min
+# on the idle 2-core box, measured 2026-12-04); resumable; writes results/zoo/REPORT.md.
 .PHONY: zoo
 zoo: setup
 	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
