@@ -39,12 +39,17 @@ class Collapse:
     diverged: bool = False
 
 
+def _task_evals(run: Run, task: str):
+    """The run's evaluations on set `task` in step order, a repeated step keeping its first record."""
+    ev = run.eval_scores
+    return ev[ev.task == task].drop_duplicates("step").sort_values("step")
+
+
 def run_collapse(run: Run, task: str, fraction: float = COLLAPSE_FRACTION) -> Collapse | None:
     """The run's collapse under COLLAPSE_RULE on evaluation set `task` (as `Run.eval_scores`
     names it); None when the run has no step-0 score above 0 there (nothing to fall from).
     Evaluations are taken in step order; a repeated step keeps its first record."""
-    ev = run.eval_scores
-    ev = ev[ev.task == task].drop_duplicates("step").sort_values("step")
+    ev = _task_evals(run, task)
     s0 = ev.score[ev.step == 0]
     if not len(s0) or not (math.isfinite(start := float(s0.iloc[0])) and start > 0):
         return None
@@ -134,8 +139,7 @@ def learning_lines(groups: list[Group], task: str | None, label: str = "held-out
     for g in groups:
         starts, ends, first, last = [], [], [], []
         for r in g.runs:
-            ev = r.eval_scores
-            ev = ev[ev.task == task].drop_duplicates("step").sort_values("step")
+            ev = _task_evals(r, task)
             s0, later = ev.score[ev.step == 0], ev[ev.step > 0]
             if not len(s0) or not len(later):
                 continue
