@@ -14,7 +14,7 @@ def checkpoint_weights(model: torch.nn.Module, dtype: torch.dtype | None = None)
     generator: one parameter is materialised at a time, so the engine's loader, consuming
     it, never sees (and no process ever holds) a whole second copy of the model.
 
-    FSDP-sharded parameters (DTensors) are all-gathered (`full_tensor`, a collective) one
+    FSDP-sharded parameters (DTensors) are gathered (`gather_full`, a collective) one
     at a time, in `named_parameters` order, which is the same on every process: every
     process must consume the whole generator. `dtype` (the engine's, e.g. bfloat16 under fp32
     master weights): each shard is cast before its gather, so the gather moves and the engine's
