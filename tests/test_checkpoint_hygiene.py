@@ -98,17 +98,22 @@ def _spy_on_generate(model) -> dict:
     return seen
 
 
-def test_checkpoint_generation_config_does_not_reach_the_sampler(base_dir, tmp_path):
+@pytest.mark.parametrize("decode", ["compact", "generate"])
+def test_checkpoint_generation_config_does_not_reach_the_sampler(base_dir, tmp_path, decode):
     """Same weights, same seed: a directory whose generation_config sets every option samples
-    exactly the clean directory's tokens with the same log-probs; generate builds no logits
-    processor but temperature's and stops only at max_new_tokens and the stop ids."""
+    exactly the clean directory's tokens with the same log-probs, with our loop (which never
+    reads a generation config) and with generate, which builds no logits processor but
+    temperature's and stops only at max_new_tokens and the stop ids."""
     polluted = edited_model_copy(base_dir, tmp_path / "polluted", generation_config=POLLUTED)
     batches = {}
     for name, source in (("clean", base_dir), ("polluted", polluted)):
-        engine, lm = _engine(source, temperature=0.7, max_new_tokens=24)
+        engine, lm = _engine(source, temperature=0.7, max_new_tokens=24, decode=decode)
         seen = _spy_on_generate(lm.model)
         torch.manual_seed(3)
         batches[name] = engine.generate(PROMPTS)
+        if decode == "compact":
+            assert not seen  # generate never ran
+            continue
         # SamplerLogprobs is ours: it reads each step's distribution for the sampler's log-probs
         # (rollout.sampler_logprobs) and returns the scores unchanged.
         procs = [type(p).__name__ for p in seen["proc"] if type(p).__name__ != "SamplerLogprobs"]

@@ -159,8 +159,11 @@ def test_sampler_logprobs_keep_no_logits_and_have_no_budget(tiny_moe, monkeypatc
         return plain(**kw)
 
     monkeypatch.setattr(model, "generate", spy)
-    eng = HFRolloutEngine(model, tok, max_new_tokens=6, temperature=0.7, sampler_logprobs=True, routing=routing)
+    eng = HFRolloutEngine(
+        model, tok, max_new_tokens=6, temperature=0.7, sampler_logprobs=True, routing=routing, decode="generate"
+    )
     b = eng.generate(["1+2=?\n"] * 4)
+    assert seen  # transformers' generate sampled (rollout.decode: generate)
     assert "output_logits" not in seen and "return_dict_in_generate" not in seen
     assert b.engine_logp is not None and b.engine_entropy is not None and b.engine_routes is not None
     mask = b.response_mask > 0

@@ -181,6 +181,7 @@ def evaluate_model(
             max_new_tokens=max_tokens,
             temperature=temperature,
             top_p=sampling.top_p,
+            decode=rollout.decode,
             prompt_format=PromptFormat.from_rollout(rollout).formatter(lm.tokenizer),
         )
     log(f"sampling {len(problems)} problems x {K} from {source} ({sampling.engine})")

@@ -286,7 +286,14 @@ def routes_to_BT(routes_LNk: torch.Tensor, B: int, T: int) -> torch.Tensor:
     return routes_LNk.reshape(L, B, T, k)
 
 
-def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int) -> torch.Tensor:
+def routes_from_generate(
+    steps: list[list[torch.Tensor]],
+    B: int,
+    P: int,
+    T: int,
+    rows: list[torch.Tensor | None] | None = None,
+    prefill_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Routes of one `generate` call, recorded with `recording_steps`, as (L, B, T, k).
 
     The prefill routes the B x P prompt tokens (batch-major), then decode step j routes the
@@ -294,6 +301,11 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
     back, so column T-1 has no route; it is filled with the route of column T-2 (any valid
     experts do: position T-1 only produces logits no log-prob uses). Callers measuring
     volatility should leave that column out.
+
+    `rows[j]` (our sampling loop, rollout/decode.py): the rows decode step j ran on, in order,
+    None for all B. A row absent from a step had already stopped: its column there (padding)
+    takes the row's previous column's route. `prefill_rows` (B,): the prefill ran on distinct
+    prompts only, row i's being prefill row prefill_rows[i].
     """
     L = len(steps)
     n_decode = T - 1 - P
@@ -307,8 +319,23 @@ def routes_from_generate(steps: list[list[torch.Tensor]], B: int, P: int, T: int
         # With sharded weights (generate's synced_gpus) a process whose rows are all done keeps
         # running forwards until every process is: those come last and route nothing sampled.
         calls = calls[: 1 + n_decode]
-        pre = calls[0].reshape(B, P, -1)
-        dec = [c.reshape(B, 1, -1) for c in calls[1:]]
+        pre = (
+            calls[0].reshape(B, P, -1)
+            if prefill_rows is None
+            else calls[0].reshape(-1, P, calls[0].shape[-1])[prefill_rows]
+        )
+        if rows is None:
+            dec = [c.reshape(B, 1, -1) for c in calls[1:]]
+        else:
+            dec, prev = [], pre[:, -1]
+            for c, r in zip(calls[1:], rows):
+                if r is None:
+                    col = c.reshape(B, -1)
+                else:
+                    col = prev.clone()
+                    col[r] = c.to(col.dtype)
+                dec.append(col[:, None])
+                prev = col
         cols = torch.cat([pre, *dec], dim=1)  # (B, T-1, k)
         out.append(torch.cat([cols, cols[:, -1:]], dim=1))
     return torch.stack(out) if L else torch.empty(0)

@@ -40,6 +40,7 @@ def make_engine(
             sampler_logprobs=cfg.sampler_logprobs,
             routing=routing,
             synced=synced,
+            decode=cfg.decode,
             stop_ids=stop_token_ids(model, tokenizer),
             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
         )

@@ -10,6 +10,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.rollout.decode import sample
 
 
 class HFRolloutEngine:
@@ -28,6 +29,7 @@ class HFRolloutEngine:
         stop_ids: list[int] | None = None,
         prompt_format=None,
         synced: bool = False,
+        decode: str = "compact",
     ):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
         the policy, and training's importance ratios would be biased.
@@ -42,13 +44,20 @@ class HFRolloutEngine:
         `prompt_format`: a PromptFormatter turning task prompts into text (None: raw text).
         `synced`: the weights are sharded across processes (FSDP): every process runs forward
         passes until all are done (generate's synced_gpus), or a process that stops early
-        would leave the others waiting for its shards."""
+        would leave the others waiting for its shards.
+        `decode`: "compact" samples with our own loop (rollout/decode.py: the KV cache grows in
+        place, finished rows leave the batch), "generate" with transformers' `generate`; the
+        same distribution either way."""
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_logprobs = sampler_logprobs
         self.routing = routing
         self.temperature = temperature
         self.synced = synced
+        if decode not in ("compact", "generate"):
+            raise ValueError(f"decode: {decode!r} is not compact or generate")
+        self.decode = decode
+        self.top_p = top_p
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
         self.format = prompt_format or raw_prompts(tokenizer)
         self.gen_config = neutral_generation_config(
@@ -69,27 +78,29 @@ class HFRolloutEngine:
         self.model.eval()
         P = ids.shape[1]
         want = self.sampler_logprobs
-        reader = SamplerLogprobs(self.temperature) if want else None
-        extra = {"logits_processor": LogitsProcessorList([reader])} if want else {}
-        if getattr(self.model.config, "output_router_logits", False):
-            # On for the update's load-balancing loss (model.router_aux_loss_coef); while decoding,
-            # transformers would compute that loss over one step's router logits against the
-            # whole attention mask and fail ("size of tensor a (16) must match ... b (144)").
-            extra["output_router_logits"] = False
         record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
+        rows = prefill_rows = None
         try:
             # steps: None unless routes are recorded
-            with record as steps, _only_generation_config(self.model, self.gen_config):
-                res = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=attn,
-                    generation_config=self.gen_config,
-                    synced_gpus=self.synced,
-                    **extra,
-                )
+            with record as steps:
+                if self.decode == "compact":
+                    got = sample(
+                        self.model,
+                        ids,
+                        attn,
+                        max_new_tokens=self.gen_config.max_new_tokens,
+                        temperature=self.temperature,
+                        top_p=self.top_p,
+                        stop_ids=_as_list(self.gen_config.eos_token_id),
+                        pad_id=_pad_id(self.gen_config),
+                        want_logprobs=want,
+                        synced=self.synced,
+                    )
+                    out, rows, prefill_rows = got.ids, got.rows, got.prefill_rows
+                else:
+                    out, reader = self._generate(ids, attn, want)
         finally:
             self.model.train(was_training)
-        out = res
         resp = out[:, P:]
         is_eos = torch.isin(resp, torch.tensor(self.stop_ids, device=resp.device))
         # Response = tokens up to and including the first stop id; everything after is padding.
@@ -107,12 +118,39 @@ class HFRolloutEngine:
             truncated=truncated,
         )
         if want:
-            logp_BC, ent_BC = reader.finish(resp)
+            logp_BC, ent_BC = (got.logp, got.entropy) if self.decode == "compact" else reader.finish(resp)
             batch.engine_logp = logp_BC * resp_mask
             batch.engine_entropy = ent_BC * resp_mask
             if steps is not None:
-                batch.engine_routes = routes_from_generate(steps, out.shape[0], P, out.shape[1])
+                batch.engine_routes = routes_from_generate(
+                    steps, out.shape[0], P, out.shape[1], rows=rows, prefill_rows=prefill_rows
+                )
         return batch
+
+    def _generate(self, ids: torch.Tensor, attn: torch.Tensor, want: bool):
+        """transformers' `generate` (rollout.decode: generate): (ids (B, P+C), the SamplerLogprobs
+        reader or None)."""
+        reader = SamplerLogprobs(self.temperature) if want else None
+        extra = {"logits_processor": LogitsProcessorList([reader])} if want else {}
+        if getattr(self.model.config, "output_router_logits", False):
+            # On for the update's load-balancing loss (model.router_aux_loss_coef); while decoding,
+            # transformers would compute that loss over one step's router logits against the
+            # whole attention mask and fail ("size of tensor a (16) must match ... b (144)").
+            extra["output_router_logits"] = False
+        with _only_generation_config(self.model, self.gen_config):
+            out = self.model.generate(
+                input_ids=ids, attention_mask=attn, generation_config=self.gen_config, synced_gpus=self.synced, **extra
+            )
+        return out, reader
+
+
+def _as_list(ids) -> list[int]:
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+def _pad_id(cfg: GenerationConfig) -> int:
+    """The id that fills a row after its stop token: the pad id, else (as generate) the first stop id."""
+    return cfg.pad_token_id if cfg.pad_token_id is not None else _as_list(cfg.eos_token_id)[0]
 
 
 class SamplerLogprobs(LogitsProcessor):

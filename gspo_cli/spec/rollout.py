@@ -47,6 +47,12 @@ class RolloutConfig(_Strict):
     group_size: int = Field(8, ge=2, description="responses per prompt (G); advantages are relative to the group")
     max_new_tokens: int = Field(48, ge=1, description="longest response, in tokens")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (vllm: at most 2)")
+    decode: Literal["compact", "generate"] = Field(
+        "compact",
+        description="hf only: compact samples with gspo-cli's own loop (KV cache grown in place, one "
+        "prefill per distinct prompt, finished rows dropped from the batch); generate with "
+        "transformers' model.generate. Same distribution; a seed gives other samples",
+    )
     use_engine_logprobs: bool = Field(
         False,
         description="vllm only: take pi_old's log-probs from the engine "
@@ -103,7 +109,9 @@ class RolloutConfig(_Strict):
                 problems.append("use_engine_logprobs: needs engine: vllm (the hf engine returns no log-probs)")
             if self.vllm:
                 problems.append("vllm: engine arguments given but engine is not vllm")
-        elif self.temperature > 2:
+        elif "decode" in self.model_fields_set:
+            problems.append("decode: chooses the hf engine's sampling loop; vLLM samples with its own")
+        if self.engine == "vllm" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
         if self.engine == "vllm" and self.staleness:
             problems.append("staleness: 1 runs an hf sampler in a worker process; not supported with engine: vllm")
