@@ -59,8 +59,14 @@ def worker_profile(cfg: dict) -> None:
 # An indented label is part of the row above it.
 PROFILE_BUCKETS = [
     ("rollout: HFRolloutEngine.generate", "gspo_cli/rollout/hf.py", "HFRolloutEngine.generate"),
-    ("  transformers generate() sampling loop", "transformers/generation/utils.py", "_sample"),
-    ("  KV-cache updates (DynamicCache)", "transformers/cache_utils.py", "update"),
+    ("  our sampling loop (rollout.decode: compact)", "gspo_cli/rollout/decode.py", "sample"),
+    (
+        "  transformers generate() sampling loop (rollout.decode: generate)",
+        "transformers/generation/utils.py",
+        "_sample",
+    ),
+    ("  KV-cache updates (in place)", "gspo_cli/rollout/decode.py", "InPlaceLayer.update"),
+    ("  KV-cache updates (DynamicCache)", "transformers/cache_utils.py", "DynamicLayer.update"),
     ("  decoding completions (batch_decode)", "transformers/tokenization_utils_base.py", "batch_decode"),
     ("scoring: task.score_batch", "gspo_cli/tasks/base.py", "Task.score_batch"),
     (
