@@ -188,6 +188,9 @@ def test_decode_is_an_hf_setting():
     assert RolloutConfig(decode="generate").decode == "generate"
     with pytest.raises((SpecError, ValueError), match="decode"):
         RolloutConfig(engine="vllm", decode="generate")
+    # a saved spec spells every default out: with vLLM it loads again
+    saved = RolloutConfig(engine="vllm").model_dump()
+    assert saved["decode"] == "compact" and RolloutConfig(**saved).engine == "vllm"
     with pytest.raises((SpecError, ValueError), match="decode"):
         RolloutConfig(decode="beam")
     with pytest.raises(ValueError, match="decode"):

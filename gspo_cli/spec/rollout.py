@@ -109,8 +109,8 @@ class RolloutConfig(_Strict):
                 problems.append("use_engine_logprobs: needs engine: vllm (the hf engine returns no log-probs)")
             if self.vllm:
                 problems.append("vllm: engine arguments given but engine is not vllm")
-        elif "decode" in self.model_fields_set:
-            problems.append("decode: chooses the hf engine's sampling loop; vLLM samples with its own")
+        elif self.decode != "compact":  # the default, which a saved spec spells out, is accepted
+            problems.append("decode: generate chooses the hf engine's sampling loop; vLLM samples with its own")
         if self.engine == "vllm" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
         if self.engine == "vllm" and self.staleness:
