@@ -109,13 +109,14 @@ class Sampled:
     """One call's draws: `ids` (B, P+C) prompt then response (pad after a row's stop token),
     C = the decode steps taken; `logp`/`entropy` (B, C) the sampler's (0 past a row's end), or
     None when not asked for; `rows[j]` the original rows the forward feeding response token j
-    ran on (j = 0 .. C-2; None = all rows) and `prefill_rows` (B,) which prefill row each row's
-    prompt was (None: row i was row i), for routes recorded during the call."""
+    ran on (j = 0 .. C-2; None = all rows; `rows` None: every forward ran on all rows) and
+    `prefill_rows` (B,) which prefill row each row's prompt was (None: row i was row i), for
+    routes recorded during the call."""
 
     ids: torch.Tensor
     logp: torch.Tensor | None
     entropy: torch.Tensor | None
-    rows: list[torch.Tensor | None]
+    rows: list[torch.Tensor | None] | None = None
     prefill_rows: torch.Tensor | None = None
 
 
@@ -171,7 +172,8 @@ def sample(
     # (a linear-attention layer's recurrent state would not: such models keep all rows).
     movable = all(type(layer) in MOVABLE_LAYERS for layer in cache.layers)
     unique, inverse = torch.unique(torch.cat([ids, attn.to(ids.dtype)], 1), dim=0, return_inverse=True)
-    shared = movable and len(unique) < B
+    prefill_rows = inverse if movable and len(unique) < B else None
+    shared = prefill_rows is not None  # until the prefill has run
     if shared:
         inputs, mask = unique[:, :P], unique[:, P:].to(attn.dtype)
     else:
@@ -233,7 +235,7 @@ def sample(
         logp=None if logp is None else logp[:, :steps],
         entropy=None if ent is None else ent[:, :steps],
         rows=rows,
-        prefill_rows=inverse if movable and len(unique) < B else None,
+        prefill_rows=prefill_rows,
     )
 
 

@@ -10,7 +10,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.rollout.decode import sample
+from gspo_cli.rollout.decode import Sampled, sample
 
 
 class HFRolloutEngine:
@@ -79,7 +79,6 @@ class HFRolloutEngine:
         P = ids.shape[1]
         want = self.sampler_logprobs
         record = self.routing.recording_steps() if want and self.routing is not None else contextlib.nullcontext()
-        rows = prefill_rows = None
         try:
             # steps: None unless routes are recorded
             with record as steps:
@@ -96,11 +95,11 @@ class HFRolloutEngine:
                         want_logprobs=want,
                         synced=self.synced,
                     )
-                    out, rows, prefill_rows = got.ids, got.rows, got.prefill_rows
                 else:
-                    out, reader = self._generate(ids, attn, want)
+                    got = self._generate(ids, attn, want)
         finally:
             self.model.train(was_training)
+        out = got.ids
         resp = out[:, P:]
         is_eos = torch.isin(resp, torch.tensor(self.stop_ids, device=resp.device))
         # Response = tokens up to and including the first stop id; everything after is padding.
@@ -118,18 +117,17 @@ class HFRolloutEngine:
             truncated=truncated,
         )
         if want:
-            logp_BC, ent_BC = (got.logp, got.entropy) if self.decode == "compact" else reader.finish(resp)
-            batch.engine_logp = logp_BC * resp_mask
-            batch.engine_entropy = ent_BC * resp_mask
+            batch.engine_logp = got.logp * resp_mask
+            batch.engine_entropy = got.entropy * resp_mask
             if steps is not None:
                 batch.engine_routes = routes_from_generate(
-                    steps, out.shape[0], P, out.shape[1], rows=rows, prefill_rows=prefill_rows
+                    steps, out.shape[0], P, out.shape[1], rows=got.rows, prefill_rows=got.prefill_rows
                 )
         return batch
 
-    def _generate(self, ids: torch.Tensor, attn: torch.Tensor, want: bool):
-        """transformers' `generate` (rollout.decode: generate): (ids (B, P+C), the SamplerLogprobs
-        reader or None)."""
+    def _generate(self, ids: torch.Tensor, attn: torch.Tensor, want: bool) -> Sampled:
+        """transformers' `generate` (rollout.decode: generate), its draws as our loop returns
+        them (log-probs and entropies read step by step by SamplerLogprobs when `want`)."""
         reader = SamplerLogprobs(self.temperature) if want else None
         extra = {"logits_processor": LogitsProcessorList([reader])} if want else {}
         if getattr(self.model.config, "output_router_logits", False):
@@ -141,7 +139,8 @@ class HFRolloutEngine:
             out = self.model.generate(
                 input_ids=ids, attention_mask=attn, generation_config=self.gen_config, synced_gpus=self.synced, **extra
             )
-        return out, reader
+        logp, entropy = reader.finish(out[:, ids.shape[1] :]) if want else (None, None)
+        return Sampled(ids=out, logp=logp, entropy=entropy)
 
 
 def _as_list(ids) -> list[int]:
