@@ -1,7 +1,8 @@
 """`make bench`: one RL step of gspo-cli next to the same step in TRL's GRPOTrainer.
 
 Equal work on both sides: the built-in tiny MoE of the quickstart (its cold-started
-checkpoint, grouped_mm experts on both sides), the quickstart task's prompts in the same order, G samples per
+checkpoint; experts: each side's default, TRL transformers' grouped_mm, ours gspo_grouped_mm, the same
+matmuls with index_select gathers), the quickstart task's prompts in the same order, G samples per
 prompt, the same max new tokens, pure sampling (temperature 1, no top-k, top-p 1), the same
 number of optimizer steps per rollout (our `mini_batches` = TRL's `steps_per_generation`,
 one epoch = `num_iterations=1`), GSPO's sequence ratio with the paper's clip range and

@@ -1,17 +1,20 @@
-"""Fused MoE experts (`model.experts_implementation: grouped_mm`, transformers' grouped-GEMM
-experts) against the loop over experts (`eager`) on the quickstart's model, side by side in one
-process: the same cold-started weights loaded twice, one per implementation, timed in
+"""Fused MoE experts against the loop over experts (`eager`) on the quickstart's model:
+`model.experts_implementation: grouped_mm` (transformers' grouped-GEMM experts) and
+`gspo_grouped_mm` (the same with index_select gathers, gspo_cli/models/experts.py), side by side
+in one process: the same cold-started weights loaded once per implementation, timed in
 alternating order on the same work.
 
 - update: forward + backward of a rollout batch (16 prompts x 8 samples, 40 new tokens) as the
   trainer runs it: 4 mini-batches of 32 rows, each trimmed to its rows' width, routes recorded;
 - generation: the engine's `generate` of the same 128 prompts (sampler log-probs and routes on).
 
-Each round times both implementations on both kinds of work, the order alternating between
-rounds; reported: the medians and the median of the per-round ratios (fused / loop) with
-their range. Log-probs of the two are compared on the batch (max abs difference).
+Each round times every implementation on both kinds of work, the order reversed every other
+round; reported: the medians and the medians of the per-round ratios (grouped_mm / loop,
+gspo_grouped_mm / grouped_mm) with their ranges. Log-probs are compared with the loop's on the
+batch (max abs difference).
 
-    OMP_NUM_THREADS=1 python benchmarks/fused_experts.py            # ~3 min on 2 busy cores
+    python benchmarks/fused_experts.py                               # 2 threads, ~4 min
+    OMP_NUM_THREADS=1 python benchmarks/fused_experts.py            # 1 thread
     python benchmarks/fused_experts.py --rounds 3                    # shorter
 
 Prints markdown; writes nothing. The numbers in benchmarks/README.md came from it.
@@ -71,6 +74,9 @@ def _generate(ctx, prompts, seed: int) -> float:
     return time.perf_counter() - t
 
 
+IMPLS = ("eager", "grouped_mm", "gspo_grouped_mm")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -79,50 +85,60 @@ def main(argv=None) -> None:
 
     from gspo_cli.rollout import response_logprobs
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    ctxs = {impl: _ctx(impl) for impl in ("eager", "grouped_mm")}
-    loop, fused = ctxs["eager"], ctxs["grouped_mm"]
-    assert loop.model.config._experts_implementation == "eager"
-    assert fused.model.config._experts_implementation == "grouped_mm"
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))))
+    ctxs = {impl: _ctx(impl) for impl in IMPLS}
+    for impl, ctx in ctxs.items():
+        assert ctx.model.config._experts_implementation == impl
+    loop = ctxs["eager"]
     task = loop.task
     prompts = [pr.prompt for pr in task.train_problems(loop.rng, 16) for _ in range(8)]
     torch.manual_seed(0)
     batch = loop.engine.generate(prompts)
     with torch.no_grad():
-        gap = (response_logprobs(loop.model, batch).logp - response_logprobs(fused.model, batch).logp).abs()
-    gap = gap[batch.response_mask > 0].max().item()
+        logp = {impl: response_logprobs(ctx.model, batch).logp for impl, ctx in ctxs.items()}
+    mask = batch.response_mask > 0
+    gaps = ", ".join(f"{impl} {(logp[impl] - logp['eager'])[mask].abs().max().item():.1e}" for impl in IMPLS[1:])
     print(
         f"fused experts: quickstart model, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"{len(prompts)} sequences, width {batch.input_ids.shape[1]}; load {os.getloadavg()[0]:.1f}; "
-        f"max |log-prob| difference fused vs loop {gap:.1e}",
+        f"max |log-prob| difference from the loop: {gaps}",
         flush=True,
     )
-    for ctx in (loop, fused):  # warm-up
+    for ctx in ctxs.values():  # warm-up
         _update(ctx, batch)
         _generate(ctx, prompts, 0)
-    times = {(k, w): [] for k in ("eager", "grouped_mm") for w in ("update", "generate")}
+    times = {(k, w): [] for k in IMPLS for w in ("update", "generate")}
     for r in range(a.rounds):
-        order = ("eager", "grouped_mm") if r % 2 == 0 else ("grouped_mm", "eager")
+        order = IMPLS if r % 2 == 0 else IMPLS[::-1]
         for impl in order:
             times[(impl, "update")].append(_update(ctxs[impl], batch))
         for impl in order:
             times[(impl, "generate")].append(_generate(ctxs[impl], prompts, r + 1))
         last = {k: v[-1] for k, v in times.items()}
         print(
-            f"  round {r + 1}: update {last[('eager', 'update')]:.3f} / {last[('grouped_mm', 'update')]:.3f} s, "
-            f"generate {last[('eager', 'generate')]:.3f} / {last[('grouped_mm', 'generate')]:.3f} s "
-            f"(loop / fused), load {os.getloadavg()[0]:.1f}",
+            f"  round {r + 1}: update "
+            + " / ".join(f"{last[(i, 'update')]:.3f}" for i in IMPLS)
+            + " s, generate "
+            + " / ".join(f"{last[(i, 'generate')]:.3f}" for i in IMPLS)
+            + f" s ({' / '.join(IMPLS)}), load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
-    print(f"\n| work | loop (eager) s | fused (grouped_mm) s | fused / loop, median of {a.rounds} rounds (range) |")
-    print("|---|---:|---:|---:|")
+    print(
+        f"\n| work | loop (eager) s | grouped_mm s | gspo_grouped_mm s | grouped_mm / loop | "
+        f"gspo_grouped_mm / grouped_mm | (medians of {a.rounds} per-round ratios, range) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
     labels = {"update": "forward + backward, 4 x 32 rows", "generate": "generate 128 x up to 40 tokens"}
+
+    def ratio(num, den):
+        r = [y / x for x, y in zip(times[(den, w)], times[(num, w)])]
+        return f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})"
+
     for w in ("update", "generate"):
-        e, f = times[("eager", w)], times[("grouped_mm", w)]
-        ratios = [y / x for x, y in zip(e, f)]
+        med = [statistics.median(times[(i, w)]) for i in IMPLS]
         print(
-            f"| {labels[w]} | {statistics.median(e):.3f} | {statistics.median(f):.3f} | "
-            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |"
+            f"| {labels[w]} | {med[0]:.3f} | {med[1]:.3f} | {med[2]:.3f} | "
+            f"{ratio('grouped_mm', 'eager')} | {ratio('gspo_grouped_mm', 'grouped_mm')} | |"
         )
 
 

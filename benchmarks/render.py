@@ -98,6 +98,16 @@ def ratio_text(c: dict) -> str:
     return f"**{c['median']:.2f}x** | {lo:.2f}-{hi:.2f}x | {excl} | {target}"
 
 
+def _experts_text(cfg: dict) -> str:
+    ex = cfg.get("experts")
+    if not ex:  # runs before 2026-12-05: transformers' grouped_mm on both sides
+        return "grouped_mm experts on both sides"
+    return (
+        f"MoE experts: each side's default (TRL: transformers' {ex['trl']}; ours: {ex['ours']}, "
+        "the same matmuls with index_select gathers)"
+    )
+
+
 def _paired(r: dict) -> list[str]:
     p, cfg = r.get("paired"), r["config"]
     if not p:
@@ -109,7 +119,7 @@ def _paired(r: dict) -> list[str]:
         (
             f"Work per RL step: {cfg['prompts']} prompts x {cfg['group']} samples, at most {cfg['max_new']} new "
             f"tokens, {cfg['mini_batches']} optimizer steps (mini-batches), GSPO loss (sequence ratio, clip "
-            "3e-4/4e-4, seq-mean-token-mean), fp32, grouped_mm experts on both sides. One long-lived process per "
+            f"3e-4/4e-4, seq-mean-token-mean), fp32, {_experts_text(cfg)}. One long-lived process per "
             f"side, each pinned to cores {p['cores']} (sched_setaffinity); one side runs at a time. A turn is "
             f"1 warm-up step + {p['turn_steps']} steps back to back (s/step: their wall time over "
             f"{p['turn_steps']}); a round is one turn of every side, the two sides of a comparison adjacent and "

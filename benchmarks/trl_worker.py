@@ -37,10 +37,9 @@ def _trl_trainer(cfg: dict, spec, task, source: str, out_dir: str):
 
     arm, mb = spec.arms[0], cfg["mini_batches"]
     torch.manual_seed(cfg["seed"])
-    # The same expert kernels as our trainer (transformers' own default is grouped_mm too).
-    model = AutoModelForCausalLM.from_pretrained(
-        source, experts_implementation=spec.model.experts_implementation, dtype=torch.float32
-    )
+    # transformers' own default experts (grouped_mm), what a TRL user gets; ours run our
+    # default, gspo_grouped_mm (the same matmuls, index_select gathers: models/experts.py).
+    model = AutoModelForCausalLM.from_pretrained(source, experts_implementation="grouped_mm", dtype=torch.float32)
     model.config.router_aux_loss_coef = 0.0  # TRL would add the load-balancing loss (DESIGN: TRL facts)
     model.config.output_router_logits = False
     tok = AutoTokenizer.from_pretrained(source)

@@ -126,7 +126,8 @@ cfg = tf.Qwen3MoeConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_
     num_key_value_heads=1, head_dim=8, intermediate_size=32, moe_intermediate_size=16, num_experts=4,
     num_experts_per_tok=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 torch.manual_seed(0)
-model = tf.AutoModelForCausalLM.from_config(cfg, experts_implementation="grouped_mm").train()
+import gspo_cli.models  # registers gspo_grouped_mm (the default)
+model = tf.AutoModelForCausalLM.from_config(cfg, experts_implementation="gspo_grouped_mm").train()
 ctl, cu = RoutingController(model), CompiledUpdate(model, bucket=16)
 ids = torch.randint(3, 32, (2, 12), generator=torch.Generator().manual_seed(1))
 attn, no = torch.ones(2, 12, dtype=torch.long), torch.zeros(2, dtype=torch.bool)

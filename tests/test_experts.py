@@ -1,6 +1,7 @@
-"""Fused MoE experts (`model.experts_implementation: grouped_mm`, transformers' grouped-GEMM
-experts) compute what the loop over experts (`eager`) computes: forward, backward, routes,
-routing replay and the expert-change metric, in float32; and both load the same checkpoints."""
+"""Fused MoE experts (`model.experts_implementation`: `grouped_mm`, transformers' grouped-GEMM
+experts, and `gspo_grouped_mm`, the same with index_select gathers) compute what the loop over
+experts (`eager`) computes: forward, backward, routes, routing replay and the expert-change
+metric, in float32; all load the same checkpoints; ours equals grouped_mm bit for bit."""
 
 import copy
 
@@ -9,7 +10,7 @@ import torch
 import transformers as tf
 from helpers import TINY
 
-from gspo_cli.models import load_model, resolve_model_source
+from gspo_cli.models import experts, load_model, resolve_model_source
 from gspo_cli.models.routing import RoutingController, expert_change_frac
 from gspo_cli.spec import ModelConfig
 from gspo_cli.spec.loading import spec_from_dict
@@ -17,14 +18,15 @@ from gspo_cli.tasks import make_task
 from gspo_cli.train.step import setup, train_step
 
 V, E, K = 48, 8, 2
+FUSED = ("grouped_mm", "gspo_grouped_mm")
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
-def _pair():
+def _pair(impl="grouped_mm"):
     """The same tiny Qwen3-MoE (random routers, so tokens spread over the experts) twice: experts
-    as a loop and as grouped matmuls."""
+    as a loop and as `impl`."""
     cfg = tf.Qwen3MoeConfig(
         vocab_size=V,
         hidden_size=32,
@@ -49,9 +51,9 @@ def _pair():
         for name, p in loop.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 1.0)
-    fused = tf.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), experts_implementation="grouped_mm").train()
+    fused = tf.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), experts_implementation=impl).train()
     fused.load_state_dict(loop.state_dict())
-    assert loop.config._experts_implementation == "eager" and fused.config._experts_implementation == "grouped_mm"
+    assert loop.config._experts_implementation == "eager" and fused.config._experts_implementation == impl
     return loop, fused
 
 
@@ -80,8 +82,9 @@ def _close(a, b, what):
         assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), f"{what}: {k} differs by {(a[k] - b[k]).abs().max()}"
 
 
-def test_grouped_experts_equal_the_loop_forward_backward_routes_replay():
-    loop, fused = _pair()
+@pytest.mark.parametrize("impl", FUSED)
+def test_grouped_experts_equal_the_loop_forward_backward_routes_replay(impl):
+    loop, fused = _pair(impl)
     c_loop, c_fused = RoutingController(loop), RoutingController(fused)
     l1, g1, r1 = _fwd_bwd(loop, c_loop, seed=1)
     l2, g2, r2 = _fwd_bwd(fused, c_fused, seed=1)
@@ -111,7 +114,7 @@ def test_one_checkpoint_loads_either_way(tmp_path):
     tok = tf.PreTrainedTokenizerFast(tokenizer_object=_char_tokenizer(), pad_token="<pad>", eos_token="</s>")
     tok.save_pretrained(tmp_path / "m")
     models = {}
-    for impl in ("eager", "grouped_mm"):
+    for impl in ("eager", *FUSED):
         lm = load_model(str(tmp_path / "m"), ModelConfig(name=str(tmp_path / "m"), experts_implementation=impl))
         assert lm.model.config._experts_implementation == impl and lm.is_moe
         models[impl] = lm.model
@@ -119,8 +122,8 @@ def test_one_checkpoint_loads_either_way(tmp_path):
     assert {k: v.shape for k, v in sd_loop.items()} == {k: v.shape for k, v in sd_fused.items()}
     assert all(torch.equal(sd_loop[k], sd_fused[k]) for k in sd_loop)
     with torch.no_grad():
-        a, b = (models[i](**_inputs(3)).logits for i in ("eager", "grouped_mm"))
-    assert (a - b).abs().max() < 1e-5
+        a, b, c = (models[i](**_inputs(3)).logits for i in ("eager", *FUSED))
+    assert (a - b).abs().max() < 1e-5 and torch.equal(b, c)
 
 
 def _char_tokenizer():
@@ -135,7 +138,7 @@ def test_a_training_step_is_the_same_with_either_experts(tmp_path, arm):
     """One step of the trainer on the built-in tiny MoE (route recording, or R2 replay) with
     each implementation: the same losses, clip fractions, expert-change metric and weights."""
     out = {}
-    for impl in ("eager", "grouped_mm"):
+    for impl in ("eager", *FUSED):
         raw = {
             **TINY,
             "output_dir": str(tmp_path / impl),
@@ -147,10 +150,71 @@ def test_a_training_step_is_the_same_with_either_experts(tmp_path, arm):
         ctx = setup(spec, spec.arms[0], 0, task, resolve_model_source(spec.model, task, log=lambda m: None))
         assert ctx.model.config._experts_implementation == impl
         out[impl] = (train_step(ctx, 1), ctx.model.state_dict())
-    (m1, w1), (m2, w2) = out["eager"], out["grouped_mm"]
+    (m1, w1) = out["eager"]
     keys = [k for k in m1 if k.startswith(("policy/", "ratio/", "moe/", "reward/"))]
     assert "moe/expert_change_frac" in keys
-    for k in keys:
-        assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), k
-    for k in w1:
-        assert torch.allclose(w1[k], w2[k], atol=1e-5), k
+    for impl in FUSED:
+        m2, w2 = out[impl]
+        for k in keys:
+            assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), (impl, k)
+        for k in w1:
+            assert torch.allclose(w1[k], w2[k], atol=1e-5), (impl, k)
+    # ours and transformers' grouped_mm: the same step to the last bit
+    (m2, w2), (m3, w3) = out["grouped_mm"], out["gspo_grouped_mm"]
+    assert all(m2[k] == m3[k] for k in keys)
+    assert all(torch.equal(w2[k], w3[k]) for k in w2)
+
+
+def _experts_pair():
+    """One experts module of the tiny config, its forward as grouped_mm and as ours."""
+    loop, fused = _pair("grouped_mm")
+    return fused.model.layers[0].mlp.experts
+
+
+@pytest.mark.parametrize("repeats", [True, False])
+def test_ours_equals_grouped_mm_bit_for_bit_with_idle_experts(repeats, monkeypatch):
+    """Forward and backward (input, routing weights, both expert matrices) of one experts layer
+    equal transformers' grouped_mm exactly, with experts that get no token; for both ways of
+    gathering the rows (with index repeats, CPU; each token's k copies permuted, other devices)."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    mod = _experts_pair()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(13, mod.gate_up_proj.shape[-1], generator=g)
+    idx = torch.randint(0, 4, (13, K), generator=g)  # experts 4..7 idle
+    idx[:, 1] = (idx[:, 0] + 1) % 4  # two different experts per token
+    w = torch.rand(13, K, generator=g)
+    if not repeats:
+        monkeypatch.setattr(experts, "_gather_with_repeats", lambda hidden: False)
+
+    def run(fn):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(mod, xx, idx, ww)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(6)))
+        grads = [xx.grad, ww.grad, mod.gate_up_proj.grad.clone(), mod.down_proj.grad.clone()]
+        mod.zero_grad(set_to_none=True)
+        return out.detach(), grads
+
+    (o1, g1), (o2, g2) = run(grouped_mm_experts_forward), run(experts.gspo_grouped_mm_forward)
+    assert torch.equal(o1, o2)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+    assert g1[2][4:].abs().sum() == 0 and g1[2][:4].abs().sum() > 0  # idle experts get zero gradient
+
+
+def test_ours_is_registered_and_falls_back_for_experts_it_does_not_handle(monkeypatch):
+    """Models accept `gspo_grouped_mm` by name; experts with a post-expert norm or expert
+    parallelism run transformers' grouped_mm instead."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert ALL_EXPERTS_FUNCTIONS[experts.NAME] is experts.gspo_grouped_mm_forward
+    mod = _experts_pair()
+    calls = []
+    monkeypatch.setattr(experts, "grouped_mm_experts_forward", lambda *a: calls.append(1) or a[1])
+    x, idx, w = torch.randn(4, mod.gate_up_proj.shape[-1]), torch.tensor([[0, 1]] * 4), torch.full((4, K), 0.5)
+    assert experts.gspo_grouped_mm_forward(mod, x, idx, w) is not x and not calls  # handled: ours
+    for attr in ("has_post_expert_norm", "_is_expert_parallel"):
+        monkeypatch.setattr(mod, attr, True)
+        assert experts.gspo_grouped_mm_forward(mod, x, idx, w) is x
+        monkeypatch.setattr(mod, attr, False)
+    assert len(calls) == 2

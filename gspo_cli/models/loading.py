@@ -12,11 +12,13 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
+from gspo_cli.models import experts
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
 from gspo_cli.spec import ModelConfig
 from gspo_cli.tasks import Task
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+experts.register()  # model.experts_implementation: gspo_grouped_mm
 
 
 @dataclass

@@ -61,11 +61,15 @@ class ModelConfig(_Strict):
     # The router load-balancing loss moves weights even when every advantage is 0, so it is
     # an explicit choice, off for the paper's presets.
     router_aux_loss_coef: float = Field(0.0, ge=0, description="weight of the MoE load-balancing loss")
-    # How MoE expert layers run in the trainer. grouped_mm: one grouped matmul per layer
-    # (same forward as eager, ~16% faster updates on the tiny MoE); eager: a Python loop over
-    # experts; batched_mm is not offered (it ran a 24 GB box out of memory on the tiny MoE).
-    experts_implementation: Literal["grouped_mm", "eager"] = Field(
-        "grouped_mm", description="MoE expert layers: one grouped matmul (faster) or a loop over experts"
+    # How MoE expert layers run in the trainer. gspo_grouped_mm: transformers' grouped matmuls
+    # with index_select gathers (models/experts.py; bit-identical to grouped_mm on CPU, ~6% off
+    # the quickstart's RL step); grouped_mm: transformers' own (~16% faster updates than eager on
+    # the tiny MoE); eager: a Python loop over experts. batched_mm is not offered (it ran a 24 GB
+    # box out of memory on the tiny MoE).
+    experts_implementation: Literal["gspo_grouped_mm", "grouped_mm", "eager"] = Field(
+        "gspo_grouped_mm",
+        description="MoE expert layers: grouped matmuls with index_select gathers (gspo_grouped_mm, fastest "
+        "on CPU), transformers' grouped matmuls (grouped_mm) or a loop over experts (eager)",
     )
     # Under torchrun: ddp keeps a whole copy of the model per process; fsdp (PyTorch FSDP2)
     # shards parameters, gradients and optimizer state across processes, and loads each
