@@ -81,9 +81,12 @@ COMPILED_NAMES = {"ours": "train.compile", "trl": "torch_compile", "ours_async":
 
 
 def side_name(p: dict, s: str) -> str:
-    """A side's name in the report, with how it compiled when the probe picked its compiled process."""
+    """A side's name in the report, with how it compiled when the probe picked its compiled process;
+    a run-off side ("<side>:alt", paired.RUNOFF) also with its thread count."""
+    base, alt, _ = s.partition(":")
     compiled = "+" in (p.get("process_by_side") or {}).get(s, s)
-    return SIDE_NAMES[s] + (f", {COMPILED_NAMES[s]}" if compiled else "")
+    name = SIDE_NAMES[base] + (f", {COMPILED_NAMES[base]}" if compiled else "")
+    return name + (f" ({_label_text(str((p.get('threads_by_side') or {}).get(s, '?')))}, run-off)" if alt else "")
 
 
 def ratio_text(c: dict) -> str:
@@ -155,8 +158,15 @@ def _paired(r: dict) -> list[str]:
                 if p.get("compile_probed")
                 else ""
             )
+            runoff = (
+                "; TRL's run-off (both modes ran every round; the one with the lower median kept): "
+                + ", ".join(f"{side_name(p, s)} {fmt_s(v)}" for s, v in c["runoff"].items())
+                if c.get("runoff")
+                else ""
+            )
             lines.append(
-                f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}{unpaired}{modes}"
+                f"- ({key}) per round: {', '.join(f'{v:.2f}' for v in c['per_round'].values())}"
+                f"{unpaired}{modes}{runoff}"
             )
     lines += [
         f"- (b): {p['trl_async']}",

@@ -403,3 +403,52 @@ def test_a_turn_that_compiled_runs_again_until_it_does_not():
     }
     assert _candidates("trl", False, [1, 2], 1) == {"1": ("trl", 1)}
     assert _candidates("ours_vllm", True, [1, 2], 0) == {"1": ("ours_vllm", 1), "2": ("ours_vllm", 2)}
+
+
+def test_trl_runoff_keeps_the_mode_with_the_lower_median_over_the_rounds():
+    """TRL's two close probe modes both ran every round: each comparison is against the one
+    whose median s/step over the rounds is lower, says so, and names both."""
+    from benchmarks.paired import round_order, runner_up, summarize_paired
+
+    # the probe: compiled 2 threads best (0.52 s), eager 2 threads within 10% (0.54 s), 1 thread far off
+    probe = {"best": "2 compiled", "min_s_per_step": {"1": 0.80, "2": 0.54, "2 compiled": 0.52}}
+    assert runner_up(probe) == "2" and runner_up(probe, band=1.02) is None
+    assert runner_up({"best": "2", "min_s_per_step": {"2": 0.5}}) is None
+    sides = ["ours", "trl", "ours_async", "trl:alt"]
+    assert round_order(("ours", "trl", "ours_async"), sides, 0) == ["ours", "trl", "trl:alt", "ours_async"]
+    assert round_order(("ours", "trl", "ours_async"), sides, 1) == ["ours_async", "trl:alt", "trl", "ours"]
+
+    turns = {
+        "ours": [_turn(0, 0.5), _turn(1, 0.6), _turn(2, 0.5)],
+        "trl": [_turn(0, 1.0), _turn(1, 0.9), _turn(2, 1.1)],  # median 1.0
+        "trl:alt": [_turn(0, 0.8), _turn(1, 0.75), _turn(2, 1.2)],  # median 0.8: kept
+    }
+    info = {
+        "cores": [0, 1],
+        "turn_steps": 3,
+        "rounds": 3,
+        "threads_by_side": {"ours": 2, "trl": 2, "trl:alt": 2},
+        "process_by_side": {"ours": "ours", "trl": "trl+compiled", "trl:alt": "trl"},
+        "compile_probed": True,
+        "threads_why": "x",
+        "probe": None,
+        "setup_s": {},
+        "finals": {},
+        "vllm_python": None,
+        "vllm_why": "none",
+        "trl_async": "no",
+    }
+    p = summarize_paired(turns, [0.1, 0.1, 0.1], info)
+    a = p["comparisons"]["a"]
+    assert a["trl"] == "trl:alt" and a["runoff"] == {"trl": 1.0, "trl:alt": 0.8}
+    assert a["per_round"] == {"0": 0.5 / 0.8, "1": 0.6 / 0.75, "2": 0.5 / 1.2}
+    # without the run-off side the comparison is against the probe's pick, as before
+    p1 = summarize_paired({k: v for k, v in turns.items() if k != "trl:alt"}, [0.1] * 3, info)
+    assert p1["comparisons"]["a"]["trl"] == "trl" and "runoff" not in p1["comparisons"]["a"]
+    text = render(small_result(paired=p))
+    assert "| (a) ours synchronous vs TRL GRPOTrainer | 0.500 s | 0.800 s |" in text
+    assert "sides as run: ours, synchronous vs TRL GRPOTrainer (2 threads, run-off)" in text
+    assert (
+        "TRL's run-off (both modes ran every round; the one with the lower median kept): "
+        "TRL GRPOTrainer, torch_compile 1.000 s, TRL GRPOTrainer (2 threads, run-off) 0.800 s" in text
+    )
