@@ -120,6 +120,31 @@ def test_compact_loop_drops_rows_and_returns_the_policy_of_its_draws(moe):
     assert same[:, real].all()
 
 
+def test_what_the_loop_returns_can_be_trained_on(moe):
+    """The loop samples in inference mode, and what leaves it (tokens, sampler log-probs, the
+    engine's routes) is ordinary tensors: a differentiated forward over the sampled tokens, a loss
+    against the sampler's log-probs and routing replay of the engine's routes all run backward
+    (inference tensors cannot be saved for backward)."""
+    model, tok, routing = moe
+    eng = HFRolloutEngine(model, tok, max_new_tokens=6, temperature=1.0, sampler_logprobs=True, routing=routing)
+    torch.manual_seed(0)
+    b = eng.generate(["1+2=?\n", "5=?\n"] * 2)
+    for t in (b.input_ids, b.engine_logp, b.engine_entropy, b.engine_routes):
+        assert not t.is_inference()
+    model.train()
+    try:
+        L, B, T, k = b.engine_routes.shape
+        with routing.replaying(b.engine_routes.reshape(L, B * T, k)):
+            new = response_logprobs(model, b, 1.0).logp
+            ratio = (new - b.engine_logp).exp()
+            (ratio * b.engine_logp * b.response_mask).sum().backward()  # saves engine_logp for backward
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+
+
 def _close(freq: torch.Tensor, p: torch.Tensor, n: int, samples: int = 1) -> bool:
     """Every frequency within 4.5 standard errors of `p` (`samples` = 2: both are estimates)."""
     se = (samples * p * (1 - p) / n).sqrt().clamp(min=1e-3)
