@@ -137,8 +137,8 @@ def orchestrate(a) -> dict:
             "probe_rounds": a.probe_rounds,
             "model_source": source,
             "threads_why": threads_why,
-            # MoE experts per side: each side's default (TRL: transformers'; ours: models/experts.py)
-            "experts": {"ours": "gspo_grouped_mm", "trl": "grouped_mm"},
+            # MoE experts per side: ours the spec's (default gspo_grouped_mm), TRL transformers' default
+            "experts": {"ours": spec.model.experts_implementation, "trl": "grouped_mm"},
         },
         "load": {"start": loads[0], "max": max(loads), "median": median(loads), "shared": max(loads) > SHARED_LOAD},
         "paired": paired_res,

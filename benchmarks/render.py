@@ -105,10 +105,8 @@ def _experts_text(cfg: dict) -> str:
     ex = cfg.get("experts")
     if not ex:  # runs before 2026-12-05: transformers' grouped_mm on both sides
         return "grouped_mm experts on both sides"
-    return (
-        f"MoE experts: each side's default (TRL: transformers' {ex['trl']}; ours: {ex['ours']}, "
-        "the same matmuls with index_select gathers)"
-    )
+    how = ", the same matmuls with index_select gathers" if ex["ours"] == "gspo_grouped_mm" else ""
+    return f"MoE experts: each side's default (TRL: transformers' {ex['trl']}; ours: {ex['ours']}{how})"
 
 
 def _paired(r: dict) -> list[str]:
