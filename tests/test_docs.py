@@ -83,7 +83,12 @@ COVERED = {
         "tests/test_sharded_checkpoints.py::test_export_bad_input_is_one_line",
     ],
     r"torchrun --nproc-per-node 2 -m gspo_cli train exp\.yaml": [
-        "tests/test_distributed.py::test_torchrun_trains_writes_once_and_resumes_with_one_process"
+        "tests/test_distributed.py::test_torchrun_trains_writes_once_and_resumes_with_one_process",
+        "tests/vllm/test_vllm_server.py::test_sharded_processes_push_through_rank_zero",
+    ],
+    r"gspo vllm-server exp\.yaml --port 8000": [
+        "tests/vllm/test_vllm_server.py::test_a_trainer_pushes_its_weights_to_the_server_every_step",
+        "tests/vllm/test_vllm_server.py::test_the_servers_command_line",
     ],
     # CI (.ci/run) runs `make test`, which runs `make setup` first; `make run` is its three
     # commands (test_make_run_is_three_documented_commands).

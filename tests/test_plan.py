@@ -360,3 +360,22 @@ def test_a_colocated_vllm_engine_in_every_phase(tmp_path):
     # the share: 0.3 x 10 kB = 3,000 B against the weights' 5,152 B, or 2,576 B per GPU with tp 2
     assert any("exceed its share" in n for n in plan(gpu_bytes=10**4).notes)
     assert not any("exceed its share" in n for n in plan(gpu_bytes=10**4, tensor_parallel_size=2).notes)
+
+
+def test_a_vllm_server_costs_the_trainer_one_gathered_parameter():
+    """rollout.engine vllm-server: no engine, KV cache or sampler on the trainer's GPUs during the
+    rollout, only the weight push's one gathered parameter, the largest of Qwen3-30B-A3B being a
+    layer's fused gate/up experts (128 x 2 x 768 x 2048 in bf16, above the 151936 x 2048
+    embedding); the plan says the server's GPUs are not in it."""
+    shape = shape_from_config(read_config(QWEN3_30B))
+    raw = yaml.safe_load((ROOT / "experiments" / "gpu_qwen3_moe.yaml").read_text())
+    hw = Hardware(gpus_per_node=8, gpu_bytes=80 * 10**9)
+    colocated = plan_memory(shape, spec_from_dict(raw), hw, prompt_tokens=512)
+    raw["rollout"] = {**raw["rollout"], "engine": "vllm-server", "server": {"url": "http://gpu9:8000"}}
+    raw["rollout"].pop("vllm", None)
+    served = plan_memory(shape, spec_from_dict(raw), hw, prompt_tokens=512)
+    rollout = dict(served.phase("rollout").device)
+    assert rollout["weight push to the vLLM server: largest parameter, gathered"] == 2 * 128 * 2 * 768 * 2048
+    assert not [name for name in rollout if "vLLM (" in name or "KV cache" in name or "sampler" in name]
+    assert served.phase("rollout").device_total < colocated.phase("rollout").device_total
+    assert "rollout.engine vllm-server: the server's own GPUs are not in this plan" in served.notes

@@ -17,6 +17,7 @@ from gspo_cli.cli.export import export
 from gspo_cli.cli.plan import plan
 from gspo_cli.cli.samples import samples
 from gspo_cli.cli.schema import schema
+from gspo_cli.cli.serve import vllm_server
 from gspo_cli.cli.train import sweep, train
 
 app = typer.Typer(
@@ -67,6 +68,7 @@ app.command()(sweep)
 app.command(name="eval")(eval_)
 app.command()(plan)
 app.command()(export)
+app.command(name="vllm-server")(vllm_server)
 # The commands that read run directories only: no torch import.
 app.command(name="list")(list_runs)
 app.command()(compare)

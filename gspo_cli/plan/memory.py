@@ -352,6 +352,12 @@ def plan_memory(
             vllm_host = [
                 (f"vLLM weights asleep in host memory ({procs_on_node} processes)", procs_on_node * engine_weights)
             ]
+    elif engine == "vllm-server":
+        # the server's devices are its own; here only the push: one gathered parameter at a time
+        # (the largest: the embedding or an MoE layer's fused gate/up experts)
+        largest = max(shape.vocab, 2 * shape.experts * shape.moe_intermediate) * shape.hidden
+        dev.append(("weight push to the vLLM server: largest parameter, gathered", c * largest))
+        notes.append("rollout.engine vllm-server: the server's own GPUs are not in this plan")
     else:
         dev += gathered
         kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * c * rows * T

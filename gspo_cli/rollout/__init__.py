@@ -23,14 +23,15 @@ def make_engine(
     return_routes: bool = False,
 ) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
-    `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
-    (a RoutingController) lets the hf engine record the routes it samples with;
-    `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway). Both
-    engines stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
-    (SpecError for a system prompt or template kwargs without a template). `synced`: the
-    weights are sharded across processes (see HFRolloutEngine; vllm then gathers them into
-    every process's engine one parameter at a time, a collective). Under torchrun vllm runs
-    one engine per process (see gspo_cli.rollout.vllm_engine)."""
+        `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
+        (a RoutingController) lets the hf engine record the routes it samples with;
+        `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway). Both
+        engines stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
+        (SpecError for a system prompt or template kwargs without a template). `synced`: the
+        weights are sharded across processes (see HFRolloutEngine; vllm then gathers them into
+        every process's engine one parameter at a time, a collective). Under torchrun vllm runs
+        one engine per process (see gspo_cli.rollout.vllm_engine); vllm-server samples from a server
+    that rank 0 pushes the weights to (gspo_cli.rollout.vllm_server)."""
     if cfg.engine == "hf":
         return HFRolloutEngine(
             model,
@@ -43,6 +44,24 @@ def make_engine(
             decode=cfg.decode,
             stop_ids=stop_token_ids(model, tokenizer),
             prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
+        )
+    if cfg.engine == "vllm-server":
+        from gspo_cli.rollout.vllm_server import VLLMServerRolloutEngine
+
+        server = cfg.server
+        return VLLMServerRolloutEngine(
+            model,
+            tokenizer,
+            url=server.url,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=rank_seed(seed, _rank()),
+            stop_ids=stop_token_ids(model, tokenizer),
+            prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
+            weight_port=server.weight_port,
+            timeout_s=server.timeout_s,
+            sharded=synced,
+            max_parallel=server.max_parallel,
         )
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
     from gspo_cli.rollout.vllm_settings import import_vllm

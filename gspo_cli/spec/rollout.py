@@ -36,12 +36,28 @@ def _vllm_value_problems(vllm: dict) -> list[str]:
     return problems
 
 
+class VLLMServerConfig(_Strict):
+    """Where the vLLM server of `engine: vllm-server` is (`gspo vllm-server SPEC` starts one)."""
+
+    url: str = Field(..., description="the server's base URL, e.g. http://127.0.0.1:8000")
+    weight_port: int = Field(
+        51216,
+        ge=1,
+        le=65535,
+        description="port the trainer's rank 0 opens for the server's workers to join the weight "
+        "broadcast (must be reachable from the server)",
+    )
+    timeout_s: float = Field(600.0, gt=0, description="longest wait for one request or weight push, in seconds")
+    max_parallel: int = Field(64, ge=1, description="sampling requests in flight per trainer process")
+
+
 class RolloutConfig(_Strict):
     """How responses are sampled: engine, batch shape (prompts_per_step x group_size), prompts."""
 
-    engine: Literal["hf", "vllm"] = Field(
+    engine: Literal["hf", "vllm", "vllm-server"] = Field(
         "hf",
-        description="hf: the trainer's own model.generate; vllm: an in-process vLLM engine, weights synced every step",
+        description="hf: the trainer's own model.generate; vllm: an in-process vLLM engine, weights synced every "
+        "step; vllm-server: a vLLM server on its own devices (rollout.server), weights pushed every step",
     )
     prompts_per_step: int = Field(16, ge=1, description="prompts sampled per step")
     group_size: int = Field(8, ge=2, description="responses per prompt (G); advantages are relative to the group")
@@ -71,6 +87,9 @@ class RolloutConfig(_Strict):
         "leaving 70% to the colocated trainer), plus gspo-cli's own sleep: 0|1|2 (vLLM sleep mode "
         "during the update: 1 offloads the engine's weights to CPU, 2 drops them; GPU only); "
         "tensor_parallel_size: k shares one engine among k consecutive torchrun processes",
+    )
+    server: VLLMServerConfig | None = Field(
+        None, description="engine vllm-server only: the server's address and the weight push's settings"
     )
     logprob_check_every: int = Field(
         10,
@@ -104,17 +123,25 @@ class RolloutConfig(_Strict):
     @model_validator(mode="after")
     def _check(self):
         problems = []
-        if self.engine != "vllm":
-            if self.use_engine_logprobs:
-                problems.append("use_engine_logprobs: needs engine: vllm (the hf engine returns no log-probs)")
-            if self.vllm:
-                problems.append("vllm: engine arguments given but engine is not vllm")
-        elif self.decode != "compact":  # the default, which a saved spec spells out, is accepted
+        if self.engine == "hf" and self.use_engine_logprobs:
+            problems.append("use_engine_logprobs: needs engine: vllm (the hf engine returns no log-probs)")
+        if self.engine != "vllm" and self.vllm:
+            problems.append(
+                "vllm: engine arguments given but engine is not vllm"
+                + (" (a server's own go after `gspo vllm-server SPEC --`)" if self.engine == "vllm-server" else "")
+            )
+        if self.engine != "hf" and self.decode != "compact":  # the default, which a saved spec spells out, is accepted
             problems.append("decode: generate chooses the hf engine's sampling loop; vLLM samples with its own")
-        if self.engine == "vllm" and self.temperature > 2:
+        if self.engine != "hf" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
-        if self.engine == "vllm" and self.staleness:
-            problems.append("staleness: 1 runs an hf sampler in a worker process; not supported with engine: vllm")
+        if self.engine != "hf" and self.staleness:
+            problems.append(
+                f"staleness: 1 runs an hf sampler in a worker process; not supported with engine: {self.engine}"
+            )
+        if self.engine == "vllm-server" and self.server is None:
+            problems.append("server: engine vllm-server needs server.url, the vLLM server's address")
+        if self.engine != "vllm-server" and self.server is not None:
+            problems.append("server: given but engine is not vllm-server")
         if self.chat_template == "none":
             if self.system_prompt is not None:
                 problems.append("system_prompt: needs a chat template, but chat_template is none")

@@ -1,0 +1,170 @@
+"""`rollout.engine: vllm-server` without a vLLM: the spec's checks, the one-line failures when
+the server is missing or not set up for us, what the weight push announces, and how an answer
+is read. The real server is tested in tests/vllm/test_vllm_server.py."""
+
+import copy
+import http.server
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from helpers import TINY, free_port, tiny_model_dir
+
+from gspo_cli.errors import SpecError
+from gspo_cli.rollout.vllm_server import ServerError, VLLMServerClient, _Completion, stream_metadata
+from gspo_cli.rollout.vllm_weights import checkpoint_weights
+from gspo_cli.spec.loading import spec_from_dict
+
+
+def _raw(url="http://127.0.0.1:9", **rollout):
+    raw = copy.deepcopy(TINY)
+    raw["arms"] = raw["arms"][:1]
+    raw["rollout"] = {**raw["rollout"], "engine": "vllm-server", "server": {"url": url}, **rollout}
+    return raw
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda r: r["rollout"].pop("server"), "server: engine vllm-server needs server.url"),
+        (lambda r: r["rollout"].update(engine="hf"), "server: given but engine is not vllm-server"),
+        (
+            lambda r: r["rollout"].update(staleness=1),
+            "staleness: 1 runs an hf sampler in a worker process; not supported with engine: vllm-server",
+        ),
+        (
+            lambda r: r["rollout"].update(vllm={"max_model_len": 64}),
+            "a server's own go after `gspo vllm-server SPEC --`",
+        ),
+        (
+            lambda r: r["arms"][0].update(routing_replay="r3"),
+            "routing_replay: r3 with engine vllm-server is not built yet",
+        ),
+        (lambda r: r["rollout"]["server"].update(weight_port=70000), "rollout.server.weight_port"),
+    ],
+)
+def test_spec_problems_are_named(edit, expected):
+    raw = _raw()
+    edit(raw)
+    with pytest.raises(SpecError, match=None) as err:
+        spec_from_dict(raw)
+    assert expected in str(err.value)
+
+
+def test_engine_logprobs_and_corrections_are_accepted():
+    spec = spec_from_dict(_raw(use_engine_logprobs=True))
+    assert spec.rollout.engine == "vllm-server" and spec.rollout.server.weight_port == 51216
+    raw = _raw()
+    raw["arms"][0]["mismatch"] = {"mode": "token_tis"}
+    assert spec_from_dict(raw).arms[0].mismatch.mode == "token_tis"
+
+
+def _gspo(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "gspo_cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_without_a_server_says_so_in_one_line_before_loading_a_model(tmp_path):
+    port = free_port()
+    raw = _raw(url=f"http://127.0.0.1:{port}")
+    raw["output_dir"] = str(tmp_path / "out")
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(json.dumps(raw))
+    res = _gspo("train", str(spec), "--quiet")
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: vLLM server http://127.0.0.1:{port}: no answer to /health"
+    ), lines
+    assert "gspo vllm-server SPEC" in lines[0]
+    assert not (tmp_path / "out").exists()  # nothing was built or written
+
+
+class _NotOurServer(http.server.BaseHTTPRequestHandler):
+    """A server that answers /health, as any vLLM does, and 404 to the rest (no dev mode)."""
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        if self.path != "/health":
+            self.wfile.write(json.dumps({"detail": "Not Found"}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_without_the_weight_endpoints_is_one_line(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOurServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tiny_model_dir()  # the cold start outside the timed call
+        raw = _raw(url=f"http://127.0.0.1:{server.server_address[1]}")
+        raw["output_dir"] = str(tmp_path / "out")
+        spec = tmp_path / "exp.yaml"
+        spec.write_text(json.dumps(raw))
+        res = _gspo("train", str(spec))
+    finally:
+        server.shutdown()
+    assert res.returncode == 1, res.stderr
+    failed = [line for line in res.stdout.splitlines() if line.startswith("[grpo/seed0] failed:")]
+    assert len(failed) == 1, res.stdout
+    assert "/get_world_size: HTTP 404: Not Found (is the server started with VLLM_SERVER_DEV_MODE=1" in failed[0]
+
+
+def test_vllm_server_command_needs_vllm_in_this_python(tmp_path):
+    if _has_vllm():
+        pytest.skip("vLLM is installed here")
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(json.dumps(_raw()))
+    res = _gspo("vllm-server", str(spec), "--dry-run")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[0].startswith("error: rollout.engine: vllm is not installed")
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    found = importlib.util.find_spec("vllm")  # tests/vllm passes for a namespace package: no origin
+    return found is not None and found.origin is not None
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_the_announced_tensors_are_the_streamed_ones(dtype):
+    """What rank 0 announces to the server before it broadcasts (names, dtypes, shapes from meta
+    tensors) is exactly what the stream then yields, fused experts split per expert."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+    names, dtypes, shapes = stream_metadata(model, dtype)
+    streamed = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in checkpoint_weights(model, dtype)]
+    assert list(zip(names, dtypes, shapes)) == streamed
+    assert any(".experts.3.down_proj.weight" in n for n in names)  # 4 experts, one tensor each
+    assert set(dtypes) == {"bfloat16" if dtype else "float32"}
+
+
+def test_an_answer_is_read_as_vllms_completion():
+    answer = {
+        "choices": [
+            {
+                "token_ids": [7, 2],
+                "logprobs": {"content": [{"token_id": 7, "logprob": -0.25}, {"token_id": 2, "logprob": -1.5}]},
+            }
+        ]
+    }
+    c = _Completion.from_answer(answer)
+    assert c.token_ids == [7, 2] and c.routed_experts is None
+    assert [c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)] == [-0.25, -1.5]
+    with pytest.raises(ServerError, match="without token ids and log-probs"):
+        _Completion.from_answer({"choices": [{"token_ids": [1]}]})
+    answer["choices"][0]["logprobs"]["content"].pop()
+    with pytest.raises(ServerError, match="2 tokens but 1 log-probs"):
+        _Completion.from_answer(answer)
+
+
+def test_http_errors_are_one_line():
+    port = free_port()
+    with pytest.raises(ServerError) as err:
+        VLLMServerClient(f"http://127.0.0.1:{port}/", 5).call("/health", get=True)
+    assert "\n" not in str(err.value) and f"127.0.0.1:{port}: no answer to /health" in str(err.value)
