@@ -23,27 +23,34 @@ def make_engine(
     return_routes: bool = False,
 ) -> RolloutEngine:
     """The sampler `cfg` (a RolloutConfig) asks for, sampling from `model`'s current weights.
-        `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
-        (a RoutingController) lets the hf engine record the routes it samples with;
-        `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway). Both
-        engines stop at the checkpoint's stop ids and format prompts as `cfg`'s prompt fields say
-        (SpecError for a system prompt or template kwargs without a template). `synced`: the
-        weights are sharded across processes (see HFRolloutEngine; vllm then gathers them into
-        every process's engine one parameter at a time, a collective). Under torchrun vllm runs
-        one engine per process (see gspo_cli.rollout.vllm_engine); vllm-server samples from a server
-    that rank 0 pushes the weights to (gspo_cli.rollout.vllm_server)."""
+    `model_dir` is the HF directory `model` was loaded from (vLLM starts from it); `routing`
+    (a RoutingController) lets the hf engine record the routes it samples with;
+    `return_routes` (r3) asks vLLM for its routes (the hf engine records them anyway). Every
+    engine stops at the checkpoint's stop ids and formats prompts as `cfg`'s prompt fields say
+    (SpecError for a system prompt or template kwargs without a template). `synced`: the
+    weights are sharded across processes (see HFRolloutEngine; vllm then gathers them into
+    every process's engine one parameter at a time, a collective). Under torchrun vllm runs
+    one engine per process (see gspo_cli.rollout.vllm_engine); vllm-server samples from a
+    server that rank 0 pushes the weights to (gspo_cli.rollout.vllm_server)."""
+    if cfg.engine == "vllm":
+        from gspo_cli.rollout.vllm_settings import import_vllm
+
+        import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
+    common = {
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "stop_ids": stop_token_ids(model, tokenizer),
+        "prompt_format": PromptFormat.from_rollout(cfg).formatter(tokenizer),
+    }
     if cfg.engine == "hf":
         return HFRolloutEngine(
             model,
             tokenizer,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
             sampler_logprobs=cfg.sampler_logprobs,
             routing=routing,
             synced=synced,
             decode=cfg.decode,
-            stop_ids=stop_token_ids(model, tokenizer),
-            prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
+            **common,
         )
     if cfg.engine == "vllm-server":
         from gspo_cli.rollout.vllm_server import VLLMServerRolloutEngine
@@ -53,20 +60,15 @@ def make_engine(
             model,
             tokenizer,
             url=server.url,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
             seed=rank_seed(seed, _rank()),
-            stop_ids=stop_token_ids(model, tokenizer),
-            prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
             weight_port=server.weight_port,
             timeout_s=server.timeout_s,
             sharded=synced,
             max_parallel=server.max_parallel,
+            **common,
         )
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
-    from gspo_cli.rollout.vllm_settings import import_vllm
 
-    import_vllm()  # imports vllm itself, only now: a missing vLLM is the first thing to say
     # Under torchrun each engine (group) samples its own share with its own seed; rank 0 keeps
     # the run's, as one process would (the same rule as the trainer's torch seed). A
     # tensor-parallel group runs in lock step: every member takes its first rank's seed.
@@ -75,17 +77,14 @@ def make_engine(
         model,
         tokenizer,
         model_dir=model_dir,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
         dtype=dtype,
         seed=rank_seed(seed, _rank() // tp * tp),
         engine_kwargs=cfg.vllm,
-        stop_ids=stop_token_ids(model, tokenizer),
-        prompt_format=PromptFormat.from_rollout(cfg).formatter(tokenizer),
         return_routes=return_routes,
         sharded=synced,
         moe_layers=getattr(routing, "decoder_layers", None),
         num_experts=getattr(routing, "num_experts", None),
+        **common,
     )
 
 
