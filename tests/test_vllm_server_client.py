@@ -39,10 +39,6 @@ def _raw(url="http://127.0.0.1:9", **rollout):
             lambda r: r["rollout"].update(vllm={"max_model_len": 64}),
             "a server's own go after `gspo vllm-server SPEC --`",
         ),
-        (
-            lambda r: r["arms"][0].update(routing_replay="r3"),
-            "routing_replay: r3 with engine vllm-server is not built yet",
-        ),
         (lambda r: r["rollout"]["server"].update(weight_port=70000), "rollout.server.weight_port"),
     ],
 )
@@ -54,12 +50,13 @@ def test_spec_problems_are_named(edit, expected):
     assert expected in str(err.value)
 
 
-def test_engine_logprobs_and_corrections_are_accepted():
+def test_engine_logprobs_corrections_and_r3_are_accepted():
     spec = spec_from_dict(_raw(use_engine_logprobs=True))
     assert spec.rollout.engine == "vllm-server" and spec.rollout.server.weight_port == 51216
     raw = _raw()
-    raw["arms"][0]["mismatch"] = {"mode": "token_tis"}
-    assert spec_from_dict(raw).arms[0].mismatch.mode == "token_tis"
+    raw["arms"][0].update(mismatch={"mode": "token_tis"}, routing_replay="r3")
+    arm = spec_from_dict(raw).arms[0]
+    assert (arm.mismatch.mode, arm.routing_replay) == ("token_tis", "r3")
 
 
 def _gspo(*args, timeout=120):
@@ -80,6 +77,59 @@ def test_train_without_a_server_says_so_in_one_line_before_loading_a_model(tmp_p
     ), lines
     assert "gspo vllm-server SPEC" in lines[0]
     assert not (tmp_path / "out").exists()  # nothing was built or written
+
+
+class _ServerWithoutRoutes(http.server.BaseHTTPRequestHandler):
+    """A server set up for us except that it returns no routed experts (vLLM's default)."""
+
+    ANSWERS = {
+        "/health": {},
+        "/get_world_size": {"world_size": 1},
+        "/server_info": {
+            "vllm_config": "model='m', dtype=torch.float32, aux_output_config=AuxOutputConfig("
+            "enable_return_routed_experts=False, max_bytes=None), device_config=cuda"
+        },
+    }
+
+    def do_GET(self):
+        self.send_response(200 if self.path in self.ANSWERS else 404)
+        self.end_headers()
+        self.wfile.write(json.dumps(self.ANSWERS.get(self.path, {"detail": "Not Found"})).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_r3_against_a_server_without_routes_is_one_line_before_any_model(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServerWithoutRoutes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        raw = _raw(url=url)
+        raw["arms"][0]["routing_replay"] = "r3"
+        raw["output_dir"] = str(tmp_path / "out")
+        spec = tmp_path / "exp.yaml"
+        spec.write_text(json.dumps(raw))
+        res = _gspo("train", str(spec), "--quiet")
+    finally:
+        server.shutdown()
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: routing_replay: r3 needs the routes the server sampled with, and the server at {url} does not"
+    ), lines
+    assert "--enable-return-routed-experts" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_server_command_asks_for_routes_only_for_r3():
+    from gspo_cli.cli.serve import server_argv
+
+    plain = server_argv("/m", "bfloat16", "0.0.0.0", 8000, on_cpu=False)
+    routed = server_argv("/m", "bfloat16", "0.0.0.0", 8000, on_cpu=False, routes=True)
+    assert "--enable-return-routed-experts" not in plain and "--enforce-eager" not in plain
+    assert routed[len(plain) :] == ["--enable-return-routed-experts", "--enable-prefix-caching"]
+    assert server_argv("/m", "float32", "h", 1, on_cpu=True)[-1] == "--enforce-eager"
 
 
 class _NotOurServer(http.server.BaseHTTPRequestHandler):
@@ -161,6 +211,55 @@ def test_an_answer_is_read_as_vllms_completion():
     answer["choices"][0]["logprobs"]["content"].pop()
     with pytest.raises(ServerError, match="2 tokens but 1 log-probs"):
         _Completion.from_answer(answer)
+
+
+def _npy_b64(array) -> str:
+    import base64
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16"])
+def test_routes_in_an_answer_land_on_their_positions(dtype):
+    """vLLM serialises a completion's routed_experts as base64 `.npy` (prompt + response - 1
+    rows, every decoder layer, k): decoded and laid out as the colocated engine's. A 3-token
+    prompt in a batch of width 4 (one left pad) and a 2-token response: rows 0..3 land in columns
+    1..4; the pad and the last token keep experts 0..k-1; the dense layer 1 of 3 is dropped."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from gspo_cli.rollout.vllm_engine import _to_batch
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir())
+    rows = np.arange(4 * 3 * 2, dtype=dtype).reshape(4, 3, 2) % 8  # (P + C - 1, layers, k)
+    answer = {
+        "choices": [
+            {
+                "token_ids": [7, 2],
+                "logprobs": {"content": [{"token_id": 7, "logprob": -0.5}, {"token_id": 2, "logprob": -0.1}]},
+                "routed_experts": _npy_b64(rows),
+            }
+        ]
+    }
+    c = _Completion.from_answer(answer)
+    assert c.routed_experts.dtype == np.dtype(dtype) and (c.routed_experts == rows).all()
+    other = _Completion([5], [-1.0], np.zeros((4, 3, 2), dtype=dtype))  # 4-token prompt, 1 token
+    batch = _to_batch(
+        [[4, 5, 6], [4, 5, 6, 7]], [c, other], tok, "cpu", [2], with_routes=True, moe_layers=[0, 2], num_experts=8
+    )
+    routes = batch.engine_routes  # (L=2, B=2, P + C = 4 + 2, k)
+    assert tuple(routes.shape) == (2, 2, 6, 2)
+    for j in range(4):
+        assert routes[0, 0, 1 + j].tolist() == rows[j, 0].tolist()
+        assert routes[1, 0, 1 + j].tolist() == rows[j, 2].tolist()
+    assert routes[:, 0, 0].tolist() == [[0, 1], [0, 1]] and routes[:, 0, 5].tolist() == [[0, 1], [0, 1]]
+    with pytest.raises(ServerError, match="do not decode as a .npy array"):
+        _Completion.from_answer({**answer, "choices": [{**answer["choices"][0], "routed_experts": "bm90IG5weQ=="}]})
 
 
 def test_http_errors_are_one_line():

@@ -65,6 +65,9 @@ def make_engine(
             timeout_s=server.timeout_s,
             sharded=synced,
             max_parallel=server.max_parallel,
+            return_routes=return_routes,
+            moe_layers=getattr(routing, "decoder_layers", None),
+            num_experts=getattr(routing, "num_experts", None),
             **common,
         )
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine

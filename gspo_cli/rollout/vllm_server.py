@@ -14,8 +14,10 @@ with `--enable-scale-out`): token ids in, token ids and the sampled tokens' log-
 request per row (the server batches them), seeded per row. The batch is laid out exactly as
 the colocated engine lays out its own (`vllm_engine._to_batch`).
 
-Not yet: R3 (the server's routed experts are not read), rollout.staleness: 1 (the server
-could sample step k+1 while step k trains), sleep mode (the server's memory is its own).
+R3: with `--enable-return-routed-experts` (which `gspo vllm-server` passes for a spec with an
+r3 arm) each answer carries the experts every position was routed to, converted as the colocated
+engine converts its own. Not yet: rollout.staleness: 1 (the server could sample step k+1 while
+step k trains). Sleep mode does not apply (the server's memory is its own).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import urllib.request
 
 import torch
 
-from gspo_cli.errors import RunError
+from gspo_cli.errors import RunError, SpecError
 from gspo_cli.models.prompts import raw_prompts
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.vllm_weights import checkpoint_weights, weights_version
@@ -84,7 +86,21 @@ class VLLMServerClient:
             "world_size": int(world),
             "dtype": getattr(torch, dtype.group(1)) if dtype else None,
             "device": device.group(1) if device else "cuda",
+            "routes": "enable_return_routed_experts=True" in info,
         }
+
+
+def check_server(url: str, r3: bool) -> None:
+    """Before any model loads: the server answers (ServerError, exit 1) and, for an r3 arm,
+    returns routed experts (SpecError, exit 2)."""
+    client = VLLMServerClient(url, 30)
+    client.call("/health", get=True)
+    if r3 and not client.settings()["routes"]:
+        raise SpecError(
+            f"routing_replay: r3 needs the routes the server sampled with, and the server at {url} does not "
+            "return them: start it with --enable-return-routed-experts (`gspo vllm-server` does for a spec "
+            "with an r3 arm)"
+        )
 
 
 class VLLMServerRolloutEngine:
@@ -107,12 +123,16 @@ class VLLMServerRolloutEngine:
         timeout_s: float = 600.0,
         sharded: bool = False,
         max_parallel: int = 64,
+        return_routes: bool = False,
+        moe_layers: list[int] | None = None,
+        num_experts: int | None = None,
     ):
         """`url`: the server's base URL. `weight_port`: the port rank 0 listens on for the
         server's workers to join the weight group (must be reachable from the server).
         `sharded`: `model`'s weights are FSDP shards (every sync gathers them on every rank).
-        Rank 0 connects to the server here (ServerError if it cannot); the other ranks only
-        check that it answers."""
+        `return_routes` (r3): batches carry the experts the server routed every position to,
+        restricted to the decoder layers `moe_layers` and checked against `num_experts`, as the
+        colocated engine's. Rank 0 connects to the server here (ServerError if it cannot)."""
         import torch.distributed as dist
 
         self.model, self.tokenizer = model, tokenizer
@@ -122,6 +142,7 @@ class VLLMServerRolloutEngine:
         self.stop_ids = list(stop_ids)
         self.client = VLLMServerClient(url, timeout_s)
         self.max_parallel = max_parallel
+        self.return_routes, self.moe_layers, self.num_experts = return_routes, moe_layers, num_experts
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.rank = dist.get_rank() if self.world > 1 else 0
         # Every sync is a step all ranks take together (rank 0 sends, FSDP ranks gather, the
@@ -234,7 +255,16 @@ class VLLMServerRolloutEngine:
             answers = list(pool.map(lambda b: self.client.call("/inference/v1/generate", b), bodies))
         completions = [_Completion.from_answer(a) for a in answers]
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
-        return _to_batch(prompt_ids, completions, self.tokenizer, device, self.stop_ids)
+        return _to_batch(
+            prompt_ids,
+            completions,
+            self.tokenizer,
+            device,
+            self.stop_ids,
+            with_routes=self.return_routes,
+            moe_layers=self.moe_layers,
+            num_experts=self.num_experts,
+        )
 
     def _request(self, ids: list[int], temperature: float, row: int) -> dict:
         return {
@@ -275,10 +305,10 @@ class _Completion:
         def __init__(self, logprob: float):
             self.logprob = logprob
 
-    def __init__(self, token_ids: list[int], logprobs: list[float]):
+    def __init__(self, token_ids: list[int], logprobs: list[float], routed_experts=None):
         self.token_ids = token_ids
         self.logprobs = [{t: self._LP(lp)} for t, lp in zip(token_ids, logprobs)]
-        self.routed_experts = None
+        self.routed_experts = routed_experts  # (prompt + response - 1, layers, k), as vLLM's own
 
     @classmethod
     def from_answer(cls, answer: dict) -> _Completion:
@@ -292,7 +322,23 @@ class _Completion:
             ) from None
         if len(lps) != len(ids):
             raise ServerError(f"vLLM server: {len(ids)} tokens but {len(lps)} log-probs in one answer")
-        return cls(ids, lps)
+        return cls(ids, lps, _decoded_routes(choice.get("routed_experts")))
+
+
+def _decoded_routes(encoded: str | None):
+    """The answer's `routed_experts`: base64 of a `.npy` array (vLLM serialises the completion's
+    routed_experts so, uint8/uint16/int32), or None."""
+    if encoded is None:
+        return None
+    import base64
+    import io
+
+    import numpy as np
+
+    try:
+        return np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise ServerError(f"vLLM server: routed_experts that do not decode as a .npy array ({err})") from None
 
 
 def stream_metadata(hf, dtype: torch.dtype | None) -> tuple[list[str], list[str], list[list[int]]]:

@@ -104,27 +104,27 @@ def check_tensor_parallel_heads(tp: int, config) -> None:
         raise SpecError(f"rollout.vllm.tensor_parallel_size: {tp} does not divide the model's {heads} attention heads")
 
 
-def check_routes_supported(vllm, on_cpu: bool) -> bool:
+def check_routes_supported(vllm, on_cpu: bool, engine: str = "vllm") -> bool:
     """True where this vLLM can return routed experts; otherwise a one-line SpecError."""
     if on_cpu:
         raise SpecError(
-            "routing_replay: r3 with rollout.engine: vllm needs vLLM's routed experts, which only its "
+            f"routing_replay: r3 with rollout.engine: {engine} needs vLLM's routed experts, which only its "
             "GPU model runner returns; this vLLM runs on CPU (use r2, or rollout.engine: hf)"
         )
     if not hasattr(vllm.EngineArgs, "enable_return_routed_experts"):
         raise SpecError(
-            f"routing_replay: r3 with rollout.engine: vllm: vLLM {getattr(vllm, '__version__', '?')} "
+            f"routing_replay: r3 with rollout.engine: {engine}: vLLM {getattr(vllm, '__version__', '?')} "
             "cannot return routed experts (no enable_return_routed_experts); upgrade vLLM or use r2"
         )
     return True
 
 
-def route_capture_kwargs(vllm, on_cpu: bool, kwargs: dict) -> dict:
+def route_capture_kwargs(vllm, on_cpu: bool, kwargs: dict, engine: str = "vllm") -> dict:
     """vllm.LLM settings for route capture (R3), as vLLM 0.32 requires them: the return flag,
     prefix caching on, Model Runner V2 (`VLLM_USE_V2_MODEL_RUNNER=1`, set here unless the
     environment chose otherwise), no pipeline parallelism. One-line SpecError for a setting
     of `kwargs` (rollout.vllm) or the environment that rules capture out."""
-    check_routes_supported(vllm, on_cpu)
+    check_routes_supported(vllm, on_cpu, engine)
     if kwargs.get("enable_prefix_caching") is False:
         raise SpecError(
             "rollout.vllm.enable_prefix_caching: false, but vLLM returns routed experts (r3) only with it on"

@@ -145,11 +145,6 @@ def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str
                 f"arms[{i}].dynamic_sampling.max_rounds: batches of several rounds carry no single set of "
                 "engine routes for r3; use routing_replay r2"
             )
-    if arm.routing_replay == "r3" and rollout.engine == "vllm-server":
-        problems.append(
-            f"arms[{i}].routing_replay: r3 with engine vllm-server is not built yet (the server's routed "
-            "experts are not read); use engine: vllm, or r2"
-        )
     if arm.routing_replay == "r3" and hf_without:
         problems.append(
             f"arms[{i}].routing_replay: r3 replays the routes the hf engine recorded during generate: "

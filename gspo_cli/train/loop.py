@@ -74,10 +74,10 @@ def train_experiment(
     check_supported(spec, info.world_size)
     if spec.rollout.engine == "vllm":  # before any model loads: settings that cannot work, in one line
         check_vllm_settings(spec.rollout.vllm, any(a.routing_replay == "r3" for a in selected), info.world_size)
-    if spec.rollout.engine == "vllm-server":  # an unreachable server is said before any model loads
-        from gspo_cli.rollout.vllm_server import VLLMServerClient
+    if spec.rollout.engine == "vllm-server":  # an unreachable or unfit server is said before any model loads
+        from gspo_cli.rollout.vllm_server import check_server
 
-        VLLMServerClient(spec.rollout.server.url, 30).call("/health", get=True)
+        check_server(spec.rollout.server.url, any(a.routing_replay == "r3" for a in selected))
     distributed.check_divisible(
         spec.rollout.prompts_per_step, spec.rollout.group_size, [a.mini_batches for a in selected], info
     )

