@@ -198,7 +198,7 @@ def sampled_gap(engine, model, prompt: list[list[int]]) -> float:
     """max |server - trainer| log-prob of 8 tokens the server samples after `prompt`."""
     import torch
 
-    body = engine._request(prompt[0], 1.0, 0)
+    body = engine._request(prompt[0], 1.0, (0, 0))
     answer = engine.client.call("/inference/v1/generate", body)["choices"][0]
     ids = answer["token_ids"]
     lps = torch.tensor([c["logprob"] for c in answer["logprobs"]["content"]])

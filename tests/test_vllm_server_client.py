@@ -32,10 +32,6 @@ def _raw(url="http://127.0.0.1:9", **rollout):
         (lambda r: r["rollout"].pop("server"), "server: engine vllm-server needs server.url"),
         (lambda r: r["rollout"].update(engine="hf"), "server: given but engine is not vllm-server"),
         (
-            lambda r: r["rollout"].update(staleness=1),
-            "staleness: 1 runs an hf sampler in a worker process; not supported with engine: vllm-server",
-        ),
-        (
             lambda r: r["rollout"].update(vllm={"max_model_len": 64}),
             "a server's own go after `gspo vllm-server SPEC --`",
         ),
@@ -57,6 +53,13 @@ def test_engine_logprobs_corrections_and_r3_are_accepted():
     raw["arms"][0].update(mismatch={"mode": "token_tis"}, routing_replay="r3")
     arm = spec_from_dict(raw).arms[0]
     assert (arm.mismatch.mode, arm.routing_replay) == ("token_tis", "r3")
+    assert spec_from_dict(_raw(staleness=1)).rollout.staleness == 1  # the worker samples on the server
+    colocated = _raw(staleness=1, engine="vllm")
+    colocated["rollout"].pop("server")
+    with pytest.raises(
+        SpecError, match="staleness: 1 runs its sampler in a worker process; not supported with engine: vllm"
+    ):
+        spec_from_dict(colocated)
 
 
 def _gspo(*args, timeout=120):

@@ -5,9 +5,11 @@ The trainer keeps one request outstanding at a time:
 - trainer: writes its weights into `shared` (a state dict in shared memory, allocated once)
   only while the worker is idle, then sends ("sample", step, version, prompts, check);
 - worker: copies `shared` into its own model, seeds torch from (seed, step), samples with
-  the hf engine, completes pi_old (log-probs, entropy, MoE routes) from one full forward of
-  the same weights when generate did not return them, adds a full forward for the
-  log-prob check when `check`, and answers ("ok", step, version, batch, seconds);
+  the hf engine (or a vLLM server, which its engine pushes these weights to first), completes
+  pi_old (log-probs, entropy, MoE routes) from one full forward of the same weights when the
+  sampler did not return them, adds the log-prob check when `check` (a full forward against
+  generate's log-probs; a server's log-probs against pi_old's forward), and answers
+  ("ok", step, version, batch, seconds);
 - any failure in the worker answers ("error", message); ("stop",) ends it.
 
 The worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the trainer
@@ -258,7 +260,8 @@ class _WorkerSampler:
             t.copy_(shared[name])
         torch.manual_seed(sample_seed(self.seed, step))
         with self.compute():
-            batch = self.engine.generate(prompts)
+            batch = self.engine.generate(prompts)  # a vllm-server engine pushes these weights first
+            served = batch.engine_logp if batch.engine_entropy is None else None  # a server's own
             incomplete = batch.engine_logp is None or batch.engine_entropy is None
             if incomplete or (self.routing is not None and batch.engine_routes is None):
                 # generate read no log-probs (sampler_logprobs off): pi_old
@@ -272,5 +275,8 @@ class _WorkerSampler:
                 batch.engine_logp = old.logp * batch.response_mask
                 batch.engine_entropy = old.entropy * batch.response_mask
             if check:
-                batch.check_logp = response_logprobs(self.model, batch, self.temperature).logp
+                # The sampler's log-probs against one full forward of the same weights: a
+                # server's (then pi_old is the forward above, as for a colocated vLLM), or generate's.
+                full = response_logprobs(self.model, batch, self.temperature).logp if served is None else served
+                batch.check_logp = full
         return batch

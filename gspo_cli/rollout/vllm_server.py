@@ -16,8 +16,9 @@ the colocated engine lays out its own (`vllm_engine._to_batch`).
 
 R3: with `--enable-return-routed-experts` (which `gspo vllm-server` passes for a spec with an
 r3 arm) each answer carries the experts every position was routed to, converted as the colocated
-engine converts its own. Not yet: rollout.staleness: 1 (the server could sample step k+1 while
-step k trains). Sleep mode does not apply (the server's memory is its own).
+engine converts its own. With rollout.staleness: 1 the staleness worker process holds this
+engine: it pushes its copy of the weights (one step behind the trainer's) and samples while the
+trainer trains. Sleep mode does not apply (the server's memory is its own).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class VLLMServerRolloutEngine:
         self.model, self.tokenizer = model, tokenizer
         self.format = prompt_format or raw_prompts(tokenizer)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        self.seed, self.calls = seed, 0
+        self.seed = seed
         self.stop_ids = list(stop_ids)
         self.client = VLLMServerClient(url, timeout_s)
         self.max_parallel = max_parallel
@@ -249,8 +250,10 @@ class VLLMServerRolloutEngine:
         self.sync_if_stale()
         prompt_ids = self.tokenizer(self.format(prompts), add_special_tokens=False).input_ids
         temp = self.temperature if temperature is None else temperature
-        self.calls += 1
-        bodies = [self._request(ids, temp, row) for row, ids in enumerate(prompt_ids)]
+        # Each row's seed from torch's generator, as the hf engine's draws: a run (and a staleness
+        # worker, seeded by step) repeats exactly.
+        base = int(torch.randint(0, 2**31 - 1, ()))
+        bodies = [self._request(ids, temp, (base, row)) for row, ids in enumerate(prompt_ids)]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(bodies)))) as pool:
             answers = list(pool.map(lambda b: self.client.call("/inference/v1/generate", b), bodies))
         completions = [_Completion.from_answer(a) for a in answers]
@@ -266,7 +269,7 @@ class VLLMServerRolloutEngine:
             num_experts=self.num_experts,
         )
 
-    def _request(self, ids: list[int], temperature: float, row: int) -> dict:
+    def _request(self, ids: list[int], temperature: float, key: tuple) -> dict:
         return {
             "token_ids": ids,
             "sampling_params": {
@@ -285,7 +288,7 @@ class VLLMServerRolloutEngine:
                 "logprobs": 0,
                 "detokenize": False,
                 # Python hashes tuples of ints the same in every process and run.
-                "seed": hash((self.seed, self.calls, row)) & 0x7FFFFFFF,
+                "seed": hash((self.seed, *key)) & 0x7FFFFFFF,
             },
         }
 

@@ -104,7 +104,7 @@ class RolloutConfig(_Strict):
         le=1,
         description="0: each step samples from the current policy; 1: a separate worker process "
         "samples step k+1's batch from the weights after step k-1 while step k trains (pi_old is "
-        "that sampling policy; hf engine, one process)",
+        "that sampling policy; hf or vllm-server engine, one process)",
     )
     # Prompts as the checkpoint defines them (gspo_cli.models.prompts), in training and evaluation.
     chat_template: Literal["auto", "none"] = Field(
@@ -134,10 +134,8 @@ class RolloutConfig(_Strict):
             problems.append("decode: generate chooses the hf engine's sampling loop; vLLM samples with its own")
         if self.engine != "hf" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
-        if self.engine != "hf" and self.staleness:
-            problems.append(
-                f"staleness: 1 runs an hf sampler in a worker process; not supported with engine: {self.engine}"
-            )
+        if self.engine == "vllm" and self.staleness:
+            problems.append("staleness: 1 runs its sampler in a worker process; not supported with engine: vllm")
         if self.engine == "vllm-server" and self.server is None:
             problems.append("server: engine vllm-server needs server.url, the vLLM server's address")
         if self.engine != "vllm-server" and self.server is not None:

@@ -87,12 +87,12 @@ def server(tmp_path_factory, tiny_source):
         yield url
 
 
-def _train(launcher: list[str], spec: str) -> None:
+def _train(launcher: list[str], spec: str, arms=("gspo", "grpo")) -> None:
     res = subprocess.run(
         launcher + ["-m", "gspo_cli", "train", spec, "--quiet", "--json"], capture_output=True, text=True, timeout=500
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert [(r["arm"], r["status"]) for r in json.loads(res.stdout)] == [("gspo", "completed"), ("grpo", "completed")]
+    assert [(r["arm"], r["status"]) for r in json.loads(res.stdout)] == [(a, "completed") for a in arms]
 
 
 def test_a_trainer_pushes_its_weights_to_the_server_every_step(tmp_path, server):
@@ -132,6 +132,28 @@ def test_sharded_processes_push_through_rank_zero(tmp_path, server):
         for m in metrics:
             assert m["rollout/logprob_diff_max"] < 1e-4, (arm, m)
         assert [e["step"] for e in rd.evals()] == [0, 3]
+
+
+def test_staleness_one_samples_on_the_server_while_the_trainer_trains(tmp_path, server):
+    """rollout.staleness 1: the worker process pushes its copy of the weights (one step behind
+    the trainer's) and samples step k+1 on the server while step k trains; pi_old is that copy's
+    forward. Every step the server's log-probs match it to 1e-4 nats (a server holding the
+    trainer's newer weights, or the older ones, is off by 1e-2 or more), the batches trained
+    from step 2 on are one version stale, and evaluation (the trainer's own engine) runs."""
+    raw = yaml.safe_load(open(_spec(tmp_path, server, "stale")))
+    raw["rollout"].update(staleness=1, logprob_check_every=1)
+    raw["train"] = {"steps": 4}
+    raw["arms"] = raw["arms"][:1]
+    spec = tmp_path / "stale.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    _train([sys.executable], str(spec), arms=("gspo",))
+    rd = RunDir(tmp_path / "stale" / "vllm" / "gspo" / "seed0")
+    metrics = rd.metrics()
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["rollout/staleness"] for m in metrics] == [0, 1, 1, 1]
+    for m in metrics:
+        assert m["rollout/logprob_diff_max"] < 1e-4, m
+    assert [e["step"] for e in rd.evals()] == [0, 4]
 
 
 def test_the_servers_command_line(tmp_path, tiny_source):
