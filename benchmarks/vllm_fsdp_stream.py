@@ -60,38 +60,51 @@ class PeakRSS:
         self.peak = max(self.peak, rss_bytes())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def moe_config(hidden: int, layers: int, experts: int, vocab: int):
+    """The random Qwen3-MoE the weight-stream benchmarks build (2 of `experts` per token, head
+    dimension 64, untied head)."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        moe_intermediate_size=hidden // 2,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 128),
+        head_dim=64,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    )
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The `moe_config` sizes as flags."""
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_model_args(ap)
     ap.add_argument("--syncs", type=int, default=3)
     ap.add_argument("--dtype", default="float32", help="the engine's dtype (the trainer keeps float32 master weights)")
     args = ap.parse_args()
 
     import torch
     import torch.distributed as dist
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
     from gspo_cli.distributed import setup, shard_
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
 
     info = setup("cpu")
-    cfg = Qwen3MoeConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=2 * args.hidden,
-        moe_intermediate_size=args.hidden // 2,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 128),
-        head_dim=64,
-        num_experts=args.experts,
-        num_experts_per_tok=2,
-        tie_word_embeddings=False,
-        max_position_embeddings=256,
-    )
+    cfg = moe_config(args.hidden, args.layers, args.experts, args.vocab)
     torch.manual_seed(0)  # every process builds the same weights (fully_shard does not broadcast)
     model = Qwen3MoeForCausalLM(cfg).eval()
     layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())

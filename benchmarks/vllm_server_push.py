@@ -88,35 +88,21 @@ def model_worker_pid(server_pid: int) -> int:
 
 
 def main() -> None:
+    from benchmarks.vllm_fsdp_stream import add_model_args, moe_config
+
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--experts", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap)
     ap.add_argument("--pushes", type=int, default=3)
     args = ap.parse_args()
 
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
     from gspo_cli.cli.serve import server_argv
     from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
     from gspo_cli.rollout.vllm_server import VLLMServerRolloutEngine, stream_metadata
 
-    cfg = Qwen3MoeConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=2 * args.hidden,
-        moe_intermediate_size=args.hidden // 2,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 128),
-        head_dim=64,
-        num_experts=args.experts,
-        num_experts_per_tok=2,
-        tie_word_embeddings=False,
-        max_position_embeddings=256,
-    )
+    cfg = moe_config(args.hidden, args.layers, args.experts, args.vocab)
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(cfg).eval()
     largest = max(p.numel() * p.element_size() for p in model.parameters())

@@ -2,6 +2,7 @@
 the server is missing or not set up for us, what the weight push announces, and how an answer
 is read. The real server is tested in tests/vllm/test_vllm_server.py."""
 
+import contextlib
 import copy
 import http.server
 import json
@@ -66,13 +67,18 @@ def _gspo(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "gspo_cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_train_without_a_server_says_so_in_one_line_before_loading_a_model(tmp_path):
-    port = free_port()
-    raw = _raw(url=f"http://127.0.0.1:{port}")
+def _train_against(tmp_path, url: str, *args, **arm):
+    raw = _raw(url=url)
+    raw["arms"][0].update(arm)
     raw["output_dir"] = str(tmp_path / "out")
     spec = tmp_path / "exp.yaml"
     spec.write_text(json.dumps(raw))
-    res = _gspo("train", str(spec), "--quiet")
+    return _gspo("train", str(spec), *args)
+
+
+def test_train_without_a_server_says_so_in_one_line_before_loading_a_model(tmp_path):
+    port = free_port()
+    res = _train_against(tmp_path, f"http://127.0.0.1:{port}", "--quiet")
     assert res.returncode == 1, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
@@ -82,40 +88,42 @@ def test_train_without_a_server_says_so_in_one_line_before_loading_a_model(tmp_p
     assert not (tmp_path / "out").exists()  # nothing was built or written
 
 
-class _ServerWithoutRoutes(http.server.BaseHTTPRequestHandler):
-    """A server set up for us except that it returns no routed experts (vLLM's default)."""
+@contextlib.contextmanager
+def _stub_server(answers: dict):
+    """A local HTTP server answering GETs of the paths in `answers` (JSON) and 404 to the rest;
+    yields its URL."""
 
-    ANSWERS = {
-        "/health": {},
-        "/get_world_size": {"world_size": 1},
-        "/server_info": {
-            "vllm_config": "model='m', dtype=torch.float32, aux_output_config=AuxOutputConfig("
-            "enable_return_routed_experts=False, max_bytes=None), device_config=cuda"
-        },
-    }
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path in answers else 404)
+            self.end_headers()
+            self.wfile.write(json.dumps(answers.get(self.path, {"detail": "Not Found"})).encode())
 
-    def do_GET(self):
-        self.send_response(200 if self.path in self.ANSWERS else 404)
-        self.end_headers()
-        self.wfile.write(json.dumps(self.ANSWERS.get(self.path, {"detail": "Not Found"})).encode())
+        def log_message(self, *args):
+            pass
 
-    def log_message(self, *args):
-        pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+# A server set up for us except that it returns no routed experts (vLLM's default).
+WITHOUT_ROUTES = {
+    "/health": {},
+    "/get_world_size": {"world_size": 1},
+    "/server_info": {
+        "vllm_config": "model='m', dtype=torch.float32, aux_output_config=AuxOutputConfig("
+        "enable_return_routed_experts=False, max_bytes=None), device_config=cuda"
+    },
+}
 
 
 def test_r3_against_a_server_without_routes_is_one_line_before_any_model(tmp_path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServerWithoutRoutes)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        raw = _raw(url=url)
-        raw["arms"][0]["routing_replay"] = "r3"
-        raw["output_dir"] = str(tmp_path / "out")
-        spec = tmp_path / "exp.yaml"
-        spec.write_text(json.dumps(raw))
-        res = _gspo("train", str(spec), "--quiet")
-    finally:
-        server.shutdown()
+    with _stub_server(WITHOUT_ROUTES) as url:
+        res = _train_against(tmp_path, url, "--quiet", routing_replay="r3")
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
@@ -135,31 +143,11 @@ def test_the_server_command_asks_for_routes_only_for_r3():
     assert server_argv("/m", "float32", "h", 1, on_cpu=True)[-1] == "--enforce-eager"
 
 
-class _NotOurServer(http.server.BaseHTTPRequestHandler):
-    """A server that answers /health, as any vLLM does, and 404 to the rest (no dev mode)."""
-
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-        if self.path != "/health":
-            self.wfile.write(json.dumps({"detail": "Not Found"}).encode())
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_server_without_the_weight_endpoints_is_one_line(tmp_path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOurServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        tiny_model_dir()  # the cold start outside the timed call
-        raw = _raw(url=f"http://127.0.0.1:{server.server_address[1]}")
-        raw["output_dir"] = str(tmp_path / "out")
-        spec = tmp_path / "exp.yaml"
-        spec.write_text(json.dumps(raw))
-        res = _gspo("train", str(spec))
-    finally:
-        server.shutdown()
+    """A server that answers /health, as any vLLM does, and 404 to the rest (no dev mode)."""
+    tiny_model_dir()  # the cold start outside the timed call
+    with _stub_server({"/health": {}}) as url:
+        res = _train_against(tmp_path, url)
     assert res.returncode == 1, res.stderr
     failed = [line for line in res.stdout.splitlines() if line.startswith("[grpo/seed0] failed:")]
     assert len(failed) == 1, res.stdout
