@@ -121,10 +121,8 @@ def setup(
     opt_cfg = spec.optimizer
     optimizer = make_optimizer(model, routing, opt_cfg, spec.model.name, sharded)
     scheduler = make_scheduler(optimizer, opt_cfg, spec.train.steps, arm.mini_batches * arm.epochs)
-    rollout_cfg = spec.rollout
+    rollout_cfg = spec.rollout  # staleness 1: the worker owns a server; the trainer evaluates with hf
     if rollout_cfg.staleness and rollout_cfg.engine == "vllm-server":
-        # The worker process owns the server (its weight group has one sender); the trainer's own
-        # engine samples only evaluations, from the current weights, with transformers.
         rollout_cfg = rollout_cfg.model_copy(update={"engine": "hf", "server": None})
     engine = make_engine(
         rollout_cfg,
