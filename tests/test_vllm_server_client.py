@@ -79,13 +79,17 @@ def _train_against(tmp_path, url: str, *args, **arm):
 def test_train_without_a_server_says_so_in_one_line_before_loading_a_model(tmp_path):
     port = free_port()
     res = _train_against(tmp_path, f"http://127.0.0.1:{port}", "--quiet")
-    assert res.returncode == 1, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(
-        f"error: vLLM server http://127.0.0.1:{port}: no answer to /health"
-    ), lines
-    assert "gspo vllm-server SPEC" in lines[0]
+    line = _the_one_error(res, 1, f"error: vLLM server http://127.0.0.1:{port}: no answer to /health")
+    assert "gspo vllm-server SPEC" in line
     assert not (tmp_path / "out").exists()  # nothing was built or written
+
+
+def _the_one_error(res, code: int, start: str) -> str:
+    """The run's only stderr line, which must start with `start`; `code` its exit status."""
+    assert res.returncode == code, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), lines
+    return lines[0]
 
 
 @contextlib.contextmanager
@@ -124,12 +128,8 @@ WITHOUT_ROUTES = {
 def test_r3_against_a_server_without_routes_is_one_line_before_any_model(tmp_path):
     with _stub_server(WITHOUT_ROUTES) as url:
         res = _train_against(tmp_path, url, "--quiet", routing_replay="r3")
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(
-        f"error: routing_replay: r3 needs the routes the server sampled with, and the server at {url} does not"
-    ), lines
-    assert "--enable-return-routed-experts" in lines[0]
+    start = f"error: routing_replay: r3 needs the routes the server sampled with, and the server at {url} does not"
+    assert "--enable-return-routed-experts" in _the_one_error(res, 2, start)
     assert not (tmp_path / "out").exists()
 
 
