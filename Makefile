@@ -41,8 +41,8 @@ clean:
 # The documentation site (mkdocs.yml, pages in docs/) into site/ (git-ignored); --strict: a broken
 # link, image or nav entry fails the build. Installs the docs extra on first use.
 docs: setup
-	$(BIN)/python -c "import mkdocs" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/python -c "import material" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The generated reference: gspo-spec.schema.json and docs/reference/spec.md, from the spec's
 # pydantic models and the algorithm registries (tests/test_schema.py fails when they are stale).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -110,6 +111,24 @@ def schema_text() -> str:
 
 # ----------------------------------------------------------------------------- Markdown
 
+_CODE_SPAN = re.compile(r"(`+).+?\1")
+
+
+def _entities(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def _md(text: str) -> str:
+    """Generated prose as Markdown that renders literally: `<` and `&` outside code spans become
+    entities (a description's `<output_dir>/<arm>/` or `hub:<id>` is otherwise read as an HTML
+    tag and vanishes from the page), and `|` is escaped for the table cell it lands in."""
+    out, last = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out += [_entities(text[last : m.start()]), m.group(0)]
+        last = m.end()
+    out.append(_entities(text[last:]))
+    return "".join(out).replace("|", "\\|")
+
 
 def _type_name(annotation: Any) -> str:
     origin = get_origin(annotation)
@@ -199,11 +218,11 @@ def _rows(model: type[BaseModel], prefix: str, names, sections: list) -> list[st
             sections.append((path + ("[]" if is_list else ""), inner, field))
             continue
         kind = _type_name(field.annotation)
-        desc = (field.description or "").replace("|", "\\|")
+        desc = _md(field.description or "")
         registered = names.get((model, fname))
         if registered:
             kind = "one of: " + ", ".join(f"`{n}`" for n, _ in registered)
-        bounds = ", ".join(p for p in (_constraints(field), _item_constraints(field.annotation)) if p)
+        bounds = _md(", ".join(p for p in (_constraints(field), _item_constraints(field.annotation)) if p))
         rows.append(f"| `{path}` | {kind} | {_default(field)} | {desc} | {bounds} |")
     return rows
 
@@ -233,7 +252,7 @@ def reference_markdown() -> str:
         out += [f"## {title}", ""]
         doc = field.description if field is not None and field.description else _first_line(model.__doc__)
         if doc and model is not ExperimentSpec:
-            out += [doc, ""]
+            out += [_md(doc), ""]
         sections: list = []
         rows = _rows(model, f"{path}." if path else "", names, sections)
         out += ["| field | type | default | description | constraints |", "|---|---|---|---|---|", *rows, ""]
@@ -247,6 +266,6 @@ def reference_markdown() -> str:
     for (model, fname), registered in names.items():
         where = "arms[].mismatch.mode" if model is MismatchConfig else f"arms[].{fname}"
         out += [f"### `{where}`", "", "| name | description |", "|---|---|"]
-        out += [f"| `{n}` | {d.replace('|', chr(92) + '|')} |" for n, d in registered]
+        out += [f"| `{n}` | {_md(d)} |" for n, d in registered]
         out += [""]
     return "\n".join(out).rstrip("\n") + "\n"
