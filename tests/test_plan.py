@@ -379,3 +379,34 @@ def test_a_vllm_server_costs_the_trainer_one_gathered_parameter():
     assert not [name for name in rollout if "vLLM (" in name or "KV cache" in name or "sampler" in name]
     assert served.phase("rollout").device_total < colocated.phase("rollout").device_total
     assert "rollout.engine vllm-server: the server's own GPUs are not in this plan" in served.notes
+
+
+@pytest.mark.parametrize("columns", ["100", "250"])
+def test_the_table_fits_100_columns(tmp_path, columns):
+    """The documented command and a spec with the longest term name (the vLLM server's weight
+    push): no line of stdout or stderr wider than 100 columns, whatever COLUMNS says, and no
+    comparison with the code of an old issue."""
+    raw = yaml.safe_load((ROOT / "experiments" / "gpu_qwen3_moe.yaml").read_text())
+    raw["rollout"] = {**raw["rollout"], "engine": "vllm-server", "server": {"url": "http://gpu9:8000"}}
+    raw["rollout"].pop("vllm", None)
+    served = tmp_path / "served.yaml"
+    served.write_text(yaml.safe_dump(raw))
+    for spec in (ROOT / "experiments" / "gpu_qwen3_moe.yaml", served):
+        args = ["plan", str(spec), "--gpus", "8", "--gpu-memory", "80GB", "--config", str(QWEN3_30B)]
+        res = runner.invoke(app, [*args, "--host-memory", "1TB"], env={"COLUMNS": columns})
+        assert res.exit_code == 0, res.output
+        lines = (res.stdout + res.stderr).splitlines()
+        assert max(map(len, lines)) <= 100, max(lines, key=len)
+        header = next(ln for ln in lines if ln.startswith("phase"))
+        assert (
+            header.split() == "phase per GPU fits per host fits largest term beyond weights, gradients, AdamW".split()
+        )
+        assert "issue" not in res.stdout
+        if spec == served:
+            continue
+        load = next(ln for ln in lines if ln.startswith("load "))
+        assert load.split()[:7] == ["load", "20.1", "GB", "yes", "151.0", "GB", "yes"]
+        # docs/scaling/plan.md's worked example is this output, verbatim
+        assert res.stdout.rstrip() in (ROOT / "docs" / "scaling" / "plan.md").read_text()
+    res = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "100"})
+    assert "issue 25" not in res.stdout

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from gspo_cli.cli.common import _fail, _print_table, err_console
+from gspo_cli.cli.common import _fail, err_console
 from gspo_cli.errors import GspoError, SpecError
 
 UNITS = {"": 10**9, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -58,9 +60,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Memory per phase (load, rollout, pi_old, update, checkpoint) per GPU and per host, and
-    whether it fits, for the code as it is (FSDP2 full shard, bf16 all-gathers, log-probs in
-    64 MiB chunks, per-rank checkpoints); the code before issue 25 is shown beside it for
-    comparison.
+    whether it fits, as `gspo train` runs the spec (with FSDP: a full shard, bf16 all-gathers;
+    log-probs in 64 MiB chunks; per-rank checkpoints). Below the table, each phase's terms.
 
     Warns, never refuses: a run whose plan does not fit can still be started.
 
@@ -86,69 +87,86 @@ def plan(
                 warnings.append("prompt length assumed 512 tokens (--prompt-tokens to change)")
     except GspoError as err:
         _fail(err)
-    plans = {
-        layout: plan_memory(shape, spec, hw, prompt_tokens=prompt_tokens, layout=layout)
-        for layout in ("sharded", "before")
-    }
+    sharded = plan_memory(shape, spec, hw, prompt_tokens=prompt_tokens)
     if as_json:
+        # The JSON keeps the `before` layout (an unsharded load, whole logits) as it always had.
+        before = plan_memory(shape, spec, hw, prompt_tokens=prompt_tokens, layout="before")
+        plans = {"sharded": sharded, "before": before}
         typer.echo(json.dumps(_as_dict(plans, shape, spec, prompt_tokens, warnings), indent=2))
         return
-    _render(plans, shape, spec, prompt_tokens)
-    for w in warnings + plans["sharded"].notes:
+    _render(sharded, shape, spec, prompt_tokens)
+    for w in warnings + sharded.notes:
         err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
-    for line in plans["sharded"].problems():
+    for line in sharded.problems():
         err_console.print(f"warning: does not fit: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _render(plans, shape, spec, prompt_tokens: int) -> None:
+NBSP = "\u00a0"
+WIDTH = 100  # the widest line `gspo plan` prints (narrower on a narrower terminal)
+
+
+def _width() -> int:
+    return max(60, min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns))
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> str:
+    return textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def _table(header: list[str], rows: list[list[str]], width: int) -> list[str]:
+    """Plain columns two spaces apart; the last column wraps under itself to stay within `width`."""
+    cols = list(zip(header, *rows, strict=True))
+    widths = [max(map(len, c)) for c in cols[:-1]]
+    lead = sum(widths) + 2 * len(widths)
+    last = max(20, width - lead)
+    out = []
+    for row in [header, *rows]:
+        cells = textwrap.wrap(row[-1], last, break_long_words=False) or [""]
+        first = "  ".join(v.rjust(w) if v[:1].isdigit() else v.ljust(w) for v, w in zip(row, widths))
+        out.append(f"{first}  {cells[0]}".rstrip())
+        out += [" " * lead + c for c in cells[1:]]
+    return out
+
+
+def _render(plan, shape, spec, prompt_tokens: int) -> None:
     from gspo_cli.plan.memory import count, gb
 
-    p = plans["sharded"]
-    hw = p.hardware
-    dev = "GPU" if p.device_kind == "cuda" else "process (model.device cpu: host memory)"
-    typer.echo(
+    hw = plan.hardware
+    width = _width()
+    gpu = plan.device_kind == "cuda"
+    dev = "GPU" if gpu else "process"
+    lines = [
         f"{spec.model.name}: {shape.model_type}, {count(shape.total_params())} parameters "
-        f"({count(shape.active_params())} active), {gb(4 * shape.total_params())} in fp32; "
-        f"{hw.world} processes ({hw.nodes} node(s) x {hw.gpus_per_node}), model.sharding {spec.model.sharding}, "
-        f"model.dtype {spec.model.dtype}, prompt {prompt_tokens} + response {spec.rollout.max_new_tokens} tokens"
-    )
-    typer.echo(
-        "Layout: the code as it is (meta-device load from rank 0's one copy, FSDP2 full shard with "
-        "bf16 all-gathers, log-probs in 64 MiB chunks, per-rank checkpoints); last column: the code "
-        f"before issue 25. Per {dev}: the busiest rank; per host: rank 0's node."
-    )
+        f"({count(shape.active_params())} active), {gb(4 * shape.total_params())} in fp32",
+        f"{hw.world} process{'es' if hw.world > 1 else ''} ({hw.nodes} node{'s' if hw.nodes > 1 else ''} x "
+        f"{hw.gpus_per_node}), model.sharding {spec.model.sharding}, model.dtype {spec.model.dtype}, "
+        f"prompt {prompt_tokens} + response {spec.rollout.max_new_tokens} tokens",
+        f"Per {dev}: the busiest rank"
+        + ("" if gpu else " (model.device cpu: its share of host memory)")
+        + (f", against {gb(hw.gpu_bytes)}" if hw.gpu_bytes else " (--gpu-memory to check the fit)")
+        + "; per host: rank 0's node"
+        + (f", against {gb(hw.host_bytes)}." if hw.host_bytes else " (--host-memory to check the fit)."),
+    ]
+    typer.echo("\n".join(_wrap(line, width) for line in lines) + "\n")
     rows = []
-    before = plans["before"]
-    for ph in p.phases:
-        d_ok, h_ok = p.fits(ph)
-        t_ok, _ = before.fits(before.phase(ph.name))
+    for ph in plan.phases:
+        d_ok, h_ok = plan.fits(ph)
         rows.append(
             [
                 ph.name,
                 gb(ph.device_total),
                 _verdict(d_ok),
-                ph.dominant(),
-                ph.dominant(transient=True),
                 gb(ph.host_total),
                 _verdict(h_ok),
-                f"{gb(before.phase(ph.name).device_total)} ({_verdict(t_ok)})",
+                ph.dominant(transient=True),
             ]
         )
-    _print_table(
-        [
-            "phase",
-            f"per {'GPU' if p.device_kind == 'cuda' else 'process'}",
-            f"fits {gb(hw.gpu_bytes)}",
-            "largest term",
-            "largest beyond weights/grads/AdamW",
-            "per host",
-            f"fits {gb(hw.host_bytes)}",
-            "before issue 25, per device",
-        ],
-        rows,
-    )
-    for ph in p.phases:
-        typer.echo(f"{ph.name}: " + "; ".join(f"{name} {gb(b)}" for name, b in ph.device if b))
+    header = ["phase", f"per {dev}", "fits", "per host", "fits", "largest term beyond weights, gradients, AdamW"]
+    typer.echo("\n".join(_table(header, rows, width)) + "\n")
+    for ph in plan.phases:
+        # a size never splits from its unit (textwrap breaks at ASCII whitespace only)
+        terms = "; ".join(f"{name} {gb(b).replace(' ', NBSP)}" for name, b in ph.device if b)
+        typer.echo(_wrap(f"{ph.name}: {terms}", width).replace(NBSP, " "))
 
 
 def _as_dict(plans, shape, spec, prompt_tokens: int, warnings: list[str]) -> dict:
