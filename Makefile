@@ -44,6 +44,26 @@ docs: setup
 	$(BIN)/python -c "import material" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# `make docs-check`: builds the site, then screenshots a few pages with Debian's Chromium (headless)
+# into site/_screenshots/, to look at: formulas rendered by the vendored KaTeX, placeholders such as
+# <output_dir> shown, wide tables and code in the full-width column. Not in CI (nothing is compared);
+# without a `chromium` it says so and exits 0 (`apt-get install chromium` provides one).
+DOCS_CHECK_PAGES := reference/spec algorithms/gspo algorithms/grpo algorithms/zoo guides/tasks
+.PHONY: docs-check
+docs-check: docs
+	@if command -v chromium >/dev/null 2>&1; then \
+		mkdir -p site/_screenshots; \
+		for page in $(DOCS_CHECK_PAGES); do \
+			png=site/_screenshots/$$(echo $$page | tr / -).png; \
+			chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1200 \
+				--virtual-time-budget=5000 --screenshot=$$png "file://$(CURDIR)/site/$$page/index.html" \
+				>/dev/null 2>&1 && test -s $$png || { echo "docs-check: chromium failed on $$page"; exit 1; }; \
+			echo "docs-check: $$png"; \
+		done; \
+	else \
+		echo "docs-check: no chromium here (apt-get install chromium); nothing to screenshot"; \
+	fi
+
 # The generated reference: gspo-spec.schema.json and docs/reference/spec.md, from the spec's
 # pydantic models and the algorithm registries (tests/test_schema.py fails when they are stale).
 reference: setup

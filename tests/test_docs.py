@@ -6,10 +6,13 @@ front door, its links resolve, the contributing guide's walk-throughs run, the s
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -216,22 +219,144 @@ def test_relative_links_outside_the_site_resolve(page):
             assert (page.parent / target.split("#")[0]).exists(), f"{page.name}: {target}"
 
 
-def test_the_site_builds_strict(tmp_path):
-    pytest.importorskip("mkdocs", reason="the docs extra (make docs installs it)")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for this module with `mkdocs build --strict` (as `make docs`)."""
+    pytest.importorskip("material", reason="the docs extra (make docs installs it)")
+    out = tmp_path_factory.mktemp("site") / "site"
     res = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    site = tmp_path / "site"
+    return out
+
+
+def test_the_site_builds_strict(site):
     assert (site / "reference" / "spec" / "index.html").is_file()
     # Repository files served beside the pages (the hook) never replace a page of the same path.
     assert "The earlier 16-expert study" in (site / "results" / "index.html").read_text()
     assert (site / "results" / "paper_moe" / "figures" / "eval_math.png").is_file()
+
+
+class _Page(HTMLParser):
+    """A built page's tag names, its text (entities decoded) and its formulas."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: set[str] = set()
+        self.text: list[str] = []
+        self.math: list[str] = []
+        self._in_math = 0
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        if self._in_math:
+            self._in_math += tag in ("span", "div")
+        elif tag in ("span", "div") and "arithmatex" in (dict(attrs).get("class") or "").split():
+            self._in_math = 1
+            self.math.append("")
+
+    def handle_endtag(self, tag):
+        if self._in_math and tag in ("span", "div"):
+            self._in_math -= 1
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._in_math:
+            self.math[-1] += data
+
+
+# What a page of the site may contain: HTML and SVG elements (Material's icons), nothing else. A
+# `<placeholder>` written raw in Markdown passes through as an unknown tag and vanishes from view.
+HTML_TAGS = set(
+    "html head body meta title link script style noscript header footer nav main article aside section div span "
+    "a p br hr h1 h2 h3 h4 h5 h6 ul ol li dl dt dd table thead tbody tfoot tr th td caption colgroup col code pre "
+    "em strong b i u s sub sup small kbd samp var mark blockquote img figure figcaption label input button form "
+    "details summary abbr del ins svg path g circle rect line polyline polygon defs use symbol title iframe".split()
+)
+
+
+def test_the_spec_reference_shows_its_placeholders(site):
+    """Generated descriptions such as `<output_dir>/<name>/<arm>/seed<k>/` and `hub:<id>` render
+    as text, not as unknown HTML tags (which a browser hides: "runs go to ///seed/")."""
+    page = _Page((site / "reference" / "spec" / "index.html").read_text(encoding="utf-8"))
+    assert page.tags <= HTML_TAGS, sorted(page.tags - HTML_TAGS)
+    text = "".join(page.text)
+    assert "runs go to <output_dir>/<name>/<arm>/seed<k>/" in text
+    assert "hub:<id>" in text
+    assert "the run directory <experiment>/<arm>/" in text
+
+
+def test_no_page_has_raw_placeholder_tags(site):
+    strays = {}
+    for path in sorted(site.rglob("*.html")):
+        unknown = _Page(path.read_text(encoding="utf-8")).tags - HTML_TAGS
+        if unknown:
+            strays[str(path.relative_to(site))] = sorted(unknown)
+    assert strays == {}
+
+
+def _script_and_style_sources(html: str) -> list[str]:
+    return re.findall(r'<script[^>]*\ssrc="([^"]+)"', html) + re.findall(
+        r'<link[^>]*rel="stylesheet"[^>]*href="([^"]+)"', html
+    )
+
+
+def test_math_is_rendered_by_the_vendored_katex(site):
+    """The algorithm pages' formulas are LaTeX that arithmatex hands to KaTeX, and KaTeX is the copy
+    in docs/assets/katex/: every script and stylesheet of every page is served by the site itself
+    (no CDN, no web fonts), and the fonts KaTeX's stylesheet names are there."""
+    html = (site / "algorithms" / "gspo" / "index.html").read_text(encoding="utf-8")
+    page = _Page(html)
+    assert len(page.math) >= 3 and any("\\frac" in m for m in page.math), page.math
+    sources = _script_and_style_sources(html)
+    assert any(s.endswith("assets/katex/katex.min.js") for s in sources), sources
+    assert any(s.endswith("assets/katex/katex.min.css") for s in sources), sources
+    assert any(s.endswith("assets/katex-render.js") for s in sources), sources
+    for path in sorted(site.rglob("*.html")):
+        text = path.read_text(encoding="utf-8")
+        remote = [s for s in _script_and_style_sources(text) if "//" in s]
+        assert remote == [] and "fonts.googleapis" not in text, (path, remote)
+    css = (site / "assets" / "katex" / "katex.min.css").read_text()
+    fonts = re.findall(r"url\(([^)]+)\)", css)
+    assert fonts and all((site / "assets" / "katex" / f).is_file() for f in fonts)
+
+
+def test_every_formula_parses_in_katex(site):
+    """Each formula of every page, given to the vendored KaTeX (with node) as the page's script
+    gives it: a LaTeX error would show as red source text in the browser."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    formulas = []
+    for path in sorted(site.rglob("*.html")):
+        for tex in _Page(path.read_text(encoding="utf-8")).math:
+            tex = tex.strip()
+            display = tex.startswith("\\[")
+            formulas.append(
+                [str(path.relative_to(site)), tex[2:-2] if display or tex.startswith("\\(") else tex, display]
+            )
+    assert len(formulas) >= 50
+    script = (
+        "const katex = require(process.argv[1]); const bad = [];"
+        "for (const [page, tex, display] of JSON.parse(require('fs').readFileSync(0, 'utf8'))) {"
+        "  try { katex.renderToString(tex, {displayMode: display, throwOnError: true}); }"
+        "  catch (e) { bad.push(page + ': ' + e.message); } }"
+        "console.log(JSON.stringify(bad));"
+    )
+    katex = str(site / "assets" / "katex" / "katex.min.js")
+    res = subprocess.run(
+        [node, "-e", script, katex], input=json.dumps(formulas), capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == []
 
 
 @pytest.mark.slow
