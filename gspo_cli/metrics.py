@@ -6,6 +6,8 @@ Keys are namespaced by what they measure and name their granularity.
 
 from __future__ import annotations
 
+import math
+
 METRICS: dict[str, tuple[str, str]] = {
     # key: (description, unit)
     "step": ("optimizer phase (one rollout batch) index, from 1", "step"),
@@ -20,13 +22,23 @@ METRICS: dict[str, tuple[str, str]] = {
     "policy/clip_frac_token": ("share of response tokens whose gradient was zeroed by clipping", "fraction"),
     "policy/clip_frac_token_low": ("clipped tokens with ratio < 1-eps_low and negative advantage", "fraction"),
     "policy/clip_frac_token_high": ("clipped tokens with ratio > 1+eps_high and positive advantage", "fraction"),
+    "policy/clip_frac_token_dual": (
+        "clip_dual set: clipped tokens with ratio > clip_dual and negative advantage (dual-clip PPO; part of "
+        "clip_frac_token, in neither low nor high)",
+        "fraction",
+    ),
     "policy/clip_frac_seq": ("mean over responses of each response's clipped-token share", "fraction"),
     "policy/ratio_mean": ("mean importance ratio over response tokens (token or sequence level)", "ratio"),
     "policy/ratio_min": ("smallest importance ratio", "ratio"),
     "policy/ratio_max": ("largest importance ratio", "ratio"),
     "policy/seq_ratio_mean": ("mean length-normalised sequence ratio", "ratio"),
     "policy/kl_old_k3": ("k3 estimate of KL(pi_old || pi_theta) per token", "nats"),
-    "policy/kl_ref_k3": ("k3 estimate of KL to the reference (initial) policy per token, when kl_coef > 0", "nats"),
+    "policy/kl_ref_k3": (
+        "k3 estimate of KL to the reference (initial) policy per token, when kl_coef > 0: the mean over "
+        "exactly the tokens the KL penalty averages, every token of the loss's mask, those of weight 0 "
+        "(token filter, off-policy mask, mismatch.rejected: zero) included",
+        "nats",
+    ),
     "policy/entropy": ("mean per-token entropy of the sampling distribution (pi_old)", "nats"),
     "policy/grad_norm": ("gradient norm before clipping, mean over mini-batches", "norm"),
     "policy/lr": ("learning rate", "lr"),
@@ -67,12 +79,24 @@ METRICS: dict[str, tuple[str, str]] = {
         "filter, off-policy mask, overlong filter); clip fractions, ratio statistics and KL skip them",
         "fraction",
     ),
+    "policy/off_policy_mask_sampler": (
+        "off_policy_mask set: 1 when the mask compared pi_theta with the sampler's log-probs the batch "
+        "carries (vLLM, the hf engine's sampler_logprobs; under rollout.staleness 1 the worker's batch, which "
+        "holds its own full forward of the sampling weights when the sampler returned none), 0 when with "
+        "the trainer's pi_old",
+        "flag",
+    ),
     "policy/cov_selected_frac": (
-        "clip_cov / kl_cov: share of tokens selected by their cov(A, log pi) (detached / KL-penalised)",
+        "clip_cov / kl_cov: share of the trained tokens (weight not 0) selected by their cov(A, log pi) "
+        "(detached / KL-penalised)",
         "fraction",
     ),
     "rollout/dynamic_rounds": ("dynamic sampling: extra generation rounds this step", "rounds"),
-    "rollout/signal_group_frac": ("dynamic sampling: share of trained groups whose rewards differ", "fraction"),
+    "rollout/signal_group_frac": (
+        "dynamic sampling: share of trained groups whose dynamic_sampling.metric (by default the task's "
+        "verdict) differs between responses",
+        "fraction",
+    ),
     "rollout/sampled_groups": ("dynamic sampling: groups generated this step, all rounds and processes", "groups"),
     "rollout/logprob_diff_mean": (
         "|sampler - trainer| log-prob of the sampled tokens, mean over response tokens "
@@ -115,6 +139,7 @@ LOSS_STAT_KEYS = {
     "clip_frac_token": ("policy/clip_frac_token", "tokens"),
     "clip_frac_token_low": ("policy/clip_frac_token_low", "tokens"),
     "clip_frac_token_high": ("policy/clip_frac_token_high", "tokens"),
+    "clip_frac_token_dual": ("policy/clip_frac_token_dual", "tokens"),
     "clip_frac_seq": ("policy/clip_frac_seq", "responses"),
     "ratio_mean": ("policy/ratio_mean", "tokens"),
     "seq_ratio_mean": ("policy/seq_ratio_mean", "responses"),
@@ -174,3 +199,20 @@ MISMATCH_STAT_KEYS = {
     "masked_seq_frac": ("mismatch/masked_seq_frac", "responses"),
     "truncated_seq_frac": ("mismatch/truncated_seq_frac", "responses"),
 }
+
+
+# Below this a value is float noise (a KL of 1e-14 from two forwards that agree to the last bit).
+FLOAT_NOISE = 1e-9
+
+
+def no_signal(zero_var_frac, reward_std) -> bool:
+    """Whether a run had no reward signal: at every logged step all groups were zero-variance
+    (reward/zero_var_group_frac = 1), or, without that metric, the batch's rewards were
+    constant (reward/std = 0). Each argument is a sequence of per-step values (NaN skipped); no
+    step logged: False (nothing to say). The one test, used by `gspo plot`'s note, `gspo compare`,
+    `gspo report` and the trainer's end-of-run line."""
+    z = [float(v) for v in zero_var_frac if math.isfinite(float(v))]
+    if z:
+        return all(v >= 1.0 - FLOAT_NOISE for v in z)
+    s = [float(v) for v in reward_std if math.isfinite(float(v))]
+    return bool(s) and all(abs(v) < FLOAT_NOISE for v in s)

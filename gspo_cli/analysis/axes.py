@@ -12,6 +12,9 @@
   naming them, so no arm is hidden under another.
 - A run without reward signal (every group's rewards equal at every step: all advantages 0,
   nothing learned) is named in a note on every panel it appears in.
+- Notes sit below the axes, never over a curve.
+- A held-out score (in [0, 1]) is drawn from 0: one seed's evaluation noise (a few problems
+  more or less) never fills the panel as if it were a trend.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-FLOOR = 1e-9
+# no_signal: the one test of a run without reward signal, shared with compare, report and the trainer.
+from gspo_cli.metrics import FLOAT_NOISE, no_signal  # noqa: F401
+
+FLOOR = FLOAT_NOISE
 OVERLAP_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 NOTE_WIDTH = 60  # characters per line of a note: inside a panel of the combined figure
 NOTE_STYLE = {"fontsize": 7, "color": "0.25", "ha": "left", "va": "top"}
@@ -105,28 +111,29 @@ def keep_flat(ax: Axes, values: np.ndarray) -> None:
 
 
 def add_notes(ax: Axes, notes: list[str]) -> None:
-    """Notes in the axes' top-left corner, each wrapped at NOTE_WIDTH characters, on a white box
-    so the lines below stay visible."""
+    """Notes below the axes (under the x label, left-aligned with the axes), each wrapped at
+    NOTE_WIDTH characters: outside the data area, so no curve is hidden; constrained layout
+    makes room for them."""
     if notes:
-        ax.text(
-            0.02,
-            0.98,
+        ax.annotate(
             "\n".join(textwrap.fill(n, NOTE_WIDTH) for n in notes),
-            transform=ax.transAxes,
-            bbox={"boxstyle": "round", "fc": "white", "ec": "0.6", "alpha": 0.85},
+            xy=(0.0, 0.0),
+            xycoords=("axes fraction", ax.xaxis.label),  # x: the axes' left edge; y: below the x label
+            xytext=(0, -4),
+            textcoords="offset points",
+            annotation_clip=False,
             gid="gspo-note",
             **NOTE_STYLE,
         )
 
 
-def no_signal(zero_var_frac: np.ndarray, reward_std: np.ndarray) -> bool:
-    """Whether a run had no reward signal: at every logged step all groups were zero-variance
-    (reward/zero_var_group_frac = 1), or, without that metric, the batch's rewards were
-    constant (reward/std = 0). No step logged: False (nothing to say)."""
-    z = np.asarray(zero_var_frac, dtype=float)
-    z = z[np.isfinite(z)]
-    if len(z):
-        return bool(np.all(z >= 1.0 - FLOOR))
-    s = np.asarray(reward_std, dtype=float)
-    s = s[np.isfinite(s)]
-    return bool(len(s)) and bool(np.all(np.abs(s) < FLOOR))
+def score_limits(ax: Axes, values: np.ndarray) -> None:
+    """y from 0 to a round top above `values` (scores, bands included): the top is the largest
+    finite value plus 15%, rounded up to a multiple of 0.05, at most 1.02 (a score of 1 stays
+    visible above the frame's edge). No finite value: the axis is left as it is."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return
+    top = min(1.02, max(0.05, np.ceil(max(float(v.max()), 0.0) * 1.15 / 0.05 - 1e-9) * 0.05))
+    ax.set_ylim(0.0, top)

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gspo_cli.analysis.arm_settings import SETTINGS, arm_settings
+from gspo_cli.analysis.report_testable import no_signal_note, same_gradient_notes
 from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, seed_stats
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS
@@ -226,6 +227,7 @@ def compare_runs(
     if metrics and "threshold" in metrics and threshold is None:
         raise SpecError("--metrics threshold: needs --threshold VALUE")
     runs = load_runs(paths)
+    last = min(last, max(len(r.metrics) for r in runs)) or last  # "last 10" of a 6-step run is its 6
     groups = group_runs(runs, group_by)
     cols = build_columns(list(metrics or DEFAULT), runs, last=last, threshold=threshold)
     rows = [_row(g, cols) for g in groups]
@@ -234,7 +236,10 @@ def compare_runs(
         rows = [Row(r.group, r.seeds, r.status, {c.id: r.cells[c.id] for c in keep}, r.settings) for r in rows]
         cols = keep
     settings = {"group_by": group_by, "last": last, "threshold": threshold}
-    return Comparison(cols, rows, _notes(runs, threshold, last), settings)
+    notes = _notes(runs, threshold, last) + same_gradient_notes(groups)
+    if (silent := no_signal_note(runs)) is not None:
+        notes.append(silent)
+    return Comparison(cols, rows, notes, settings)
 
 
 def _row(group: Group, cols: list[Column]) -> Row:

@@ -1,4 +1,4 @@
-"""`gspo report`: the GSPO paper's four findings, checked on an experiment's run directories.
+"""`gspo report`: the GSPO paper's findings (five), checked on an experiment's run directories.
 
 The report is built from the same numbers `gspo compare` prints and the same figures `gspo
 plot` draws; it adds, for each finding, a difference of means between two arms with a
@@ -23,6 +23,7 @@ from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
 from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
+from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
 from gspo_cli.errors import SpecError
 
@@ -186,6 +187,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     """Write figures next to `out` and return the report's Markdown text."""
     paths = [str(exp_dir)]
     runs = load_runs(paths)
+    last = max(1, min(last, max(len(r.metrics) for r in runs)))  # "first 25 steps" of a 6-step run: 6
     groups = group_runs(runs, "arm")
     comp = compare_runs(paths, metrics=TABLE_METRICS, last=last)
     roles = _roles(groups)
@@ -219,8 +221,9 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += _ratio_lines(roles, comp)
     lines += diagnostic_lines(groups)
     lines += ["## Findings", ""]
-    lines += _findings(roles, comp, diff, vals, eval_col, eval_label, runs)
-    lines += stability_finding(roles, welch_diff)
+    untestable = findings_untestable(roles)
+    lines += _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable)
+    lines += [f"**5.** not testable: {untestable}.", ""] if untestable else stability_finding(roles, welch_diff)
     lines += ["", RULES + STABILITY_RULE]
     eval_task = eval_col.split(":", 1)[1] if eval_col else None
     lines += learning_lines(groups, eval_task, eval_label, last)
@@ -329,12 +332,16 @@ def _ratio_lines(roles: dict[str, Group], comp: Comparison) -> list[str]:
     return out + [""]
 
 
-def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
+def _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable: str | None) -> list[str]:
+    """Findings 1-4; `untestable`: why 1-3 cannot be tested on these runs (None: they can)."""
     out: list[str] = []
     has = lambda *rs: all(r in roles for r in rs)  # noqa: E731
 
     # 1. efficiency
-    if has("gspo", "grpo"):
+    if untestable:
+        out += [line for k in (1, 2, 3) for line in (f"**{k}.** not testable: {untestable}.", "")]
+        v1 = "not testable"
+    elif has("gspo", "grpo"):
         d_rew, d_auc = diff("gspo", "grpo", "reward"), diff("gspo", "grpo", "reward/mean")
         d_ev = diff("gspo", "grpo", eval_col) if eval_col else None
         signs = [d_rew.significant] + ([d_ev.significant] if d_ev else [])
@@ -358,7 +365,9 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
         v1 = "not testable"
 
     # 2. clipping
-    if has("gspo", "grpo"):
+    if untestable:
+        pass
+    elif has("gspo", "grpo"):
         g, s = _mean(vals("grpo", "clip")), _mean(vals("gspo", "clip"))
         ratio = s / g if g > 0 else math.inf
         part = "holds" if ratio >= 10 else "does not hold"
@@ -372,7 +381,9 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
         out += ["**2.** not testable: needs a GRPO and a GSPO arm.", ""]
 
     # 3. routing replay
-    if has("grpo", "grpo_rr", "gspo"):
+    if untestable:
+        pass
+    elif has("grpo", "grpo_rr", "gspo"):
         d_rr = diff("grpo_rr", "grpo", "reward")
         d_g = diff("gspo", "grpo_rr", "reward")
         bad = {"diverged", "failed"}
@@ -394,7 +405,9 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs) -> list[str]:
     # 4. expert volatility
     per_role = {role: _mean(vals(role, "expert_change")) for role in ROLES if role in roles}
     per_role = {k: v for k, v in per_role.items() if math.isfinite(v)}
-    if per_role:
+    if per_role and (why := expert_change_untestable(roles)):
+        out += [f"**4.** not testable: {why}.", ""]
+    elif per_role:
         overall = float(np.mean(list(per_role.values())))
         layers = (runs[0].spec.get("model", {}).get("builtin", {}) or {}).get("num_layers")
         verdict = (

@@ -19,6 +19,7 @@ import yaml
 
 from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
+from gspo_cli.metrics import no_signal
 from gspo_cli.runs import RunDir, find_runs, format_setting
 
 
@@ -49,6 +50,17 @@ class Run:
         if key not in self.metrics.columns:
             return pd.Series(dtype=float)
         return self.metrics[key].astype(float)
+
+    @property
+    def no_signal(self) -> bool:
+        """No reward signal at any logged step (`gspo_cli.metrics.no_signal`, the plot's test)."""
+        return no_signal(self.series("reward/zero_var_group_frac"), self.series("reward/std"))
+
+    @property
+    def arm_spec(self) -> dict[str, Any]:
+        """This run's arm in its spec.yaml (the first arm if none has its name; {} without one)."""
+        arms = [a for a in self.spec.get("arms") or [] if isinstance(a, dict)]
+        return next((a for a in arms if a.get("name") == self.arm), arms[0] if arms else {})
 
     @cached_property
     def eval_scores(self) -> pd.DataFrame:

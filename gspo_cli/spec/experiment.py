@@ -13,6 +13,7 @@ from gspo_cli.spec.arm import ArmConfig
 from gspo_cli.spec.base import _check_dir_name, _did_you_mean, _Problems, _Strict
 from gspo_cli.spec.model import ModelConfig
 from gspo_cli.spec.rollout import RolloutConfig
+from gspo_cli.spec.same_gradient import ON_POLICY, off_policy_reasons, same_gradient_pairs
 from gspo_cli.spec.task import TaskConfig
 from gspo_cli.spec.training import OptimizerConfig, TrainConfig
 
@@ -107,7 +108,25 @@ class ExperimentSpec(_Strict):
         raise SpecError(f"--arm: no arm named {name!r}{_did_you_mean(name, names)}; arms: {', '.join(names)}")
 
     def on_policy_arms(self) -> list[str]:
-        return [a.name for a in self.arms if a.mini_batches == 1 and a.epochs == 1]
+        """Arms whose every importance ratio is 1 (`same_gradient.off_policy_reasons` empty)."""
+        rollout = self.rollout.model_dump(mode="json")
+        return [a.name for a in self.arms if not off_policy_reasons(a.model_dump(mode="json"), rollout)]
+
+    def on_policy_warning(self) -> str | None:
+        """The load warning: arms that update on-policy (nothing clipped) and, among them, pairs
+        that take the same gradient (`same_gradient`); None when there are none."""
+        on_policy = self.on_policy_arms()
+        if not on_policy:
+            return None
+        text = f"arms {on_policy} update on-policy ({ON_POLICY}): every importance ratio is 1, so nothing is clipped"
+        pairs = same_gradient_pairs(self.to_dict())
+        if pairs:
+            named = ", ".join(f"{a!r} and {b!r}" for a, b, _ in pairs)
+            text += (
+                f"; {named} take the same gradient (they differ only in loss and clip range): "
+                "comparing them measures seed noise only"
+            )
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -188,6 +207,7 @@ def _unregistered_names(arms: list[ArmConfig]) -> list[str]:
                 f"arms[{i}].loss_params.{p}" for p in algorithms.loss_param_problems(arm.loss, arm.loss_params)
             ]
             problems += _composition_problems(i, arm, algorithms)
+            problems += [f"arms[{i}].{p}" for p in algorithms.clip_problems(arm.loss, arm.clip_low, arm.clip_dual)]
     return problems
 
 

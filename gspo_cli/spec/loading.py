@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
+from gspo_cli.spec.arm import AggregationWarning, aggregation_warning
 from gspo_cli.spec.base import _did_you_mean, _Problems
 from gspo_cli.spec.experiment import ExperimentSpec, OnPolicyWarning
 from gspo_cli.spec.presets import PRESETS
@@ -189,14 +190,11 @@ def spec_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentSp
         spec = ExperimentSpec.model_validate(raw)
     except ValidationError as err:
         raise SpecError(_format_validation_error(err)) from None
-    on_policy = spec.on_policy_arms()
-    if on_policy:
-        warnings.warn(
-            f"arms {on_policy} update on-policy (1 mini-batch, 1 epoch): every importance ratio is 1, "
-            "so GRPO and GSPO give the same gradient and nothing is clipped",
-            OnPolicyWarning,
-            stacklevel=2,
-        )
+    if note := spec.on_policy_warning():
+        warnings.warn(note, OnPolicyWarning, stacklevel=2)
+    for i, arm in enumerate(spec.arms):
+        if line := aggregation_warning(i, arm):
+            warnings.warn(line, AggregationWarning, stacklevel=2)
     return spec
 
 
