@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gspo_cli.train.reporting import PlainReporter, format_step
+from gspo_cli.train.reporting import PlainReporter, format_eval, format_step
 
 
 class RichReporter(PlainReporter):
@@ -48,6 +48,10 @@ class RichReporter(PlainReporter):
     def step_done(self, name, m):
         self.progress.update(self.tasks[name], completed=m["step"], info=format_step(m))
 
+    def eval_done(self, name, record):
+        # Above the bars, so every score stays on screen as training goes on.
+        self.log(f"[{name}] {format_eval(record)}")
+
     def run_finished(self, name, status, summary):
         pass
 
@@ -60,22 +64,40 @@ def make_reporter(quiet: bool = False, to_stderr: bool = False):
     return PlainReporter(quiet, stream=stream)
 
 
+def _eval_head(results) -> str:
+    """What the eval columns show: one evaluation set's first score key (e.g. "aime24 avg@4"),
+    the set named in each cell when the runs' differ."""
+    shown = {(r.summary.get("eval_set"), next(iter(r.summary.get("eval_first") or {}), None)) for r in results}
+    shown.discard((None, None))
+    return " ".join(str(x) for x in shown.pop() if x) if len(shown) == 1 else "eval"
+
+
+def _eval_cell(summary: dict, key: str, named: bool) -> str:
+    scores = summary.get(key) or {}
+    if not scores:
+        return ""
+    name, value = next(iter(scores.items()))
+    text = f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
+    return f"{summary.get('eval_set') or ''} {name} {text}".strip() if named else text
+
+
 def render_summary(results) -> None:
     table = Table(title="runs")
-    for col in ("arm", "seed", "status", "reward first", "reward last", "eval first", "eval last", "train s", "path"):
+    head = _eval_head(results)
+    named = head == "eval"  # several sets or score keys: each cell says which
+    for col in ("arm", "seed", "status", "reward first", "reward last", f"{head} first", f"{head} last", "train s"):
         table.add_column(col)
+    table.add_column("path", overflow="fold")  # a long path wraps, never cut with "…"
     for r in results:
         s = r.summary
-        ev0 = (s.get("eval_first") or {}).get(next(iter(s.get("eval_first") or {}), ""), "")
-        ev1 = (s.get("eval_last") or {}).get(next(iter(s.get("eval_last") or {}), ""), "")
         table.add_row(
             r.arm,
             str(r.seed),
             r.status,
             str(s.get("reward_first", "")),
             str(s.get("reward_last", "")),
-            f"{ev0:.3f}" if ev0 != "" else "",
-            f"{ev1:.3f}" if ev1 != "" else "",
+            _eval_cell(s, "eval_first", named),
+            _eval_cell(s, "eval_last", named),
             str(s.get("train_s", "")),
             r.path,
         )

@@ -19,6 +19,7 @@ from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
+from gspo_cli.metrics import no_signal
 from gspo_cli.models import resolve_model_source
 from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
 from gspo_cli.rollout.vllm_settings import check_vllm_settings
@@ -85,6 +86,11 @@ def train_experiment(
         reporter = quiet_reporter()
     for line in data_lines(data):
         reporter.log(line)
+    # A run directory holding another spec's run is refused now, not after the cold start.
+    for arm in selected:
+        for seed in seed_list:
+            path = run_path(spec.output_dir, spec.name, arm.name, seed)
+            decide_start(RunDir(path), run_spec(spec, arm, seed), force, info)
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
     source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
     if info.enabled and spec.model.name.startswith("builtin:"):
@@ -276,6 +282,11 @@ def _train_locked(
             close()
     finish("completed", summary=summary)
     reporter.run_finished(name, "completed", summary)
+    if summary.get("no_signal"):
+        reporter.log(
+            f"[{name}] warning: no learning signal: every group's rewards were equal at every step "
+            "(reward/zero_var_group_frac 1), so every advantage was 0 and nothing was learned from the rewards"
+        )
     return RunResult(arm.name, seed, str(rd.path), "completed", summary)
 
 
@@ -301,7 +312,7 @@ def _loop(
     stale = StaleRollouts(ctx, source=source, seed=seed, pending=pending) if spec.rollout.staleness else None
     try:
         if start_step == 0:
-            _evaluate(ctx, rd, eval_sets, step=0, sinks=sinks)
+            _evaluate(ctx, rd, eval_sets, step=0, sinks=sinks, report=lambda rec: reporter.eval_done(name, rec))
         _steps(ctx, rd, name, reporter, start_step, stop, eval_sets, sinks, stale)
         if distributed.is_sharded(ctx.model):  # its checkpoints are shards: transformers needs a whole copy
             export_checkpoint(rd.checkpoints / f"step_{steps:06d}", rd.path / "model", info=ctx.dist, step=steps)
@@ -335,7 +346,8 @@ def _steps(
         gap_warning.check(metrics, reporter)
         is_last = step == steps
         stopping = distributed.broadcast_object(bool(stop), ctx.dist)  # every rank stops at the same step
-        _evaluate(ctx, rd, [s for s in eval_sets if s.due(step, steps)], step=step, sinks=sinks)
+        due_sets = [s for s in eval_sets if s.due(step, steps)]
+        _evaluate(ctx, rd, due_sets, step=step, sinks=sinks, report=lambda rec: reporter.eval_done(name, rec))
         due = spec.train.checkpoint_every and step % spec.train.checkpoint_every == 0
         if is_last or stopping or due:
             _checkpoint(ctx, rd, step, extra=stale.checkpoint_state() if stale is not None else None)
@@ -369,12 +381,18 @@ def _summary(rd: RunDir, steps: int) -> dict:
     metrics, evals = rd.metrics(), rd.evals()
     first = [m["reward/mean"] for m in metrics[: max(1, steps // 10)]]
     last = [m["reward/mean"] for m in metrics[-max(1, steps // 10) :]]
+    # First and last score of one evaluation set (the first logged), never two sets' mixed.
+    set_name = next((e.get("set") or e.get("task") for e in evals), None)
+    one_set = [e for e in evals if (e.get("set") or e.get("task")) == set_name]
+    column = lambda key: [v for m in metrics if isinstance(v := m.get(key), (int, float))]  # noqa: E731
     return {
         "steps": steps,
         "reward_first": round(sum(first) / max(len(first), 1), 4),
         "reward_last": round(sum(last) / max(len(last), 1), 4),
-        "eval_first": evals[0]["scores"] if evals else None,
-        "eval_last": evals[-1]["scores"] if evals else None,
+        "no_signal": no_signal(column("reward/zero_var_group_frac"), column("reward/std")),
+        "eval_set": set_name,
+        "eval_first": one_set[0]["scores"] if one_set else None,
+        "eval_last": one_set[-1]["scores"] if one_set else None,
         "train_s": round(metrics[-1]["time/elapsed_s"], 1) if metrics else 0.0,
     }
 
@@ -386,8 +404,21 @@ def _check_finite(metrics: dict, step: int) -> None:
             raise DivergedError(f"step {step}: {key} is {v}")
 
 
-def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=()) -> None:
-    """Rank 0 scores the sets due and logs them. With sharded weights (FSDP) every rank must
+def _teed(log_eval, report):
+    """`log_eval`, then `report` (None: nothing else) with the same record."""
+    if report is None:
+        return log_eval
+
+    def both(record: dict) -> None:
+        log_eval(record)
+        report(record)
+
+    return both
+
+
+def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=(), report=None) -> None:
+    """Rank 0 scores the sets due and logs them (and hands each eval.jsonl record to `report`,
+    the reporter's view). With sharded weights (FSDP) every rank must
     take part in each generation step, so all ranks sample the same evaluation and only rank 0
     logs it (the others' RunDir writes nowhere); so do the members of rank 0's tensor-parallel
     vLLM engine."""
@@ -404,7 +435,7 @@ def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=()) ->
         ctx.engine.sampler_logprobs = False
     try:
         with ctx.compute(), ctx.engine.same_prompts() if group else contextlib.nullcontext():
-            score_and_log(ctx.engine, sets, step, rd.log_eval, sinks)
+            score_and_log(ctx.engine, sets, step, _teed(rd.log_eval, report), sinks)
     finally:
         if stats:
             ctx.engine.sampler_logprobs = True
