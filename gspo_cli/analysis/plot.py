@@ -1,12 +1,16 @@
 """`gspo plot`: publication-ready figures regenerated from run directories alone.
 
-One line per group (arm, by default): the mean over seeds at each step, with a shaded 95%
-CI band (t-distribution) where at least two seeds have the point. Colours follow the
-sorted group order, so an arm has the same colour in every figure of one call. What the axes
-may and may not show (noise floor, log scales, ticks, overlapping arms, runs without reward
-signal) is decided in `axes`. Figures are
-built on `matplotlib.figure.Figure` (Agg, no pyplot state, no LaTeX) and saved with fixed
-metadata, so the same files give the same bytes.
+One line per group (arm, by default): the mean over seeds at each step, each seed smoothed
+first (an EMA; by default one whose window is 1/25 of the run), the unsmoothed mean drawn faint
+behind it, and a shaded band over seeds (95% CI, t-distribution, by default; or ± one standard
+deviation, or min-max) where at least two seeds have the point. Colours follow the sorted group
+order, so an arm has the same colour in every figure of one call. Legends and notes sit outside
+the axes, never over a curve; the combined figure (`panel.<fmt>`) holds the figures a paper
+would show that the runs have data for (reward, held-out score per task, clipped tokens, MoE
+expert change, ...) with one shared legend above them. What the axes may and may not show (noise
+floor, log scales, ticks, held-out scores from 0, overlapping arms, runs without reward signal)
+is decided in `axes`. Figures are built on `matplotlib.figure.Figure` (Agg, no pyplot state, no
+LaTeX) and saved with fixed metadata, so the same files give the same bytes.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from gspo_cli.analysis.axes import (
     keep_flat,
     no_signal,
     overlapping,
+    score_limits,
     tidy_ticks,
 )
 from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
@@ -41,6 +46,14 @@ from gspo_cli.metrics import describe
 FORMATS = ("png", "svg", "pdf")
 X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]", "tokens": "response tokens generated"}
 DPI = 150
+# Band over seeds: name -> what the legend says it is.
+BANDS = {"ci": "mean ± 95% CI", "std": "mean ± 1 std", "range": "mean, band min-max", "none": "mean"}
+SMOOTH_AUTO = "auto"
+AUTO_WINDOW = 25  # --smooth auto: an EMA whose window (1 / (1 - weight)) is 1/25 of the longest run
+# The combined figure's panels when --metrics is not given: what a paper shows, where the runs
+# have it. Every figure with data still gets its own file.
+PANEL_FIGURES = ("reward", "eval", "clip", "expert_change", "engine_route_diff", "mismatch")
+RAW_STYLE = {"lw": 0.7, "alpha": 0.3}  # the unsmoothed mean behind a smoothed curve
 # Fixed salt and no dates: the same runs must give byte-identical files.
 _RC = {"svg.hashsalt": "gspo-cli", "text.usetex": False, "font.family": "DejaVu Sans", "font.size": 9}
 _METADATA = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
@@ -119,7 +132,7 @@ def _profile_buckets(groups: list[Group], prefix: str) -> list[str]:
     return sorted(found, key=lambda b: [int(t) if t.isdigit() else float("inf") for t in b.split("_")])
 
 
-def profile_panel(fid: str, groups: list[Group], colours: dict) -> Panel | None:
+def profile_panel(fid: str, groups: list[Group], colours: dict, band: str = "ci") -> Panel | None:
     """Mean over seeds (± 95% CI) of each run's mean over steps, per bucket of the family."""
     prefix, title, xlabel = PROFILES[fid]
     buckets = _profile_buckets(groups, prefix)
@@ -132,7 +145,7 @@ def profile_panel(fid: str, groups: list[Group], colours: dict) -> Panel | None:
         for i, run in enumerate(g.runs):
             vals = [run.series(prefix + b).dropna().mean() if prefix + b in run.metrics else np.nan for b in buckets]
             ys[i] = pd.Series(vals, index=pos.index, dtype=float)
-        curves.append((g, _curve(ys, {i: pos for i in ys})))
+        curves.append((g, _curve(ys, {i: pos for i in ys}, band)))
 
     def draw(ax: Axes) -> None:
         means = [floor_noise(c.mean) for _, c in curves if c is not None]
@@ -143,7 +156,7 @@ def profile_panel(fid: str, groups: list[Group], colours: dict) -> Panel | None:
         if scale == "linear":
             add_notes(ax, ["all values are 0 or negative: linear axis"])
         ax.set_xticks(pos.to_numpy(), [b.replace("_inf", "+").replace("_", "-") for b in buckets])
-        _finish(ax, title, xlabel, "var log(π_θ/π_old), mean over steps", groups)
+        _finish(ax, title, xlabel, "var log(π_θ/π_old), mean over steps", groups, band=band)
 
     return Panel(fid, draw)
 
@@ -163,13 +176,16 @@ class Curve:
 class Panel:
     name: str  # file stem
     draw: Callable[[Axes], None]
-    own_legend: bool = False  # keeps its legend in the combined panel (line styles)
+    own_legend: bool = False  # has line-style entries of its own (dashed parts)
+    in_panel: bool = True  # drawn in the combined figure (PANEL_FIGURES, or every --metrics one)
 
 
 @dataclass
 class Plot:
     panels: list[Panel]
     skipped: list[str] = field(default_factory=list)
+    smooth: float = 0.0  # the EMA weight used (--smooth auto resolved)
+    band: str = "ci"
 
 
 # --------------------------------------------------------------------------- data
@@ -190,7 +206,8 @@ def x_values(run: Run, x: str) -> pd.Series:
     return (run.series("response/length_mean").fillna(0) * batch).cumsum()
 
 
-def _curve(ys: dict[int, pd.Series], xs: dict[int, pd.Series]) -> Curve | None:
+def _curve(ys: dict[int, pd.Series], xs: dict[int, pd.Series], band: str = "ci") -> Curve | None:
+    """Seed statistics of (points x seeds) values; the band (BANDS) is NaN where < 2 seeds."""
     if not ys:
         return None
     y = pd.DataFrame(ys).sort_index()
@@ -199,11 +216,17 @@ def _curve(ys: dict[int, pd.Series], xs: dict[int, pd.Series]) -> Curve | None:
     ok = np.isfinite(xm) & st["mean"].notna().to_numpy()
     if not ok.any():  # e.g. --x time on runs that log no time
         return None
-    mean, ci = st["mean"].to_numpy()[ok], st["ci95"].to_numpy()[ok]
-    return Curve(xm[ok], mean, mean - ci, mean + ci, st["n"].to_numpy()[ok])
+    mean, n = st["mean"].to_numpy()[ok], st["n"].to_numpy()[ok]
+    if band == "range":
+        lo, hi = y.min(axis=1).to_numpy()[ok], y.max(axis=1).to_numpy()[ok]
+    else:
+        half = st["std" if band == "std" else "ci95"].to_numpy()[ok] * (np.nan if band == "none" else 1.0)
+        lo, hi = mean - half, mean + half
+    several = n >= 2
+    return Curve(xm[ok], mean, np.where(several, lo, np.nan), np.where(several, hi, np.nan), n)
 
 
-def metric_curve(group: Group, key: str, x: str, smooth: float) -> Curve | None:
+def metric_curve(group: Group, key: str, x: str, smooth: float, band: str = "ci") -> Curve | None:
     """Mean over the group's seeds of one metric, each seed EMA-smoothed first; None if no seed logs it.
 
     Seeds are aligned by step; for x = time or tokens the x of a point is the seeds' mean x.
@@ -214,10 +237,19 @@ def metric_curve(group: Group, key: str, x: str, smooth: float) -> Curve | None:
         if len(y):
             ys[i] = pd.Series(ema(y.to_numpy(), smooth), index=y.index)
             xs[i] = x_values(run, x).reindex(y.index)
-    return _curve(ys, xs)
+    return _curve(ys, xs, band)
 
 
-def eval_curve(group: Group, task: str, x: str) -> Curve | None:
+def auto_smooth(groups: list[Group]) -> float:
+    """--smooth auto: the EMA weight whose window 1 / (1 - w) is 1/AUTO_WINDOW of the longest
+    run's logged steps, rounded to 2 decimals: 0 (no smoothing) up to 25 steps, 0.75 at 100,
+    0.9 at 250, 0.94 at 400, at most 0.99."""
+    steps = max((len(r.metrics) for g in groups for r in g.runs), default=0)
+    window = steps / AUTO_WINDOW
+    return 0.0 if window <= 1 else min(0.99, round(1 - 1 / window, 2))
+
+
+def eval_curve(group: Group, task: str, x: str, band: str = "ci") -> Curve | None:
     """Held-out score (first avg@K) by eval step; eval steps map to time/tokens through the run's metrics."""
     ys, xs = {}, {}
     for i, run in enumerate(group.runs):
@@ -229,7 +261,7 @@ def eval_curve(group: Group, task: str, x: str) -> Curve | None:
         xv = x_values(run, x).dropna()
         # Step 0 (before training) sits at x = 0 for every axis.
         xs[i] = pd.Series(np.interp(ev.step, [0, *xv.index], [0.0, *xv.to_numpy()]), index=ev.step.to_numpy())
-    return _curve(ys, xs)
+    return _curve(ys, xs, band)
 
 
 def group_colours(groups: list[Group]) -> dict[str, tuple]:
@@ -243,10 +275,20 @@ def group_colours(groups: list[Group]) -> dict[str, tuple]:
 
 def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None) -> None:
     """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR)."""
-    ax.plot(c.x, floor_noise(c.mean), color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3)
+    ax.plot(c.x, floor_noise(c.mean), color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3, zorder=3)
     ok = np.isfinite(c.lo) & np.isfinite(c.hi)
     if band and ok.any():
         ax.fill_between(c.x, floor_noise(c.lo), floor_noise(c.hi), where=ok, color=colour, alpha=0.2, lw=0)
+
+
+def _draw_raw(ax: Axes, c: Curve, colour, name: str) -> None:
+    """The unsmoothed mean over seeds, faint behind the smoothed one (label `_raw ...`: no legend
+    entry, not counted by the axes rules)."""
+    ax.plot(c.x, floor_noise(c.mean), color=colour, label=f"_raw {name}", zorder=2, **RAW_STYLE)
+
+
+def _raw_handle() -> Line2D:
+    return Line2D([], [], color="0.35", label="unsmoothed mean", **RAW_STYLE)
 
 
 def _ylabel(spec: FigureSpec, smooth: float) -> str:
@@ -256,11 +298,20 @@ def _ylabel(spec: FigureSpec, smooth: float) -> str:
 
 
 def _finish(
-    ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group], extra=(), notes=(), integer_x=False
+    ax: Axes,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    groups: list[Group],
+    extra=(),
+    notes=(),
+    integer_x=False,
+    band: str = "ci",
 ) -> None:
-    """Titles, grid, legend and the honest-axis rules of `axes`: ticks, a flat range for flat
-    data, markers and a note for arms drawn on top of each other, a note for runs without
-    reward signal, and any `notes` of the panel's own."""
+    """Titles, grid, legend (outside the axes, on the right) and the honest-axis rules of
+    `axes`: ticks, a flat range for flat data, markers and a note for arms drawn on top of each
+    other, a note for runs without reward signal, and any `notes` of the panel's own (notes go
+    below the axes)."""
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -281,14 +332,22 @@ def _finish(
         notes.append(f"no reward signal in {shown}: every group's rewards equal at every step (advantages 0)")
     add_notes(ax, notes)
     handles, labels = ax.get_legend_handles_labels()
-    several = any(len(g.runs) > 1 for g in groups)
     ax.legend(
         [*handles, *extra],
         [*labels, *(h.get_label() for h in extra)],
         fontsize=7,
-        title="mean ± 95% CI" if several else None,
+        title=legend_title(groups, band),
         title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+        frameon=False,
     )
+
+
+def legend_title(groups: list[Group], band: str) -> str | None:
+    """What the band is, when some group has several seeds (else there is no band)."""
+    return f"{BANDS[band]} over seeds" if any(len(g.runs) > 1 for g in groups) and band != "none" else None
 
 
 def _no_signal(run: Run) -> bool:
@@ -299,20 +358,24 @@ def _label(group: Group) -> str:
     return f"{group.name} (n={len(group.runs)})"
 
 
-def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: float) -> Panel | None:
+def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: float, band: str = "ci") -> Panel | None:
     spec = FIGURES[fid]
     x = spec.x or x
-    curves = [(g, metric_curve(g, spec.key, x, smooth)) for g in groups]
+    curves = [(g, metric_curve(g, spec.key, x, smooth, band)) for g in groups]
     if all(c is None for _, c in curves):
         return None
-    dashed = [[(g, metric_curve(g, key, x, smooth)) for g in groups] for key, _, _ in spec.dashed]
+    raw = [(g, metric_curve(g, spec.key, x, 0.0, "none")) for g in groups] if smooth > 0 else []
+    dashed = [[(g, metric_curve(g, key, x, smooth, band)) for g in groups] for key, _, _ in spec.dashed]
 
     def draw(ax: Axes) -> None:
         notes = []
         if spec.log:  # log only where the data allow it (axes.choose_scale); zeros stay at 0
-            means = [floor_noise(c.mean) for row in [curves, *dashed] for _, c in row if c is not None]
+            means = [floor_noise(c.mean) for row in [curves, raw, *dashed] for _, c in row if c is not None]
             if apply_scale(ax, np.concatenate(means)) == "linear":
                 notes.append("all values are 0: linear axis")
+        for g, c in raw:
+            if c is not None:
+                _draw_raw(ax, c, colours[g.name], g.name)
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g))
@@ -321,13 +384,14 @@ def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: f
                 if c is not None:
                     _draw_curve(ax, c, colours[g.name], "_" + g.name, ls=ls, band=False)
         styles = [Line2D([], [], color="0.3", ls=ls, label=name) for _, ls, name in spec.dashed]
-        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles, notes, integer_x=x == "step")
+        styles += [_raw_handle()] if raw else []
+        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles, notes, x == "step", band)
 
     return Panel(fid, draw, own_legend=bool(spec.dashed))
 
 
-def eval_panel(task: str, groups: list[Group], colours: dict, x: str) -> Panel | None:
-    curves = [(g, eval_curve(g, task, x)) for g in groups]
+def eval_panel(task: str, groups: list[Group], colours: dict, x: str, band: str = "ci") -> Panel | None:
+    curves = [(g, eval_curve(g, task, x, band)) for g in groups]
     if all(c is None for _, c in curves):
         return None
     key = next((k for g in groups for r in g.runs for k in r.eval_scores.key[r.eval_scores.task == task]), "score")
@@ -336,32 +400,58 @@ def eval_panel(task: str, groups: list[Group], colours: dict, x: str) -> Panel |
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
-        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, integer_x=x == "step")
+        # Scores are in [0, 1]: the axis starts at 0 so that noise between evaluations of one
+        # seed does not fill the panel (axes.score_limits).
+        score_limits(ax, np.concatenate([np.r_[c.mean, c.hi] for _, c in curves if c is not None]))
+        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, integer_x=x == "step", band=band)
 
     return Panel("eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task), draw)
 
 
-def build_plot(groups: list[Group], metrics: list[str] | None = None, x: str = "step", smooth: float = 0.0) -> Plot:
-    """The panels to draw, in figure order; figures with no data in any run are skipped."""
-    if x not in X_AXES:
-        raise SpecError(f"--x: unknown axis {x!r} (known: {', '.join(X_AXES)})")
+def resolve_smooth(groups: list[Group], smooth: float | str) -> float:
+    """The EMA weight: a number in [0, 1), or "auto" (auto_smooth); anything else is a SpecError."""
+    if isinstance(smooth, str):
+        if smooth.strip().lower() == SMOOTH_AUTO:
+            return auto_smooth(groups)
+        try:
+            smooth = float(smooth)
+        except ValueError:
+            raise SpecError(f"--smooth: {smooth!r} is neither 'auto' nor an EMA weight in [0, 1)") from None
     if not 0 <= smooth < 1:
         raise SpecError(f"--smooth: the EMA weight must be in [0, 1), got {smooth}")
+    return float(smooth)
+
+
+def build_plot(
+    groups: list[Group], metrics: list[str] | None = None, x: str = "step", smooth: float | str = 0.0, band: str = "ci"
+) -> Plot:
+    """The panels to draw, in figure order; figures with no data in any run are skipped.
+
+    `metrics` None: every figure, the combined figure holding those of PANEL_FIGURES; given: those
+    figures, all of them in the combined one. `smooth`: an EMA weight in [0, 1) or "auto";
+    `band`: one of BANDS. Bad values are SpecErrors naming the option."""
+    if x not in X_AXES:
+        raise SpecError(f"--x: unknown axis {x!r} (known: {', '.join(X_AXES)})")
+    if band not in BANDS:
+        raise SpecError(f"--band: unknown band {band!r} (known: {', '.join(BANDS)})")
+    smooth = resolve_smooth(groups, smooth)
     for fid in metrics or []:
         if fid not in FIGURES and fid not in PROFILES:
             raise SpecError(f"--metrics: unknown figure {fid!r} (known: {', '.join([*FIGURES, *PROFILES])})")
     colours = group_colours(groups)
-    out = Plot([])
+    out = Plot([], smooth=smooth, band=band)
     for fid in metrics or [*FIGURES, *PROFILES]:
         if fid == "reward_time" and x == "time" and not metrics:
             continue  # the reward figure already is reward vs time
         if fid in PROFILES:
-            panels = [p] if (p := profile_panel(fid, groups, colours)) is not None else []
+            panels = [p] if (p := profile_panel(fid, groups, colours, band)) is not None else []
         elif fid == "eval":
             tasks = sorted({t for g in groups for r in g.runs for t in r.eval_scores.task})
-            panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x)) is not None]
+            panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x, band)) is not None]
         else:
-            panels = [p] if (p := metric_panel(fid, groups, colours, x, smooth)) is not None else []
+            panels = [p] if (p := metric_panel(fid, groups, colours, x, smooth, band)) is not None else []
+        for p in panels:
+            p.in_panel = bool(metrics) or fid in PANEL_FIGURES
         out.panels += panels
         out.skipped += [] if panels else [fid]
     if not out.panels:
@@ -377,26 +467,47 @@ def make_figures(plot: Plot) -> dict[str, Figure]:
     figs = {}
     with matplotlib.rc_context(_RC):
         for p in plot.panels:
-            fig = Figure(figsize=(6.4, 4.0), dpi=DPI, layout="constrained")
+            fig = Figure(figsize=(7.0, 4.0), dpi=DPI, layout="constrained")
             p.draw(fig.add_subplot())
             figs[p.name] = fig
     return figs
 
 
+def panel_grid(n: int, ncols: int = 3) -> tuple[int, int]:
+    """(rows, columns) of the combined figure: one row up to `ncols` panels, 2 x 2 for four."""
+    cols = 2 if n == 4 else min(ncols, n)
+    return -(-n // cols), cols
+
+
 def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
-    """Every panel on one grid; legends only on the first subplot and where line styles need one."""
-    n = len(plot.panels)
-    cols = min(ncols, n)
-    rows = -(-n // cols)
+    """The panels marked `in_panel` (all if none is) on one grid, with one legend for all of
+    them below the grid: the arms once, then each line style (dashed parts, the faint
+    unsmoothed mean) once; no legend inside or beside a panel. What the band is goes in
+    `title` (panel_title)."""
+    panels = [p for p in plot.panels if p.in_panel] or plot.panels
+    rows, cols = panel_grid(len(panels), ncols)
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(5.0 * cols, 3.6 * rows), dpi=DPI, layout="constrained")
-        for i, p in enumerate(plot.panels):
+        fig = Figure(figsize=(4.6 * cols, 3.4 * rows + 0.5), dpi=DPI, layout="constrained")
+        entries: dict[str, object] = {}
+        for i, p in enumerate(panels):
             ax = fig.add_subplot(rows, cols, i + 1)
             p.draw(ax)
-            if i > 0 and not p.own_legend and ax.get_legend() is not None:
-                ax.get_legend().remove()
+            legend = ax.get_legend()
+            if legend is not None:
+                for handle, text in zip(legend.legend_handles, legend.get_texts(), strict=True):
+                    entries.setdefault(text.get_text(), handle)
+                legend.remove()
         if title:
             fig.suptitle(title)
+        if entries:
+            fig.legend(
+                list(entries.values()),
+                list(entries),
+                loc="outside lower center",
+                ncols=min(len(entries), 6),
+                fontsize=8,
+                frameon=False,
+            )
     return fig
 
 
@@ -411,6 +522,16 @@ def default_out(runs: list[Run]) -> Path:
     return Path(os.path.commonpath([str(r.path.parent.parent.resolve()) for r in runs])) / "plots"
 
 
+def panel_title(runs: list[Run], groups: list[Group], plot: Plot, group_by: str = "arm") -> str:
+    """The combined figure's title: experiments, seeds per group, the band, smoothing."""
+    seeds = sorted({len(g.runs) for g in groups})
+    per = f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
+    text = f"{', '.join(sorted({r.experiment for r in runs}))}: {per} per {group_by}"
+    if (band := legend_title(groups, plot.band)) is not None:
+        text += f", {band}"
+    return text + (f"; each seed EMA {plot.smooth:g}, unsmoothed mean faint" if plot.smooth else "")
+
+
 def plot_runs(
     paths: list[str],
     *,
@@ -418,7 +539,8 @@ def plot_runs(
     fmt: str = "png",
     metrics: list[str] | None = None,
     x: str = "step",
-    smooth: float = 0.0,
+    smooth: float | str = SMOOTH_AUTO,
+    band: str = "ci",
     group_by: str = "arm",
     panel: bool = True,
     dpi: int = DPI,
@@ -428,13 +550,13 @@ def plot_runs(
         raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     runs = load_runs(paths)
     groups = group_runs(runs, group_by)
-    plot = build_plot(groups, metrics, x, smooth)
+    plot = build_plot(groups, metrics, x, smooth, band)
     out = Path(out) if out is not None else default_out(runs)
     out.mkdir(parents=True, exist_ok=True)
     written = [save_figure(f, out / f"{name}.{fmt}", fmt, dpi) for name, f in make_figures(plot).items()]
     if not panel:
         return written, plot.skipped
-    experiments = sorted({r.experiment for r in runs})
-    title = f"{', '.join(experiments)}: mean over seeds" + (f", EMA {smooth:g}" if smooth else "")
-    written.append(save_figure(make_panel(plot, title), out / f"panel.{fmt}", fmt, dpi))
+    written.append(
+        save_figure(make_panel(plot, panel_title(runs, groups, plot, group_by)), out / f"panel.{fmt}", fmt, dpi)
+    )
     return written, plot.skipped

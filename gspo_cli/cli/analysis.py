@@ -138,35 +138,65 @@ def plot(
     out: Annotated[
         Optional[Path], typer.Option("--out", "-o", help="output folder (default: `<experiment dir>/plots`)")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="png, svg or pdf")] = "png",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="file format: png, svg or pdf")] = "png",
     metrics: Annotated[
         Optional[list[str]],
         typer.Option(
             "--metrics",
             "-m",
-            help="figures, comma-separated or repeated: reward, "
-            "reward_time, eval, clip, expert_change, engine_route_diff, mismatch, mismatch_dropped, kl, entropy, "
-            "length, grad_norm, logvar_length, logvar_minibatch",
+            metavar="FIGURES",
+            help="which figures, comma-separated or repeated (default: every figure the runs have data "
+            "for, and panel.<fmt> with reward, eval, clip, expert_change, engine_route_diff, mismatch): "
+            "reward, reward_time, eval, clip, expert_change, engine_route_diff, mismatch, mismatch_dropped, "
+            "kl, entropy, length, grad_norm, logvar_length, logvar_minibatch",
         ),
     ] = None,
     x: Annotated[
         str, typer.Option("--x", help="x axis: step, time (training seconds) or tokens (response tokens)")
     ] = "step",
     smooth: Annotated[
-        float, typer.Option("--smooth", help="EMA weight in [0, 1) applied to each seed before averaging; 0: off")
-    ] = 0.0,
-    group_by: Annotated[str, typer.Option("--group-by", "-g", help="as for `compare`")] = "arm",
+        str,
+        typer.Option(
+            "--smooth",
+            metavar="WEIGHT|auto",
+            help="EMA weight in [0, 1) applied to each seed before the mean over seeds, the unsmoothed "
+            "mean drawn faint behind; 0: off; auto: a window of 1/25 of the longest run (0.9 at 250 "
+            "steps, none up to 25)",
+        ),
+    ] = "auto",
+    band: Annotated[
+        str,
+        typer.Option(
+            "--band",
+            help="shaded band over seeds, where an arm has several: ci (95% confidence interval, "
+            "t-distribution), std (± one standard deviation), range (min to max) or none",
+        ),
+    ] = "ci",
+    group_by: Annotated[str, typer.Option("--group-by", "-g", help="one line per: as for `compare`")] = "arm",
+    panel: Annotated[
+        bool, typer.Option("--panel/--no-panel", help="also write panel.<fmt>, the figures on one grid")
+    ] = True,
 ) -> None:
-    """Draw reward, eval, clip-fraction, expert-change, KL, entropy, length and grad-norm
-    curves from run directories: one line per arm, mean over seeds with a 95% CI band.
+    """Draw reward, held-out score, clip-fraction, expert-change, KL, entropy, length and
+    grad-norm curves from run directories: one file per figure plus panel.<fmt>, the figure a
+    paper shows (its panels those the runs have data for, one legend above them). One line per
+    arm: the mean over seeds, smoothed, with a band over seeds where there are several.
 
-    Example: `gspo plot results/quickstart -m reward,clip`
+    Example: `gspo plot results/quickstart` (the README's figure: `-m reward,eval`)
     """
     from gspo_cli.analysis.plot import plot_runs
 
     try:
         written, skipped = plot_runs(
-            paths, out=out, fmt=fmt, metrics=_split_list(metrics), x=x, smooth=smooth, group_by=group_by
+            paths,
+            out=out,
+            fmt=fmt,
+            metrics=_split_list(metrics),
+            x=x,
+            smooth=smooth,
+            band=band,
+            group_by=group_by,
+            panel=panel,
         )
     except GspoError as err:
         _fail(err)
