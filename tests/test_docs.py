@@ -359,6 +359,40 @@ def test_every_formula_parses_in_katex(site):
     assert json.loads(res.stdout) == []
 
 
+def _params_table(text: str, heading: str) -> dict[str, str]:
+    """The table after `heading` in a page: each parameter named in its first column (several
+    may share a row) -> the row's default column."""
+    lines = text.split(heading, 1)[1].splitlines()
+    rows, started = {}, False
+    for line in lines:
+        if not line.startswith("|"):
+            if started:
+                break
+            continue
+        started = True
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ("param", "---"):
+            continue
+        for name in re.findall(r"`([a-z_]+)`", cells[0]):
+            rows[name] = cells[1]
+    return rows
+
+
+def test_task_params_tables_list_every_parameter():
+    """docs/guides/tasks.md has a table of each task's `task.params`: every field of the task's
+    parameter model is in it, nothing else, and the math prompt's default is shown verbatim."""
+    from gspo_cli.tasks.code import CodeParams
+    from gspo_cli.tasks.math import DEFAULT_TEMPLATE, MathParams
+
+    text = (ROOT / "docs" / "guides" / "tasks.md").read_text(encoding="utf-8")
+    math = _params_table(text, "`task.params` for `name: math`")
+    code = _params_table(text, "`task.params` for `name: code`")
+    assert sorted(math) == sorted(MathParams.model_fields)
+    assert sorted(code) == sorted(CodeParams.model_fields)
+    assert math["prompt_template"] == f"`{json.dumps(DEFAULT_TEMPLATE)}`"
+    assert math["answer_fallbacks"] == str(MathParams().answer_fallbacks).lower()
+
+
 @pytest.mark.slow
 def test_contributing_walk_throughs_run():
     """The loss, task and engine walk-throughs of docs/contributing.md, run as written, in a
