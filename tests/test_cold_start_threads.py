@@ -1,0 +1,82 @@
+"""The built-in cold start is the same model whatever the machine's core count or
+OMP_NUM_THREADS (issue 37, item 1): it trains with a fixed torch thread count, and a cache
+entry built under other numerics (thread count, CPU instruction set) is never returned."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gspo_cli.models import builtin
+from gspo_cli.models.builtin import builtin_model_dir, entry_digest
+from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
+from gspo_cli.tasks import make_task
+
+SIZE = BuiltinModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)
+COLD = ColdStartConfig(steps=2, batch_size=4)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_cold_start_trains_with_two_threads_and_restores_the_callers(tmp_path, monkeypatch):
+    monkeypatch.setenv("GSPO_CACHE_DIR", str(tmp_path))
+    torch.set_num_threads(1)  # as under OMP_NUM_THREADS=1 (a sweep's runs, torchrun) or on one core
+    threads_seen = []  # the builder logs from inside its training loop
+    entry = builtin_model_dir(
+        "tiny-dense",
+        SIZE,
+        COLD,
+        make_task("arithmetic", {}),
+        log=lambda m: threads_seen.append(torch.get_num_threads()),
+    )
+    assert threads_seen and set(threads_seen) == {2}, threads_seen
+    assert torch.get_num_threads() == 1  # the caller's count is back
+    info = json.loads((entry / "cold_start.json").read_text())
+    assert info["threads"] == 2
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+def test_an_entry_built_under_other_numerics_is_never_returned(tmp_path, monkeypatch):
+    monkeypatch.setenv("GSPO_CACHE_DIR", str(tmp_path))
+    task = make_task("arithmetic", {})
+    quiet = lambda m: None  # noqa: E731
+    here = builtin_model_dir("tiny-dense", SIZE, COLD, task, log=quiet)
+    with monkeypatch.context() as m:  # another CPU: torch dispatches to other kernels
+        m.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+        other_cpu = builtin_model_dir("tiny-dense", SIZE, COLD, task, log=quiet)
+    assert other_cpu != here
+    with monkeypatch.context() as m:  # an entry trained with another thread count
+        m.setattr(builtin, "COLD_START_THREADS", 1)
+        other_threads = builtin_model_dir("tiny-dense", SIZE, COLD, task, log=quiet)
+    assert len({here, other_cpu, other_threads}) == 3
+    assert json.loads((other_cpu / "cold_start.json").read_text())["cpu_capability"] == "DEFAULT"
+    assert json.loads((other_threads / "cold_start.json").read_text())["threads"] == 1
+    # Back on this machine's numerics: its own entry, not one of the others.
+    assert builtin_model_dir("tiny-dense", SIZE, COLD, task, log=quiet) == here
+
+
+@pytest.mark.slow
+def test_the_quickstart_cold_start_is_the_same_with_one_or_two_omp_threads(tmp_path):
+    """The quickstart's model (full size, batch 64: big enough for torch to split its matmuls
+    over threads) with a shorter cold start, built from empty caches under OMP_NUM_THREADS=1 and
+    =2: bit-equal weights, equal loss and equal step-0 held-out scores. Before the fix 20 steps
+    already ended at loss 1.69208 (1 thread) vs 1.69213 (2 threads)."""
+    built = {}
+    for threads in (1, 2):
+        cache, out = tmp_path / f"cache{threads}", tmp_path / f"runs{threads}"
+        env = {**os.environ, "GSPO_CACHE_DIR": str(cache), "OMP_NUM_THREADS": str(threads)}
+        cmd = [sys.executable, "-m", "gspo_cli", "train", str(REPO / "experiments" / "quickstart.yaml")]
+        cmd += ["--arm", "grpo", "-o", str(out), "-q", "--set", "train.steps=1", "--set", "model.cold_start.steps=20"]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        (entry,) = (cache / "models").glob("tiny-moe-*")
+        evals = [json.loads(line) for line in (out / "quickstart" / "grpo" / "seed0" / "eval.jsonl").open()]
+        built[threads] = (entry.name, entry_digest(entry), json.loads((entry / "cold_start.json").read_text()), evals)
+    one, two = built[1], built[2]
+    assert one[0] == two[0]  # one cache key
+    assert one[1] == two[1]  # bit-equal model and tokenizer
+    assert one[2]["final_loss"] == two[2]["final_loss"] and one[2]["threads"] == 2
+    assert one[3][0]["step"] == 0 and one[3][0]["scores"] == two[3][0]["scores"]
