@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
-from synthetic_runs import BATCH, GRPO_R, gspo_reward, length, make_experiment
+from synthetic_runs import BATCH, GRPO_R, gspo_reward, length, make_experiment, make_no_signal_experiment, write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.plot import build_plot, make_figures, make_panel, plot_runs
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.plot import auto_smooth, build_plot, make_figures, make_panel, plot_runs
+from gspo_cli.analysis.rundata import ema, group_runs, load_runs
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 
@@ -146,3 +147,164 @@ def test_cli_no_runs_and_bad_options_exit_2(exp, tmp_path):
         res = runner.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)
         assert len(res.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- the default figure
+
+
+def _long_experiment(root, steps: int, seeds: int = 1, moe: bool = True):
+    """Arms grpo and gspo, `seeds` seeds, `steps` steps: reward alternating 0.2 / 0.4 (seed k adds
+    0.01 k), token clip fraction 0.001 / 0.1, response length 12, expert change 0.09 (when `moe`),
+    held-out every 50 steps."""
+    for arm, clip in (("grpo", 0.001), ("gspo", 0.1)):
+        for k in range(seeds):
+            recs = [
+                {
+                    "step": t,
+                    "reward/mean": (0.2 if t % 2 else 0.4) + 0.01 * k,
+                    "policy/clip_frac_token": clip,
+                    "response/length_mean": 12.0,
+                }
+                | ({"moe/expert_change_frac": 0.09} if moe else {})
+                for t in range(1, steps + 1)
+            ]
+            evals = [
+                {"step": s, "task": "math", "n": 8, "samples": 4, "scores": {"avg@4": 0.08 + 0.0001 * s}}
+                for s in range(0, steps + 1, 50)
+            ]
+            write_run(root, arm, k, recs, evals=evals)
+    return group_runs(load_runs([str(root / "exp")]))
+
+
+def _drawn(fig):
+    FigureCanvasAgg(fig).draw()  # extents exist once drawn
+    return fig
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_default_panel_holds_the_paper_figures_the_runs_have(tmp_path, groups):
+    # MoE runs: reward, held-out, clip and expert change on a 2 x 2 grid; every other figure with
+    # data (here the response length) still gets its own file.
+    plot = build_plot(_long_experiment(tmp_path, 60))
+    assert [p.name for p in plot.panels] == ["reward", "eval_math", "clip", "expert_change", "length"]
+    fig = make_panel(plot)
+    assert [ax.get_title() for ax in fig.axes] == [
+        "Train reward",
+        "Held-out math (avg@4)",
+        "Clipped-token fraction (GSPO paper, Fig. 2)",
+        "MoE expert change (π_old vs π_θ)",
+    ]
+    assert [ax.get_subplotspec().get_geometry()[:2] for ax in fig.axes] == [(2, 2)] * 4
+    # No expert change logged (a dense model): the panel is skipped, not drawn empty.
+    fig = make_panel(build_plot(groups))
+    assert [ax.get_title() for ax in fig.axes] == [
+        "Train reward",
+        "Held-out arith (avg@4)",
+        "Clipped-token fraction (GSPO paper, Fig. 2)",
+    ]
+    assert {"engine_route_diff", "mismatch", "kl"} <= set(plot.skipped) and "expert_change" in build_plot(
+        groups
+    ).skipped
+
+
+def test_one_shared_legend_outside_every_axes(groups):
+    fig = _drawn(make_panel(build_plot(groups, ["reward", "clip", "length", "eval"])))
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels[:2] == ["grpo (n=3)", "gspo (n=3)"] and labels[2].startswith("low:") and len(labels) == 4
+    box = legend.get_window_extent()
+    assert not any(_overlaps(box, ax.get_window_extent()) for ax in fig.axes)
+    # a single figure: the legend beside the axes, not over them
+    fig = _drawn(make_figures(build_plot(groups, ["reward"]))["reward"])
+    ax = fig.axes[0]
+    assert not _overlaps(ax.get_legend().get_window_extent(), ax.get_window_extent())
+    assert ax.get_legend().get_window_extent().x1 <= fig.bbox.x1 + 1  # and inside the file
+
+
+def test_the_no_signal_note_sits_below_the_axes(tmp_path):
+    exp = make_no_signal_experiment(tmp_path)
+    for fig in (
+        make_figures(build_plot(group_runs(load_runs([str(exp)])), ["reward"]))["reward"],
+        make_panel(build_plot(group_runs(load_runs([str(exp)])))),
+    ):
+        _drawn(fig)
+        for ax in fig.axes:
+            (note,) = [t for t in ax.texts if t.get_gid() == "gspo-note"]
+            assert "no reward signal" in note.get_text()
+            box, frame = note.get_window_extent(), ax.get_window_extent()
+            assert box.y1 < frame.y0 and not any(_overlaps(box, a.get_window_extent()) for a in fig.axes)
+            assert box.y0 >= fig.bbox.y0 - 1  # inside the file
+
+
+def test_smoothed_curve_with_the_unsmoothed_mean_faint_behind(tmp_path):
+    groups = _long_experiment(tmp_path, 20, seeds=2)
+    ax = _figs(groups, ["reward"], smooth=0.5)["reward"].axes[0]
+    raw, smoothed = _line(ax, "_raw gspo"), _line(ax, "gspo (n=2)")
+    means = [(0.2 if t % 2 else 0.4) + 0.005 for t in range(1, 21)]
+    assert np.allclose(raw.get_ydata(), means)  # the mean over seeds, unsmoothed
+    assert np.allclose(smoothed.get_ydata(), ema(np.array(means), 0.5))  # EMA is linear: mean of EMAs
+    assert raw.get_alpha() < 0.5 and raw.get_zorder() < smoothed.get_zorder()
+    assert "unsmoothed mean" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not [ln for ln in _figs(groups, ["reward"])["reward"].axes[0].get_lines() if "_raw" in ln.get_label()]
+
+
+def test_auto_smoothing_follows_the_run_length(tmp_path):
+    assert auto_smooth(_long_experiment(tmp_path / "a", 20, moe=False)) == 0.0
+    assert auto_smooth(_long_experiment(tmp_path / "b", 100, moe=False)) == 0.75
+    long = _long_experiment(tmp_path / "c", 250, moe=False)
+    assert auto_smooth(long) == 0.9
+    plot = build_plot(long, ["reward"], smooth="auto")
+    assert plot.smooth == 0.9
+    assert make_figures(plot)["reward"].axes[0].get_ylabel() == "mean reward, EMA 0.9"
+    with pytest.raises(SpecError, match="--smooth: 'lots'"):
+        build_plot(long, ["reward"], smooth="lots")
+
+
+@pytest.mark.parametrize("band", ["std", "range", "none"])
+def test_band_choices(groups, band):
+    ax = _figs(groups, ["reward"], band=band)["reward"].axes[0]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    if band == "none":
+        assert not bands and ax.get_legend().get_title().get_text() == ""
+        return
+    verts = bands[1].get_paths()[0].vertices  # gspo
+    vals = [gspo_reward(k, 7) for k in range(3)]  # 0.5, 0.6, 0
+    lo, hi = (min(vals), max(vals)) if band == "range" else (np.mean(vals) - np.std(vals, ddof=1),) * 2
+    if band == "std":
+        hi = np.mean(vals) + np.std(vals, ddof=1)
+    ys = verts[np.isclose(verts[:, 0], 7), 1]
+    assert np.isclose(ys, lo).any() and np.isclose(ys, hi).any()
+    assert (
+        ax.get_legend().get_title().get_text().startswith({"std": "mean ± 1 std", "range": "mean, band min-max"}[band])
+    )
+
+
+def test_no_band_for_a_lone_seed(tmp_path):
+    groups = _long_experiment(tmp_path, 30)
+    for name, fig in make_figures(build_plot(groups, ["reward", "eval", "clip"])).items():
+        assert not [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)], name
+        assert fig.axes[0].get_legend().get_title().get_text() == ""
+
+
+def test_held_out_axis_starts_at_0(tmp_path, groups):
+    # one seed whose held-out score moves 0.080 -> 0.085: drawn on [0, 0.1], not zoomed into the noise
+    ax = _figs(_long_experiment(tmp_path, 50), ["eval"])["eval_math"].axes[0]
+    assert ax.get_ylim() == pytest.approx((0.0, 0.1))
+    # bands count: gspo at step 10 has 0.3, 0.4, 0.5 -> 0.4 + 4.303 x 0.1 / sqrt(3) = 0.648 -> 0.75
+    ax = _figs(groups, ["eval"])["eval_arith"].axes[0]
+    assert ax.get_ylim() == pytest.approx((0.0, 0.75))
+
+
+def test_cli_help_names_the_options_and_bad_values_exit_2(exp, tmp_path):
+    res = runner.invoke(app, ["plot", "--help"], env={"COLUMNS": "200"})
+    for option in ("--metrics", "--smooth", "--band", "--x", "--panel", "--no-panel", "--group-by", "--format"):
+        assert option in res.stdout, option
+    for args in (["--smooth", "lots"], ["--band", "iqr"]):
+        res = runner.invoke(app, ["plot", str(exp), "-o", str(tmp_path), *args])
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    res = runner.invoke(app, ["plot", str(exp), "-o", str(tmp_path / "x"), "-m", "reward", "--no-panel"])
+    assert res.exit_code == 0 and sorted(p.name for p in (tmp_path / "x").iterdir()) == ["reward.png"]

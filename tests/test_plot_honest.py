@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from synthetic_runs import make_experiment, make_no_signal_experiment, write_run
 
-from gspo_cli.analysis.axes import FLOOR, choose_scale, floor_noise, no_signal, overlapping
+from gspo_cli.analysis.axes import FLOOR, choose_scale, floor_noise, no_signal, overlapping, score_limits
 from gspo_cli.analysis.plot import build_plot, make_figures
 from gspo_cli.analysis.rundata import group_runs, load_runs
 
@@ -112,3 +113,12 @@ def test_rules_by_hand():
     assert overlapping([("a", x, x), ("b", x, x + 1e-12), ("c", x, x + 1)]) == [["a", "b"]]
     assert no_signal(np.array([1.0, 1.0]), np.array([])) and not no_signal(np.array([1.0, 0.5]), np.array([]))
     assert no_signal(np.array([]), np.array([0.0, 0.0])) and not no_signal(np.array([]), np.array([]))
+
+
+def test_score_limits_by_hand():
+    ax = Figure().add_subplot()
+    for values, top in (([0.06, 0.11], 0.15), ([0.2, 0.25], 0.3), ([0.9, 1.0], 1.02), ([0.0, 0.0], 0.05)):
+        score_limits(ax, np.array(values))
+        assert ax.get_ylim() == pytest.approx((0.0, top)), values
+    score_limits(ax, np.array([np.nan]))  # nothing finite: left as it was
+    assert ax.get_ylim() == pytest.approx((0.0, 0.05))
