@@ -31,12 +31,19 @@ class InterruptedRun(GspoError):
     exit_code = 4
 
 
+class HardInterrupt(KeyboardInterrupt):
+    """A second SIGINT while a run was already stopping: no checkpoint this time (exit 130).
+    Any other KeyboardInterrupt came before a run started (the cold start, a model load):
+    nothing was written that a rerun would not redo (exit 4, as for a clean stop)."""
+
+
 EXIT_CODES = {
     0: "done",
     1: "a run failed",
     2: "bad usage, spec, path or model",
     3: "a run diverged",
     4: "interrupted (resumable)",
+    130: "hard interrupt (a second Ctrl-C)",
 }
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from gspo_cli.cli.common import _exit_code, _fail, _print_table, _show_warning, err_console
-from gspo_cli.errors import GspoError, SpecError
+from gspo_cli.errors import GspoError, HardInterrupt, InterruptedRun, SpecError
 
 
 def _unique(items: list | None) -> list | None:
@@ -32,6 +32,12 @@ def _check_selection(spec, arms: list[str] | None, seeds: list[int] | None) -> N
     for s in seeds or []:
         if not 0 <= s < SEED_LIMIT:
             raise SpecError(f"--seed: {s} is out of range (0 <= seed < {SEED_LIMIT})")
+
+
+def _stopped(message: str, code: int = InterruptedRun.exit_code) -> None:
+    """A stop by SIGINT/SIGTERM: one plain line (no `error:`), exit 4 (rerun to resume)."""
+    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def _resume_target(run_dir: Path) -> tuple[Path, list[str]]:
@@ -80,7 +86,8 @@ def train(
     is refused: --force or another -o); a run with a checkpoint resumes from it.
 
     Exit codes: 0 done, 1 a run failed, 2 bad usage, spec or file, 3 a run diverged, 4 stopped
-    by SIGINT or SIGTERM after a checkpoint (rerun to resume), 130 hard interrupt.
+    by SIGINT or SIGTERM (after a checkpoint, or before training started; rerun to resume),
+    130 a second Ctrl-C.
 
     Example: `gspo train experiments/quickstart.yaml --set train.steps=20 -o /tmp/runs`
     """
@@ -109,11 +116,15 @@ def train(
         reporter = make_reporter(quiet=quiet, to_stderr=as_json)
         with reporter:
             results = train_experiment(spec, arms=arm, seeds=seed, reporter=reporter, force=force)
+    except InterruptedRun as err:  # a clean stop the user asked for: said plainly, not as an error
+        _stopped(str(err), err.exit_code)
     except GspoError as err:
         _fail(err)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
+    except HardInterrupt:
+        err_console.print("interrupted by a second Ctrl-C: no checkpoint written (rerun to resume from the last one)")
         raise typer.Exit(130) from None
+    except KeyboardInterrupt:  # before any run started: nothing to resume, nothing half-written
+        _stopped("stopped by SIGINT before training started (cold start or model loading); rerun the same command")
     code = _exit_code([r.status for r in results])
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 speaks for all
         raise typer.Exit(code)
@@ -172,6 +183,11 @@ def sweep(
         records = sw.run_plan(runs, jobs=jobs, force=force, log=log)
     except GspoError as err:
         _fail(err)
+    except HardInterrupt:
+        err_console.print("interrupted by a second Ctrl-C: runs stopped without a new checkpoint")
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:  # during the cold start, before any run started
+        _stopped("stopped by SIGINT before any run started (cold start); rerun the same command")
     if as_json:
         typer.echo(json.dumps(records))
     else:

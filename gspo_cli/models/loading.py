@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,13 +84,28 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
-    local = Path(source)
+    local = Path(source).expanduser()
     looks_local = local.exists() or source.startswith((".", "/", "~"))
-    if looks_local and not (local / "config.json").is_file():
-        raise SpecError(f"model.name: {source} is not a model directory (no config.json)")
+    if looks_local:
+        if not local.exists():
+            raise SpecError(f"model.name: {source}: no such directory")
+        if not local.is_dir():
+            raise SpecError(f"model.name: {source}: not a directory (a model is a directory with a config.json)")
+        if not (local / "config.json").is_file():
+            raise SpecError(f"model.name: {source} is not a model directory (no config.json)")
+        source = str(local)
+    # Without a network the hub client retries each file for ~25 s before giving up: ask once,
+    # briefly, and read the local cache only when the hub cannot be reached.
+    offline = not looks_local and not hub_reachable()
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, local_files_only=offline)
     except Exception as err:  # hub/network/parse failures all mean "cannot use this name"
+        if offline:
+            raise SpecError(
+                f"model.name: cannot load {source!r}: the hub ({_hub_endpoint()}) cannot be reached and "
+                "the model is not in the local cache (with no network, HF_HUB_OFFLINE=1 reads the cache "
+                "without trying)"
+            ) from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SpecError(
             f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}"
@@ -102,11 +118,11 @@ def load_model(
         config.output_router_logits = cfg.router_aux_loss_coef > 0
     if training and dist_info.enabled and cfg.sharding == "fsdp":
         model = _load_sharded(source, config, kwargs, cfg, dist_info)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
         return _finish(model, tokenizer, source)
     try:
         try:
-            model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, config=config, local_files_only=offline, **kwargs)
         except (ValueError, NotImplementedError) as err:
             if kwargs.get("experts_implementation", "eager") == "eager":
                 raise
@@ -117,13 +133,39 @@ def load_model(
                 file=sys.stderr,
             )
             kwargs["experts_implementation"] = "eager"
-            model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, config=config, local_files_only=offline, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
     except (OSError, ValueError) as err:
         raise SpecError(f"model.name: cannot load {source!r}: {str(err).splitlines()[0]}") from None
     disable_dropout(model)
     model.to(cfg.device)
     return _finish(model, tokenizer, source)
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub (HF_ENDPOINT) answers at all, asked once per process and
+    endpoint with one short request and no retries. True in offline mode (HF_HUB_OFFLINE=1):
+    the hub client then reads its cache itself, without trying the network."""
+    from huggingface_hub import constants
+
+    return True if constants.HF_HUB_OFFLINE else _answers(constants.ENDPOINT)
+
+
+@functools.lru_cache(maxsize=None)
+def _answers(endpoint: str, timeout_s: float = 3.0) -> bool:
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=timeout_s)  # any HTTP answer will do
+    except Exception:  # refused, timed out, no route, DNS: all mean "no hub from here"
+        return False
+    return True
 
 
 def _finish(model, tokenizer, source: str) -> LoadedModel:

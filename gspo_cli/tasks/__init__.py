@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from pydantic import ValidationError
 
 from gspo_cli.errors import SpecError
+from gspo_cli.spec.base import _did_you_mean
 from gspo_cli.tasks.arithmetic import ArithmeticTask
 from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
 from gspo_cli.tasks.code import CodeTask
@@ -25,8 +27,18 @@ def make_task(name: str, params: dict[str, Any]) -> Task:
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(first["loc"][-1], _param_names(TASKS[name], err.title))
+        else:
+            msg = first["msg"].removeprefix("Value error, ")
         raise SpecError(f"task.params.{loc}: {msg}") from None
+
+
+def _param_names(task_cls: type, model_name: str) -> list[str]:
+    """The keys the task's parameter model (`model_name`, as the ValidationError titles it,
+    defined or imported in the task's module) accepts; [] when it cannot be found."""
+    model = vars(sys.modules[task_cls.__module__]).get(model_name)
+    return list(getattr(model, "model_fields", {}))
 
 
 __all__ = ["Problem", "Score", "Task", "TASKS", "extract_boxed", "make_task"]

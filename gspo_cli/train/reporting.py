@@ -11,6 +11,7 @@ class Reporter(Protocol):
     def log(self, msg: str) -> None: ...
     def run_started(self, name: str, total_steps: int) -> None: ...
     def step_done(self, name: str, metrics: dict) -> None: ...
+    def eval_done(self, name: str, record: dict) -> None: ...
     def run_finished(self, name: str, status: str, summary: dict) -> None: ...
 
 
@@ -24,6 +25,12 @@ def format_step(m: dict) -> str:
         parts.append(f"experts Δ {m['moe/expert_change_frac']:.3f}")
     parts.append(f"{m['time/step_s']:.1f}s/step")
     return "  ".join(parts)
+
+
+def format_eval(record: dict) -> str:
+    """An eval.jsonl record as one line: the set (or held-out task) and its scores."""
+    scores = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in record["scores"].items())
+    return f"eval {record.get('set', record['task'])} at step {record['step']} ({record['n']} problems): {scores}"
 
 
 class PlainReporter:
@@ -48,6 +55,9 @@ class PlainReporter:
 
     def step_done(self, name: str, m: dict) -> None:
         self.log(f"[{name}] step {m['step']}  {format_step(m)}")
+
+    def eval_done(self, name: str, record: dict) -> None:
+        self.log(f"[{name}] {format_eval(record)}")
 
     def run_finished(self, name: str, status: str, summary: dict) -> None:
         self.log(f"[{name}] {status}: reward {summary.get('reward_first')} -> {summary.get('reward_last')}")

@@ -10,7 +10,10 @@ normal run directory and compare/plot group by it like any arm. Planning loads n
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +26,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
 from gspo_cli.spec import ExperimentSpec
 from gspo_cli.spec.loading import apply_override, check_stored_spec, dump_spec, read_spec_file, set_path, spec_from_dict
+from gspo_cli.train.reporting import format_eval, format_step
 from gspo_cli.train.sinks import check_sinks
 
 
@@ -141,10 +145,13 @@ def parse_shard(text: str) -> tuple[int, int]:
 def prebuild_models(runs: list[PlannedRun], log) -> int:
     """Cold-start the built-in models the runs need once, here, with every core, before any
     job starts: otherwise N jobs would race to build the same model, each on its share of
-    the cores. Returns how many distinct built-in models were checked. A bad model name
-    (SpecError) refuses the whole sweep before anything starts; a model that fails to build
-    (RunError) is left for its runs to report."""
+    the cores. Each is built on the task exactly as its runs will see it, evaluation problems
+    excluded (`plan_data`), so the runs find it in the cache. Returns how many distinct
+    built-in models were checked. A bad model name or evaluation set (SpecError) refuses the
+    whole sweep before anything starts; a model that fails to build (RunError) is left for
+    its runs to report."""
     from gspo_cli.errors import RunError
+    from gspo_cli.eval.sets import plan_data
     from gspo_cli.models import resolve_model_source
     from gspo_cli.tasks import make_task
 
@@ -155,74 +162,184 @@ def prebuild_models(runs: list[PlannedRun], log) -> int:
         if not m.name.startswith("builtin:") or key in seen:
             continue
         seen.add(key)
+        task = make_task(t.name, t.params)
+        plan_data(r.spec, task)  # removes the evaluation problems from `task`, as each run does
         try:
-            resolve_model_source(m, make_task(t.name, t.params), log=log)
+            resolve_model_source(m, task, log=log)
         except RunError:
             pass
     return len(seen)
 
 
+def check_run_dirs(runs: list[PlannedRun], force: bool) -> None:
+    """Refuse, before any model is built, what each run's trainer would refuse once its model
+    is: a completed run of another spec, or an unfinished one with a checkpoint to resume
+    (`resume.decide_start`, SpecError naming the directory and the differing fields)."""
+    from gspo_cli.distributed import DistInfo
+    from gspo_cli.train.resume import decide_start
+
+    for r in runs:
+        decide_start(RunDir(r.path), r.spec, force, DistInfo())
+
+
 def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dict[str, Any]]:
     """Train each planned run in its own `gspo train` process, `jobs` at a time, each with
     its share of the cores. Completed runs are skipped, interrupted ones resume (the
-    trainer's own rules), but a completed run of another spec refuses the whole plan before
-    anything starts (SpecError), as `gspo train` does. Returns one record per run with its
-    exit code and wall time."""
+    trainer's own rules), but a run directory of another spec refuses the whole plan before
+    anything is built or started (SpecError), as `gspo train` does. Returns one record per run
+    with its exit code and wall time.
+
+    `log` gets each run's progress (every tenth step) and evaluation scores as they are
+    written to its run directory. Each process's output goes to a log file in a temporary
+    directory, said at the start; it is removed when every run completed, else the logs of the
+    runs that did not are kept there (and said). A first SIGINT/SIGTERM starts no more runs and
+    lets the running ones checkpoint and stop (they get the terminal's SIGINT, or a SIGTERM
+    from here); a second SIGINT raises `HardInterrupt`."""
+    from gspo_cli.train.watch import stop_on_signals
+
     threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
     todo = [r for r in runs if force or r.status() != "completed"]
     for r in runs:
         if r not in todo:
             check_stored_spec(r.path, r.spec, "completed")
-    done = [
-        {
-            "run": r.name,
-            "seed": r.seed,
-            "path": str(r.path),
-            "status": "completed",
-            "exit": 0,
-            "wall_s": 0.0,
-            "skipped": True,
-        }
-        for r in runs
-        if r not in todo
-    ]
-    for r in done:
+    check_run_dirs(todo, force)
+    records = [_record(r, "completed", 0, 0.0, skipped=True) for r in runs if r not in todo]
+    for r in records:
         log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
+    if not todo:
+        return records
     prebuild_models(todo, log)
-    tmpdir = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
-    pending, active, records = list(todo), {}, list(done)
-    while pending or active:
-        while pending and len(active) < jobs:
-            r = pending.pop(0)
-            spec_file = tmpdir / f"{len(records) + len(active)}.yaml"
-            spec_file.write_text(dump_spec(r.spec))
-            cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"] + (
-                ["--force"] if force else []
-            )
-            log_file = open(tmpdir / f"{spec_file.stem}.log", "w")
-            proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-            active[proc] = (r, time.time(), log_file)
-            log(f"[{r.name}/seed{r.seed}] started (pid {proc.pid}, {threads} thread(s))")
-        time.sleep(0.2)
-        for proc in [p for p in active if p.poll() is not None]:
-            r, t0, log_file = active.pop(proc)
-            log_file.close()
-            status = RunDir(r.path).status() or "failed"
-            records.append(
-                {
-                    "run": r.name,
-                    "seed": r.seed,
-                    "path": str(r.path),
-                    "status": status,
-                    "exit": proc.returncode,
-                    "wall_s": round(time.time() - t0, 1),
-                    "skipped": False,
-                }
-            )
-            tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
-            log(
-                f"[{r.name}/seed{r.seed}] {status} (exit {proc.returncode}) in {records[-1]['wall_s']}s"
-                + (f": {tail[0]}" if tail else "")
-            )
+    logs = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
+    log(f"each run's output goes to {logs}/<run>.log (removed once every run has completed)")
+    pending, active, kept = list(todo), {}, []
+    try:
+        with stop_on_signals() as stop:
+            while pending or active:
+                while pending and len(active) < jobs and not stop:
+                    r = pending.pop(0)
+                    stem = _file_stem(r, len(records) + len(active))
+                    spec_file = logs / f"{stem}.yaml"
+                    spec_file.write_text(dump_spec(r.spec))
+                    cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"]
+                    log_file = open(logs / f"{stem}.log", "w")
+                    proc = subprocess.Popen(
+                        cmd + (["--force"] if force else []), env=env, stdout=log_file, stderr=subprocess.STDOUT
+                    )
+                    active[proc] = (r, time.time(), log_file, _Progress(r))
+                    log(f"[{r.name}/seed{r.seed}] started (pid {proc.pid}, {threads} thread(s))")
+                if stop and pending:
+                    log(f"stopping ({stop.signal_name}): {len(pending)} run(s) not started")
+                    records += [_record(r, "not started", 4, 0.0) for r in pending]
+                    pending = []
+                    for proc in active:  # a signal sent to this process alone reaches the runs too
+                        proc.send_signal(signal.SIGTERM)
+                time.sleep(0.2)
+                for proc, (r, t0, log_file, progress) in list(active.items()):
+                    for line in progress.lines():
+                        log(line)
+                    if proc.poll() is None:
+                        continue
+                    del active[proc]
+                    log_file.close()
+                    records.append(_record(r, RunDir(r.path).status() or "failed", proc.returncode, time.time() - t0))
+                    tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
+                    log(
+                        f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {proc.returncode}) in "
+                        f"{records[-1]['wall_s']}s" + (f": {tail[0]}" if tail else "")
+                    )
+                    if proc.returncode:
+                        kept.append(Path(log_file.name))
+    except BaseException:
+        log(f"logs of the runs kept in {logs}")
+        raise
+    _tidy_logs(logs, kept, log)
     return records
+
+
+def _record(r: PlannedRun, status: str, code: int | None, wall_s: float, skipped: bool = False) -> dict[str, Any]:
+    return {
+        "run": r.name,
+        "seed": r.seed,
+        "path": str(r.path),
+        "status": status,
+        "exit": code,
+        "wall_s": round(wall_s, 1),
+        "skipped": skipped,
+    }
+
+
+def _file_stem(r: PlannedRun, index: int) -> str:
+    """A file name for run `r`'s spec and log: its name and seed, readable and short enough."""
+    name = "".join(c if c.isalnum() or c in ",=.-_" else "_" for c in r.name)[:150]
+    return f"{index:03d}-{name}-seed{r.seed}"
+
+
+def _tidy_logs(logs: Path, kept: list[Path], log) -> None:
+    """Remove the log directory when every run completed; else keep only the logs of those
+    that did not (and say where they are)."""
+    if not kept:
+        shutil.rmtree(logs, ignore_errors=True)
+        return
+    for f in logs.iterdir():
+        if f not in kept:
+            f.unlink(missing_ok=True)
+    log(f"logs of the {len(kept)} run(s) that did not complete kept in {logs}: " + ", ".join(f.name for f in kept))
+
+
+class _Progress:
+    """What one run's process appends to its metrics.jsonl and eval.jsonl, as lines for the
+    sweep's log: every tenth step (and the last) and every evaluation. Reads only the bytes
+    added since the last look; a file that shrank (a resume rewinding it, a --force restart)
+    is followed from its new end."""
+
+    def __init__(self, run: PlannedRun):
+        self.rd = RunDir(run.path)
+        self.label = f"[{run.name}/seed{run.seed}]"
+        self.total = run.spec.train.steps
+        self.every = max(1, self.total // 10)
+        self.offsets = {f: _size(f) for f in (self.rd.metrics_file, self.rd.eval_file)}
+
+    def _new(self, path: Path) -> list[dict]:
+        size, seen = _size(path), self.offsets[path]
+        if size <= seen:
+            self.offsets[path] = size
+            return []
+        try:
+            with open(path, "rb") as f:
+                f.seek(seen)
+                chunk = f.read(size - seen)
+        except OSError:
+            return []
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next look
+        self.offsets[path] = seen + len(whole)
+        out = []
+        for line in whole.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def lines(self) -> list[str]:
+        out = []
+        for m in self._new(self.rd.metrics_file):
+            step = m.get("step", 0)
+            if step % self.every == 0 or step == self.total:
+                try:
+                    out.append(f"{self.label} step {step}/{self.total}  {format_step(m)}")
+                except (KeyError, TypeError, ValueError):
+                    out.append(f"{self.label} step {step}/{self.total}")
+        for record in self._new(self.rd.eval_file):
+            try:
+                out.append(f"{self.label} {format_eval(record)}")
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

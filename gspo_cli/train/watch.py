@@ -7,7 +7,7 @@ import contextlib
 import signal
 import threading
 
-from gspo_cli.errors import DivergedError
+from gspo_cli.errors import DivergedError, HardInterrupt
 from gspo_cli.train.reporting import Reporter
 
 
@@ -22,7 +22,7 @@ def stop_on_signals():
 
     def handler(signum, frame):
         if stop and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise HardInterrupt
         stop.set(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
