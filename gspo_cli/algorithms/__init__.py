@@ -11,12 +11,21 @@ from .advantages import (
     register_advantage,
     zero_variance_group_frac,
 )
-from .aggregation import AGGREGATIONS, CONSTANT_LENGTH, aggregate, aggregation_count, register_aggregation
+from .aggregation import (
+    AGGREGATIONS,
+    CONSTANT_LENGTH,
+    aggregate,
+    aggregation_count,
+    register_aggregation,
+    weighs_responses_equally,
+)
 from .filters import TOKEN_FILTERS, entropy_top_mask, off_policy_sequence_mask, overlong_penalty, signal_groups
 from .kl import LOG_RATIO_CLAMP, kl_k3_BC
 from .losses import (
+    LOSS_CLIPS,
     LOSS_LEVELS,
     POLICY_LOSSES,
+    clip_problems,
     get_policy_loss,
     grpo_loss,
     gspo_loss,
@@ -24,6 +33,7 @@ from .losses import (
     loss_param_problems,
     loss_params,
     register_policy_loss,
+    takes_dual_clip,
 )
 from .losses_cov import clip_cov_loss, kl_cov_loss
 from .losses_gated import cispo_loss, sapo_loss
@@ -43,6 +53,7 @@ __all__ = [
     "CONSTANT_LENGTH",
     "Correction",
     "LOG_RATIO_CLAMP",
+    "LOSS_CLIPS",
     "LOSS_LEVELS",
     "MISMATCH_CORRECTIONS",
     "MISMATCH_LEVELS",
@@ -52,6 +63,7 @@ __all__ = [
     "aggregation_count",
     "cispo_loss",
     "clip_cov_loss",
+    "clip_problems",
     "correction_stats",
     "entropy_top_mask",
     "get_advantage_estimator",
@@ -76,5 +88,7 @@ __all__ = [
     "register_policy_loss",
     "sapo_loss",
     "signal_groups",
+    "takes_dual_clip",
+    "weighs_responses_equally",
     "zero_variance_group_frac",
 ]

@@ -10,6 +10,8 @@ filter whether it also leaves the aggregation's count.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .advantages import ZERO_VARIANCE_STD, _group_std, _grouped
@@ -20,17 +22,28 @@ TOKEN_FILTERS = ("entropy_top",)
 
 def entropy_top_mask(entropy_BC: torch.Tensor, mask_BC: torch.Tensor, top: float) -> torch.Tensor:
     """80/20 rule (arXiv:2506.01939, "Beyond the 80/20 Rule"; TRL ``top_entropy_quantile``):
-    keep only the response tokens whose entropy is at or above the (1 - top) quantile of this
-    batch's response-token entropies, so only the ``top`` share of highest-entropy "forking"
-    tokens carries gradient (paper: top = 0.2). (B, C) entropies (nats) and mask -> (B, C)
-    bool. ``top`` in (0, 1]; 1 keeps every token. Ties at the threshold are kept."""
+    keep only the tokens of ``mask_BC`` whose entropy is at or above the (1 - top) quantile of
+    their entropies, so only the ``top`` share of highest-entropy "forking" tokens carries
+    gradient (paper: top = 0.2). ``mask_BC`` must hold the tokens the loss trains (the caller's
+    loss mask without weight-0 tokens): a token outside it neither sets the threshold nor is
+    kept. (B, C) entropies (nats) and mask -> (B, C) bool. ``top`` in (0, 1]; 1 keeps every
+    token. Ties at the threshold are kept.
+
+    The threshold is torch.quantile's (linear interpolation), found by selection
+    (``kthvalue``) instead: keeping ``entropy >= quantile`` keeps exactly the entropies at or
+    above the ceil((1 - top)(n - 1))-th smallest (0-based), and ``torch.quantile`` refuses more
+    than 2^24 values (a DAPO-sized batch per process). The threshold is this call's, so under
+    torchrun each process's share of the batch has its own."""
     if not 0 < top <= 1:
         raise ValueError(f"entropy_top must be in (0, 1], got {top}")
     keep_BC = mask_BC > 0
     ent = entropy_BC.detach()[keep_BC].float()
-    if ent.numel() == 0 or top >= 1:
+    n = ent.numel()
+    if n == 0 or top >= 1:
         return keep_BC
-    threshold = torch.quantile(ent, 1.0 - top)
+    # 1e-9: (1 - top)(n - 1) lands a hair above an integer in float64 for some top and n
+    rank = math.ceil((1.0 - top) * (n - 1) - 1e-9)
+    threshold = ent.kthvalue(rank + 1).values
     return keep_BC & (entropy_BC.detach() >= threshold)
 
 

@@ -53,24 +53,50 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 LOSS_LEVELS: dict[str, str] = {}
+# What clip_low / clip_high mean for each loss: "ratio": the ratio is clipped to
+# [1 - clip_low, 1 + clip_high], so clip_low is at most 1 (1.0: no lower bound); "log": the
+# log-ratio is clipped to [-clip_low, clip_high] (any positive bound); "none": not used.
+LOSS_CLIPS: dict[str, str] = {}
 
-# The keyword arguments every loss takes; anything else in its signature is its own parameter.
+# The keyword arguments every loss takes; anything else in its signature is its own parameter,
+# except the ones the trainer fills from an arm field only some losses take (DUAL_CLIP_KWARG).
 COMMON_KWARGS = frozenset({"clip_low", "clip_high", "aggregation", "denominator", "weights_BC"})
+# Dual-clip PPO (arms[].clip_dual): a loss offers it by taking this keyword (default None).
+DUAL_CLIP_KWARG = "clip_dual"
+ARM_KWARGS = COMMON_KWARGS | {DUAL_CLIP_KWARG}
 
 
 def register_policy_loss(
-    name: str, level: Literal["token", "sequence"] = "token"
+    name: str, level: Literal["token", "sequence"] = "token", clip: Literal["ratio", "log", "none"] = "ratio"
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding ``fn`` to ``POLICY_LOSSES`` under ``name``, with its ratio ``level``."""
+    """Decorator adding ``fn`` to ``POLICY_LOSSES`` under ``name``, with its ratio ``level`` and
+    what its clip bounds mean (``clip``, see ``LOSS_CLIPS``)."""
 
     def deco(fn: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} registered twice")
         POLICY_LOSSES[name] = fn
         LOSS_LEVELS[name] = level
+        LOSS_CLIPS[name] = clip
         return fn
 
     return deco
+
+
+def clip_problems(name: str, clip_low: float, clip_dual: float | None) -> list[str]:
+    """One ``field: why`` line per clip setting loss ``name`` cannot take: a ``clip_low`` above 1
+    where the ratio is clipped at 1 - clip_low (a negative bound), a ``clip_dual`` for a loss
+    without dual clip."""
+    problems = []
+    if LOSS_CLIPS[name] == "ratio" and clip_low > 1:
+        problems.append(
+            f"clip_low: {clip_low} is above 1; {name} clips the ratio at 1 - clip_low, so 1.0 already "
+            "means no lower bound"
+        )
+    if clip_dual is not None and not takes_dual_clip(name):
+        offered = ", ".join(n for n in POLICY_LOSSES if takes_dual_clip(n))
+        problems.append(f"clip_dual: {name} has no dual clip (the token-level PPO-clipped losses do: {offered})")
+    return problems
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
@@ -87,8 +113,14 @@ def loss_params(name: str) -> dict[str, Any]:
     return {
         p.name: p.default
         for p in sig.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in COMMON_KWARGS
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ARM_KWARGS
     }
+
+
+def takes_dual_clip(name: str) -> bool:
+    """Whether loss ``name`` offers dual-clip PPO (takes ``clip_dual``): the token-level
+    PPO-clipped losses."""
+    return DUAL_CLIP_KWARG in inspect.signature(get_policy_loss(name)).parameters
 
 
 def loss_param_problems(name: str, params: dict[str, Any]) -> list[str]:
@@ -126,23 +158,25 @@ def grpo_loss(
     aggregation: str = "seq_mean_token_mean",
     denominator: torch.Tensor | float | None = None,
     weights_BC: torch.Tensor | None = None,
+    clip_dual: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO: token ratio w_{i,t} = exp(logp - old_logp), PPO-clipped per token.
 
     loss_{i,t} = -min(w A, clip(w, 1 - clip_low, 1 + clip_high) A) (DeepSeekMath,
     arXiv:2402.03300; with clip_high > clip_low it is DAPO's clip-higher, arXiv:2503.14476).
+    ``clip_dual`` (> 1, None: off): dual-clip PPO, see ``ratios.clipped_surrogate_loss``.
     Shapes: logp_BC, old_logp_BC, mask_BC (B, C); advantages (B,) or (B, C).
     """
     keep_BC = mask_BC > 0
     log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
     ratio_BC = token_ratio(log_ratio_BC)
     adv_BC = advantages_BC(advantages, keep_BC)
-    loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
+    loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high, clip_dual)
     loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     # Sequence ratio is not used by GRPO but is logged to compare with GSPO runs.
     seq_lr_B = seq_log_ratio(log_ratio_BC, keep_BC)
     kept_BC = stats_mask(mask_BC, weights_BC)
-    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high)
+    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high, clip_dual)
 
 
 @register_policy_loss("gspo", level="sequence")
@@ -185,12 +219,14 @@ def gspo_token_loss(
     aggregation: str = "seq_mean_token_mean",
     denominator: torch.Tensor | float | None = None,
     weights_BC: torch.Tensor | None = None,
+    clip_dual: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO-token: s_{i,t} = sg[s_i] * exp(logp - sg[logp]), clipped per token (arXiv:2507.18071).
 
     Value of s_{i,t} equals s_i and its gradient is s_i * grad(logp_{i,t}), so with
     (B,) advantages this matches ``gspo`` in value, clipping and gradient while
     also allowing (B, C) per-token advantages and per-token weights (a token-level loss).
+    ``clip_dual`` (> 1, None: off): dual-clip PPO on s_{i,t}, see ``ratios.clipped_surrogate_loss``.
     """
     keep_BC = mask_BC > 0
     log_ratio_BC = masked_log_ratio(logp_BC, old_logp_BC, keep_BC)
@@ -199,7 +235,7 @@ def gspo_token_loss(
     grad_carrier_BC = masked_log_ratio(logp_BC, logp_BC.detach(), keep_BC)
     ratio_BC = seq_lr_B.detach().exp().unsqueeze(1) * grad_carrier_BC.exp()
     adv_BC = advantages_BC(advantages, keep_BC)
-    loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high)
+    loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high, clip_dual)
     loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     kept_BC = stats_mask(mask_BC, weights_BC)
-    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high)
+    return loss, ppo_clip_stats(ratio_BC, seq_lr_B, log_ratio_BC, adv_BC, kept_BC, clip_low, clip_high, clip_dual)

@@ -57,7 +57,7 @@ def cispo_loss(
     return loss, stats
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", clip="none")
 def sapo_loss(
     logp_BC: torch.Tensor,
     old_logp_BC: torch.Tensor,

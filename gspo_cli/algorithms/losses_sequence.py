@@ -61,7 +61,7 @@ def luspo_loss(
     )
 
 
-@register_policy_loss("gmpo", level="sequence")
+@register_policy_loss("gmpo", level="sequence", clip="log")
 def gmpo_loss(
     logp_BC: torch.Tensor,
     old_logp_BC: torch.Tensor,

@@ -66,10 +66,29 @@ def sequence_advantages(advantages_B: torch.Tensor, loss: str) -> torch.Tensor:
     return advantages_B
 
 
-def clipped_surrogate_loss(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
-    """-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A), elementwise, any shape."""
+def clipped_surrogate_loss(
+    ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float, clip_dual: float | None = None
+) -> torch.Tensor:
+    """-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A), elementwise, any shape.
+
+    With ``clip_dual`` = c (> 1), dual-clip PPO (Ye et al. 2020, arXiv:1912.09729, eq. 5; verl
+    ``clip_ratio_c``) also bounds the objective of a negative-advantage token from below:
+
+        A < 0:  -max(min(ratio * A, clip(ratio) * A), c * A)
+
+    so a ratio above c no longer makes the loss grow without bound (its gradient is 0)."""
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return -torch.minimum(ratio * adv, clipped * adv)
+    loss = -torch.minimum(ratio * adv, clipped * adv)
+    if clip_dual is None:
+        return loss
+    return torch.where(adv < 0, torch.minimum(loss, -clip_dual * adv), loss)
+
+
+def dual_clipped(ratio: torch.Tensor, adv: torch.Tensor, clip_dual: float | None) -> torch.Tensor:
+    """Bool, ``ratio``'s shape: the tokens whose gradient the dual clip zeroes (A < 0, ratio > c)."""
+    if clip_dual is None:
+        return torch.zeros_like(ratio, dtype=torch.bool)
+    return (adv < 0) & (ratio.detach() > clip_dual)
 
 
 def weighted(loss_BC: torch.Tensor, weights_BC: torch.Tensor | None) -> torch.Tensor:
@@ -95,12 +114,14 @@ def loss_stats(
     *,
     high_BC: torch.Tensor,
     low_BC: torch.Tensor,
+    dual_BC: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Detached 0-d diagnostics over the tokens in ``keep_BC`` (see ``stats_mask``).
 
     ``ratio_BC`` is the ratio the loss acts on; ``high_BC`` / ``low_BC`` (B, C) bool the
     tokens the loss counts as clipped on either side (its own rule: for the PPO clip,
-    the clip branch of the min is active, i.e. the token's gradient is zeroed)."""
+    the clip branch of the min is active, i.e. the token's gradient is zeroed); ``dual_BC``,
+    when given, those the dual clip zeroed (``clip_frac_token_dual``)."""
     with torch.no_grad():
         ratio_BC = ratio_BC.detach()
         dtype = ratio_BC.dtype
@@ -109,7 +130,9 @@ def loss_stats(
         zero = torch.zeros((), dtype=dtype, device=ratio_BC.device)
         high_BC = high_BC & keep_BC
         low_BC = low_BC & keep_BC
-        any_BC = (high_BC | low_BC).to(dtype)
+        dual_given = dual_BC is not None
+        dual_BC = dual_BC & keep_BC if dual_given else torch.zeros_like(keep_BC)
+        any_BC = (high_BC | low_BC | dual_BC).to(dtype)
         mask_f = keep_BC.to(dtype)
 
         resp_ratio = ratio_BC[keep_BC]
@@ -122,7 +145,9 @@ def loss_stats(
         n_seq = nonempty_B.sum().clamp(min=1).to(dtype)
 
         has_tok = resp_ratio.numel() > 0
+        dual = {"clip_frac_token_dual": dual_BC.to(dtype).sum() / n_tok} if dual_given else {}
         return {
+            **dual,
             # per response (B,): how many of its tokens the clip zeroed the gradient of (samples.jsonl)
             "clipped_tokens_B": any_BC.sum(-1),
             "clip_frac_token": any_BC.sum() / n_tok,
@@ -138,11 +163,20 @@ def loss_stats(
 
 
 def ppo_clip_stats(
-    ratio_BC, seq_log_ratio_B, log_ratio_BC, adv_BC, keep_BC, clip_low: float, clip_high: float
+    ratio_BC,
+    seq_log_ratio_B,
+    log_ratio_BC,
+    adv_BC,
+    keep_BC,
+    clip_low: float,
+    clip_high: float,
+    clip_dual: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """``loss_stats`` for a PPO clip of ``ratio_BC`` to [1 - clip_low, 1 + clip_high]: a token
     counts as clipped only when clipping zeroes its gradient, i.e. the ratio left the trust
-    region on the side the advantage pushes to."""
+    region on the side the advantage pushes to. With ``clip_dual``, a negative-advantage token
+    whose ratio exceeds it is clipped too: counted in ``clip_frac_token`` and
+    ``clip_frac_token_dual`` (not in low or high, which keep their PPO meaning)."""
     r_BC = ratio_BC.detach()
     return loss_stats(
         r_BC,
@@ -151,6 +185,7 @@ def ppo_clip_stats(
         keep_BC,
         high_BC=(r_BC > 1.0 + clip_high) & (adv_BC > 0),
         low_BC=(r_BC < 1.0 - clip_low) & (adv_BC < 0),
+        dual_BC=None if clip_dual is None else dual_clipped(r_BC, adv_BC, clip_dual),
     )
 
 

@@ -3,7 +3,7 @@
 `--set` overrides and stored-spec comparison (`loading`). The public names are re-exported here:
 `from gspo_cli.spec import ExperimentSpec`."""
 
-from gspo_cli.spec.arm import ArmConfig, MismatchConfig
+from gspo_cli.spec.arm import AggregationWarning, ArmConfig, MismatchConfig
 from gspo_cli.spec.experiment import SEED_LIMIT, ExperimentSpec, OnPolicyWarning, SweepConfig
 from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, ModelConfig
 from gspo_cli.spec.presets import PRESETS
@@ -15,6 +15,7 @@ __all__ = [
     "PRESETS",
     "SEED_LIMIT",
     "VLLM_RESERVED_KWARGS",
+    "AggregationWarning",
     "ArmConfig",
     "BuiltinModelConfig",
     "ColdStartConfig",

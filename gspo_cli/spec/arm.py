@@ -59,10 +59,17 @@ class OverlongConfig(_Strict):
 
 
 class DynamicSamplingConfig(_Strict):
-    """DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts
-    until the batch holds rollout.prompts_per_step groups with signal."""
+    """DAPO's dynamic sampling: drop groups whose `metric` is equal in every response and sample
+    more prompts until the batch holds rollout.prompts_per_step groups with signal."""
 
     max_rounds: int = Field(0, ge=0, description="extra generation rounds at most per step; 0: off")
+    metric: Literal["correct", "reward", "shaped"] = Field(
+        "correct",
+        description="what a group must differ in to count as signal: correct: the task's verdict (DAPO and "
+        "verl's recipe, filter_groups.metric acc; code with partial_reward: all tests passed); reward: the "
+        "task's reward (verl: score); shaped: the reward the advantages see, with the overlong penalty "
+        "(verl: seq_reward)",
+    )
 
 
 class ArmConfig(_Strict):
@@ -72,9 +79,24 @@ class ArmConfig(_Strict):
     preset: str | None = Field(None, description="fill the other fields from this preset first")
     loss: str = Field(description="a policy loss registered in gspo_cli.algorithms.POLICY_LOSSES")
     clip_low: float = Field(
-        gt=0, le=1, description="epsilon_low: ratios below 1 - clip_low are clipped (1.0: no lower bound)"
+        gt=0,
+        description="epsilon_low, as the loss reads it: losses that clip the ratio (grpo, gspo, gspo_token, "
+        "luspo, clip_cov, cispo) clip below 1 - clip_low, so at most 1 (1.0: no lower bound, CISPO's); gmpo "
+        "clips the token log-ratio below -clip_low (ratio e^-clip_low; any positive value); sapo and kl_cov "
+        "do not use it",
     )
-    clip_high: float = Field(gt=0, description="epsilon_high: ratios above 1 + clip_high are clipped")
+    clip_high: float = Field(
+        gt=0,
+        description="epsilon_high: ratios above 1 + clip_high are clipped (gmpo: log-ratios above clip_high; "
+        "sapo, kl_cov: unused)",
+    )
+    clip_dual: float | None = Field(
+        None,
+        gt=1,
+        description="dual-clip PPO (Ye et al. 2020, arXiv:1912.09729; verl clip_ratio_c, default 3 there): a "
+        "negative-advantage token's objective is at least clip_dual x A, so ratios above clip_dual carry no "
+        "gradient; the token-level PPO-clipped losses only (grpo, gspo_token, clip_cov); null: off",
+    )
     aggregation: str = Field("seq_mean_token_mean", description="registered in gspo_cli.algorithms.AGGREGATIONS")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per rollout batch (all but the first off-policy)")
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
@@ -102,3 +124,25 @@ class ArmConfig(_Strict):
     @classmethod
     def _name_ok(cls, v: str) -> str:
         return _check_dir_name(v, "arm names")
+
+
+class AggregationWarning(UserWarning):
+    """A sequence-level loss under an aggregation that weighs its responses by their length."""
+
+
+def aggregation_warning(i: int, arm: ArmConfig) -> str | None:
+    """One line when arm `i` has a sequence-level loss (one ratio per response: gspo, luspo,
+    gmpo) and an aggregation that does not weigh its responses equally: the objective becomes
+    length-weighted, which the loss's paper does not have (TRL warns likewise). None otherwise,
+    and for names no registry holds (the spec refuses those). Imports the algorithms (torch)."""
+    from gspo_cli import algorithms
+
+    if arm.loss not in algorithms.LOSS_LEVELS or arm.aggregation not in algorithms.AGGREGATIONS:
+        return None
+    if algorithms.LOSS_LEVELS[arm.loss] != "sequence" or algorithms.weighs_responses_equally(arm.aggregation):
+        return None
+    return (
+        f"arms[{i}].aggregation: {arm.aggregation} weighs each response of the sequence-level loss {arm.loss} "
+        "by its token count, a length-weighted objective its paper does not have; seq_mean_token_mean "
+        "gives the mean over responses"
+    )

@@ -26,9 +26,10 @@ SCHEMA_FILE = "gspo-spec.schema.json"
 REFERENCE_FILE = "docs/reference/spec.md"
 REGENERATE = "make reference"
 
-# Every policy loss takes these keywords from the arm and the trainer; any other keyword-only
-# parameter of a registered loss is its own, shown beside its name.
-_COMMON_LOSS_KEYWORDS = {"clip_low", "clip_high", "aggregation", "denominator", "weights_BC"}
+# Every policy loss takes these keywords from the arm and the trainer (clip_dual: the losses
+# that offer dual clip); any other keyword-only parameter of a registered loss is its own,
+# shown beside its name.
+_COMMON_LOSS_KEYWORDS = {"clip_low", "clip_high", "clip_dual", "aggregation", "denominator", "weights_BC"}
 
 
 def _first_line(doc: str | None) -> str:

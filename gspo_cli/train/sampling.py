@@ -1,7 +1,7 @@
 """Rollout-side behaviours of an arm (DAPO, arXiv:2503.14476): the rewards the advantages
 see (with the soft overlong punishment), and dynamic sampling, which drops groups whose
-rewards are all equal and samples more prompts until the batch is full of groups with
-signal (or a cap on extra rounds is hit)."""
+responses are all alike (by default all correct or all wrong) and samples more prompts until
+the batch is full of groups with signal (or a cap on extra rounds is hit)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,19 @@ def shaped_rewards(arm, max_new_tokens: int, batch: RolloutBatch, scores: list) 
         buffer = max(1, round(frac * max_new_tokens))
         rewards_B = rewards_B + overlong_penalty(lengths_B, max_new_tokens, buffer, arm.overlong.penalty)
     return rewards_B
+
+
+def signal_values(arm, max_new_tokens: int, batch: RolloutBatch, scores: list) -> torch.Tensor:
+    """(B,) float32: what dynamic sampling asks a group to differ in (arm.dynamic_sampling.metric):
+    correct: the task's verdict (DAPO; verl's filter_groups.metric acc), reward: the task's
+    reward (verl: score), shaped: the reward with the overlong penalty (verl: seq_reward). By
+    the verdict, an all-correct group whose one long response is a token into the overlong
+    buffer carries no signal, though its shaped rewards differ by 1e-3 (std normalisation
+    would blow that up into advantages of +-1.5)."""
+    metric = arm.dynamic_sampling.metric
+    if metric == "shaped":
+        return shaped_rewards(arm, max_new_tokens, batch, scores)
+    return torch.tensor([float(s.correct) if metric == "correct" else s.reward for s in scores], dtype=torch.float32)
 
 
 def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
@@ -61,7 +74,7 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
 
 
 def dynamic_sampling(ctx, problems: list, batch: RolloutBatch, scores: list, sample) -> tuple:
-    """DAPO's dynamic sampling. ``sample()`` draws one more round (this rank's share of
+    """DAPO's dynamic sampling (signal: ``signal_values``). ``sample()`` draws one more round (this rank's share of
     rollout.prompts_per_step prompts) and returns (problems, batch, scores). Rounds continue
     while any rank lacks groups with signal, at most ``arm.dynamic_sampling.max_rounds``
     extra rounds (decided together: every rank generates the same number of times, as sharded
@@ -73,7 +86,7 @@ def dynamic_sampling(ctx, problems: list, batch: RolloutBatch, scores: list, sam
     G = spec.rollout.group_size
     n_groups = len(problems)
     pool_b, pool_s = [batch], [scores]
-    signal_Q = [signal_groups(shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores), G)]
+    signal_Q = [signal_groups(signal_values(arm, spec.rollout.max_new_tokens, batch, scores), G)]
     rounds = 0
     while rounds < arm.dynamic_sampling.max_rounds:
         short = int(torch.cat(signal_Q).sum()) < n_groups
@@ -83,7 +96,7 @@ def dynamic_sampling(ctx, problems: list, batch: RolloutBatch, scores: list, sam
         rounds += 1
         pool_b.append(b)
         pool_s.append(s)
-        signal_Q.append(signal_groups(shaped_rewards(arm, spec.rollout.max_new_tokens, b, s), G))
+        signal_Q.append(signal_groups(signal_values(arm, spec.rollout.max_new_tokens, b, s), G))
     all_signal_Q = torch.cat(signal_Q)
     with_signal = all_signal_Q.nonzero().squeeze(-1).tolist()[:n_groups]
     without = (~signal_Q[0]).nonzero().squeeze(-1).tolist()[: n_groups - len(with_signal)]

@@ -169,8 +169,8 @@ def record_update(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_no
     for k, (key, unit) in LOSS_STAT_KEYS.items():
         if k in loss_stats:
             stats.mean(key, float(loss_stats[k]) * weights[unit], weights[unit])
-    if "kl_ref" in extra:
-        stats.mean("policy/kl_ref_k3", float(extra["kl_ref"]), weights["tokens"])
+    if "kl_ref" in extra:  # over the tokens the penalty averages (step._update), not `mask_BC`'s
+        stats.mean("policy/kl_ref_k3", float(extra["kl_ref"]), extra["kl_ref_tokens"])
     if "aux_loss" in extra:
         stats.mean("moe/aux_loss", float(extra["aux_loss"]), 1.0)
     if weights["tokens"] > 0:

@@ -28,7 +28,6 @@ from gspo_cli.algorithms import (
     get_mismatch_correction,
     get_policy_loss,
     kl_k3_BC,
-    off_policy_sequence_mask,
 )
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
@@ -46,7 +45,7 @@ from gspo_cli.train.optim import make_optimizer, make_scheduler
 from gspo_cli.train.samples import sample_records, samples_due
 from gspo_cli.train.sampling import dynamic_sampling, record_dynamic, shaped_rewards
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
-from gspo_cli.train.token_weights import token_weights
+from gspo_cli.train.token_weights import off_policy_weights, token_weights
 
 
 @dataclass
@@ -352,8 +351,7 @@ def _update(
             new = response_logprobs(ctx.train_model or ctx.model, fwd, spec.rollout.temperature)
         new.logp = new.logp[:, :c]
         if arm.off_policy_mask is not None:  # DeepSeek-V3.2: needs pi_theta, so per mini-batch
-            keep_b = off_policy_sequence_mask(new.logp, old_logp_bc, adv_B[rows], m_bc, arm.off_policy_mask)
-            keep_bc = keep_b.unsqueeze(1).to(m_bc.dtype).expand_as(m_bc)
+            keep_bc = off_policy_weights(arm.off_policy_mask, stats, batch, rows, new.logp, old_logp_bc, adv_B, m_bc)
             w_bc = keep_bc if w_bc is None else w_bc * keep_bc
         loss, loss_stats = ctx.loss_fn(
             new.logp,
@@ -365,6 +363,7 @@ def _update(
             aggregation=arm.aggregation,
             denominator=denominator,
             weights_BC=w_bc,
+            **({} if arm.clip_dual is None else {"clip_dual": arm.clip_dual}),
             **arm.loss_params,
         )
         extra = {}
@@ -372,6 +371,7 @@ def _update(
             k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows][:, :c])
             loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
             extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
+            extra["kl_ref_tokens"] = float((m_bc > 0).sum())  # what the penalty averages over, weight 0 too
         if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:  # the whole batch's, all ranks
             aux, extra["aux_loss"] = router_aux_loss(
                 new.aux_loss, new.router_logits, _routed_tokens(fwd), ctx.model.config, ctx.dist
