@@ -59,6 +59,12 @@ def format_setting(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`n` and the noun agreeing with it: plural(1, "problem") = "1 problem", plural(2, "process",
+    "processes") = "2 processes" (default plural: noun + "s")."""
+    return f"{n} {noun if n == 1 else (nouns or noun + 's')}"
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:

@@ -188,7 +188,8 @@ RUN = sorted({cmd for _, cmd, comment in COMMANDS if not MARKER.match(comment) a
     # Every figure of a plot takes 15-20 s on 2 cores: end-to-end tier.
     [pytest.param(c, marks=pytest.mark.slow) if c.startswith("gspo plot") and " -m " not in c else c for c in RUN],
 )
-def test_documented_command_runs(command, experiment, tmp_path):
+def test_documented_command_runs(command, experiment, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a default output folder (results/eval/...) lands here, not in the repo
     args = _args(command, experiment, tmp_path)
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, f"{command} -> gspo {' '.join(args)}\n{res.output}"

@@ -111,12 +111,18 @@ def test_uneven_completions_use_each_problems_own_count(tmp_path):
     assert "uneven samples (1 with 1, 1 with 2, 1 with 4)" in result.stdout
 
 
-def test_limit_and_default_output_beside_the_completions(tmp_path):
-    comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
+def test_limit_and_default_output_outside_the_data_folder(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    comp = write_jsonl(data / "completions.jsonl", COMPLETIONS)
+    monkeypatch.chdir(tmp_path)
     result = gspo("eval", "-c", comp, "-t", "math", "-d", H4, "--limit", 1)
     assert result.exit_code == 0, result.output
-    summary = json.loads((tmp_path / "eval_summary.json").read_text())
+    # Before: eval_summary.json and eval_problems.jsonl went into data/, beside the user's files.
+    assert sorted(p.name for p in data.iterdir()) == ["completions.jsonl"]
+    summary = json.loads((tmp_path / "results/eval/completions/eval_summary.json").read_text())
     assert summary["problems"] == 1 and summary["scores"]["avg@4"] == pytest.approx(0.5)
+    assert "math: 1 problem x 4 samples" in result.stdout  # not "1 problems"
 
 
 def test_rating_through_the_cli(tmp_path):
@@ -180,7 +186,7 @@ def test_completions_path_never_imports_torch(tmp_path):
     comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
     code = (
         "import sys; from typer.testing import CliRunner; from gspo_cli.cli.app import app; "
-        f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}]); "
+        f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}, '-o', {str(tmp_path)!r}]); "
         "assert r.exit_code == 0, r.output; "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad"
     )
@@ -302,7 +308,7 @@ def test_completions_for_more_synthetic_problems_than_the_default(tmp_path):
 
     probs = make_task("arithmetic", {}).eval_problems(80)  # the default held-out size is 64
     comp = write_jsonl(tmp_path / "c.jsonl", [{"id": p.id, "completion": rf"\boxed{{{p.answer}}}"} for p in probs])
-    result = gspo("eval", "-c", comp, "-t", "arithmetic")
+    result = gspo("eval", "-c", comp, "-t", "arithmetic", "-o", tmp_path)
     assert result.exit_code == 0 and "warning" not in result.stderr, result.output
     summary = json.loads((tmp_path / "eval_summary.json").read_text())
     assert summary["problems"] == 80 and summary["scores"]["avg@1"] == 1.0
@@ -313,3 +319,25 @@ def test_problem_records_are_json_whatever_meta_holds():
     p = Problem(id="x", prompt="", answer="1", meta={"tests": [object()], "rating": 1500})
     rec = ProblemResult(p, ["a"], [Score(reward=0.0, correct=False)]).record()
     assert json.loads(json.dumps(rec))["rating"] == 1500 and "tests" not in rec
+
+
+def test_eval_tables_are_headed_by_the_evaluation_set():
+    """`gspo eval RUN` scores each named set on its own: two sets of one task (aime24 and aime25,
+    both `math`) were both headed `math: ...`."""
+    import io
+
+    from rich.console import Console
+
+    from gspo_cli.eval.run import render
+
+    base = {"task": "math", "problems": 30, "samples": 4, "scores": {"avg@4": 0.25}, "model": "m"}
+    heads = []
+    for extra in ({"set": "aime24"}, {"set": "aime25"}, {}):
+        console = Console(file=io.StringIO(), width=200)
+        render({**base, **extra}, console)
+        heads.append(console.file.getvalue().splitlines()[0])
+    assert heads == [
+        "aime24 (math): 30 problems x 4 samples, m",
+        "aime25 (math): 30 problems x 4 samples, m",
+        "math: 30 problems x 4 samples, m",
+    ]

@@ -315,8 +315,8 @@ def test_train_on_one_file_and_score_two_named_sets(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(raw))
     result = gspo("train", path)
     assert result.exit_code == 0, result.output
-    assert "1 problems excluded as evaluation problems" in result.output
-    assert "evaluation sets: aime24 (math, 3 problems x 2), lcb (code, 1 problems x 1)" in result.output
+    assert "1 evaluation problem excluded" in result.output
+    assert "evaluation sets: aime24 (math, 3 problems x 2), lcb (code, 1 problem x 1)" in result.output
     run = tmp_path / "out/sets/gspo/seed0"
     evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert [(e["set"], e["step"]) for e in evals] == [

@@ -39,6 +39,8 @@ def list_runs(
                     "total_steps": info.get("total_steps"),
                     "reward_last": last.get("reward/mean"),
                     "wall_s": info.get("wall_s"),
+                    # A run still going has no wall_s yet: its training seconds so far.
+                    "elapsed_s": last.get("time/elapsed_s"),
                 }
             )
     except GspoError as err:
@@ -56,11 +58,21 @@ def list_runs(
                 r["status"],
                 f"{r['step']}/{r['total_steps']}",
                 "" if r["reward_last"] is None else f"{r['reward_last']:.3f}",
-                r["wall_s"] or "",
+                _wall_text(r),
             ]
             for r in rows
         ],
     )
+
+
+def _wall_text(row: dict) -> str:
+    """The run's wall seconds; for one without (still running, or killed), its training seconds
+    so far, marked so."""
+    if row["wall_s"] is not None:
+        return f"{row['wall_s']:g}"
+    if isinstance(row["elapsed_s"], (int, float)):
+        return f"{row['elapsed_s']:.0f}" + (" so far" if row["status"] == "running" else "")
+    return ""
 
 
 def _split_list(values: list[str] | None) -> list[str] | None:
@@ -217,8 +229,9 @@ def report(
     last: Annotated[int, typer.Option("--last", help="final train reward = mean of the last N steps")] = 25,
     smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
 ) -> None:
-    """The GSPO paper's four findings checked on an experiment's runs: compare's table, plot's
-    figures, and per finding a difference of arm means with a 95% CI and a verdict.
+    """The GSPO paper's five findings checked on an experiment's runs: compare's table, plot's
+    figures, and per finding a difference of arm means with a 95% CI and a verdict, or "not
+    testable" and why (no reward signal, or arms that take the same gradient).
 
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """

@@ -20,6 +20,29 @@ from gspo_cli.cli.schema import schema
 from gspo_cli.cli.serve import vllm_server
 from gspo_cli.cli.train import sweep, train
 
+
+def _conventional_metavars() -> None:
+    """Help shows what a value looks like, as click does (`--last INTEGER`, `--out PATH`, flags
+    bare), not Typer 0.29's type labels (`<bool>` beside every flag, `<list[str]>`); an explicit
+    metavar still wins, and an argument's name (`PATH...`) says what it takes."""
+    from typer.core import TyperArgument, TyperOption
+
+    names = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "bool": "BOOLEAN", "Path": "PATH", "path": "PATH"}
+
+    def option_metavar(self, ctx):
+        if self.metavar is not None:
+            return self.metavar
+        if self.is_flag or self.count:
+            return None
+        label = self.display_type(ctx).strip("<>")  # "int", "list[str]", "a|b", "path"
+        label = label.removeprefix("list[").removesuffix("]")  # a repeated option: one value each time
+        return names.get(label, label.upper() if "|" not in label else f"[{label}]")
+
+    TyperOption.display_type_rich = option_metavar
+    TyperArgument.display_type_rich = lambda self, ctx: None
+
+
+_conventional_metavars()
 app = typer.Typer(
     name="gspo",
     no_args_is_help=True,

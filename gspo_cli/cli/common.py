@@ -24,7 +24,7 @@ def _print_table(columns: list[str], rows: list[list]) -> None:
 
     table = Table()
     for c in columns:
-        table.add_column(c)
+        table.add_column(c, overflow="fold")  # a long value (a run's path) wraps, never cut with "…"
     for row in rows:
         table.add_row(*(str(v) for v in row))
     # Off a terminal (pipes, job logs) Rich would squeeze to 80 columns and cut paths.

@@ -62,7 +62,7 @@ def eval_(
         typer.Option(
             "--out",
             "-o",
-            help="write results here (default: the run directory, the completions' folder, or `results/eval/<model>`)",
+            help="write results here (default: the run directory, else `results/eval/<completions file or model>`)",
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,

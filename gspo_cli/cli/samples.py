@@ -18,7 +18,7 @@ def samples(
     step: Annotated[Optional[int], typer.Option("--step", help="the logged step to show (default: the latest)")] = None,
     worst: Annotated[bool, typer.Option("--worst", help="lowest reward first")] = False,
     best: Annotated[bool, typer.Option("--best", help="highest reward first")] = False,
-    n: Annotated[Optional[int], typer.Option("-n", help="show at most N samples")] = None,
+    n: Annotated[Optional[int], typer.Option("--limit", "-n", help="show at most N samples")] = None,
     plain: Annotated[bool, typer.Option("--plain", help="plain text, no colours or boxes")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="the samples' JSON lines, as stored")] = False,
 ) -> None:

@@ -24,7 +24,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize
 from gspo_cli.eval.sets import cold_start_task
 from gspo_cli.files import iter_lines
-from gspo_cli.runs import RunDir, append_jsonl, now_iso, write_json_atomic
+from gspo_cli.runs import RunDir, append_jsonl, now_iso, plural, write_json_atomic
 from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.spec.loading import load_spec
 from gspo_cli.tasks import TASKS, Task, make_task
@@ -184,7 +184,7 @@ def evaluate_model(
             decode=rollout.decode,
             prompt_format=PromptFormat.from_rollout(rollout).formatter(lm.tokenizer),
         )
-    log(f"sampling {len(problems)} problems x {K} from {source} ({sampling.engine})")
+    log(f"sampling {plural(len(problems), 'problem')} x {K} from {source} ({sampling.engine})")
     batch_size = sampling.batch_size or (None if sampling.engine == "vllm" else 64)
     seen = engine.format([p.prompt for p in problems])  # as the model sees them: eval rows keep them
     try:
@@ -246,7 +246,7 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
     missing = len(problems) - len(chosen)
     if missing:
         warnings.warn(
-            f"--completions: {missing} of {len(problems)} problems have no completions in {path}; left out",
+            f"--completions: {missing} of {plural(len(problems), 'problem')} have no completions in {path}; left out",
             stacklevel=2,
         )
     chosen = chosen[:limit] if limit else chosen
@@ -390,12 +390,12 @@ def _summary(task: Task, results: list[ProblemResult], info: dict[str, Any], sec
 
 
 def default_out_dir(target: Target | None, completions: Path | None) -> Path:
-    """Beside what was evaluated: the run directory, the completions file, or results/eval/<model>."""
+    """The run directory evaluated, else results/eval/<completions file's stem or model>: never
+    the folder a completions file (or a dataset) sits in, which is the user's data."""
     if target is not None and target.run_dir is not None:
         return target.run_dir
-    if completions is not None:
-        return completions.parent
-    return Path("results") / "eval" / re.sub(r"[^A-Za-z0-9._-]+", "_", target.source).strip("_")
+    name = completions.stem if completions is not None else target.source
+    return Path("results") / "eval" / re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
 
 def write_results(out_dir: Path, results: list[ProblemResult], summary: dict[str, Any]) -> Path:
@@ -420,12 +420,14 @@ def render(summary: dict[str, Any], console) -> None:
         what = f"{summary.get('run_dir') or what} @ {summary['checkpoint']}"
     per = summary.get("samples_per_problem") or {str(summary["samples"]): summary["problems"]}
     samples = (
-        f"{summary['samples']} samples"
+        plural(summary["samples"], "sample")
         if len(per) == 1
         else "uneven samples (" + ", ".join(f"{c} with {n}" for n, c in per.items()) + ")"
     )
+    # Headed by the evaluation set (its task in brackets): two sets of one task stay apart.
+    head = f"{summary['set']} ({summary['task']})" if summary.get("set") else summary["task"]
     console.print(
-        f"{summary['task']}: {summary['problems']} problems x {samples}, {what}",
+        f"{head}: {plural(summary['problems'], 'problem')} x {samples}, {what}",
         markup=False,
         highlight=False,
         soft_wrap=True,

@@ -20,6 +20,7 @@ from typing import Any
 from gspo_cli.errors import SpecError
 from gspo_cli.eval.scores import evaluate_policy
 from gspo_cli.metrics import eval_key
+from gspo_cli.runs import plural
 from gspo_cli.spec import EvalSetConfig, ExperimentSpec
 from gspo_cli.tasks import Problem, Task, make_task
 
@@ -117,13 +118,13 @@ def plan_data(spec: ExperimentSpec, task: Task) -> tuple[list[EvalSet], dict[str
                 excluded = task.exclude(held, "the held-out split")
             except SpecError:
                 raise SpecError(
-                    f"task.eval_size: holding out {len(held)} problems leaves none of the {pool} of "
+                    f"task.eval_size: holding out {plural(len(held), 'problem')} leaves none of the {pool} of "
                     f"{train_source} to train on; lower task.eval_size or name task.eval_sets"
                 ) from None
-            note = f"the first {len(held)} problems of {train_source}, removed from training"
+            note = f"the first {plural(len(held), 'problem')} of {train_source}, removed from training"
         else:  # a generator's hash split is disjoint from its training draws already
             excluded = None
-            note = f"{len(held)} problems of the generator's held-out hash split (never drawn for training)"
+            note = f"{plural(len(held), 'problem')} of the generator's held-out hash split (never drawn for training)"
         note = f"no task.eval_sets: evaluating on a held-out split of the training source: {note}"
     info = {
         "train_source": train_source,
@@ -138,15 +139,20 @@ def plan_data(spec: ExperimentSpec, task: Task) -> tuple[list[EvalSet], dict[str
 def data_lines(info: dict[str, Any]) -> list[str]:
     """What `plan_data` decided, as lines for the terminal."""
     sets = ", ".join(
-        f"{name} ({d['task']}, {d['problems']} problems x {d['samples']})" for name, d in info["eval_sets"].items()
+        f"{name} ({d['task']}, {plural(d['problems'], 'problem')} x {d['samples']})"
+        for name, d in info["eval_sets"].items()
     )
     pool = info["train_problems"]
     excluded = info["excluded_from_training"]
     lines = [
         f"training data: {info['train_source']}"
-        + (f" ({pool} problems)" if pool is not None else " (generated)")
+        + (f" ({plural(pool, 'problem')})" if pool is not None else " (generated)")
         + (
-            f"; {excluded} problems excluded as evaluation problems"
+            (
+                f"; {plural(excluded, 'evaluation problem')} excluded"
+                if excluded
+                else "; no evaluation problem among them"
+            )
             if excluded is not None
             else "; evaluation problems filtered out as drawn"
         ),
@@ -221,5 +227,5 @@ def cold_start_task(task: Task, problems: list[Problem]) -> tuple[Task, str]:
     synthetic.exclude(problems, "the evaluated dataset")
     return synthetic, (
         f"cold start: {task.name}, synthetic problems, not the evaluated dataset "
-        f"(its {len(problems)} problems excluded)"
+        f"(its {plural(len(problems), 'problem')} excluded)"
     )

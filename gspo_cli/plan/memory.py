@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
+from gspo_cli.runs import plural
 from gspo_cli.spec import ExperimentSpec
 
 LAYOUTS = ("sharded", "before")
@@ -257,9 +258,11 @@ def plan_memory(
     procs_on_node = min(hw.gpus_per_node, W)
 
     def host_terms(extra: list[tuple[str, int]], device_total: int) -> list[tuple[str, int]]:
-        base = [(f"runtime ({procs_on_node} processes)", procs_on_node * host_proc)]
+        base = [(f"runtime ({plural(procs_on_node, 'process', 'processes')})", procs_on_node * host_proc)]
         if kind == "cpu":
-            base.append((f"{procs_on_node} processes' device memory", procs_on_node * device_total))
+            base.append(
+                (f"device memory of {plural(procs_on_node, 'process', 'processes')}", procs_on_node * device_total)
+            )
         return base + extra
 
     phases = []
@@ -289,7 +292,9 @@ def plan_memory(
             host_extra = []
         else:
             dev = [("whole fp32 model" + (" before sharding" if fsdp else ""), FP32 * P)]
-            host_extra = [(f"{n} x {procs_on_node} processes", procs_on_node * b) for n, b in per_proc]
+            host_extra = [
+                (f"{n} x {plural(procs_on_node, 'process', 'processes')}", procs_on_node * b) for n, b in per_proc
+            ]
             if not converted:
                 host_extra.append(("checkpoint pages (page cache, shared)", FP32 * P))
         if wl.kl:
@@ -350,7 +355,10 @@ def plan_memory(
         dev.append(("weight sync: largest tensor, 3 copies", 3 * c * shape.vocab * shape.hidden))
         if sleep == 1:  # level 1 keeps the engine's weights in host memory while it sleeps
             vllm_host = [
-                (f"vLLM weights asleep in host memory ({procs_on_node} processes)", procs_on_node * engine_weights)
+                (
+                    f"vLLM weights asleep in host memory ({plural(procs_on_node, 'process', 'processes')})",
+                    procs_on_node * engine_weights,
+                )
             ]
     elif engine == "vllm-server":
         # the server's devices are its own; here only the push: one gathered parameter at a time
