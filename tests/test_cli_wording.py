@@ -80,3 +80,10 @@ def test_list_never_cuts_a_long_path(tmp_path):
     assert "…" not in res.output and "..." not in res.output
     text = "".join(line.split("│")[1].strip() for line in res.output.splitlines() if line.count("│") > 2)
     assert str(run) in text
+
+
+def test_an_evaluation_line_of_one_problem():
+    from gspo_cli.train.reporting import format_eval
+
+    line = format_eval({"set": "lcb", "task": "code", "step": 0, "n": 1, "scores": {"avg@1": 0.0}})
+    assert line == "eval lcb at step 0 (1 problem): avg@1 0.000"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Protocol
 
+from gspo_cli.runs import plural
+
 
 class Reporter(Protocol):
     def log(self, msg: str) -> None: ...
@@ -30,7 +32,8 @@ def format_step(m: dict) -> str:
 def format_eval(record: dict) -> str:
     """An eval.jsonl record as one line: the set (or held-out task) and its scores."""
     scores = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in record["scores"].items())
-    return f"eval {record.get('set', record['task'])} at step {record['step']} ({record['n']} problems): {scores}"
+    n = plural(record["n"], "problem")
+    return f"eval {record.get('set', record['task'])} at step {record['step']} ({n}): {scores}"
 
 
 class PlainReporter:
