@@ -1,10 +1,12 @@
 """When two arms take the same gradient, so that comparing them measures seed noise only.
 
-On-policy (one mini-batch per rollout batch, one epoch, staleness 0, pi_old from the trainer's
-own forward, no mismatch correction) pi_theta = pi_old at the one update, so every importance
-ratio is 1 and nothing is clipped. At ratio 1 GRPO, GSPO, GSPO-token, CISPO, SAPO, GMPO and
-KL-Cov all give the vanilla policy gradient under their aggregation (docs/algorithms/zoo.md;
-tests/test_same_gradient.py checks every name below against the registry), so two such arms
+On-policy (one mini-batch per rollout batch, one epoch, staleness 0, no mismatch correction,
+pi_old not the vLLM engine's log-probs) pi_theta = pi_old at the one update, so every importance
+ratio is 1 and nothing is clipped (with the hf engine's sampler log-probs, which differ from a full
+forward by ~1e-5 nats at most, to that precision: far inside any clip range). At ratio 1 GRPO,
+GSPO, GSPO-token, CISPO, SAPO, GMPO and KL-Cov all give the vanilla policy gradient under their
+aggregation (docs/algorithms/zoo.md; tests/test_same_gradient.py checks every name below against
+the registry), so two such arms
 whose configurations agree in everything but the loss and its clip range take the same
 gradient step for step.
 
