@@ -206,9 +206,9 @@ def test_off_policy_mask_sees_the_engine_trainer_mismatch(tmp_path, engine):
     metrics = learn(ctx, batch, mixed_scores(8), step=1)
     lengths = batch.response_mask.sum(-1)
     negative_share = float(lengths[1::2].sum() / lengths.sum())  # odd rows: reward 0, A < 0
-    assert metrics["policy/off_policy_mask_sampler"] == float(engine)
     expected = negative_share if engine else 0.0
     assert metrics["policy/dropped_token_frac"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["policy/off_policy_mask_sampler"] == float(engine)
 
 
 # ----------------------------------------------------------------------------- 5. dynamic sampling
@@ -224,7 +224,6 @@ def test_dynamic_sampling_decides_signal_by_the_verdict():
         | {"rollout": {"prompts_per_step": 1, "group_size": 4, "max_new_tokens": 1000}}
     )
     arm = spec.arms[0]
-    assert arm.dynamic_sampling.metric == "correct"
     # buffer = 0.2 x 1000 = 200 tokens: length 801 is one token into it (penalty -1/200)
     first = rows_batch([10, 20, 30, 801], C=801)
     all_correct = [Score(reward=1.0, correct=True)] * 4
@@ -247,6 +246,7 @@ def test_dynamic_sampling_decides_signal_by_the_verdict():
     out, scores, counts = dynamic_sampling(ctx, [None], first, all_correct, sample)
     assert counts["rounds"] == 1 and counts["signal"] == 1
     assert [s.correct for s in scores] == [True, True, False, False]  # the second round's group
+    assert arm.dynamic_sampling.metric == "correct"  # the default
 
     # shaped (the old behaviour, still offered) keeps the all-correct group: no extra round
     _, _, counts = dynamic_sampling(

@@ -96,11 +96,11 @@ def clip_cov_loss(
     """Clip-Cov: GRPO's PPO-clipped token loss, with floor(cov_ratio x trained tokens) (at least
     1) tokens drawn at random (torch's global RNG) among the trained tokens not already clipped
     whose cov lies in (cov_lb, cov_ub) detached: their loss and gradient become 0.
-    ``clip_dual`` (> 1, None: off): dual-clip PPO as in ``grpo`` (verl's clip_cov has none).
 
     Paper defaults: cov_ratio 2e-4, cov_lb 1, cov_ub 5, token-mean. Clip fractions are PPO's
     (and the dual clip's); ``cov_frac`` (``policy/cov_selected_frac``) is the share of the
-    trained tokens detached.
+    trained tokens detached. ``clip_dual`` (> 1, None: off): dual-clip PPO as in ``grpo``
+    (verl's clip_cov has none); a dual-clipped token is not a candidate.
     """
     keep_BC, kept_BC, log_ratio_BC, ratio_BC, adv_BC, cov_BC = _token_terms(
         logp_BC, old_logp_BC, advantages, mask_BC, weights_BC
