@@ -214,8 +214,9 @@ def test_one_shared_legend_outside_every_axes(groups):
     fig = _drawn(make_panel(build_plot(groups, ["reward", "clip", "length", "eval"])))
     assert all(ax.get_legend() is None for ax in fig.axes)
     (legend,) = fig.legends
-    labels = [t.get_text() for t in legend.get_texts()]
-    assert labels[:2] == ["grpo (n=3)", "gspo (n=3)"] and labels[2].startswith("low:") and len(labels) == 4
+    labels = [t.get_text() for t in legend.get_texts()]  # column by column: 2 rows of 2
+    assert labels[0::2] == ["grpo (n=3)", "gspo (n=3)"]  # the arms' row
+    assert labels[1].startswith("low:") and labels[3].startswith("high:")  # the line styles' row
     box = legend.get_window_extent()
     assert not any(_overlaps(box, ax.get_window_extent()) for ax in fig.axes)
     # a single figure: the legend beside the axes, not over them

@@ -122,3 +122,12 @@ def test_score_limits_by_hand():
         assert ax.get_ylim() == pytest.approx((0.0, top)), values
     score_limits(ax, np.array([np.nan]))  # nothing finite: left as it was
     assert ax.get_ylim() == pytest.approx((0.0, 0.05))
+
+
+def test_a_log_axis_follows_the_lines_not_a_band_through_0(tmp_path):
+    # two seeds 0.001 and 0.003: mean 0.002, 95% CI 0.002 ± 12.7 x 0.001 reaches below 0
+    for seed, c in ((0, 0.001), (1, 0.003)):
+        write_run(tmp_path, "grpo", seed, [{"step": t, "policy/clip_frac_token": c} for t in range(1, 6)])
+    ax = _ax(tmp_path / "exp", "clip")
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylim()[0] == pytest.approx(0.002 / 3)

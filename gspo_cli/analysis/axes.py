@@ -6,7 +6,8 @@
   y-range is set around it instead of stretched over the noise.
 - Log scale only where the data can be read on one: every drawn value > 0: log; zeros beside
   positive values: symlog (linear below the smallest positive value, so zeros sit at 0 and
-  are not clipped away); nothing but zeros: linear, with a note saying so.
+  are not clipped away); nothing but zeros: linear, with a note saying so. A log axis's
+  bottom follows the lines, not a band over seeds that reaches 0.
 - Ticks: integer steps on a step axis; never an offset label (`1e-7 + 0.5`) on a linear axis.
 - Arms drawn on top of each other (equal values at every shared x) get markers and a note
   naming them, so no arm is hidden under another.
@@ -125,6 +126,19 @@ def add_notes(ax: Axes, notes: list[str]) -> None:
             gid="gspo-note",
             **NOTE_STYLE,
         )
+
+
+def log_bottom(ax: Axes) -> None:
+    """On a log axis, the bottom follows the lines (a third of the smallest positive value any
+    line draws), not a band over seeds whose lower edge reaches 0 or below (a 95% CI of two seeds
+    often does), which a log axis cannot show: such a band runs into the bottom edge."""
+    if ax.get_yscale() != "log":
+        return
+    ys = [np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines()]
+    v = np.concatenate(ys) if ys else np.zeros(0)
+    v = v[np.isfinite(v) & (v > 0)]
+    if len(v):
+        ax.set_ylim(bottom=float(v.min()) / 3)
 
 
 def score_limits(ax: Axes, values: np.ndarray) -> None:

@@ -29,11 +29,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from gspo_cli.analysis.axes import (
+    FLOOR,
     OVERLAP_MARKERS,
     add_notes,
     apply_scale,
     floor_noise,
     keep_flat,
+    log_bottom,
     no_signal,
     overlapping,
     score_limits,
@@ -153,6 +155,7 @@ def profile_panel(fid: str, groups: list[Group], colours: dict, band: str = "ci"
         for g, c in curves:
             if c is not None:
                 _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
+        log_bottom(ax)
         if scale == "linear":
             add_notes(ax, ["all values are 0 or negative: linear axis"])
         ax.set_xticks(pos.to_numpy(), [b.replace("_inf", "+").replace("_", "-") for b in buckets])
@@ -186,6 +189,7 @@ class Plot:
     skipped: list[str] = field(default_factory=list)
     smooth: float = 0.0  # the EMA weight used (--smooth auto resolved)
     band: str = "ci"
+    labels: list[str] = field(default_factory=list)  # the groups' legend labels, in order
 
 
 # --------------------------------------------------------------------------- data
@@ -277,8 +281,11 @@ def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: boo
     """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR)."""
     ax.plot(c.x, floor_noise(c.mean), color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3, zorder=3)
     ok = np.isfinite(c.lo) & np.isfinite(c.hi)
+    lo = floor_noise(c.lo)
+    if ax.get_yscale() == "log":  # a lower edge at or below 0 runs into the bottom (axes.log_bottom)
+        lo = np.where(lo > 0, lo, FLOOR)
     if band and ok.any():
-        ax.fill_between(c.x, floor_noise(c.lo), floor_noise(c.hi), where=ok, color=colour, alpha=0.2, lw=0)
+        ax.fill_between(c.x, lo, floor_noise(c.hi), where=ok, color=colour, alpha=0.2, lw=0)
 
 
 def _draw_raw(ax: Axes, c: Curve, colour, name: str) -> None:
@@ -383,6 +390,7 @@ def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: f
             for g, c in row:
                 if c is not None:
                     _draw_curve(ax, c, colours[g.name], "_" + g.name, ls=ls, band=False)
+        log_bottom(ax)
         styles = [Line2D([], [], color="0.3", ls=ls, label=name) for _, ls, name in spec.dashed]
         styles += [_raw_handle()] if raw else []
         _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles, notes, x == "step", band)
@@ -439,7 +447,7 @@ def build_plot(
         if fid not in FIGURES and fid not in PROFILES:
             raise SpecError(f"--metrics: unknown figure {fid!r} (known: {', '.join([*FIGURES, *PROFILES])})")
     colours = group_colours(groups)
-    out = Plot([], smooth=smooth, band=band)
+    out = Plot([], smooth=smooth, band=band, labels=[_label(g) for g in groups])
     for fid in metrics or [*FIGURES, *PROFILES]:
         if fid == "reward_time" and x == "time" and not metrics:
             continue  # the reward figure already is reward vs time
@@ -479,8 +487,35 @@ def panel_grid(n: int, ncols: int = 3) -> tuple[int, int]:
     return -(-n // cols), cols
 
 
+def _shared_legend(fig: Figure, entries: dict[str, object], arm_labels: list[str], ncols: int = 6) -> None:
+    """One legend below the grid, read row by row: the arms first, the line styles (dashed parts,
+    the faint unsmoothed mean) on a row of their own. A legend wider than the figure widens it."""
+    arms = [label for label in entries if label in arm_labels]
+    styles = [label for label in entries if label not in arm_labels]
+    cols = max(1, min(ncols, max(len(arms), len(styles))))
+    blank = Line2D([], [], alpha=0)
+    grid: list[list[tuple[str, object]]] = []
+    for part in (arms, styles):
+        cells = [(label, entries[label]) for label in part]
+        cells += [("", blank)] * (-len(cells) % cols)
+        grid += [cells[i : i + cols] for i in range(0, len(cells), cols)]
+    by_column = [grid[r][c] for c in range(cols) for r in range(len(grid))]  # matplotlib fills columns
+    legend = fig.legend(
+        [h for _, h in by_column],
+        [label for label, _ in by_column],
+        loc="outside lower center",
+        ncols=cols,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.draw_without_rendering()
+    need = legend.get_window_extent().width / fig.dpi + 0.4
+    if need > fig.get_figwidth():
+        fig.set_figwidth(need)
+
+
 def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
-    """The panels marked `in_panel` (all if none is) on one grid, with one legend for all of
+    """The panels marked `in_panel` (all if none is) on one grid, with the legends of all of
     them below the grid: the arms once, then each line style (dashed parts, the faint
     unsmoothed mean) once; no legend inside or beside a panel. What the band is goes in
     `title` (panel_title)."""
@@ -500,14 +535,7 @@ def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
         if title:
             fig.suptitle(title)
         if entries:
-            fig.legend(
-                list(entries.values()),
-                list(entries),
-                loc="outside lower center",
-                ncols=min(len(entries), 6),
-                fontsize=8,
-                frameon=False,
-            )
+            _shared_legend(fig, entries, plot.labels)
     return fig
 
 
