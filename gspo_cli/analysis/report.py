@@ -23,7 +23,7 @@ from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
 from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
-from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable
+from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
 from gspo_cli.errors import SpecError
 
@@ -221,9 +221,11 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += _ratio_lines(roles, comp)
     lines += diagnostic_lines(groups)
     lines += ["## Findings", ""]
+    # Without signal, or with arms that take the same gradient, 1-3 and 5 compare seed noise.
     untestable = findings_untestable(roles)
-    lines += _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable)
-    lines += [f"**5.** not testable: {untestable}.", ""] if untestable else stability_finding(roles, welch_diff)
+    lines += not_testable((1, 2, 3), untestable) if untestable else _findings(roles, diff, vals, eval_col, eval_label)
+    lines += _expert_finding(roles, vals, runs)
+    lines += not_testable((5,), untestable) if untestable else stability_finding(roles, welch_diff)
     lines += ["", RULES + STABILITY_RULE]
     eval_task = eval_col.split(":", 1)[1] if eval_col else None
     lines += learning_lines(groups, eval_task, eval_label, last)
@@ -332,16 +334,13 @@ def _ratio_lines(roles: dict[str, Group], comp: Comparison) -> list[str]:
     return out + [""]
 
 
-def _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable: str | None) -> list[str]:
-    """Findings 1-4; `untestable`: why 1-3 cannot be tested on these runs (None: they can)."""
+def _findings(roles, diff, vals, eval_col, eval_label) -> list[str]:
+    """Findings 1-3, the comparisons of arms."""
     out: list[str] = []
     has = lambda *rs: all(r in roles for r in rs)  # noqa: E731
 
     # 1. efficiency
-    if untestable:
-        out += [line for k in (1, 2, 3) for line in (f"**{k}.** not testable: {untestable}.", "")]
-        v1 = "not testable"
-    elif has("gspo", "grpo"):
+    if has("gspo", "grpo"):
         d_rew, d_auc = diff("gspo", "grpo", "reward"), diff("gspo", "grpo", "reward/mean")
         d_ev = diff("gspo", "grpo", eval_col) if eval_col else None
         signs = [d_rew.significant] + ([d_ev.significant] if d_ev else [])
@@ -365,9 +364,7 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable: s
         v1 = "not testable"
 
     # 2. clipping
-    if untestable:
-        pass
-    elif has("gspo", "grpo"):
+    if has("gspo", "grpo"):
         g, s = _mean(vals("grpo", "clip")), _mean(vals("gspo", "clip"))
         ratio = s / g if g > 0 else math.inf
         part = "holds" if ratio >= 10 else "does not hold"
@@ -381,9 +378,7 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable: s
         out += ["**2.** not testable: needs a GRPO and a GSPO arm.", ""]
 
     # 3. routing replay
-    if untestable:
-        pass
-    elif has("grpo", "grpo_rr", "gspo"):
+    if has("grpo", "grpo_rr", "gspo"):
         d_rr = diff("grpo_rr", "grpo", "reward")
         d_g = diff("gspo", "grpo_rr", "reward")
         bad = {"diverged", "failed"}
@@ -401,8 +396,12 @@ def _findings(roles, comp, diff, vals, eval_col, eval_label, runs, untestable: s
         ]
     else:
         out += ["**3.** not testable: needs GRPO, GRPO+RR and GSPO arms.", ""]
+    return out
 
-    # 4. expert volatility
+
+def _expert_finding(roles, vals, runs) -> list[str]:
+    """Finding 4, the expert change per update (any of the paper's arms)."""
+    out: list[str] = []
     per_role = {role: _mean(vals(role, "expert_change")) for role in ROLES if role in roles}
     per_role = {k: v for k, v in per_role.items() if math.isfinite(v)}
     if per_role and (why := expert_change_untestable(roles)):

@@ -65,6 +65,11 @@ def findings_untestable(roles: dict[str, Group]) -> str | None:
     return None
 
 
+def not_testable(findings: tuple[int, ...], why: str) -> list[str]:
+    """The report's Markdown lines saying these findings are not testable, and why."""
+    return [line for k in findings for line in (f"**{k}.** not testable: {why}.", "")]
+
+
 def expert_change_untestable(roles: dict[str, Group]) -> str | None:
     """Why finding 4 (expert change per update) cannot be tested: no run had reward signal, so
     no update moved the policy by the rewards."""
