@@ -158,7 +158,7 @@ def plot(
             "-m",
             metavar="FIGURES",
             help="which figures, comma-separated or repeated (default: every figure the runs have data "
-            "for, and panel.<fmt> with reward, eval, clip, expert_change, engine_route_diff, mismatch): "
+            "for, and the panel figure with reward, eval, clip, expert_change, engine_route_diff, mismatch): "
             "reward, reward_time, eval, clip, expert_change, engine_route_diff, mismatch, mismatch_dropped, "
             "kl, entropy, length, grad_norm, logvar_length, logvar_minibatch",
         ),
@@ -186,15 +186,19 @@ def plot(
     ] = "ci",
     group_by: Annotated[str, typer.Option("--group-by", "-g", help="one line per: as for `compare`")] = "arm",
     panel: Annotated[
-        bool, typer.Option("--panel/--no-panel", help="also write panel.<fmt>, the figures on one grid")
+        bool,
+        typer.Option(
+            "--panel/--no-panel", help="also write the panel figure (panel.png, .svg or .pdf): the figures on one grid"
+        ),
     ] = True,
 ) -> None:
     """Draw reward, held-out score, clip-fraction, expert-change, KL, entropy, length and
-    grad-norm curves from run directories: one file per figure plus panel.<fmt>, the figure a
-    paper shows (its panels those the runs have data for, one legend above them). One line per
-    arm: the mean over seeds, smoothed, with a band over seeds where there are several.
+    grad-norm curves from run directories: one file per figure, plus the panel figure a paper
+    shows (panel.png: reward, held-out score, clipped tokens, expert change, those the runs have
+    data for, one legend below them). One line per arm: the mean over seeds, smoothed, the
+    unsmoothed mean faint behind, with a band over seeds where there are several.
 
-    Example: `gspo plot results/quickstart` (the README's figure: `-m reward,eval`)
+    Example: `gspo plot results/quickstart` (its panel.png is docs/quickstart.png)
     """
     from gspo_cli.analysis.plot import plot_runs
 
