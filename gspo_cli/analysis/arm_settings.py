@@ -68,11 +68,6 @@ def arm_settings(runs: list[Run]) -> dict[str, str]:
     a run without a spec.yaml (or without arms in it) shows '—'."""
     out = {}
     for sid, (_, fn) in SETTINGS.items():
-        vals = dict.fromkeys(fn(arm) if (arm := _arm_of(r)) is not None else "—" for r in runs)
+        vals = dict.fromkeys(fn(r.arm_spec) if r.arm_spec else "—" for r in runs)
         out[sid] = "/".join(vals)
     return out
-
-
-def _arm_of(run: Run) -> dict | None:
-    arms = [a for a in run.spec.get("arms") or [] if isinstance(a, dict)]
-    return next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else None)

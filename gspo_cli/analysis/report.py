@@ -142,8 +142,7 @@ def _paper_shaped(arm: dict) -> bool:
 
 
 def arm_role(run: Run) -> str | None:
-    arms = run.spec.get("arms") or []
-    arm = next((a for a in arms if a.get("name") == run.arm), arms[0] if arms else {})
+    arm = run.arm_spec
     loss = arm.get("loss")
     if str((arm.get("mismatch") or {}).get("mode", "off")) != "off" or not _paper_shaped(arm):
         return None
