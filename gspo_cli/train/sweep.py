@@ -212,7 +212,7 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
     prebuild_models(todo, log)
     logs = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
     log(f"each run's output goes to {logs}/<run>.log (removed once every run has completed)")
-    pending, active, kept = list(todo), {}, []
+    pending, active, kept, stopping = list(todo), {}, [], False
     try:
         with stop_on_signals() as stop:
             while pending or active:
@@ -228,7 +228,8 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
                     )
                     active[proc] = (r, time.time(), log_file, _Progress(r))
                     log(f"[{r.name}/seed{r.seed}] started (pid {proc.pid}, {threads} thread(s))")
-                if stop and pending:
+                if stop and not stopping:
+                    stopping = True
                     log(f"stopping ({stop.signal_name}): {len(pending)} run(s) not started")
                     records += [_record(r, "not started", 4, 0.0) for r in pending]
                     pending = []
