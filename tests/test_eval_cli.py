@@ -186,7 +186,8 @@ def test_completions_path_never_imports_torch(tmp_path):
     comp = write_jsonl(tmp_path / "completions.jsonl", COMPLETIONS)
     code = (
         "import sys; from typer.testing import CliRunner; from gspo_cli.cli.app import app; "
-        f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}, '-o', {str(tmp_path)!r}]); "
+        f"r = CliRunner().invoke(app, ['eval', '-c', {str(comp)!r}, '-t', 'math', '-d', {str(H4)!r}, "
+        f"'-o', {str(tmp_path)!r}]); "
         "assert r.exit_code == 0, r.output; "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad"
     )
