@@ -145,6 +145,7 @@ def test_sweep_refuses_an_unfinished_run_of_another_spec_before_its_prebuild(tmp
 # --- 9: Ctrl-C during the cold start ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_cold_start_is_a_clean_stop(tmp_path):
     """A first SIGINT while the built-in model cold-starts: one plain line, exit 4 (the
     documented code for a SIGINT stop), no `error:`, no traceback, no cache entry left."""
@@ -261,6 +262,7 @@ def test_a_typo_in_task_params_gets_a_did_you_mean(tmp_path, monkeypatch, task, 
 # --- 12: evaluation scores and sweep progress as they come ------------------------------
 
 
+@pytest.mark.slow
 def test_train_prints_evaluation_scores_as_they_come(tmp_path):
     raw = {**ONE_ARM, "output_dir": str(tmp_path / "out"), "train": {"steps": 2, "eval_every": 1, "eval_samples": 2}}
     result = gspo("train", write_spec(tmp_path, raw))
@@ -273,6 +275,7 @@ def test_train_prints_evaluation_scores_as_they_come(tmp_path):
     assert lines.index(evals[1]) > next(i for i, x in enumerate(lines) if x.startswith("[grpo/seed0] step 1 "))
 
 
+@pytest.mark.slow
 def test_sweep_shows_progress_and_scores_and_tidies_its_logs(tmp_path, monkeypatch):
     """`gspo sweep` says where each run's output goes, shows its steps and evaluation scores as
     they come, removes the log directory when every run completed, and keeps (and names) the
@@ -299,3 +302,45 @@ def test_sweep_shows_progress_and_scores_and_tidies_its_logs(tmp_path, monkeypat
     (kept,) = logs.iterdir()
     assert kept.name == "000-grpo-seed0.log" and "no such directory" in kept.read_text()
     assert f"logs of the 1 run(s) that did not complete kept in {logs}: {kept.name}" in result.stderr
+
+
+def test_the_live_view_prints_evaluation_scores_above_its_bars(capsys):
+    from gspo_cli.cli.progress import RichReporter
+
+    record = {"step": 50, "task": "math", "set": "aime24", "n": 30, "samples": 4, "scores": {"avg@4": 0.25}}
+    with RichReporter() as reporter:
+        reporter.run_started("gspo/seed0", 100)
+        reporter.eval_done("gspo/seed0", record)
+    assert "[gspo/seed0] eval aime24 at step 50 (30 problems): avg@4 0.250" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sigint_to_a_sweep_stops_its_runs_cleanly(tmp_path):
+    """SIGINT sent to the sweep process alone (not its process group): no run is started after
+    it, the running one is told to stop (it checkpoints, exit 4), the sweep exits 4 and keeps
+    that run's log, without a traceback."""
+    raw = {**ONE_ARM, "output_dir": str(tmp_path / "out"), "train": {"steps": 200, "eval_every": 0}}
+    raw["seeds"] = [0, 1]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_cli", "sweep", str(write_spec(tmp_path, raw))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    metrics = tmp_path / "out/e2e/grpo/seed0/metrics.jsonl"
+    try:
+        deadline = time.time() + 180
+        while not (metrics.is_file() and metrics.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4, (out, err)
+    assert "Traceback" not in out + err and "error:" not in err
+    assert "stopping (SIGINT): 1 run(s) not started" in err
+    assert "[grpo/seed0] interrupted (exit 4)" in err
+    assert not (tmp_path / "out/e2e/grpo/seed1").exists()
+    assert "logs of the 1 run(s) that did not complete kept in" in err
