@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from gspo_cli.algorithms import (
     clip_cov_loss,
     entropy_top_mask,
+    get_mismatch_correction,
     grpo_advantages,
     grpo_loss,
     gspo_token_loss,
@@ -143,8 +144,6 @@ def test_entropy_threshold_is_taken_over_the_trained_tokens(how):
             token_filter={"entropy_top": 0.2},
             mismatch={"mode": "seq_mask", "rejected": "zero"},
         )
-        from gspo_cli.algorithms import get_mismatch_correction
-
         engine = torch.zeros(4, 10)
         engine[2:] = -3.0  # ratio e^3 > 2: rows 2, 3 rejected at weight 0
         b = rows_batch([10] * 4, engine_logp=engine)

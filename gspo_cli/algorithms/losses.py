@@ -21,6 +21,12 @@ filter (``filters.py``); 0 drops a token from the gradient and the statistics, t
 aggregation's count is unchanged (a caller that wants a dropped token out of the count
 removes it from ``mask_BC``). It must be detached and finite.
 
+The token-level PPO-clipped losses (``grpo``, ``gspo_token``, ``clip_cov``) also take
+``clip_dual=None``: dual-clip PPO (``ratios.clipped_surrogate_loss``); the trainer passes it only
+when the arm sets it, and ``takes_dual_clip(name)`` says whether a loss offers it. What
+``clip_low`` / ``clip_high`` mean (ratio space, log space, unused) is registered beside each loss
+(``LOSS_CLIPS``), and ``clip_problems`` checks an arm's values against it.
+
 ``params`` are the loss's own keyword arguments (e.g. SAPO's ``tau_pos``), with the paper's
 defaults; ``loss_params(name)`` lists them, so a spec can refuse another loss's parameter.
 Each loss also declares its ``level``: ``token`` losses weigh each token's gradient on its
