@@ -151,3 +151,51 @@ def score_limits(ax: Axes, values: np.ndarray) -> None:
         return
     top = min(1.02, max(0.05, np.ceil(max(float(v.max()), 0.0) * 1.15 / 0.05 - 1e-9) * 0.05))
     ax.set_ylim(0.0, top)
+
+
+def finish_axes(
+    ax: Axes,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    extra=(),
+    notes=(),
+    integer_x: bool = False,
+    *,
+    silent: list[str] = (),
+    legend_title: str | None = None,
+) -> None:
+    """Titles, grid, legend (outside the axes, on the right: `extra` handles after the lines')
+    and the rules above: ticks, a flat range for flat data, markers and a note for lines drawn on
+    top of each other (labels starting with "_" are not counted), a note naming the `silent`
+    runs (without reward signal), and any `notes` of the panel's own, all below the axes."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, lw=0.5)
+    tidy_ticks(ax, integer_x)
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    if lines:
+        keep_flat(ax, np.concatenate([np.asarray(ln.get_ydata(), float) for ln in lines]))
+    notes = list(notes)
+    by_label = {ln.get_label(): ln for ln in lines}
+    for same in overlapping([(ln.get_label(), ln.get_xdata(), ln.get_ydata()) for ln in lines]):
+        for k, name in enumerate(same):  # each its own marker: every arm stays visible
+            by_label[name].set(marker=OVERLAP_MARKERS[k % len(OVERLAP_MARKERS)], ms=5 - k % 3, mfc="none")
+        notes.append("on top of each other: " + " = ".join(n.split(" (n=")[0] for n in same))
+    if silent:
+        shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
+        notes.append(f"no reward signal in {shown}: every group's rewards equal at every step (advantages 0)")
+    add_notes(ax, notes)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(
+        [*handles, *extra],
+        [*labels, *(h.get_label() for h in extra)],
+        fontsize=7,
+        title=legend_title,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+        frameon=False,
+    )

@@ -1,15 +1,11 @@
 """`gspo plot`: publication-ready figures regenerated from run directories alone.
 
-One line per group (arm, by default): the mean over seeds at each step, each seed smoothed
-first (an EMA; by default one whose window is 1/25 of the run), the unsmoothed mean drawn faint
-behind it, and a shaded band over seeds (95% CI, t-distribution, by default; or ± one standard
-deviation, or min-max) where at least two seeds have the point. Colours follow the sorted group
-order, so an arm has the same colour in every figure of one call. Legends and notes sit outside
-the axes, never over a curve; the combined figure (`panel.<fmt>`) holds the figures a paper
-would show that the runs have data for (reward, held-out score per task, clipped tokens, MoE
-expert change, ...) with one shared legend above them. What the axes may and may not show (noise
-floor, log scales, ticks, held-out scores from 0, overlapping arms, runs without reward signal)
-is decided in `axes`. Figures are built on `matplotlib.figure.Figure` (Agg, no pyplot state, no
+One line per group (arm, by default): the mean over seeds, each seed smoothed first, the
+unsmoothed mean faint behind, a band over seeds where at least two have the point (the numbers:
+`curves`). An arm keeps its colour in every figure of one call. The combined figure
+(`panel.<fmt>`) holds the figures a paper shows that the runs have data for, with one legend
+below them. What the axes may show, and where legends and notes go (never over a curve), is
+decided in `axes`. Figures are built on `matplotlib.figure.Figure` (Agg, no pyplot state, no
 LaTeX) and saved with fixed metadata, so the same files give the same bytes.
 """
 
@@ -30,28 +26,22 @@ from matplotlib.lines import Line2D
 
 from gspo_cli.analysis.axes import (
     FLOOR,
-    OVERLAP_MARKERS,
     add_notes,
     apply_scale,
+    finish_axes,
     floor_noise,
-    keep_flat,
     log_bottom,
     no_signal,
-    overlapping,
     score_limits,
-    tidy_ticks,
 )
-from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema, group_runs, load_runs
+from gspo_cli.analysis.curves import BANDS, SMOOTH_AUTO, Curve, eval_curve, metric_curve, resolve_smooth, seed_curve
+from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
 
 FORMATS = ("png", "svg", "pdf")
 X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]", "tokens": "response tokens generated"}
 DPI = 150
-# Band over seeds: name -> what the legend says it is.
-BANDS = {"ci": "mean ± 95% CI", "std": "mean ± 1 std", "range": "mean, band min-max", "none": "mean"}
-SMOOTH_AUTO = "auto"
-AUTO_WINDOW = 25  # --smooth auto: an EMA whose window (1 / (1 - weight)) is 1/25 of the longest run
 # The combined figure's panels when --metrics is not given: what a paper shows, where the runs
 # have it. Every figure with data still gets its own file.
 PANEL_FIGURES = ("reward", "eval", "clip", "expert_change", "engine_route_diff", "mismatch")
@@ -147,7 +137,7 @@ def profile_panel(fid: str, groups: list[Group], colours: dict, band: str = "ci"
         for i, run in enumerate(g.runs):
             vals = [run.series(prefix + b).dropna().mean() if prefix + b in run.metrics else np.nan for b in buckets]
             ys[i] = pd.Series(vals, index=pos.index, dtype=float)
-        curves.append((g, _curve(ys, {i: pos for i in ys}, band)))
+        curves.append((g, seed_curve(ys, {i: pos for i in ys}, band)))
 
     def draw(ax: Axes) -> None:
         means = [floor_noise(c.mean) for _, c in curves if c is not None]
@@ -165,17 +155,6 @@ def profile_panel(fid: str, groups: list[Group], colours: dict, band: str = "ci"
 
 
 @dataclass
-class Curve:
-    """Seed statistics along x: mean, band [lo, hi] (NaN where < 2 seeds), seeds per point n."""
-
-    x: np.ndarray
-    mean: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    n: np.ndarray
-
-
-@dataclass
 class Panel:
     name: str  # file stem
     draw: Callable[[Axes], None]
@@ -190,82 +169,6 @@ class Plot:
     smooth: float = 0.0  # the EMA weight used (--smooth auto resolved)
     band: str = "ci"
     labels: list[str] = field(default_factory=list)  # the groups' legend labels, in order
-
-
-# --------------------------------------------------------------------------- data
-
-
-def x_values(run: Run, x: str) -> pd.Series:
-    """The run's x coordinate by step: the step, training seconds or cumulative response tokens."""
-    idx = run.metrics.index
-    if x == "step":
-        return pd.Series(idx.to_numpy(float), index=idx)
-    if x == "time":
-        t = run.series("time/elapsed_s")
-        return t if t.notna().any() else run.series("time/step_s").cumsum()
-    rollout = run.spec.get("rollout") or {}
-    if not {"prompts_per_step", "group_size"} <= rollout.keys():
-        raise SpecError(f"--x tokens: {run.path / 'spec.yaml'} lacks rollout.prompts_per_step/group_size")
-    batch = rollout["prompts_per_step"] * rollout["group_size"]
-    return (run.series("response/length_mean").fillna(0) * batch).cumsum()
-
-
-def _curve(ys: dict[int, pd.Series], xs: dict[int, pd.Series], band: str = "ci") -> Curve | None:
-    """Seed statistics of (points x seeds) values; the band (BANDS) is NaN where < 2 seeds."""
-    if not ys:
-        return None
-    y = pd.DataFrame(ys).sort_index()
-    xm = pd.DataFrame(xs).reindex(y.index).mean(axis=1).to_numpy()
-    st = curve_stats(y)
-    ok = np.isfinite(xm) & st["mean"].notna().to_numpy()
-    if not ok.any():  # e.g. --x time on runs that log no time
-        return None
-    mean, n = st["mean"].to_numpy()[ok], st["n"].to_numpy()[ok]
-    if band == "range":
-        lo, hi = y.min(axis=1).to_numpy()[ok], y.max(axis=1).to_numpy()[ok]
-    else:
-        half = st["std" if band == "std" else "ci95"].to_numpy()[ok] * (np.nan if band == "none" else 1.0)
-        lo, hi = mean - half, mean + half
-    several = n >= 2
-    return Curve(xm[ok], mean, np.where(several, lo, np.nan), np.where(several, hi, np.nan), n)
-
-
-def metric_curve(group: Group, key: str, x: str, smooth: float, band: str = "ci") -> Curve | None:
-    """Mean over the group's seeds of one metric, each seed EMA-smoothed first; None if no seed logs it.
-
-    Seeds are aligned by step; for x = time or tokens the x of a point is the seeds' mean x.
-    """
-    ys, xs = {}, {}
-    for i, run in enumerate(group.runs):
-        y = run.series(key).dropna()
-        if len(y):
-            ys[i] = pd.Series(ema(y.to_numpy(), smooth), index=y.index)
-            xs[i] = x_values(run, x).reindex(y.index)
-    return _curve(ys, xs, band)
-
-
-def auto_smooth(groups: list[Group]) -> float:
-    """--smooth auto: the EMA weight whose window 1 / (1 - w) is 1/AUTO_WINDOW of the longest
-    run's logged steps, rounded to 2 decimals: 0 (no smoothing) up to 25 steps, 0.75 at 100,
-    0.9 at 250, 0.94 at 400, at most 0.99."""
-    steps = max((len(r.metrics) for g in groups for r in g.runs), default=0)
-    window = steps / AUTO_WINDOW
-    return 0.0 if window <= 1 else min(0.99, round(1 - 1 / window, 2))
-
-
-def eval_curve(group: Group, task: str, x: str, band: str = "ci") -> Curve | None:
-    """Held-out score (first avg@K) by eval step; eval steps map to time/tokens through the run's metrics."""
-    ys, xs = {}, {}
-    for i, run in enumerate(group.runs):
-        ev = run.eval_scores
-        ev = ev[ev.task == task].dropna(subset=["score"]).drop_duplicates("step", keep="last")
-        if ev.empty:
-            continue
-        ys[i] = pd.Series(ev.score.to_numpy(float), index=ev.step.to_numpy())
-        xv = x_values(run, x).dropna()
-        # Step 0 (before training) sits at x = 0 for every axis.
-        xs[i] = pd.Series(np.interp(ev.step, [0, *xv.index], [0.0, *xv.to_numpy()]), index=ev.step.to_numpy())
-    return _curve(ys, xs, band)
 
 
 def group_colours(groups: list[Group]) -> dict[str, tuple]:
@@ -304,52 +207,11 @@ def _ylabel(spec: FigureSpec, smooth: float) -> str:
     return label + (f", EMA {smooth:g}" if smooth > 0 and spec.key != "eval" else "")
 
 
-def _finish(
-    ax: Axes,
-    title: str,
-    xlabel: str,
-    ylabel: str,
-    groups: list[Group],
-    extra=(),
-    notes=(),
-    integer_x=False,
-    band: str = "ci",
-) -> None:
-    """Titles, grid, legend (outside the axes, on the right) and the honest-axis rules of
-    `axes`: ticks, a flat range for flat data, markers and a note for arms drawn on top of each
-    other, a note for runs without reward signal, and any `notes` of the panel's own (notes go
-    below the axes)."""
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3, lw=0.5)
-    tidy_ticks(ax, integer_x)
-    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
-    if lines:
-        keep_flat(ax, np.concatenate([np.asarray(ln.get_ydata(), float) for ln in lines]))
-    notes = list(notes)
-    by_label = {ln.get_label(): ln for ln in lines}
-    for same in overlapping([(ln.get_label(), ln.get_xdata(), ln.get_ydata()) for ln in lines]):
-        for k, name in enumerate(same):  # each its own marker: every arm stays visible
-            by_label[name].set(marker=OVERLAP_MARKERS[k % len(OVERLAP_MARKERS)], ms=5 - k % 3, mfc="none")
-        notes.append("on top of each other: " + " = ".join(n.split(" (n=")[0] for n in same))
+def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, groups: list[Group], *args, band: str = "ci", **kw) -> None:
+    """axes.finish_axes (`args`: extra, notes, integer_x) with the groups' runs without reward
+    signal and the band's legend title."""
     silent = [f"{r.arm}/seed{r.seed}" for g in groups for r in g.runs if _no_signal(r)]
-    if silent:
-        shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
-        notes.append(f"no reward signal in {shown}: every group's rewards equal at every step (advantages 0)")
-    add_notes(ax, notes)
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(
-        [*handles, *extra],
-        [*labels, *(h.get_label() for h in extra)],
-        fontsize=7,
-        title=legend_title(groups, band),
-        title_fontsize=7,
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1.0),
-        borderaxespad=0.0,
-        frameon=False,
-    )
+    finish_axes(ax, title, xlabel, ylabel, *args, silent=silent, legend_title=legend_title(groups, band), **kw)
 
 
 def legend_title(groups: list[Group], band: str) -> str | None:
@@ -393,7 +255,7 @@ def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: f
         log_bottom(ax)
         styles = [Line2D([], [], color="0.3", ls=ls, label=name) for _, ls, name in spec.dashed]
         styles += [_raw_handle()] if raw else []
-        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles, notes, x == "step", band)
+        _finish(ax, spec.title, X_AXES[x], _ylabel(spec, smooth), groups, styles, notes, x == "step", band=band)
 
     return Panel(fid, draw, own_legend=bool(spec.dashed))
 
@@ -414,20 +276,6 @@ def eval_panel(task: str, groups: list[Group], colours: dict, x: str, band: str 
         _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, integer_x=x == "step", band=band)
 
     return Panel("eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task), draw)
-
-
-def resolve_smooth(groups: list[Group], smooth: float | str) -> float:
-    """The EMA weight: a number in [0, 1), or "auto" (auto_smooth); anything else is a SpecError."""
-    if isinstance(smooth, str):
-        if smooth.strip().lower() == SMOOTH_AUTO:
-            return auto_smooth(groups)
-        try:
-            smooth = float(smooth)
-        except ValueError:
-            raise SpecError(f"--smooth: {smooth!r} is neither 'auto' nor an EMA weight in [0, 1)") from None
-    if not 0 <= smooth < 1:
-        raise SpecError(f"--smooth: the EMA weight must be in [0, 1), got {smooth}")
-    return float(smooth)
 
 
 def build_plot(
