@@ -18,6 +18,12 @@
                          trainer_state.pt, or with FSDP per-rank shards in state/ + config,
                          tokenizer and trainer_state.pt
         model/           FSDP runs: the final checkpoint as an HF dir (train.export, export.json)
+        tensorboard/, wandb/   the train.sinks that write into the run directory
+        eval_summary.json, eval_problems.jsonl, eval_sets/<name>/   `gspo eval RUN`'s results
+
+These (RUN_FILES, RUN_FOLDERS) and the temporary names they are written under are all that
+gspo writes here, and so all it ever deletes (RunDir.reset, --force): a directory holding
+anything else is refused, never emptied.
 
 Readers must not need torch: compare and plot import this module only.
 """
@@ -37,6 +43,77 @@ from typing import Any, Iterator
 
 from gspo_cli.errors import GspoError, SpecError
 from gspo_cli.files import iter_lines, read_text
+
+# The behaviour version of the training code, recorded in run.json (`identity`). Bump it with
+# any change that alters what training computes from the same spec and data (a loss, the
+# sampler, the cold start's recipe, a default): a completed run of another version is not
+# skipped and an unfinished one not resumed. The stored-spec check cannot tell, since it fills
+# an old spec.yaml with today's defaults.
+BEHAVIOUR_VERSION = 1
+
+# What gspo writes in a run directory (see the layout above).
+RUN_FILES = (
+    "spec.yaml",
+    "run.json",
+    "metrics.jsonl",
+    "eval.jsonl",
+    "samples.jsonl",
+    "eval_summary.json",
+    "eval_problems.jsonl",
+)
+RUN_FOLDERS = ("checkpoints", "model", "eval_sets", "tensorboard", "wandb")
+
+
+def is_run_entry(name: str) -> bool:
+    """Whether `name`, an entry of a run directory, is one gspo writes: RUN_FILES and
+    RUN_FOLDERS, and the names they are written under before an atomic rename
+    (`.run.json.tmp`, `.tmp-model`, `.old-model`)."""
+    if name in RUN_FILES or name in RUN_FOLDERS:
+        return True
+    if name.startswith(".") and name.endswith(".tmp") and name[1:-4] in RUN_FILES:
+        return True
+    return any(name.startswith(p) and name[len(p) :] in RUN_FOLDERS for p in (".tmp-", ".old-"))
+
+
+def identity_changes(stored: Any, current: dict[str, Any]) -> list[str]:
+    """What made the run recorded with `stored` (run.json's `identity`) another run than one
+    with `current` (`train.resume.run_identity`), in words; [] when nothing did. A run.json
+    without an identity (written before gspo recorded one) counts as another behaviour version."""
+    if not isinstance(stored, dict):
+        return [f"an older gspo (no behaviour version recorded; this one is {current['behaviour_version']})"]
+    out = []
+    if stored.get("behaviour_version") != current["behaviour_version"]:
+        out.append(
+            f"behaviour version {stored.get('behaviour_version')} of the training code "
+            f"(this gspo is {current['behaviour_version']})"
+        )
+    data = stored.get("data") if isinstance(stored.get("data"), dict) else {}
+    train = current["data"]["train"]
+    new_data = (data.get("train") or {}).get("fingerprint") != train["fingerprint"]
+    if new_data:
+        out.append(f"other training data ({train['source']} changed)")
+    for name, s in current["data"]["eval"].items():
+        if ((data.get("eval") or {}).get(name) or {}).get("fingerprint") != s["fingerprint"]:
+            out.append(f"another evaluation set {name} ({s['source']} changed)")
+    old, new = str(stored.get("model")), current["model"]
+    if old != new:
+        if not new.startswith("builtin:"):
+            out.append(f"another model ({old}, now {new})")
+        elif not new_data:  # a built-in model is cold-started on the training data: said above
+            out.append("another built-in model (its cold start's settings, recipe or numerics changed)")
+    return out
+
+
+def check_identity(run_dir: Path, stored: Any, current: dict[str, Any], state: str) -> None:
+    """SpecError (exit 2, one line) when the `state` ("completed", "unfinished") run in
+    `run_dir` was made with other code, model or data than `current` (`identity_changes`)."""
+    changes = identity_changes(stored, current)
+    if changes:
+        raise SpecError(
+            f"{run_dir}: this {state} run was made with {'; '.join(changes)}; its results would not be this "
+            "code's on this data: choose another output directory (-o) or use --force to retrain it"
+        )
+
 
 # What run.json's `status` holds (a collapse is recorded as "diverged", with its reason), and
 # "in use": what `gspo train` / `gspo sweep` report for a run another process holds locked.
@@ -63,6 +140,19 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
     """`n` and the noun agreeing with it: plural(1, "problem") = "1 problem", plural(2, "process",
     "processes") = "2 processes" (default plural: noun + "s")."""
     return f"{n} {noun if n == 1 else (nouns or noun + 's')}"
+
+
+def check_output_dir(path: str | Path, field: str = "output_dir") -> None:
+    """SpecError (one line naming `field` and the path) when `path`, or the nearest of its
+    parents that exists, is not a directory: no run could be written under it. Called before
+    any model is built."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                what = "is a file" if p.is_file() else "exists and is not a directory"
+                raise SpecError(f"{field}: {p} {what}; runs are written into a directory: name another one")
+            return
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -221,10 +311,39 @@ class RunDir:
         dirs = self.checkpoint_dirs()
         return dirs[-1] if dirs else None
 
+    def foreign_entries(self) -> list[str]:
+        """Names in the run directory that gspo did not write (`is_run_entry`), sorted."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p.name for p in self.path.iterdir() if not is_run_entry(p.name))
+
+    def check_resettable(self) -> None:
+        """SpecError (one line naming the directory) when `reset` would have to delete
+        something gspo did not write: the path is not a directory, or it holds other files."""
+        if (self.path.exists() or self.path.is_symlink()) and not self.path.is_dir():
+            raise SpecError(
+                f"{self.path}: exists and is not a directory; move it away or choose another output directory (-o)"
+            )
+        foreign = self.foreign_entries()
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise SpecError(
+                f"{self.path}: holds files gspo did not write ({shown}); not deleting it: move them out "
+                "or choose another output directory (-o)"
+            )
+
     def reset(self) -> None:
-        """Remove everything from an earlier attempt at this run."""
-        if self.path.exists():
-            shutil.rmtree(self.path)
+        """Remove an earlier attempt at this run: the files gspo writes (`is_run_entry`), then
+        the directory. SpecError, before anything is deleted, when it holds anything else."""
+        if not self.path.exists():
+            return
+        self.check_resettable()
+        for entry in self.path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()  # a link itself, never what it points to
+        self.path.rmdir()
 
 
 class RunLockedError(GspoError):

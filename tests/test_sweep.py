@@ -159,9 +159,13 @@ def test_prebuild_cold_starts_each_shared_builtin_model_once(tmp_path, monkeypat
 
 
 def _fake_completed(run, spec_text):
-    """A run directory that says it completed, holding `spec_text` as its spec.yaml."""
+    """A run directory that says it completed, holding `spec_text` as its spec.yaml (and the
+    identity, code version, model and data, that `gspo train` records for this run's spec)."""
+    from gspo_cli.train.resume import spec_identity
+
     run.path.mkdir(parents=True)
-    (run.path / "run.json").write_text(json.dumps({"status": "completed", "step": 1, "total_steps": 1}))
+    info = {"status": "completed", "step": 1, "total_steps": 1, "identity": spec_identity(run.spec)}
+    (run.path / "run.json").write_text(json.dumps(info))
     (run.path / "spec.yaml").write_text(spec_text)
 
 

@@ -91,6 +91,7 @@ def train(
 
     Example: `gspo train experiments/quickstart.yaml --set train.steps=20 -o /tmp/runs`
     """
+    from gspo_cli.runs import check_output_dir
     from gspo_cli.spec.loading import load_spec
 
     warnings.showwarning = _show_warning
@@ -109,6 +110,7 @@ def train(
         spec = load_spec(spec_path, overrides)
         arm, seed = _unique(arm), _unique(seed)
         _check_selection(spec, arm, seed)
+        check_output_dir(spec.output_dir, "--output-dir" if output_dir is not None else "output_dir")
         # Imported only now: torch and transformers take seconds, and usage errors should not wait.
         from gspo_cli.cli.progress import make_reporter, render_summary
         from gspo_cli.train.loop import train_experiment

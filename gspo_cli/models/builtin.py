@@ -300,7 +300,8 @@ def cold_start_line(info: dict) -> str:
     return (
         f"built-in model cold-started for {info.get('steps')} steps x {info.get('batch_size', '?')} on {data}"
         + (f", {excluded} evaluation problems excluded" if excluded else "")
-        + f" (data {info.get('data', 'unrecorded')})"
+        # The data fingerprint is a cache key, for run.json, not for the terminal.
+        + (f" (final loss {loss:.3f})" if isinstance(loss := info.get("final_loss"), (int, float)) else "")
     )
 
 

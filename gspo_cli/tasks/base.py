@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import random
 import re
 import string
@@ -91,6 +93,14 @@ class Task(ABC):
         digest = hashlib.sha256("\n".join(sorted(self.excluded)).encode()).hexdigest()[:16]
         return f"{self.fingerprint()}-minus:{digest}"
 
+    def content_fingerprint(self) -> str:
+        """What training draws from, by content (run.json records it): a digest of every
+        training row of a dataset (after exclusions), or a generator's `data_fingerprint`.
+        Editing a data file in place changes it."""
+        if self.train_pool is None:
+            return self.data_fingerprint()
+        return f"{self.name}:{problems_digest(self.train_pool)}"
+
     @abstractmethod
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
         """`n` training problems drawn with `rng` (never from the eval split)."""
@@ -116,6 +126,24 @@ class Task(ABC):
     def fingerprint(self) -> str:
         """Everything that determines the problems a cold start sees (for caching)."""
         return self.name
+
+
+def problems_digest(problems: Iterable[Problem]) -> str:
+    """16 hex digits of sha256 over the problems' content, in order: id, prompt, answer,
+    solution, statement and task data (a code problem's tests). Equal digests: the same
+    problems."""
+    h = hashlib.sha256()
+    for p in problems:
+        row = [p.id, p.prompt, p.answer, p.solution, p.text, p.meta]
+        h.update(json.dumps(row, sort_keys=True, default=_plain).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def _plain(obj):
+    """JSON for what a problem's meta may hold besides JSON types (test cases, dates)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    return str(obj)
 
 
 # The built-in character tokenizer's special tokens, ids 0..3 (gspo_cli.models.builtin).

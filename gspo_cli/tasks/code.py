@@ -28,14 +28,13 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gspo_cli.errors import SpecError
 from gspo_cli.files import unreadable
-from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split
+from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split, problems_digest
 from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many
 from gspo_cli.tasks.lcb import REQUIRED_COLUMNS, LoadStats, lcb_prompt, load_lcb
 from gspo_cli.tasks.sandbox import detect_isolation
@@ -310,7 +309,6 @@ class CodeTask(Task):
         if self.p.source == "synthetic":
             # Only what changes the problems: judging knobs do not change the cold start.
             return f"{self.name}:{self.p.model_dump_json(include=set(SYNTHETIC_ONLY))}"
-        src = Path(self.p.source)
-        st = src.stat()
+        # By content (problems, tests), not the file's size and time: a file fixed in place is new data.
         filters = self.p.model_dump_json(include=set(LCB_ONLY))
-        return f"{self.name}:{src.resolve()}:{st.st_size}:{int(st.st_mtime)}:{filters}"
+        return f"{self.name}:{problems_digest(self.problems)}:{filters}"

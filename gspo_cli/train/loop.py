@@ -30,7 +30,7 @@ from gspo_cli.tasks import Task, make_task
 from gspo_cli.train.checkpoint import save_checkpoint, weights_to_load
 from gspo_cli.train.export import export_checkpoint
 from gspo_cli.train.reporting import PlainReporter, Reporter, quiet_reporter
-from gspo_cli.train.resume import ReadOnlyRunDir, decide_start, restore
+from gspo_cli.train.resume import ReadOnlyRunDir, decide_start, restore, run_identity
 from gspo_cli.train.sinks import check_sinks, make_sinks
 from gspo_cli.train.staleness import StaleRollouts, check_supported
 from gspo_cli.train.step import Ctx, setup, train_step
@@ -86,11 +86,13 @@ def train_experiment(
         reporter = quiet_reporter()
     for line in data_lines(data):
         reporter.log(line)
-    # A run directory holding another spec's run is refused now, not after the cold start.
+    # A run directory holding another spec's run (or one made with other code, model or data,
+    # or files gspo did not write) is refused now, not after the cold start.
+    identity = run_identity(spec, task, eval_sets) if info.is_main else None
     for arm in selected:
         for seed in seed_list:
             path = run_path(spec.output_dir, spec.name, arm.name, seed)
-            decide_start(RunDir(path), run_spec(spec, arm, seed), force, info)
+            decide_start(RunDir(path), run_spec(spec, arm, seed), force, info, identity=identity)
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
     source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
     if info.enabled and spec.model.name.startswith("builtin:"):
@@ -213,7 +215,8 @@ def _train_locked(
 ) -> RunResult:
     name = f"{arm.name}/seed{seed}"
     own_spec = run_spec(spec, arm, seed)
-    kind, ckpt_path = decide_start(rd, own_spec, force, info, unshared)
+    identity = run_identity(own_spec, task, sets[0]) if info.is_main else None
+    kind, ckpt_path = decide_start(rd, own_spec, force, info, unshared, identity=identity)
     if kind == "skip":
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
@@ -251,6 +254,7 @@ def _train_locked(
             versions=versions(),
             model_source=source,
             data=sets[1],
+            identity=identity,
             **({"cold_start": cold} if (cold := cold_start_info(source)) else {}),
         )
     prior_wall = rd.info().get("wall_s", 0.0) if ckpt is not None else 0.0

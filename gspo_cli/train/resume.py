@@ -4,6 +4,8 @@ afresh; agreed by all ranks. Ranks other than 0 see the run directory read-only.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -12,9 +14,13 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
-from gspo_cli.runs import RunDir, truncate_jsonl
-from gspo_cli.spec import ExperimentSpec
+from gspo_cli.eval.sets import EvalSet, plan_data
+from gspo_cli.models.builtin import BUILTIN_KINDS, cache_key
+from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, truncate_jsonl
+from gspo_cli.spec import ExperimentSpec, ModelConfig
 from gspo_cli.spec.loading import check_stored_spec
+from gspo_cli.tasks import Task, make_task
+from gspo_cli.tasks.base import problems_digest
 from gspo_cli.train.checkpoint import load_trainer_state, valid_checkpoints
 from gspo_cli.train.staleness import CHECKPOINT_KEY
 from gspo_cli.train.step import Ctx
@@ -39,20 +45,89 @@ class ReadOnlyRunDir(RunDir):
         pass
 
 
-def decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistInfo, unshared: str | None = None):
+def run_identity(spec: ExperimentSpec, task: Task, eval_sets: list[EvalSet]) -> dict:
+    """What besides the spec makes a run what it is (run.json `identity`): the training code's
+    BEHAVIOUR_VERSION, the model's digest (`model_digest`) and a content fingerprint of the
+    training data and of every evaluation set. `task` and `eval_sets` as `plan_data` left them
+    (evaluation problems excluded from training)."""
+    return {
+        "behaviour_version": BEHAVIOUR_VERSION,
+        "model": model_digest(spec.model, task),
+        "data": {
+            "train": {
+                "source": str(spec.task.params.get("source", "synthetic")),
+                "fingerprint": task.content_fingerprint(),
+            },
+            "eval": {s.name: {"source": s.source, "fingerprint": problems_digest(s.problems)} for s in eval_sets},
+        },
+    }
+
+
+def model_digest(cfg: ModelConfig, task: Task) -> str:
+    """The model a run starts from, as a digest that changes when its weights would: a built-in
+    model's cache key (recipe, size, cold start, data, numerics), a local directory's sha256 of
+    its files, a hub id with the revision in the local hub cache when there is one."""
+    if cfg.name.startswith("builtin:"):
+        kind = cfg.name.split(":", 1)[1]
+        return f"{cfg.name}:{cache_key(kind, cfg.builtin, cfg.cold_start, task)}" if kind in BUILTIN_KINDS else cfg.name
+    path = Path(cfg.name).expanduser()
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.is_file())
+        return "dir:" + _files_digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    revision = _hub_revision(cfg.name)
+    return f"hub:{cfg.name}" + (f"@{revision}" if revision else "")
+
+
+@functools.lru_cache(maxsize=8)
+def _files_digest(files: tuple) -> str:
+    """sha256 over the files' names and bytes (`files`: (path, size, mtime) each, so that an
+    unchanged directory is hashed once per process)."""
+    h = hashlib.sha256()
+    for name, _, _ in files:
+        h.update(Path(name).name.encode() + b"\0")
+        with open(name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _hub_revision(repo_id: str) -> str | None:
+    """The commit of `repo_id`'s snapshot in the local hub cache (no network), else None."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True)).name
+    except Exception:  # not cached, not a repo id, no huggingface_hub: unknown
+        return None
+
+
+def decide_start(
+    rd: RunDir,
+    own_spec: ExperimentSpec,
+    force: bool,
+    info: DistInfo,
+    unshared: str | None = None,
+    identity: dict | None = None,
+):
     """'skip', or the checkpoint to resume from (None: from scratch), agreed by all ranks.
 
-    A completed run is skipped only if its spec.yaml is this spec; a completed or unfinished
-    run of another spec is a SpecError (exit 2) unless `force` (then it starts afresh)."""
+    A completed run is skipped only if its spec.yaml is this spec and its run.json identity
+    (behaviour version, model digest, data fingerprints) is `identity` (`run_identity`, made
+    from `own_spec` when None); a completed or unfinished run of another spec or identity is a
+    SpecError (exit 2) unless `force` (then it starts afresh). Starting afresh in a directory
+    that holds files gspo did not write is a SpecError whatever `force` says."""
     decision: tuple = ("fresh", None)
     if info.is_main:
         try:
             if rd.status() == "completed" and not force:
                 check_stored_spec(rd.path, own_spec, "completed")
+                check_identity(rd.path, rd.info().get("identity"), identity or spec_identity(own_spec), "completed")
                 decision = ("skip", None)
             else:
-                ckpt = None if force else resumable_checkpoint(rd, own_spec)
+                ckpt = None if force else resumable_checkpoint(rd, own_spec, identity)
                 decision = ("resume", str(ckpt)) if ckpt else ("fresh", None)
+                if ckpt is None:
+                    rd.check_resettable()  # never delete what gspo did not write
                 if ckpt and unshared:
                     raise SpecError(
                         f"output_dir: resuming {rd.path} needs every rank to read {ckpt.name}, but the run "
@@ -68,15 +143,24 @@ def decide_start(rd: RunDir, own_spec: ExperimentSpec, force: bool, info: DistIn
     return decision
 
 
-def resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec):
-    """The latest complete checkpoint of an unfinished run with the same spec, else None."""
+def resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec, identity: dict | None = None):
+    """The latest complete checkpoint of an unfinished run with the same spec and identity
+    (`decide_start`), else None; SpecError when its spec or identity differs."""
     if not rd.exists():
         return None
     ckpts = valid_checkpoints(rd)
     if not ckpts:
         return None
     check_stored_spec(rd.path, own_spec, "unfinished")
+    check_identity(rd.path, rd.info().get("identity"), identity or spec_identity(own_spec), "unfinished")
     return ckpts[-1]
+
+
+def spec_identity(spec: ExperimentSpec) -> dict:
+    """`run_identity` of a one-run spec, its task and evaluation sets read afresh."""
+    task = make_task(spec.task.name, spec.task.params)
+    sets, _ = plan_data(spec, task)
+    return run_identity(spec, task, sets)
 
 
 def restore(ctx: Ctx, rd: RunDir, ckpt) -> tuple[int, dict | None]:

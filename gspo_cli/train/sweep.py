@@ -25,7 +25,7 @@ from typing import Any
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
 from gspo_cli.spec import ExperimentSpec
-from gspo_cli.spec.loading import apply_override, check_stored_spec, dump_spec, read_spec_file, set_path, spec_from_dict
+from gspo_cli.spec.loading import apply_override, dump_spec, read_spec_file, set_path, spec_from_dict
 from gspo_cli.train.reporting import format_eval, format_step
 from gspo_cli.train.sinks import check_sinks
 
@@ -200,10 +200,7 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
     threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
     todo = [r for r in runs if force or r.status() != "completed"]
-    for r in runs:
-        if r not in todo:
-            check_stored_spec(r.path, r.spec, "completed")
-    check_run_dirs(todo, force)
+    check_run_dirs(runs, force)  # a completed run is skipped only with this spec and identity (decide_start)
     records = [_record(r, "completed", 0, 0.0, skipped=True) for r in runs if r not in todo]
     for r in records:
         log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
