@@ -23,6 +23,7 @@ from gspo_cli.algorithms import (
     kl_k3_BC,
     weighs_responses_equally,
 )
+from gspo_cli.analysis.arm_settings import SETTINGS
 from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
@@ -428,3 +429,14 @@ def test_clip_dual_is_refused_for_the_other_losses():
     assert arm_of(preset="paper-grpo", mini_batches=2, clip_dual=3.0).clip_dual == 3.0
     with pytest.raises(SpecError, match=r"arms\[0\]\.clip_dual"):
         spec_from_dict(base(preset="paper-grpo", mini_batches=2, clip_dual=1.0))
+
+
+def test_compare_shows_dual_clip_and_the_signal_metric():
+    """The algorithm column names clip_dual and what dynamic sampling decides by; a spec.yaml
+    written before dynamic_sampling.metric existed decided by the shaped reward."""
+    algorithm = SETTINGS["algorithm"][1]
+    dapo = arm_of(preset="dapo", mini_batches=2, clip_dual=3.0).model_dump(mode="json")
+    assert "clip 0.2/0.28 dual 3" in algorithm(dapo) and "dynamic sampling <= 3 by correct" in algorithm(dapo)
+    old = {**dapo, "dynamic_sampling": {"max_rounds": 3}}
+    old.pop("clip_dual")
+    assert "dynamic sampling <= 3 by shaped" in algorithm(old) and "dual" not in algorithm(old)

@@ -1,7 +1,7 @@
 """The arm settings a comparison shows beside its numbers, read from each run's spec.yaml: the
 algorithm (loss, its parameters, clip, aggregation, advantage, filters, DAPO's behaviours),
 routing replay and mismatch correction. A spec written before a field existed shows its
-default."""
+default (dynamic_sampling.metric: shaped, what such runs decided signal from)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def _algorithm(arm: dict) -> str:
     )
     lo, hi = arm.get("clip_low"), arm.get("clip_high")
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
-        parts.append(f"clip {lo:g}/{hi:g}")
+        dual = arm.get("clip_dual")
+        parts.append(f"clip {lo:g}/{hi:g}" + (f" dual {dual:g}" if isinstance(dual, (int, float)) else ""))
     if arm.get("aggregation", "seq_mean_token_mean") != "seq_mean_token_mean":
         parts.append(str(arm["aggregation"]))
     if arm.get("advantage", "grpo") != "grpo":
@@ -48,9 +49,10 @@ def _algorithm(arm: dict) -> str:
         parts.append("overlong filter")
     if over.get("buffer_frac"):
         parts.append(f"overlong penalty {over['buffer_frac']:g}")
-    rounds = (arm.get("dynamic_sampling") or {}).get("max_rounds")
-    if rounds:
-        parts.append(f"dynamic sampling <= {rounds}")
+    dynamic = arm.get("dynamic_sampling") or {}
+    if dynamic.get("max_rounds"):
+        # before dynamic_sampling.metric existed, signal was decided from the shaped reward
+        parts.append(f"dynamic sampling <= {dynamic['max_rounds']} by {dynamic.get('metric', 'shaped')}")
     return " · ".join(parts)
 
 
