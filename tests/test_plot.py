@@ -229,17 +229,24 @@ def test_one_shared_legend_outside_every_axes(groups):
 
 def test_the_no_signal_note_sits_below_the_axes(tmp_path):
     exp = make_no_signal_experiment(tmp_path)
-    for fig in (
-        make_figures(build_plot(group_runs(load_runs([str(exp)])), ["reward"]))["reward"],
-        make_panel(build_plot(group_runs(load_runs([str(exp)])))),
-    ):
-        _drawn(fig)
-        for ax in fig.axes:
-            (note,) = [t for t in ax.texts if t.get_gid() == "gspo-note"]
-            assert "no reward signal" in note.get_text()
-            box, frame = note.get_window_extent(), ax.get_window_extent()
-            assert box.y1 < frame.y0 and not any(_overlaps(box, a.get_window_extent()) for a in fig.axes)
-            assert box.y0 >= fig.bbox.y0 - 1  # inside the file
+    groups = group_runs(load_runs([str(exp)]))
+    fig = _drawn(make_figures(build_plot(groups, ["reward", "length"]))["length"])
+    ax = fig.axes[0]
+    notes = [t for t in ax.texts if t.get_gid() == "gspo-note"]  # "on top of each other", then the signal
+    assert [" ".join(t.get_text().split())[:30] for t in notes] == [
+        "on top of each other: grpo = g",
+        "no reward signal in grpo/seed0",
+    ]
+    boxes = [t.get_window_extent() for t in notes]
+    assert boxes[0].y1 < ax.get_window_extent().y0 and boxes[1].y1 <= boxes[0].y0 + 1  # stacked below
+    assert boxes[1].y0 >= fig.bbox.y0 - 1  # inside the file
+    # the combined figure says it once, in its title, not under each of its panels
+    fig = _drawn(make_panel(build_plot(groups)))
+    assert len(fig.axes) == 2  # reward and clip: no evaluations, no MoE
+    assert not [t for ax in fig.axes for t in ax.texts if "no reward signal" in t.get_text()]
+    assert fig.get_suptitle().splitlines()[-1].startswith("no reward signal in grpo/seed0, gspo/seed0:")
+    title = fig._suptitle.get_window_extent()
+    assert not any(_overlaps(title, a.get_window_extent()) for a in fig.axes)
 
 
 def test_smoothed_curve_with_the_unsmoothed_mean_faint_behind(tmp_path):

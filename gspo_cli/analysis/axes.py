@@ -32,6 +32,7 @@ from gspo_cli.metrics import FLOAT_NOISE, no_signal  # noqa: F401
 FLOOR = FLOAT_NOISE
 OVERLAP_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 NOTE_WIDTH = 60  # characters per line of a note: inside a panel of the combined figure
+SIGNAL_NOTE = "_no_signal"  # the label of the note naming runs without reward signal
 NOTE_STYLE = {"fontsize": 7, "color": "0.25", "ha": "left", "va": "top"}
 
 
@@ -111,21 +112,24 @@ def keep_flat(ax: Axes, values: np.ndarray) -> None:
     ax.set_ylim(mid - half, mid + half)
 
 
-def add_notes(ax: Axes, notes: list[str]) -> None:
-    """Notes below the axes (under the x label, left-aligned with the axes), each wrapped at
-    NOTE_WIDTH characters: outside the data area, so no curve is hidden; constrained layout
-    makes room for them."""
-    if notes:
-        ax.annotate(
-            "\n".join(textwrap.fill(n, NOTE_WIDTH) for n in notes),
-            xy=(0.0, 0.0),
-            xycoords=("axes fraction", ax.xaxis.label),  # x: the axes' left edge; y: below the x label
-            xytext=(0, -4),
-            textcoords="offset points",
-            annotation_clip=False,
-            gid="gspo-note",
-            **NOTE_STYLE,
-        )
+def add_notes(ax: Axes, notes: list[str], below=None, label: str = "_note"):
+    """Notes below the axes (under the x label, or under the artist `below`, left-aligned with
+    the axes), each wrapped at NOTE_WIDTH characters: outside the data area, so no curve is
+    hidden; constrained layout makes room for them. Returns the text artist (None without notes);
+    `label` tells kinds of notes apart (SIGNAL_NOTE)."""
+    if not notes:
+        return None
+    return ax.annotate(
+        "\n".join(textwrap.fill(n, NOTE_WIDTH) for n in notes),
+        xy=(0.0, 0.0),
+        xycoords=("axes fraction", below or ax.xaxis.label),  # x: the axes' left edge; y: below
+        xytext=(0, -4),
+        textcoords="offset points",
+        annotation_clip=False,
+        gid="gspo-note",
+        label=label,
+        **NOTE_STYLE,
+    )
 
 
 def log_bottom(ax: Axes) -> None:
@@ -183,10 +187,11 @@ def finish_axes(
         for k, name in enumerate(same):  # each its own marker: every arm stays visible
             by_label[name].set(marker=OVERLAP_MARKERS[k % len(OVERLAP_MARKERS)], ms=5 - k % 3, mfc="none")
         notes.append("on top of each other: " + " = ".join(n.split(" (n=")[0] for n in same))
-    if silent:
+    own = add_notes(ax, notes)
+    if silent:  # a note of its own: the combined figure says it once (plot.make_panel)
         shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
-        notes.append(f"no reward signal in {shown}: every group's rewards equal at every step (advantages 0)")
-    add_notes(ax, notes)
+        text = f"no reward signal in {shown}: every group's rewards equal at every step (advantages 0)"
+        add_notes(ax, [text], below=own, label=SIGNAL_NOTE)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(
         [*handles, *extra],

@@ -26,6 +26,7 @@ from matplotlib.lines import Line2D
 
 from gspo_cli.analysis.axes import (
     FLOOR,
+    SIGNAL_NOTE,
     add_notes,
     apply_scale,
     finish_axes,
@@ -380,6 +381,13 @@ def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
                 for handle, text in zip(legend.legend_handles, legend.get_texts(), strict=True):
                     entries.setdefault(text.get_text(), handle)
                 legend.remove()
+        # The note naming runs without reward signal is the same under every panel: said once,
+        # in the title.
+        signal = [t for ax in fig.axes for t in ax.texts if t.get_label() == SIGNAL_NOTE]
+        if len(signal) == len(fig.axes) and len({t.get_text() for t in signal}) == 1:
+            title = "\n".join(filter(None, [title, " ".join(signal[0].get_text().split())]))
+            for t in signal:
+                t.remove()
         if title:
             fig.suptitle(title)
         if entries:
