@@ -146,16 +146,24 @@ def test_sweep_refuses_an_unfinished_run_of_another_spec_before_its_prebuild(tmp
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_the_cold_start_is_a_clean_stop(tmp_path):
-    """A first SIGINT while the built-in model cold-starts: one plain line, exit 4 (the
-    documented code for a SIGINT stop), no `error:`, no traceback, no cache entry left."""
+@pytest.mark.parametrize(
+    "command, said",
+    [
+        ("train", "stopped by SIGINT before training started (cold start or model loading); rerun the same command"),
+        ("sweep", "stopped by SIGINT before any run started (cold start); rerun the same command"),
+    ],
+)
+def test_ctrl_c_during_the_cold_start_is_a_clean_stop(tmp_path, command, said):
+    """A first SIGINT while the built-in model cold-starts (`gspo train`, or `gspo sweep`'s
+    prebuild): one plain line, exit 4 (the documented code for a SIGINT stop), no `error:`, no
+    traceback, no cache entry left."""
     cache = tmp_path / "cache"
     raw = {**ONE_ARM, "output_dir": str(tmp_path / "out")}
     raw["model"] = {**raw["model"], "cold_start": {"steps": 100000, "batch_size": 32, "lr": 1e-2}}
     spec_file = write_spec(tmp_path, raw)
     env = {**os.environ, "GSPO_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli", "train", str(spec_file)],
+        [sys.executable, "-m", "gspo_cli", command, str(spec_file)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -163,7 +171,8 @@ def test_ctrl_c_during_the_cold_start_is_a_clean_stop(tmp_path):
     )
     try:
         deadline = time.time() + 120
-        for line in proc.stdout:  # the trainer's plain lines; the cold start says when it begins
+        # train's plain lines are on stdout, a sweep's on stderr; the cold start says when it begins
+        for line in proc.stdout if command == "train" else proc.stderr:
             if line.startswith("cold start:") or time.time() > deadline:
                 break
         time.sleep(0.5)
@@ -172,10 +181,10 @@ def test_ctrl_c_during_the_cold_start_is_a_clean_stop(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 4, (out, err)
-    assert err.strip().splitlines() == [
-        "stopped by SIGINT before training started (cold start or model loading); rerun the same command"
-    ]
+    assert err.strip().splitlines()[-1] == said
     assert "error:" not in out + err and "Traceback" not in out + err
+    if command == "train":
+        assert err.strip().splitlines() == [said]
     models = cache / "models"
     assert not [p for p in models.iterdir() if not p.name.endswith(".lock")]  # no entry, no .build-* left
     assert not (tmp_path / "out").exists()
