@@ -364,10 +364,9 @@ def _shared_legend(fig: Figure, entries: dict[str, object], arm_labels: list[str
 
 
 def make_panel(plot: Plot, title: str = "", ncols: int = 3) -> Figure:
-    """The panels marked `in_panel` (all if none is) on one grid, with the legends of all of
-    them below the grid: the arms once, then each line style (dashed parts, the faint
-    unsmoothed mean) once; no legend inside or beside a panel. What the band is goes in
-    `title` (panel_title)."""
+    """The panels marked `in_panel` (all if none is) on one grid, with one legend for all of
+    them below the grid (_shared_legend); no legend inside or beside a panel. What the band is
+    goes in `title` (panel_title)."""
     panels = [p for p in plot.panels if p.in_panel] or plot.panels
     rows, cols = panel_grid(len(panels), ncols)
     with matplotlib.rc_context(_RC):
