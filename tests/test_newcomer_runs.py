@@ -217,6 +217,38 @@ def test_a_code_source_is_fingerprinted_by_content(tmp_path):
     assert make_task("code", {"source": str(src)}).fingerprint() != before
 
 
+def test_gspo_eval_says_when_a_runs_evaluation_set_changed(tmp_path):
+    """`gspo eval RUN` re-reads the run's evaluation sets: one that changed since training is
+    said (even with --quiet) and marked in its eval_summary.json; an unchanged one is not."""
+    import shutil
+
+    from helpers import tiny_model_dir
+
+    aime = math_rows(tmp_path / "aime.jsonl", ["1", "3"])
+    raw = {
+        **ONE_ARM,
+        "output_dir": str(tmp_path / "runs"),
+        "task": {**ONE_ARM["task"], "eval_sets": [{"name": "aime", "task": "math", "params": {"source": str(aime)}}]},
+        "rollout": {**ONE_ARM["rollout"], "max_new_tokens": 4},
+    }
+    spec = spec_from_dict(raw)
+    rd = fake_completed_run(spec, identity_of(spec))
+    shutil.copytree(tiny_model_dir(), rd.checkpoints / "step_000002")  # any model will do: no training here
+    res = gspo("eval", rd.path, "-q")
+    assert res.exit_code == 0, res.output
+    assert "changed" not in res.output
+    assert "set_changed" not in json.loads((rd.path / "eval_sets" / "aime" / "eval_summary.json").read_text())
+
+    math_rows(aime, ["1", "5"])  # fixed in place after training
+    res = gspo("eval", rd.path, "-q")
+    assert res.exit_code == 0, res.output
+    warning = f"warning: evaluation set aime: {aime} changed since {rd.path} was trained"
+    assert warning in res.output
+    summary = json.loads((rd.path / "eval_sets" / "aime" / "eval_summary.json").read_text())
+    assert summary["set_changed"].startswith(f"evaluation set aime: {aime} changed")
+    assert sorted(p.name for p in rd.path.iterdir()) == sorted(["checkpoints", "eval_sets", "run.json", "spec.yaml"])
+
+
 # --- item 8: -o naming a file -----------------------------------------------------------------
 
 

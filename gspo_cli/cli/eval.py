@@ -132,8 +132,13 @@ def eval_(
             if named:  # a run with evaluation sets: each scored on its own, into eval_sets/<name>/
                 for s in named:
                     per_set = replace(sampling, samples=samples or s.samples, max_tokens=max_tokens or s.max_tokens)
+                    changed = ev.set_change_note(resolved.run_dir, s.name, s.source, s.problems)
+                    if changed:  # said even with --quiet: the scores mean something else
+                        err_console.print(f"warning: {changed}", markup=False, highlight=False, soft_wrap=True)
                     results, summary = ev.evaluate_model(resolved, s.task, per_set, limit or len(s.problems), log=log)
                     summary["set"] = s.name
+                    if changed:
+                        summary["set_changed"] = changed
                     written = ev.write_results((out or resolved.run_dir) / "eval_sets" / s.name, results, summary)
                     ev.render(summary, Console())
                     err_console.print(f"wrote {written}", markup=False, highlight=False)
