@@ -66,7 +66,9 @@ def test_compare_shows_replay_and_mismatch_as_arm_settings(exp):
     assert tis["truncated"]["mean"] == pytest.approx(0.02)
     assert groups["grpo"]["metrics"]["mismatch_weight"]["n"] == 0
     md = runner.invoke(app, ["compare", str(exp), "-f", "markdown", "-m", "reward"]).stdout
-    assert md.startswith("| arm | seeds | status | algorithm | routing replay | mismatch | reward (last 10) |")
+    assert md.startswith(
+        "| arm | seeds | status | algorithm | routing replay | mismatch | reward (last 5) |"
+    )  # the runs have 5 steps
     assert "| grpo_tis | 2 | completed | grpo · clip 0.2/0.27 | r3 | token_tis [0.5, 2] | 0.5 ± 0 |" in md
     by_replay = runner.invoke(app, ["compare", str(exp), "-f", "json", "-g", "routing_replay", "-m", "reward"])
     settings = {g["group"]: g["settings"] for g in json.loads(by_replay.stdout)["groups"]}
