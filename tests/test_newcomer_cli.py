@@ -353,3 +353,43 @@ def test_sigint_to_a_sweep_stops_its_runs_cleanly(tmp_path):
     assert "[grpo/seed0] interrupted (exit 4)" in err
     assert not (tmp_path / "out/e2e/grpo/seed1").exists()
     assert "logs of the 1 run(s) that did not complete kept in" in err
+
+
+def test_sweep_progress_reads_what_a_run_appends_in_order(tmp_path):
+    """A sweep's view of one run: only what was appended since it started looking, every tenth
+    step and each evaluation in the order they happened, a torn last line left for later, a
+    file rewound by a resume followed from its new end."""
+    from gspo_cli.train.sweep import RunProgress, plan
+
+    raw = {**ONE_ARM, "output_dir": str(tmp_path / "out"), "train": {"steps": 20}}
+    (run,) = plan(write_spec(tmp_path, raw))
+    run.path.mkdir(parents=True)
+    metrics, evals = run.path / "metrics.jsonl", run.path / "eval.jsonl"
+    metrics.write_text(json.dumps({"step": 1}) + "\n")  # there before: not shown again
+    view = RunProgress(run)
+
+    def m(step):
+        return json.dumps(
+            {"step": step, "reward/mean": 0.5, "reward/accuracy": 0.25, "policy/clip_frac_token": 0.0, "time/step_s": 1}
+        )
+
+    def e(step):
+        return json.dumps({"step": step, "task": "arithmetic", "n": 4, "scores": {"avg@2": 0.5}})
+
+    with open(metrics, "a") as f:
+        f.write("".join(m(s) + "\n" for s in range(2, 5)) + m(5)[:10])  # step 5 half-written
+    evals.write_text(e(2) + "\n")
+    lines = view.lines()
+    assert [x.split("  ")[0] for x in lines] == [
+        "[grpo/seed0] step 2/20",
+        "[grpo/seed0] eval arithmetic at step 2 (4 problems): avg@2 0.500",
+        "[grpo/seed0] step 4/20",
+    ]
+    with open(metrics, "a") as f:
+        f.write(m(5)[10:] + "\n" + m(6) + "\n")
+    assert [x.split("  ")[0] for x in view.lines()] == ["[grpo/seed0] step 6/20"]
+    metrics.write_text(m(2) + "\n")  # a resume rewound it to step 2
+    assert view.lines() == []
+    with open(metrics, "a") as f:
+        f.write(m(4) + "\n")
+    assert [x.split("  ")[0] for x in view.lines()] == ["[grpo/seed0] step 4/20"]

@@ -223,7 +223,7 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
                     proc = subprocess.Popen(
                         cmd + (["--force"] if force else []), env=env, stdout=log_file, stderr=subprocess.STDOUT
                     )
-                    active[proc] = (r, time.time(), log_file, _Progress(r))
+                    active[proc] = (r, time.time(), log_file, RunProgress(r))
                     log(f"[{r.name}/seed{r.seed}] started (pid {proc.pid}, {threads} thread(s))")
                 if stop and not stopping:
                     stopping = True
@@ -285,7 +285,7 @@ def _tidy_logs(logs: Path, kept: list[Path], log) -> None:
     log(f"logs of the {len(kept)} run(s) that did not complete kept in {logs}: " + ", ".join(f.name for f in kept))
 
 
-class _Progress:
+class RunProgress:
     """What one run's process appends to its metrics.jsonl and eval.jsonl, as lines for the
     sweep's log: every tenth step (and the last) and every evaluation. Reads only the bytes
     added since the last look; a file that shrank (a resume rewinding it, a --force restart)
@@ -320,20 +320,21 @@ class _Progress:
         return out
 
     def lines(self) -> list[str]:
-        out = []
+        """New lines in the order they happened: step k's line, then step k's evaluations."""
+        out: list[tuple[tuple[int, int], str]] = []
         for m in self._new(self.rd.metrics_file):
             step = m.get("step", 0)
             if step % self.every == 0 or step == self.total:
                 try:
-                    out.append(f"{self.label} step {step}/{self.total}  {format_step(m)}")
+                    out.append(((step, 0), f"{self.label} step {step}/{self.total}  {format_step(m)}"))
                 except (KeyError, TypeError, ValueError):
-                    out.append(f"{self.label} step {step}/{self.total}")
+                    out.append(((step, 0), f"{self.label} step {step}/{self.total}"))
         for record in self._new(self.rd.eval_file):
             try:
-                out.append(f"{self.label} {format_eval(record)}")
+                out.append(((record["step"], 1), f"{self.label} {format_eval(record)}"))
             except (KeyError, TypeError, ValueError):
                 continue
-        return out
+        return [line for _, line in sorted(out, key=lambda x: x[0])]
 
 
 def _size(path: Path) -> int:
