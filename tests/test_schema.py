@@ -163,7 +163,8 @@ def test_reference_lists_every_field_with_default_and_constraints():
     assert "| `arms[].clip_low` | float | required |" in md
     assert "| `arms[].mismatch.high` | float | `2.0` |" in md
     assert (
-        "| `seeds` | list of int | `[0]` | one run per arm and seed | length ≥ 1, each ≥ 0, each &lt; 4294967296 |" in md
+        "| `seeds` | list of int | `[0]` | one run per arm and seed "
+        "| length ≥ 1, each ≥ 0, each &lt; 4294967296 |" in md
     )
     # every leaf field of the schema is a row of the page
     defs = spec_schema()["$defs"]
