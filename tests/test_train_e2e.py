@@ -106,9 +106,16 @@ def test_completed_run_is_skipped_and_force_reruns(tmp_path):
     (rd.path / "marker").write_text("x")
     train_experiment(spec, reporter=quiet_reporter())
     assert (rd.path / "marker").exists() and rd.info()["started_at"] == first_start  # untouched
+    # --force deletes what gspo wrote there, never anything else: a file of the user's refuses it.
+    from gspo_cli.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"holds files gspo did not write \(marker\)"):
+        train_experiment(spec, reporter=quiet_reporter(), force=True)
+    assert (rd.path / "marker").exists() and rd.info()["started_at"] == first_start
+    (rd.path / "marker").unlink()
+    rd.log_metrics({"step": 2})  # gone after the rerun: the run starts afresh
     train_experiment(spec, reporter=quiet_reporter(), force=True)
-    assert not (rd.path / "marker").exists() and rd.status() == "completed"
-    assert len(rd.metrics()) == 1
+    assert rd.status() == "completed" and len(rd.metrics()) == 1
 
 
 def test_dense_model_trains_and_refuses_routing_replay(tmp_path):
