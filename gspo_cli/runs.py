@@ -110,8 +110,8 @@ def check_identity(run_dir: Path, stored: Any, current: dict[str, Any], state: s
     changes = identity_changes(stored, current)
     if changes:
         raise SpecError(
-            f"{run_dir}: this {state} run was made with {'; '.join(changes)}; its results would not be this "
-            "code's on this data: choose another output directory (-o) or use --force to retrain it"
+            f"{run_dir}: this {state} run was made with {'; '.join(changes)}; this gspo would not make "
+            "the same run of this spec: choose another output directory (-o) or use --force to retrain it"
         )
 
 
