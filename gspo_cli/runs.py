@@ -319,12 +319,19 @@ class RunDir:
 
     def check_resettable(self) -> None:
         """SpecError (one line naming the directory) when `reset` would have to delete
-        something gspo did not write: the path is not a directory, or it holds other files."""
+        something gspo did not write: the path is not a directory, it holds other files, or it
+        holds files of gspo's names but neither spec.yaml nor run.json (not a run gspo made)."""
         if (self.path.exists() or self.path.is_symlink()) and not self.path.is_dir():
             raise SpecError(
                 f"{self.path}: exists and is not a directory; move it away or choose another output directory (-o)"
             )
         foreign = self.foreign_entries()
+        if not foreign and self.path.is_dir() and any(self.path.iterdir()):
+            # gspo train writes spec.yaml right after making the directory: without it (and
+            # run.json) these files, whatever their names, are someone else's.
+            if not (self.spec_file.is_file() or self.info_file.is_file()):
+                names = sorted(p.name for p in self.path.iterdir())
+                foreign = names
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise SpecError(

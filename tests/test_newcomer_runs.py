@@ -52,6 +52,9 @@ def test_a_prepopulated_run_directory_is_refused_and_kept(tmp_path):
     run.mkdir(parents=True)
     (run / "notes.txt").write_text("my notes\n")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    lone = tmp_path / "runs" / "prepop" / "gspo" / "seed0"  # only a file of gspo's name, no run.json
+    lone.mkdir(parents=True)
+    (lone / "metrics.jsonl").write_text('{"step": 7}\n')
     for extra in ([], ["--force"]):
         res = gspo("train", spec, "-o", tmp_path / "runs", *extra)
         assert res.exit_code == 2, res.output
@@ -60,6 +63,12 @@ def test_a_prepopulated_run_directory_is_refused_and_kept(tmp_path):
         assert (run / "notes.txt").read_text() == "my notes\n"
         assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
         assert not (run / "run.json").exists()
+    (run / "notes.txt").unlink()
+    res = gspo("train", spec, "-o", tmp_path / "runs", "--arm", "grpo")
+    assert res.exit_code == 2 and "holds files gspo did not write (metrics.jsonl)" in last_line(res)
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    res = gspo("train", write_spec(tmp_path, {**TINY, "name": "prepop"}), "-o", tmp_path / "runs", "--arm", "gspo")
+    assert res.exit_code == 2 and f"{lone}: holds files gspo did not write (metrics.jsonl)" in last_line(res)
 
 
 def test_reset_deletes_only_what_gspo_writes(tmp_path):
