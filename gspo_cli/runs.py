@@ -283,6 +283,21 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
+    def eval_set_change(self, name: str, source: str, fingerprint: str) -> str | None:
+        """A line saying that evaluation set `name`, read now from `source` with content
+        `fingerprint` (`tasks.base.problems_digest`), is not the set this run was scored on in
+        training (run.json's identity); None when it is, or when the run recorded none."""
+        try:
+            recorded = self.info()["identity"]["data"]["eval"][name]["fingerprint"]
+        except (KeyError, TypeError):
+            return None  # a run.json from before identities: nothing to compare with
+        if recorded == fingerprint:
+            return None
+        return (
+            f"evaluation set {name}: {source} changed since {self.path} was trained; these scores are not "
+            "comparable with the run's eval.jsonl"
+        )
+
     def checkpoint_dirs(self) -> list[Path]:
         if not self.checkpoints.is_dir():
             return []

@@ -99,6 +99,8 @@ def eval_(
     """
     from gspo_cli.eval import run as ev
     from gspo_cli.eval.sets import select_sets
+    from gspo_cli.runs import RunDir
+    from gspo_cli.tasks.base import problems_digest
 
     warnings.showwarning = _show_warning
     log = (lambda msg: None) if quiet else (lambda msg: err_console.print(msg, markup=False, highlight=False))
@@ -132,7 +134,7 @@ def eval_(
             if named:  # a run with evaluation sets: each scored on its own, into eval_sets/<name>/
                 for s in named:
                     per_set = replace(sampling, samples=samples or s.samples, max_tokens=max_tokens or s.max_tokens)
-                    changed = ev.set_change_note(resolved.run_dir, s.name, s.source, s.problems)
+                    changed = RunDir(resolved.run_dir).eval_set_change(s.name, s.source, problems_digest(s.problems))
                     if changed:  # said even with --quiet: the scores mean something else
                         err_console.print(f"warning: {changed}", markup=False, highlight=False, soft_wrap=True)
                     results, summary = ev.evaluate_model(resolved, s.task, per_set, limit or len(s.problems), log=log)

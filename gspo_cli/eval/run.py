@@ -28,7 +28,6 @@ from gspo_cli.runs import RunDir, append_jsonl, now_iso, plural, write_json_atom
 from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.spec.loading import load_spec
 from gspo_cli.tasks import TASKS, Task, make_task
-from gspo_cli.tasks.base import problems_digest
 
 SUMMARY_FILE = "eval_summary.json"
 PROBLEMS_FILE = "eval_problems.jsonl"
@@ -103,22 +102,6 @@ def resolve_run(target: str) -> Target:
             f"TARGET: with --completions, TARGET must be a run directory (spec.yaml), for its task; got {target}"
         )
     return Target(source="", run_dir=path, spec=load_spec(path / "spec.yaml"))
-
-
-def set_change_note(run_dir: Path, name: str, source: str, problems: list) -> str | None:
-    """A line saying that evaluation set `name`, re-read now from `source` as `problems`, is not
-    the set run `run_dir` was scored on during training (the fingerprint its run.json
-    `identity` recorded); None when it is, or when the run recorded none (older runs)."""
-    try:
-        recorded = RunDir(run_dir).info()["identity"]["data"]["eval"][name]["fingerprint"]
-    except (KeyError, TypeError):
-        return None  # a run.json from before identities: nothing to compare with
-    if recorded == problems_digest(problems):
-        return None
-    return (
-        f"evaluation set {name}: {source} changed since {run_dir} was trained; these scores are not "
-        "comparable with the run's eval.jsonl"
-    )
 
 
 def resolve_task(spec: ExperimentSpec | None, name: str | None, dataset: str | None) -> Task:
