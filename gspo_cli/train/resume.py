@@ -1,6 +1,7 @@
-"""Where a run starts: skipped (completed with this spec), resumed from its last complete
-checkpoint (weights, optimizer, scheduler and RNG state; metrics rewound to that step), or
-afresh; agreed by all ranks. Ranks other than 0 see the run directory read-only."""
+"""Where a run starts: skipped (completed with this spec and identity: code version, model,
+data), resumed from its last complete checkpoint (weights, optimizer, scheduler and RNG state;
+metrics rewound to that step), or afresh; agreed by all ranks. Ranks other than 0 see the run
+directory read-only."""
 
 from __future__ import annotations
 
