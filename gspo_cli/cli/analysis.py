@@ -192,11 +192,12 @@ def plot(
         ),
     ] = True,
 ) -> None:
-    """Draw reward, held-out score, clip-fraction, expert-change, KL, entropy, length and
-    grad-norm curves from run directories: one file per figure, plus the panel figure a paper
-    shows (panel.png: reward, held-out score, clipped tokens, expert change, those the runs have
-    data for, one legend below them). One line per arm: the mean over seeds, smoothed, the
-    unsmoothed mean faint behind, with a band over seeds where there are several.
+    """Draw reward, held-out score, clip-fraction, expert-change and other curves from run
+    directories, one file per figure plus the panel a paper shows.
+
+    The panel (panel.png) holds reward, held-out score, clipped tokens and expert change, those
+    the runs have data for, with one legend below them. One line per arm: the mean over seeds,
+    smoothed, the unsmoothed mean faint behind, with a band over seeds where there are several.
 
     Example: `gspo plot results/quickstart` (its panel.png is docs/quickstart.png)
     """
