@@ -86,3 +86,19 @@ def test_the_quickstart_cold_start_is_the_same_with_one_or_two_omp_threads(tmp_p
     assert one[1] == two[1]  # bit-equal model and tokenizer
     assert one[2]["final_loss"] == two[2]["final_loss"] and one[2]["threads"] == 2
     assert one[3][0]["step"] == 0 and one[3][0]["scores"] == two[3][0]["scores"]
+
+
+@pytest.mark.parametrize(
+    ("cores", "preset", "expected"), [({0}, None, "PASSIVE"), ({0, 1}, None, None), ({0}, "ACTIVE", "ACTIVE")]
+)
+def test_openmp_waits_sleep_on_one_core(monkeypatch, cores, preset, expected):
+    """Two cold-start threads on one core: gspo's entry point asks OpenMP to sleep while it
+    waits (spinning took the core from the working thread), keeping a value the user set."""
+    from gspo_cli.cli import app
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    monkeypatch.setenv("OMP_WAIT_POLICY", preset or "")  # recorded, so the test leaves no value behind
+    if preset is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+    app._sleeping_openmp_waits_on_one_core()
+    assert os.environ.get("OMP_WAIT_POLICY") == expected
