@@ -3,11 +3,172 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
+from types import SimpleNamespace
 
-from gspo_cli.errors import SpecError
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from gspo_cli.cli.app import app
+from gspo_cli.errors import RunError, SpecError
+from gspo_cli.eval.scores import reward_means
+from gspo_cli.runs import identity_changes, reward_changes
 from gspo_cli.spec import RewardConfig
 from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.tasks import make_task
+from gspo_cli.tasks.math import MathTask
+from gspo_cli.train.stats import StepStats, record_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Written as TRL's documentation writes reward functions: the columns they need by keyword.
+TRL_STYLE = '''
+import re
+
+def format_reward(completions, **kwargs):
+    return [1.0 if re.search(r"<answer>.*</answer>", c) else 0.0 for c in completions]
+
+def accuracy_reward(completions, answer, **kwargs):
+    return [1.0 if f"<answer>{a}</answer>" in c else 0.0 for c, a in zip(completions, answer)]
+
+def long_reward(completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+def step_reward(prompts, completions, trainer_state, **kwargs):
+    return [float(trainer_state.global_step) for _ in completions]
+
+def picky(completions, kind, **kwargs):
+    # applies to rows of kind "a" only; NaN is "does not apply" too (TRL's nansum)
+    return [1.0 if k == "a" else (None if k == "b" else float("nan")) for k in kind]
+
+def boom(completions, prompts, **kwargs):
+    for p in prompts:
+        if p.startswith("Second"):
+            raise ValueError("cannot judge this one")
+    return [0.0] * len(completions)
+
+def short(completions, **kwargs):
+    return [0.0]
+
+def words(completions, **kwargs):
+    return ["yes" for _ in completions]
+'''
+
+ROWS = [
+    {"prompt": "First: 2+2?", "answer": "4", "kind": "a", "solution": "<answer>4</answer>"},
+    {"prompt": "Second: 3+3?", "answer": "6", "kind": "b", "solution": "<answer>6</answer>"},
+    {"prompt": "Third: 1+1?", "answer": "2", "kind": "c", "solution": "<answer>2</answer>"},
+]
+
+
+@pytest.fixture
+def data(tmp_path):
+    (tmp_path / "rewards.py").write_text(TRL_STYLE)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return tmp_path
+
+
+def rewards(tmp_path, *entries) -> list[RewardConfig]:
+    return [RewardConfig(function=f"{tmp_path / 'rewards.py'}:{e[0]}", **e[1]) for e in entries]
+
+
+def task_of(tmp_path, *entries):
+    return make_task("prompts", {"source": str(tmp_path / "train.jsonl")}, rewards(tmp_path, *entries))
+
+
+def test_a_trl_style_reward_file_runs_unchanged(data):
+    task = task_of(
+        data,
+        ("format_reward", {"weight": 0.5}),
+        ("accuracy_reward", {"correct": True}),
+        ("long_reward", {"weight": -0.1, "name": "length"}),
+        ("step_reward", {"weight": 0.01}),
+    )
+    problems = task.eval_problems(3)
+    completions = ["<answer>4</answer>", "<answer>5</answer>", "no idea"]
+    scores = task.score_rollout(problems, completions, [[1, 2, 3], [4], []], step=7)
+    # format 0.5*1, accuracy 1, length -0.1*3, step 0.01*7
+    assert scores[0].components == {"format_reward": 1.0, "accuracy_reward": 1.0, "length": 3.0, "step_reward": 7.0}
+    assert scores[0].reward == pytest.approx(0.5 + 1.0 - 0.3 + 0.07)
+    assert scores[1].reward == pytest.approx(0.5 + 0.0 - 0.1 + 0.07)
+    assert scores[2].reward == pytest.approx(0.07)
+    assert [s.correct for s in scores] == [True, False, False]
+    assert all(s.rewarded for s in scores)
+
+
+def test_none_and_nan_are_skipped_and_a_row_no_reward_applies_to_gets_zero(data):
+    task = task_of(data, ("picky", {"weight": 2.0}))
+    scores = task.score_rollout(task.eval_problems(3), ["x", "y", "z"], [[1], [1], [1]])
+    assert [s.reward for s in scores] == [2.0, 0.0, 0.0]  # kind a: 2*1; b: None; c: NaN
+    assert [s.components for s in scores] == [{"picky": 1.0}, {}, {}]
+    assert [s.rewarded for s in scores] == [True, False, False]
+    # with a second reward that applies everywhere: the weighted sum skips the missing one
+    task = task_of(data, ("picky", {"weight": 2.0}), ("format_reward", {"weight": 0.5}))
+    scores = task.score_rollout(task.eval_problems(3), ["<answer>1</answer>", "<answer>1</answer>", "x"])
+    assert [s.reward for s in scores] == [2.5, 0.5, 0.0]
+    assert [s.rewarded for s in scores] == [True, True, True]
+
+
+def step_metrics(scores) -> dict:
+    rewards_B = torch.tensor([s.reward for s in scores])
+    n = len(scores)
+    batch = SimpleNamespace(response_mask=torch.ones(n, 2), truncated=torch.zeros(n, dtype=torch.bool))
+    stats = StepStats()
+    record_batch(stats, batch, scores, rewards_B, torch.zeros(n, 2), group_size=2, lr=0.1)
+    return stats.reduce(SimpleNamespace(enabled=False, world_size=1, is_main=True))
+
+
+def test_step_metrics_per_reward_over_the_rows_it_applies_to(data):
+    task = task_of(data, ("picky", {"weight": 2.0}), ("format_reward", {"weight": 0.5}))
+    problems = task.eval_problems(3) + task.eval_problems(1)
+    scores = task.score_rollout(problems, ["<answer>1</answer>", "x", "x", "x"])
+    m = step_metrics(scores)
+    assert m["reward/mean"] == pytest.approx((2.5 + 0 + 0 + 2.0) / 4)
+    assert m["reward/picky"] == 1.0  # rows 0 and 3 (kind a); the None and NaN rows left out
+    assert m["reward/format_reward"] == pytest.approx(0.25)
+    assert m["reward/no_reward_frac"] == 0.0
+    # evaluation reports the same means
+    ev = reward_means(scores)
+    assert ev == {"reward_mean": pytest.approx(4.5 / 4), "reward_picky": 1.0, "reward_format_reward": 0.25}
+    task = task_of(data, ("picky", {"weight": 2.0}))
+    m = step_metrics(task.score_rollout(problems, ["x"] * 4))
+    assert m["reward/mean"] == 1.0 and m["reward/no_reward_frac"] == 0.5  # rows 1 and 2: nothing applied
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("boom", "reward boom raised on the row whose prompt starts 'Second: 3+3?': ValueError: cannot judge this one"),
+        ("short", "reward short returned 1 values for 3 completions"),
+        ("words", "reward words returned 'yes' (str), not a number or None, for the row whose prompt starts 'First"),
+    ],
+)
+def test_a_reward_that_fails_is_one_line_naming_it_and_the_row(data, name, message):
+    task = task_of(data, (name, {}))
+    with pytest.raises(RunError) as err:
+        task.score_rollout(task.eval_problems(3), ["a", "b", "c"])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "function, found",
+    [
+        ("missing.py:f", "task.rewards[0].function: no such file /"),
+        ("no_such_module_xyz:f", "task.rewards[0].function: no module 'no_such_module_xyz'"),
+        ("{dir}/rewards.py:nope", "task.rewards[0].function: nope is not defined in"),
+        ("{dir}/rewards.py:re", "task.rewards[0].function: re is not callable"),
+        ("math_acuracy", "task.rewards[0].function: 'math_acuracy' is no shipped reward (math_accuracy, code_tests)"),
+        ("code_tests", "task.rewards: code_tests judges code problems; task.name is prompts"),
+    ],
+)
+def test_an_unloadable_function_is_refused_naming_what_was_found(data, function, found):
+    cfg = RewardConfig(function=function.format(dir=data))
+    with pytest.raises(SpecError, match=None) as err:
+        make_task("prompts", {"source": str(data / "train.jsonl")}, [cfg])
+    assert found in str(err.value)
 
 
 def test_spec_refuses_bad_reward_lists_at_load():
@@ -30,8 +191,57 @@ def test_spec_refuses_bad_reward_lists_at_load():
     assert "task.rewards[0].nme: unknown key (did you mean 'name'?)" in problems([{"function": "m:x", "nme": "z"}])
 
 
-def test_a_reward_file_is_stored_absolute(tmp_path, monkeypatch):
+def test_a_reward_file_is_stored_absolute_and_its_change_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = RewardConfig(function="sub/rewards.py:f")
     assert cfg.function == f"{tmp_path}/sub/rewards.py:f" and cfg.label == "f"
     assert RewardConfig(function="pkg.mod:g").function == "pkg.mod:g"
+    stored = {"behaviour_version": 1, "model": "m", "data": {"train": {"fingerprint": "x"}, "eval": {}}}
+    current = {**stored, "data": {"train": {"fingerprint": "x", "source": "s"}, "eval": {}}, "rewards": {"/r.py": "b"}}
+    assert reward_changes({**stored, "rewards": {"/r.py": "a"}}, current) == ["another reward file (/r.py changed)"]
+    assert identity_changes({**stored, "rewards": {"/r.py": "b"}}, current) == []
+
+
+def test_math_with_rewards_uses_the_list_and_without_them_is_unchanged(data):
+    assert isinstance(make_task("math", {}), MathTask)
+    task = make_task("math", {}, [RewardConfig(function="math_accuracy", correct=True)] + rewards(data, ("short", {})))
+    assert [r.name for r in task.rewards] == ["math_accuracy", "short"]
+    task = make_task("math", {}, [RewardConfig(function="math_accuracy", correct=True)])
+    p = task.eval_problems(1)[0]
+    right, wrong = task.score_rollout([p, p], [f"\\boxed{{{p.answer}}}", "\\boxed{x}"])
+    assert (right.reward, right.correct, right.components) == (1.0, True, {"math_accuracy": 1.0})
+    assert (wrong.reward, wrong.correct) == (0.0, False)
+
+
+def test_prompts_task_reads_columns_and_refuses_what_it_cannot_train_on(data):
+    task = task_of(data, ("format_reward", {}))
+    p = task.eval_problems(1)[0]
+    assert (p.prompt, p.solution, p.meta["columns"]["kind"]) == ("First: 2+2?", "<answer>4</answer>", "a")
+    with pytest.raises(SpecError, match="task.rewards: the prompts task is scored by reward functions only"):
+        make_task("prompts", {"source": str(data / "train.jsonl")})
+    (data / "chat.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(SpecError, match="row 0: a conversational prompt"):
+        make_task("prompts", {"source": str(data / "chat.jsonl")}, rewards(data, ("short", {})))
+    (data / "none.jsonl").write_text(json.dumps({"question": "hi"}) + "\n")
+    with pytest.raises(SpecError, match="no row with a `prompt` string .*columns found: question"):
+        make_task("prompts", {"source": str(data / "none.jsonl")}, rewards(data, ("short", {})))
+
+
+def test_gspo_train_refuses_a_missing_reward_before_any_model_is_built(data):
+    spec = {
+        "name": "own",
+        "model": {"name": "builtin:tiny-dense"},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(data / "train.jsonl")},
+            "eval_size": 1,
+            "rewards": [{"function": f"{data}/rewards.py:absent"}],
+        },
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    (data / "own.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["train", str(data / "own.yaml"), "-o", str(data / "out")])
+    assert res.exit_code == 2, res.output
+    assert "task.rewards[0].function: absent is not defined in" in res.output
+    assert "cold start" not in res.output and "Traceback" not in res.output
+    assert not (data / "out").exists()

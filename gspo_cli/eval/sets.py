@@ -63,7 +63,7 @@ def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec) -> EvalSet:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            task = make_task(cfg.task, dict(cfg.params))
+            task = make_task(cfg.task, dict(cfg.params), spec.task.rewards)  # the training rewards
             problems = task.eval_problems(cfg.size or _all(task, spec))
     except SpecError as err:
         raise SpecError(named(str(err))) from None

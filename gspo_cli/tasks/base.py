@@ -55,6 +55,8 @@ class Score:
     components: dict[str, float] = field(default_factory=dict)
     # What a reader needs to see why (code: per-test verdicts); None when the task has nothing to add.
     detail: dict | None = field(default=None, compare=False)
+    # Reward functions (task.rewards): whether any applied to this row (None: the task's own verifier).
+    rewarded: bool | None = None
 
 
 class Task(ABC):
@@ -117,6 +119,11 @@ class Task(ABC):
         """Scores of completions[i] for problems[i]. The trainer and evaluation call this for a
         whole batch; tasks whose judging is slow (code) override it to judge in parallel."""
         return [self.score(p, c) for p, c in zip(problems, completions)]
+
+    def score_rollout(self, problems, completions, completion_ids=None, step: int = 0) -> list[Score]:
+        """`score_batch`, given what reward functions may also use: each completion's token ids
+        and the training step (tasks scored by their own verifier ignore both)."""
+        return self.score_batch(problems, completions)
 
     def corpus_text(self, rng: random.Random, n: int = 256) -> str:
         """Text the built-in tokenizer is trained on."""
