@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,9 +18,9 @@ from typer.testing import CliRunner
 from gspo_cli.cli.app import app
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.eval.scores import reward_means
-from gspo_cli.runs import identity_changes, reward_changes
+from gspo_cli.runs import RunDir, identity_changes, reward_changes
 from gspo_cli.spec import RewardConfig
-from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.spec.loading import load_spec, spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.math import MathTask
 from gspo_cli.train.stats import StepStats, record_batch
@@ -245,3 +248,62 @@ def test_gspo_train_refuses_a_missing_reward_before_any_model_is_built(data):
     assert "task.rewards[0].function: absent is not defined in" in res.output
     assert "cold start" not in res.output and "Traceback" not in res.output
     assert not (data / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_example_trains_and_logs_every_reward(tmp_path, monkeypatch):
+    """experiments/own_rewards.yaml, tiny: reward/mean is the weighted sum of reward/<name>;
+    then a reward that raises ends its run in one line, its checkpoint kept."""
+    monkeypatch.chdir(ROOT)  # the example's paths are relative to the repository root
+    tiny = [
+        "--set", "train.steps=2", "--set", "model.cold_start.steps=10", "--set", "rollout.max_new_tokens=8",
+        "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2", "--set", "task.eval_size=2",
+        "--set", "train.eval_samples=1", "--set", "train.eval_every=0",
+    ]  # fmt: skip
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["train", "experiments/own_rewards.yaml", "-o", str(out), "--arm", "gspo", *tiny])
+    assert res.exit_code == 0, res.output
+    rd = RunDir(out / "own_rewards/gspo/seed0")
+    spec = load_spec(rd.spec_file)
+    weights = {r.label: r.weight for r in spec.task.rewards}
+    for m in rd.metrics():
+        named = {k: m[f"reward/{k}"] for k in weights if f"reward/{k}" in m}
+        assert {"format_reward", "accuracy_reward"} <= set(named)  # length: None before step 10
+        assert m["reward/no_reward_frac"] == 0.0
+        assert m["reward/mean"] == pytest.approx(sum(weights[k] * v for k, v in named.items()))
+    evals = rd.evals()
+    assert {"reward_mean", "reward_format_reward", "avg@1"} <= set(evals[-1]["scores"])
+    assert json.loads(rd.info_file.read_text())["identity"]["rewards"]
+    res = CliRunner().invoke(app, ["eval", str(rd.path), "-k", "1"])  # gspo eval RUN: the run's rewards
+    assert res.exit_code == 0 and "reward_format_reward" in res.output, res.output
+    # a reward that raises at step 2: one line, no traceback, step 1's checkpoint kept; fixed, the run resumes
+    bad = tmp_path / "judge.py"
+    bad.write_text(
+        "def judge(completions, trainer_state, **kwargs):\n"
+        "    if trainer_state.global_step == 2:\n        raise KeyError('answer')\n"
+        "    return [0.0 for _ in completions]\n"
+    )
+    rewards = f'task.rewards=[{{"function": "{bad}:judge"}}]'
+    args = ["train", "experiments/own_rewards.yaml", "-o", str(tmp_path / "bad"), "--arm", "gspo", *tiny]
+    res = CliRunner().invoke(app, [*args, "--set", rewards, "--set", "train.checkpoint_every=1"])
+    assert res.exit_code == 1, res.output
+    assert "reward judge raised on the row whose prompt starts 'What is" in res.output
+    assert "KeyError: 'answer'" in res.output and "Traceback" not in res.output
+    run = RunDir(tmp_path / "bad/own_rewards/gspo/seed0")
+    assert run.status() == "failed" and (run.checkpoints / "step_000001").is_dir()
+    bad.write_text("def judge(completions, **kwargs):\n    return [1.0 for _ in completions]\n")
+    res = CliRunner().invoke(app, ["train", "--resume", str(run.path)])
+    assert res.exit_code == 0, res.output
+    assert f"resuming with another reward file ({bad} changed)" in " ".join(res.output.split())
+    assert run.status() == "completed" and [m["step"] for m in run.metrics()] == [1, 2]
+
+
+def test_the_example_data_is_what_its_script_writes(tmp_path):
+    """make_data.py, run as the docs show (on a copy), writes the committed train.jsonl."""
+    shutil.copy(ROOT / "experiments/own_rewards/make_data.py", tmp_path / "make_data.py")
+    subprocess.run([sys.executable, str(tmp_path / "make_data.py")], check=True, capture_output=True)
+    committed = (ROOT / "experiments/own_rewards/train.jsonl").read_text()
+    assert (tmp_path / "train.jsonl").read_text() == committed
+    rows = [json.loads(line) for line in committed.splitlines()]
+    assert len(rows) == 300 and set(rows[0]) == {"prompt", "answer", "solution"}
+    assert rows[0]["solution"].endswith(f"\\boxed{{{rows[0]['answer']}}}")
