@@ -221,7 +221,7 @@ def test_prompts_task_reads_columns_and_refuses_what_it_cannot_train_on(data):
     p = task.eval_problems(1)[0]
     assert (p.prompt, p.solution, p.meta["columns"]["kind"]) == ("First: 2+2?", "<answer>4</answer>", "a")
     with pytest.raises(SpecError, match="task.rewards: the prompts task is scored by reward functions only"):
-        make_task("prompts", {"source": str(data / "train.jsonl")})
+        spec_from_dict({"name": "x", "task": {"name": "prompts", "params": {"source": "x"}}, "arms": [{"name": "a"}]})
     (data / "chat.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(SpecError, match="row 0: a conversational prompt"):
         make_task("prompts", {"source": str(data / "chat.jsonl")}, rewards(data, ("short", {})))

@@ -148,6 +148,8 @@ class TaskConfig(_Strict):
         for i, n in enumerate(labels):
             if n in labels[:i]:
                 problems.append(f"rewards[{i}].name: duplicate name {n!r} (also rewards[{labels.index(n)}])")
+        if not self.rewards and "prompts" in (self.name, *(s.task for s in self.eval_sets)):
+            problems.append("rewards: the prompts task is scored by reward functions only; list at least one")
         judges = [i for i, r in enumerate(self.rewards) if r.correct]
         if len(judges) > 1:
             problems.append(

@@ -29,14 +29,11 @@ TASKS: dict[str, Callable[..., Task]] = {
 
 def make_task(name: str, params: dict[str, Any], rewards: Sequence[Any] = ()) -> Task:
     """The task `name` with `params`, scored by `rewards` (`task.rewards`, RewardConfigs) when
-    there are any (each function loaded now), else by its own verifier. SpecError naming the
-    field on a bad parameter, an unloadable reward function or a prompts task without rewards."""
+    there are any (each function loaded now), else by its own verifier (a prompts task has
+    none: the spec refuses it without rewards). SpecError naming the field on a bad parameter
+    or an unloadable reward function."""
     task = _build_task(name, params)
-    if rewards:
-        return RewardedTask(task, resolve_rewards(rewards, task))
-    if name == "prompts":
-        raise SpecError("task.rewards: the prompts task is scored by reward functions only; list at least one")
-    return task
+    return RewardedTask(task, resolve_rewards(rewards, task)) if rewards else task
 
 
 def _build_task(name: str, params: dict[str, Any]) -> Task:
