@@ -250,6 +250,31 @@ def test_gspo_train_refuses_a_missing_reward_before_any_model_is_built(data):
     assert not (data / "out").exists()
 
 
+def test_a_builtin_model_needs_a_solution_column(data):
+    (data / "bare.jsonl").write_text(
+        "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in ROWS)
+    )
+    spec = {
+        "name": "own",
+        "model": {"name": "builtin:tiny-dense"},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(data / "bare.jsonl")},
+            "eval_size": 1,
+            "rewards": [{"function": f"{data}/rewards.py:format_reward"}],
+        },
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    (data / "own.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["train", str(data / "own.yaml"), "-o", str(data / "out")])
+    assert res.exit_code == 2, res.output
+    assert "model.name: builtin:tiny-dense is cold-started on reference completions and the training data of task" in (
+        " ".join(res.output.split())
+    )
+    assert "add a `solution` (or `completion`) column" in " ".join(res.output.split())
+    assert "cold start:" not in res.output and "Traceback" not in res.output
+
+
 @pytest.mark.slow
 def test_the_example_trains_and_logs_every_reward(tmp_path, monkeypatch):
     """experiments/own_rewards.yaml, tiny: reward/mean is the weighted sum of reward/<name>;

@@ -57,6 +57,15 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
                 f"model.name: unknown built-in model {cfg.name!r}; known: "
                 + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS)
             )
+        pool = task.train_pool
+        if cfg.cold_start.steps and pool is not None and all(p.solution is None for p in pool):
+            # Said before anything is built: the cold start would find nothing to learn from.
+            raise SpecError(
+                f"model.name: {cfg.name} is cold-started on reference completions and the training data of task "
+                f"{task.name} has none"
+                + (": add a `solution` (or `completion`) column" if task.name == "prompts" else "")
+                + "; or use a pretrained model"
+            )
         quiet_transformers()
         return str(builtin_model_dir(kind, cfg.builtin, cfg.cold_start, task, log=log))
     return cfg.name
