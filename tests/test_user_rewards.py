@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from gspo_cli.cli.app import app
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.eval.scores import reward_means
+from gspo_cli.eval.sets import EvalSet, score_and_log
 from gspo_cli.runs import RunDir, identity_changes, reward_changes
 from gspo_cli.spec import RewardConfig
 from gspo_cli.spec.loading import load_spec, spec_from_dict
@@ -100,6 +101,22 @@ def test_a_trl_style_reward_file_runs_unchanged(data):
     assert scores[2].reward == pytest.approx(0.07)
     assert [s.correct for s in scores] == [True, False, False]
     assert all(s.rewarded for s in scores)
+
+
+def test_evaluations_hand_rewards_the_step_they_score(data):
+    task = task_of(data, ("step_reward", {}), ("long_reward", {"correct": True}))
+    problems = task.eval_problems(2)
+    engine = SimpleNamespace(
+        generate=lambda prompts: SimpleNamespace(completions=["ab"] * len(prompts)),
+        tokenizer=lambda text, add_special_tokens: SimpleNamespace(input_ids=[7] * (len(text) + 1)),
+    )
+    s = EvalSet(name="own", task=task, problems=problems, samples=2, max_tokens=8, every=0, source="x")
+    logged = []
+    score_and_log(engine, [s], 40, logged.append)
+    scores = logged[0]["scores"]
+    assert scores["reward_step_reward"] == 40.0  # trainer_state.global_step
+    assert scores["reward_long_reward"] == 3.0  # token ids from the engine's tokenizer: 2 characters + 1
+    assert scores["avg@2"] == 1.0 and scores["reward_mean"] == 43.0
 
 
 def test_none_and_nan_are_skipped_and_a_row_no_reward_applies_to_gets_zero(data):

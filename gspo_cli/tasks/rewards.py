@@ -141,6 +141,8 @@ class RewardedTask(Task):
 
     # text -> token ids, for scoring texts without their ids (evaluation sets its tokenizer's)
     encode: Callable[[str], list[int]] | None = None
+    # the training step that `score_batch` (evaluation) hands reward functions as trainer_state.global_step
+    step: int = 0
 
     def __init__(self, task: Task, rewards: list[Reward]):
         self.inner, self.rewards = task, rewards
@@ -179,7 +181,7 @@ class RewardedTask(Task):
         return self.score_rollout([problem], [completion])[0]
 
     def score_batch(self, problems, completions) -> list[Score]:
-        return self.score_rollout(problems, completions)
+        return self.score_rollout(problems, completions, step=self.step)
 
     def score_rollout(self, problems, completions, completion_ids=None, step: int = 0) -> list[Score]:
         """Scores of completions[i] for problems[i]: the weighted sum of the rewards that apply
