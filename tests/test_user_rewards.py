@@ -54,6 +54,13 @@ def boom(completions, prompts, **kwargs):
             raise ValueError("cannot judge this one")
     return [0.0] * len(completions)
 
+def infinite(completions, **kwargs):
+    return [float("inf") for _ in completions]
+
+def tensors(completions, **kwargs):
+    import torch
+    return [torch.tensor(0.5) for _ in completions]
+
 def short(completions, **kwargs):
     return [0.0]
 
@@ -158,12 +165,18 @@ def test_step_metrics_per_reward_over_the_rows_it_applies_to(data):
     assert m["reward/mean"] == 1.0 and m["reward/no_reward_frac"] == 0.5  # rows 1 and 2: nothing applied
 
 
+def test_zero_dimensional_tensors_are_numbers(data):
+    task = task_of(data, ("tensors", {"weight": 2.0}))
+    assert [s.reward for s in task.score_rollout(task.eval_problems(2), ["a", "b"])] == [1.0, 1.0]
+
+
 @pytest.mark.parametrize(
     "name, message",
     [
         ("boom", "reward boom raised on the row whose prompt starts 'Second: 3+3?': ValueError: cannot judge this one"),
         ("short", "reward short returned 1 values for 3 completions"),
-        ("words", "reward words returned 'yes' (str), not a number or None, for the row whose prompt starts 'First"),
+        ("words", "reward words returned 'yes' (str), not a finite number or None, for the row whose prompt starts"),
+        ("infinite", "reward infinite returned inf (float), not a finite number or None, for the row whose prompt"),
     ],
 )
 def test_a_reward_that_fails_is_one_line_naming_it_and_the_row(data, name, message):

@@ -248,8 +248,9 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
 
 
 def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:
-    """`got` as one float or None per completion (NaN read as None, as TRL's nansum does);
-    RunError naming the reward and the first bad row otherwise."""
+    """`got` as one float or None per completion (NaN read as None, as TRL's nansum does; 0-d
+    tensors and arrays read as their number); RunError naming the reward and the first bad row
+    otherwise (an infinite value included)."""
     n = len(prompts)
     try:
         got = list(got)
@@ -259,13 +260,15 @@ def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:
         raise RunError(f"reward {name} returned {len(got)} values for {n} completions")
     out: list[float | None] = []
     for i, v in enumerate(got):
+        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+            v = v.item()  # a 0-d tensor or array, as torch.tensor(...) in TRL reads it
         if v is None:
             out.append(None)
-        elif isinstance(v, numbers.Real):
+        elif isinstance(v, numbers.Real) and not math.isinf(v):
             out.append(None if math.isnan(float(v)) else float(v))
         else:
             raise RunError(
-                f"reward {name} returned {v!r} ({type(v).__name__}), not a number or None, for the row whose "
+                f"reward {name} returned {v!r} ({type(v).__name__}), not a finite number or None, for the row whose "
                 f"prompt starts {prompts[i][:40]!r}"
             )
     return out
