@@ -51,7 +51,7 @@ def picky(completions, kind, **kwargs):
 def boom(completions, prompts, **kwargs):
     for p in prompts:
         if p.startswith("Second"):
-            raise ValueError("cannot judge this one")
+            raise ValueError("cannot judge this one\\nsecond line")
     return [0.0] * len(completions)
 
 def infinite(completions, **kwargs):

@@ -206,7 +206,7 @@ class RewardedTask(Task):
                 row = _failing_row(r, *args)
                 raise RunError(
                     f"reward {r.name} raised on the row whose prompt starts {prompts[row][:40]!r}: "
-                    f"{type(err).__name__}: {err}"
+                    f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
                 ) from None
             values.append(_checked(r.name, got, prompts))
         scores = []
