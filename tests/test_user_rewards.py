@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -13,16 +14,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from helpers import TINY, edited_model_copy, tiny_model_dir
 from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.eval.scores import reward_means
 from gspo_cli.eval.sets import EvalSet, score_and_log
+from gspo_cli.models.prompts import PromptFormat
 from gspo_cli.runs import RunDir, identity_changes, reward_changes
 from gspo_cli.spec import RewardConfig
 from gspo_cli.spec.loading import load_spec, spec_from_dict
 from gspo_cli.tasks import make_task
+from gspo_cli.tasks.base import Conversation
 from gspo_cli.tasks.math import MathTask
 from gspo_cli.train.stats import StepStats, record_batch
 
@@ -252,12 +256,103 @@ def test_prompts_task_reads_columns_and_refuses_what_it_cannot_train_on(data):
     assert (p.prompt, p.solution, p.meta["columns"]["kind"]) == ("First: 2+2?", "<answer>4</answer>", "a")
     with pytest.raises(SpecError, match="task.rewards: the prompts task is scored by reward functions only"):
         spec_from_dict({"name": "x", "task": {"name": "prompts", "params": {"source": "x"}}, "arms": [{"name": "a"}]})
-    (data / "chat.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
-    with pytest.raises(SpecError, match="row 0: a conversational prompt"):
+    (data / "chat.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": 3}]}) + "\n")
+    with pytest.raises(SpecError, match="row 0: prompt\\[0\\] is not a message with a string role and content"):
         make_task("prompts", {"source": str(data / "chat.jsonl")}, rewards(data, ("short", {})))
     (data / "none.jsonl").write_text(json.dumps({"question": "hi"}) + "\n")
     with pytest.raises(SpecError, match="no row with a `prompt` string .*columns found: question"):
         make_task("prompts", {"source": str(data / "none.jsonl")}, rewards(data, ("short", {})))
+
+
+CHAT = [
+    {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], "answer": "4"},
+    {"prompt": [{"role": "user", "content": "3+3?"}], "answer": "6"},
+]
+CHAT_REWARDS = '''
+def chat_reward(prompts, completions, answer, **kwargs):
+    # TRL's conversational form: prompts and completions are lists of messages
+    return [float(c[0]["role"] == "assistant" and a in c[0]["content"]) + 0.5 * (p[-1]["role"] == "user")
+            for p, c, a in zip(prompts, completions, answer)]
+'''
+# A chat template for the built-in character tokenizer: system turn in brackets, then turns.
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}[{{ m['content'] }}]"
+    "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+)
+
+
+@pytest.fixture
+def chat(tmp_path):
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHAT))
+    (tmp_path / "chat_rewards.py").write_text(CHAT_REWARDS)
+    return tmp_path
+
+
+def test_conversational_prompts_reach_rewards_and_the_template_as_messages(chat):
+    cfg = [RewardConfig(function=f"{chat}/chat_rewards.py:chat_reward", correct=True)]
+    task = make_task("prompts", {"source": str(chat / "chat.jsonl")}, cfg)
+    problems = task.eval_problems(2)
+    assert isinstance(problems[0].prompt, Conversation) and problems[0].prompt == "Be brief.\n2+2?"
+    assert pickle.loads(pickle.dumps(problems[0].prompt)).messages == problems[0].prompt.messages
+    scores = task.score_rollout(problems, ["it is 4", "it is 5"])
+    assert [s.reward for s in scores] == [1.5, 0.5]
+    # the formatter: a row's own system message kept; rollout.system_prompt for rows without one
+    seen = []
+    tok = SimpleNamespace(chat_template="x", apply_chat_template=lambda m, **kw: seen.append(m) or "text")
+    PromptFormat(system_prompt="Think.").formatter(tok)([p.prompt for p in problems] + ["plain"])
+    assert seen == [
+        list(problems[0].prompt.messages),
+        [{"role": "system", "content": "Think."}, {"role": "user", "content": "3+3?"}],
+        [{"role": "system", "content": "Think."}, {"role": "user", "content": "plain"}],
+    ]
+    raw = SimpleNamespace(chat_template=None)
+    with pytest.raises(SpecError, match="conversational prompts .* need a chat template"):
+        PromptFormat().formatter(raw)([problems[0].prompt])
+
+
+def test_conversational_prompts_refuse_the_builtin_model(chat):
+    spec = {
+        "name": "own",
+        "model": {"name": "builtin:tiny-dense"},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(chat / "chat.jsonl")},
+            "eval_size": 1,
+            "rewards": [{"function": f"{chat}/chat_rewards.py:chat_reward"}],
+        },
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    (chat / "own.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["train", str(chat / "own.yaml"), "-o", str(chat / "out")])
+    assert res.exit_code == 2, res.output
+    assert "model.name: builtin:tiny-dense has no chat template, and task.params.source holds conversational" in (
+        " ".join(res.output.split())
+    )
+
+
+@pytest.mark.slow
+def test_conversational_prompts_train_a_model_with_a_chat_template(chat):
+    model = edited_model_copy(tiny_model_dir(), chat / "chat_model", tokenizer_config={"chat_template": TEMPLATE})
+    spec = {
+        **TINY,
+        "model": {"name": str(model)},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(chat / "chat.jsonl")},
+            "eval_size": 1,
+            "rewards": [{"function": f"{chat}/chat_rewards.py:chat_reward", "correct": True}],
+        },
+        "train": {"steps": 1},
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    (chat / "own.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["train", str(chat / "own.yaml"), "-o", str(chat / "out")])
+    assert res.exit_code == 0, res.output
+    rd = RunDir(chat / "out/e2e/gspo/seed0")
+    assert rd.status() == "completed" and "reward/chat_reward" in rd.metrics()[0]
+    assert rd.metrics()[0]["reward/chat_reward"] >= 0.5  # the user-turn half, on every row
+    assert {"reward_chat_reward", "avg@1"} <= set(rd.evals()[0]["scores"])
+    assert {r["prompt"] for r in rd.samples()} == {"3+3?\nA: "}  # through the template (row 0 is held out)
 
 
 def test_gspo_train_refuses_a_missing_reward_before_any_model_is_built(data):

@@ -17,6 +17,7 @@ from gspo_cli.models import experts
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
 from gspo_cli.spec import ModelConfig
 from gspo_cli.tasks import Task
+from gspo_cli.tasks.base import Conversation
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 experts.register()  # model.experts_implementation: gspo_grouped_mm
@@ -58,6 +59,11 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
                 + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS)
             )
         pool = task.train_pool
+        if pool is not None and any(isinstance(p.prompt, Conversation) for p in pool):
+            raise SpecError(
+                f"model.name: {cfg.name} has no chat template, and task.params.source holds conversational "
+                "prompts (lists of messages): use a model whose tokenizer has one, or standard (string) prompts"
+            )
         if cfg.cold_start.steps and pool is not None and all(p.solution is None for p in pool):
             # Said before anything is built: the cold start would find nothing to learn from.
             raise SpecError(

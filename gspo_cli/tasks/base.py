@@ -16,6 +16,24 @@ from dataclasses import dataclass, field
 from gspo_cli.errors import SpecError
 
 
+class Conversation(str):
+    """A conversational prompt (TRL's format: a list of {"role", "content"} messages). It reads
+    as text wherever a prompt is text (overlap keys, logs, samples.jsonl, lengths): the messages'
+    contents, one per line; the engines' prompt formatter renders `messages` through the chat
+    template, and reward functions get the messages."""
+
+    messages: tuple[dict[str, str], ...]
+
+    def __new__(cls, messages):
+        msgs = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages)
+        obj = super().__new__(cls, "\n".join(m["content"] for m in msgs))
+        obj.messages = msgs
+        return obj
+
+    def __reduce__(self):  # pickled by its messages (the staleness-1 worker receives prompts)
+        return (Conversation, (list(self.messages),))
+
+
 @dataclass(frozen=True)
 class Problem:
     id: str
@@ -141,7 +159,7 @@ def problems_digest(problems: Iterable[Problem]) -> str:
     problems."""
     h = hashlib.sha256()
     for p in problems:
-        row = [p.id, p.prompt, p.answer, p.solution, p.text, p.meta]
+        row = [p.id, getattr(p.prompt, "messages", p.prompt), p.answer, p.solution, p.text, p.meta]
         h.update(json.dumps(row, sort_keys=True, default=_plain).encode() + b"\n")
     return h.hexdigest()[:16]
 

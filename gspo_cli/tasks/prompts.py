@@ -1,5 +1,6 @@
-"""Your own data: a dataset with a `prompt` column (TRL's standard format), scored by the
-reward functions of `task.rewards` (see `tasks.rewards`).
+"""Your own data: a dataset with a `prompt` column, a string (TRL's standard format) or a list
+of chat messages (conversational), scored by the reward functions of `task.rewards` (see
+`tasks.rewards`).
 
 Every other column reaches the reward functions by name, one value per row. A `solution`
 column (else `completion`) is the reference completion the built-in model's cold start trains
@@ -15,7 +16,7 @@ import random
 from pydantic import BaseModel, ConfigDict, Field
 
 from gspo_cli.errors import SpecError
-from gspo_cli.tasks.base import Problem, Score, Task
+from gspo_cli.tasks.base import Conversation, Problem, Score, Task
 from gspo_cli.tasks.records import columns_of, load_records
 
 # Columns the cold start of the built-in model learns to write, first found wins.
@@ -56,23 +57,22 @@ class PromptsTask(Task):
         raise SpecError("task.rewards: the prompts task is scored by its reward functions; list at least one")
 
     def fingerprint(self) -> str:
-        digest = hashlib.sha256(json.dumps([(p.prompt, p.solution) for p in self.train_pool]).encode()).hexdigest()
+        rows = [(getattr(p.prompt, "messages", p.prompt), p.solution) for p in self.train_pool]
+        digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
         return f"{self.name}:{digest[:16]}"
 
 
 def load_prompt_problems(source: str, *, split: str = "train") -> list[Problem]:
-    """One problem per row with a string `prompt`; the row's other columns kept for the reward
-    functions (meta `columns`). SpecError when the source cannot be read or no row has a
-    string prompt (naming the columns found); a list of messages (conversational) is refused."""
+    """One problem per row with a `prompt`: a string (standard), or a list of {"role", "content"}
+    messages (conversational, kept as a `Conversation`); the row's other columns kept for the
+    reward functions (meta `columns`). SpecError when the source cannot be read, a message is
+    malformed, or no row has a prompt (naming the columns found)."""
     rows = load_records(source, split=split)
     problems = []
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
         if isinstance(prompt, list):
-            raise SpecError(
-                f"task.params.source: {source}: row {i}: a conversational prompt (a list of messages); "
-                "this version reads standard prompts (a string) only"
-            )
+            prompt = _conversation(prompt, f"task.params.source: {source}: row {i}")
         if not isinstance(prompt, str) or not prompt:
             continue
         columns = {k: v for k, v in row.items() if k != "prompt"}
@@ -85,7 +85,7 @@ def load_prompt_problems(source: str, *, split: str = "train") -> list[Problem]:
                 answer="" if answer is None else str(answer),
                 solution=reference,
                 meta={"columns": columns},
-                text=prompt,
+                text=str(prompt),
             )
         )
     if not problems:
@@ -94,3 +94,12 @@ def load_prompt_problems(source: str, *, split: str = "train") -> list[Problem]:
             f"task.params.source: {source}: no row with a `prompt` string ({len(rows)} rows); columns found: {found}"
         )
     return problems
+
+
+def _conversation(messages: list, where: str) -> Conversation:
+    for j, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise SpecError(f"{where}: prompt[{j}] is not a message with a string role and content (got {m!r:.60})")
+    if not messages:
+        raise SpecError(f"{where}: an empty list of messages")
+    return Conversation(messages)

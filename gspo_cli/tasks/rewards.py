@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gspo_cli.errors import RunError, SpecError
-from gspo_cli.tasks.base import Problem, Score, Task
+from gspo_cli.tasks.base import Conversation, Problem, Score, Task
 from gspo_cli.tasks.math_answer import answers_match, extract_answer
 
 # A shipped reward is built for the task it scores: factory(task) -> fn(problems, completions).
@@ -193,7 +193,11 @@ class RewardedTask(Task):
         if completion_ids is None:
             encode = self.encode or (lambda text: [ord(ch) for ch in text])
             completion_ids = [encode(c) for c in completions]
-        prompts = [p.prompt for p in problems]
+        texts = [p.prompt for p in problems]  # what error messages quote
+        # Conversational rows as TRL hands them over: the prompt's messages, the completion as one message.
+        chat = [isinstance(p.prompt, Conversation) for p in problems]
+        prompts = [list(p.prompt.messages) if c else p.prompt for p, c in zip(problems, chat)]
+        completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, chat)]
         rows = [row_columns(p) for p in problems]
         columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
         state = SimpleNamespace(global_step=step)
@@ -205,10 +209,10 @@ class RewardedTask(Task):
             except Exception as err:  # noqa: BLE001 - the user's function: one line, no traceback
                 row = _failing_row(r, *args)
                 raise RunError(
-                    f"reward {r.name} raised on the row whose prompt starts {prompts[row][:40]!r}: "
+                    f"reward {r.name} raised on the row whose prompt starts {texts[row][:40]!r}: "
                     f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
                 ) from None
-            values.append(_checked(r.name, got, prompts))
+            values.append(_checked(r.name, got, texts))
         scores = []
         for i in range(len(completions)):
             applied = {r.name: v[i] for r, v in zip(self.rewards, values) if v[i] is not None}
@@ -220,8 +224,8 @@ class RewardedTask(Task):
 
 
 def _call(r: Reward, problems, completions, completion_ids, prompts, columns, state):
-    if r.shipped:
-        return r.call(problems, completions)
+    if r.shipped:  # our own verifiers read the completion's text
+        return r.call(problems, [c[0]["content"] if isinstance(c, list) else c for c in completions])
     return r.call(
         prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=state, **columns
     )
