@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import shutil
 import subprocess
 import sys
@@ -248,6 +249,16 @@ def test_math_with_rewards_uses_the_list_and_without_them_is_unchanged(data):
     right, wrong = task.score_rollout([p, p], [f"\\boxed{{{p.answer}}}", "\\boxed{x}"])
     assert (right.reward, right.correct, right.components) == (1.0, True, {"math_accuracy": 1.0})
     assert (wrong.reward, wrong.correct) == (0.0, False)
+
+
+def test_code_with_rewards_keeps_its_tests_through_code_tests(data):
+    cfg = [RewardConfig(function="code_tests", correct=True)] + rewards(data, ("format_reward", {"weight": 0.5}))
+    task = make_task("code", {}, cfg)
+    probs = task.train_problems(random.Random(0), 2)
+    scores = task.score_rollout(probs * 2, [p.solution for p in probs] + ["print(1)", "<answer>x</answer>"])
+    assert [s.components["code_tests"] for s in scores[:2]] == [1.0, 1.0]
+    assert [s.correct for s in scores] == [True, True, False, False]
+    assert scores[3].reward == 0.5 and set(scores[0].components) == {"code_tests", "format_reward"}
 
 
 def test_prompts_task_reads_columns_and_refuses_what_it_cannot_train_on(data):
