@@ -42,11 +42,6 @@ class PromptsTask(Task):
     def num_problems(self) -> int:
         return len(self.problems)
 
-    @property
-    def has_references(self) -> bool:
-        """Whether every row has a reference completion (a `solution` or `completion` column)."""
-        return all(p.solution is not None for p in self.problems)
-
     def train_problems(self, rng: random.Random, n: int) -> list[Problem]:
         return [rng.choice(self.train_pool) for _ in range(n)]
 
