@@ -15,6 +15,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "reward/std": ("standard deviation of rewards in the batch", "reward"),
     "reward/accuracy": ("share of responses the verifier judged correct", "fraction"),
     "reward/zero_var_group_frac": ("share of groups whose rewards are all equal (no signal)", "fraction"),
+    "reward/no_reward_frac": (
+        "task.rewards: share of responses no reward function applied to (all returned None; reward 0)",
+        "fraction",
+    ),
     "response/length_mean": ("mean response length", "tokens"),
     "response/length_max": ("longest response", "tokens"),
     "response/truncated_frac": ("share of responses that hit max_new_tokens without EOS", "fraction"),

@@ -95,6 +95,7 @@ def identity_changes(stored: Any, current: dict[str, Any]) -> list[str]:
     for name, s in current["data"]["eval"].items():
         if ((data.get("eval") or {}).get(name) or {}).get("fingerprint") != s["fingerprint"]:
             out.append(f"another evaluation set {name} ({s['source']} changed)")
+    out += reward_changes(stored, current)
     old, new = str(stored.get("model")), current["model"]
     if old != new:
         if not new.startswith("builtin:"):
@@ -102,6 +103,15 @@ def identity_changes(stored: Any, current: dict[str, Any]) -> list[str]:
         elif not new_data:  # a built-in model is cold-started on the training data: said above
             out.append("another built-in model (its cold start's settings, recipe or numerics changed)")
     return out
+
+
+def reward_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The reward files (task.rewards FILE.py:NAME) of `current` whose content differs from
+    the one `stored` recorded, in words."""
+    before = stored.get("rewards") if isinstance(stored.get("rewards"), dict) else {}
+    return [
+        f"another reward file ({p} changed)" for p, d in (current.get("rewards") or {}).items() if before.get(p) != d
+    ]
 
 
 def check_identity(run_dir: Path, stored: Any, current: dict[str, Any], state: str) -> None:

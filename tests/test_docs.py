@@ -45,6 +45,12 @@ COVERED = {
         "tests/test_plan.py::test_the_documented_command"
     ],
     r"gspo train experiments/quickstart\.yaml": ["tests/test_train_e2e.py::test_cli_train_end_to_end"],
+    r"gspo train experiments/own_rewards\.yaml": [
+        "tests/test_user_rewards.py::test_the_example_trains_and_logs_every_reward"
+    ],
+    r"python experiments/own_rewards/make_data\.py": [
+        "tests/test_user_rewards.py::test_the_example_data_is_what_its_script_writes"
+    ],
     r"gspo train exp\.yaml --arm gspo --seed 1": ["tests/test_cli.py::test_set_and_options_reach_the_trainer"],
     r"gspo train (exp|experiments/quickstart)\.yaml --set \S+ --set \S+ -o /tmp/runs": [
         "tests/test_cli.py::test_set_and_options_reach_the_trainer",

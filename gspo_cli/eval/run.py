@@ -115,7 +115,8 @@ def resolve_task(spec: ExperimentSpec | None, name: str | None, dataset: str | N
         synthetic_only = getattr(TASKS.get(name), "synthetic_params", ())
         params = {k: v for k, v in params.items() if k not in synthetic_only}
         params["source"] = dataset
-    return make_task(name, params)
+    rewards = spec.task.rewards if spec is not None and spec.task.name == name else ()  # the run's rewards
+    return make_task(name, params, rewards)
 
 
 def eval_size(task: Task, spec: ExperimentSpec | None, limit: int | None) -> int:
@@ -195,7 +196,7 @@ def evaluate_model(
         close = getattr(engine, "close", None)  # a vLLM engine holds its memory until closed
         if close is not None:
             close()
-    results = score_problems(task, problems, completions, seen)
+    results = score_problems(task, problems, completions, seen, tokenizer=engine.tokenizer)
     info = {
         "model": source,
         "checkpoint": target.checkpoint,
@@ -374,7 +375,7 @@ def _check_sampling(s: Sampling, limit: int | None) -> None:
 
 
 def _summary(task: Task, results: list[ProblemResult], info: dict[str, Any], seconds: float) -> dict[str, Any]:
-    scores = summarize(results)
+    scores = summarize(results, judged=getattr(task, "judged", True))
     return {
         "task": task.name,
         "fingerprint": task.fingerprint(),

@@ -96,13 +96,16 @@ class ProblemResult:
 
 
 def score_problems(
-    task: Task, problems: list[Problem], completions: list[list[str]], prompts: list[str] | None = None
+    task: Task, problems: list[Problem], completions: list[list[str]], prompts: list[str] | None = None, tokenizer=None
 ) -> list[ProblemResult]:
     """Verdicts for `completions[i]` (n_i >= 1 samples) of `problems[i]`; `prompts[i]`, when
-    given, is the text the model saw for problem i (kept in its record).
+    given, is the text the model saw for problem i (kept in its record); `tokenizer`, when
+    given, the sampler's (reward functions get the completions' token ids from it).
 
     Every sample goes to the task in one `score_batch` call (code: programs judged in parallel).
     """
+    if tokenizer is not None:
+        use_tokenizer(task, tokenizer)
     flat_p = [p for p, cs in zip(problems, completions) for _ in cs]
     flat_c = [c for cs in completions for c in cs]
     flat_s = list(task.score_batch(flat_p, flat_c))
@@ -122,14 +125,19 @@ def score_problems(
     return out
 
 
-def summarize(results: list[ProblemResult]) -> dict[str, float]:
+def summarize(results: list[ProblemResult], judged: bool = True) -> dict[str, float]:
     """The scores of the module docstring. Each problem needs >= 1 sample (a ValueError
-    otherwise); the counts may differ between problems. No problems gives {}."""
+    otherwise); the counts may differ between problems. No problems gives {}. Scored by reward
+    functions: `reward_mean` and each reward's `reward_<name>` (mean over the samples it
+    applies to), and without a reward that judges correctness (`judged` False) nothing else."""
     if not results:
         return {}
     counts = [len(r.completions) for r in results]
     if min(counts) < 1:
         raise ValueError("every problem needs at least one sample")
+    rewards = reward_means([s for r in results for s in r.scores])
+    if not judged:
+        return rewards
     K = max(counts)
     n = len(results)
     correct = [sum(r.correct) for r in results]
@@ -147,6 +155,18 @@ def summarize(results: list[ProblemResult]) -> dict[str, float]:
         rating = elo_rating([d for d, _ in rated], sum(s for _, s in rated))
         if rating is not None:
             out["rating"] = rating
+    return {**out, **rewards}
+
+
+def reward_means(scores: list[Score]) -> dict[str, float]:
+    """`reward_mean` over `scores` and `reward_<name>` per reward function over the scores it
+    applies to; {} for a task scored by its own verifier."""
+    if not scores or all(s.rewarded is None for s in scores):
+        return {}
+    out = {"reward_mean": sum(s.reward for s in scores) / len(scores)}
+    for k in dict.fromkeys(k for s in scores for k in s.components):
+        applied = [s.components[k] for s in scores if k in s.components]
+        out[f"reward_{k}"] = sum(applied) / len(applied)
     return out
 
 
@@ -197,7 +217,7 @@ def elo_rating(
 
 def evaluate_samples(task: Task, problems: list[Problem], completions: list[list[str]]) -> dict[str, float]:
     """Scores for `completions[i]` (n_i samples) of `problems[i]` (see `summarize`)."""
-    return summarize(score_problems(task, problems, completions))
+    return summarize(score_problems(task, problems, completions), judged=getattr(task, "judged", True))
 
 
 def sample_completions(
@@ -222,8 +242,17 @@ def sample_completions(
     return [completions[i * samples : (i + 1) * samples] for i in range(len(problems))]
 
 
+def use_tokenizer(task: Task, tok) -> None:
+    """Reward functions scoring completions get their token ids from the sampler's tokenizer
+    `tok` (None: nothing to use; a task scored by its own verifier needs none)."""
+    if tok is not None and hasattr(task, "encode"):
+        task.encode = lambda text: tok(text, add_special_tokens=False).input_ids
+
+
 def evaluate_policy(
     engine, task: Task, problems: list[Problem], samples: int, batch_size: int | None = None
 ) -> dict[str, float]:
-    """Sample `samples` responses per problem with `engine` and score them."""
+    """Sample `samples` responses per problem with `engine` and score them (reward functions get
+    the completions' token ids from the engine's tokenizer)."""
+    use_tokenizer(task, getattr(engine, "tokenizer", None))
     return evaluate_samples(task, problems, sample_completions(engine, problems, samples, batch_size))

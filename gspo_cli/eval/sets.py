@@ -63,7 +63,7 @@ def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec) -> EvalSet:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            task = make_task(cfg.task, dict(cfg.params))
+            task = make_task(cfg.task, dict(cfg.params), spec.task.rewards)  # the training rewards
             problems = task.eval_problems(cfg.size or _all(task, spec))
     except SpecError as err:
         raise SpecError(named(str(err))) from None
@@ -188,11 +188,13 @@ def score_set(engine, s: EvalSet) -> dict[str, float]:
 def score_and_log(engine, sets: list[EvalSet], step: int, log_eval: Callable[[dict], None], sinks=()) -> None:
     """Score each set with `engine` and log it: `log_eval` gets one eval.jsonl record per set
     (named sets carry `set`; the held-out split keeps its task's name, as runs always had),
-    every sink gets eval/<set>/<score> at `step`."""
+    every sink gets eval/<set>/<score> at `step` (reward functions' `trainer_state.global_step`)."""
     for s in sets:
         if not s.problems:
             continue
         t = time.time()
+        if hasattr(s.task, "step"):  # reward functions see trainer_state.global_step = the step evaluated
+            s.task.step = step
         scores = score_set(engine, s)
         record = {"step": step, "task": s.task.name, "n": len(s.problems), "samples": s.samples}
         if not s.held_out:

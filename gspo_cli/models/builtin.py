@@ -317,7 +317,8 @@ def _with_solutions(task: Task, rng: random.Random, n: int) -> list:
             break
     raise SpecError(
         f"model.cold_start: the training data of task {task.name} has no reference solutions to cold-start "
-        "the built-in model on; use a synthetic task.params.source or a pretrained model"
+        "the built-in model on (task prompts: a `solution` or `completion` column); use a synthetic "
+        "task.params.source or a pretrained model"
     )
 
 

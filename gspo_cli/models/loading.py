@@ -17,6 +17,7 @@ from gspo_cli.models import experts
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
 from gspo_cli.spec import ModelConfig
 from gspo_cli.tasks import Task
+from gspo_cli.tasks.base import Conversation
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 experts.register()  # model.experts_implementation: gspo_grouped_mm
@@ -56,6 +57,20 @@ def resolve_model_source(cfg: ModelConfig, task: Task, log=print) -> str:
             raise SpecError(
                 f"model.name: unknown built-in model {cfg.name!r}; known: "
                 + ", ".join(f"builtin:{k}" for k in BUILTIN_KINDS)
+            )
+        pool = task.train_pool
+        if pool is not None and any(isinstance(p.prompt, Conversation) for p in pool):
+            raise SpecError(
+                f"model.name: {cfg.name} has no chat template, and task.params.source holds conversational "
+                "prompts (lists of messages): use a model whose tokenizer has one, or standard (string) prompts"
+            )
+        if cfg.cold_start.steps and pool is not None and all(p.solution is None for p in pool):
+            # Said before anything is built: the cold start would find nothing to learn from.
+            raise SpecError(
+                f"model.name: {cfg.name} is cold-started on reference completions and the training data of task "
+                f"{task.name} has none"
+                + (": add a `solution` (or `completion`) column" if task.name == "prompts" else "")
+                + "; or use a pretrained model"
             )
         quiet_transformers()
         return str(builtin_model_dir(kind, cfg.builtin, cfg.cold_start, task, log=log))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_cli.errors import SpecError
+from gspo_cli.tasks.base import Conversation
 
 
 @dataclass(frozen=True)
@@ -68,15 +69,16 @@ class PromptFormatter:
 
     def __call__(self, prompts: list[str]) -> list[str]:
         if not self.use_template:
+            if any(isinstance(p, Conversation) for p in prompts):
+                raise SpecError(
+                    "task.params.source: conversational prompts (lists of messages) need a chat template, and "
+                    "this model's tokenizer has none (or rollout.chat_template is none)"
+                )
             return list(prompts)
-        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
         try:
             return [
                 self.tokenizer.apply_chat_template(
-                    head + [{"role": "user", "content": p}],
-                    tokenize=False,
-                    add_generation_prompt=True,
-                    **self.template_kwargs,
+                    self.messages(p), tokenize=False, add_generation_prompt=True, **self.template_kwargs
                 )
                 for p in prompts
             ]
@@ -85,6 +87,14 @@ class PromptFormatter:
                 f"rollout.chat_template: the tokenizer's chat template failed: "
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             ) from None
+
+    def messages(self, prompt: str) -> list[dict[str, str]]:
+        """The chat of one task prompt: a conversation's own messages, else one user turn; with
+        `system_prompt` a system turn first, unless the conversation has its own."""
+        turns = list(prompt.messages) if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
+        if self.system_prompt is None or any(m["role"] == "system" for m in turns):
+            return turns
+        return [{"role": "system", "content": self.system_prompt}, *turns]
 
 
 def raw_prompts(tokenizer) -> PromptFormatter:

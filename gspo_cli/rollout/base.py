@@ -39,6 +39,11 @@ class RolloutBatch:
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_len :]
 
+    @property
+    def completion_ids(self) -> list[list[int]]:
+        """Each response's token ids, padding removed (EOS kept), as TRL hands them to rewards."""
+        return [row[m > 0].tolist() for row, m in zip(self.response_ids, self.response_mask)]
+
     def trimmed(self) -> tuple["RolloutBatch", int, int]:
         """This batch without the columns that are padding in every row: leading prompt columns
         (left padding) and response columns past the longest response. Returns (batch, lo, c):

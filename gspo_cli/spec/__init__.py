@@ -8,7 +8,7 @@ from gspo_cli.spec.experiment import SEED_LIMIT, ExperimentSpec, OnPolicyWarning
 from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, ModelConfig
 from gspo_cli.spec.presets import PRESETS
 from gspo_cli.spec.rollout import VLLM_RESERVED_KWARGS, RolloutConfig
-from gspo_cli.spec.task import EvalSetConfig, TaskConfig
+from gspo_cli.spec.task import EvalSetConfig, RewardConfig, TaskConfig
 from gspo_cli.spec.training import DivergenceConfig, OptimizerConfig, TrainConfig
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "ColdStartConfig",
     "DivergenceConfig",
     "EvalSetConfig",
+    "RewardConfig",
     "ExperimentSpec",
     "MismatchConfig",
     "ModelConfig",

@@ -10,7 +10,12 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from gspo_cli.metrics import METRICS
 from gspo_cli.spec.base import _check_dir_name, _Problems, _Strict
+
+# Names a reward cannot take: reward/<name> would be a metric the trainer logs already, or a
+# task's own verdict (math and code log reward/correct and reward/format).
+TASK_COMPONENTS = ("correct", "format")
 
 
 def source_problem(source: Any) -> str | None:
@@ -63,16 +68,71 @@ class EvalSetConfig(_Strict):
         return self
 
 
+def reserved_reward_names() -> list[str]:
+    """What `task.rewards[].name` cannot be: every `reward/<x>` metric's x, and the tasks' own
+    component names."""
+    logged = [k.split("/", 1)[1] for k in METRICS if k.startswith("reward/")]
+    return sorted({*logged, *TASK_COMPONENTS})
+
+
+class RewardConfig(_Strict):
+    """One reward function (TRL's convention: `fn(prompts, completions, completion_ids, **columns)`
+    returning one float or None per completion). The rewards' weighted sum is what RL optimises."""
+
+    function: str = Field(
+        description="FILE.py:NAME (relative to the working directory), module:NAME, or a shipped reward "
+        "(math_accuracy, code_tests)"
+    )
+    weight: float = Field(1.0, description="its weight in the sum RL optimises")
+    name: str | None = Field(None, description="logged as reward/<name> (default: the function's name)")
+    correct: bool = Field(False, description="this reward decides correctness (value >= 1) for pass@k; at most one")
+
+    @field_validator("function")
+    @classmethod
+    def _function_form(cls, v: str) -> str:
+        if not v or v != v.strip() or (":" in v and not all(v.rsplit(":", 1))):
+            raise ValueError(f"expected FILE.py:NAME, module:NAME or a shipped reward's name (got {v!r})")
+        target, _, name = v.rpartition(":")
+        if target.endswith(".py"):  # stored absolute: sweeps, --resume and gspo eval find the same file
+            return f"{Path(target).expanduser().absolute()}:{name}"
+        return v
+
+    @property
+    def label(self) -> str:
+        """The reward's name in logs: `name`, else the function's own name."""
+        return self.name if self.name is not None else self.function.rsplit(":", 1)[-1]
+
+    @model_validator(mode="after")
+    def _label_ok(self):
+        label = self.label
+        if not label or "/" in label or label != label.strip():
+            raise _Problems(f"name: {label!r} cannot name a metric (no '/', not empty)")
+        if label in reserved_reward_names():
+            raise _Problems(
+                f"name: {label!r} is a metric gspo logs already (reward/{label}); reserved: "
+                f"{', '.join(reserved_reward_names())}; give the reward another name"
+            )
+        return self
+
+
 class TaskConfig(_Strict):
     """The task family that trains and evaluates the policy (see docs/guides/tasks.md)."""
 
-    name: str = Field("arithmetic", description="task family: math, code or arithmetic")
+    name: str = Field(
+        "arithmetic",
+        description="task family: math, code, arithmetic or prompts (your own data, scored by task.rewards)",
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="task-specific settings (difficulty, ...)")
     eval_size: int = Field(
         64, ge=0, description="without eval_sets: held-out problems of the training source (removed from training)"
     )
     eval_sets: list[EvalSetConfig] = Field(
         default_factory=list, description="named evaluation sets (they replace the held-out split)"
+    )
+    rewards: list[RewardConfig] = Field(
+        default_factory=list,
+        description="reward functions whose weighted sum RL optimises (empty: the task's own reward; the "
+        "prompts task needs at least one)",
     )
 
     @model_validator(mode="after")
@@ -84,6 +144,17 @@ class TaskConfig(_Strict):
         for i, n in enumerate(names):
             if n in names[:i]:
                 problems.append(f"eval_sets[{i}].name: duplicate name {n!r} (also eval_sets[{names.index(n)}])")
+        labels = [r.label for r in self.rewards]
+        for i, n in enumerate(labels):
+            if n in labels[:i]:
+                problems.append(f"rewards[{i}].name: duplicate name {n!r} (also rewards[{labels.index(n)}])")
+        if not self.rewards and "prompts" in (self.name, *(s.task for s in self.eval_sets)):
+            problems.append("rewards: the prompts task is scored by reward functions only; list at least one")
+        judges = [i for i, r in enumerate(self.rewards) if r.correct]
+        if len(judges) > 1:
+            problems.append(
+                f"rewards[{judges[1]}].correct: only one reward decides correctness (also rewards[{judges[0]}])"
+            )
         if problems:
             raise _Problems("\n".join(problems))
         return self

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -13,13 +14,29 @@ from gspo_cli.tasks.arithmetic import ArithmeticTask
 from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
 from gspo_cli.tasks.code import CodeTask
 from gspo_cli.tasks.math import MathTask
+from gspo_cli.tasks.prompts import PromptsTask
+from gspo_cli.tasks.rewards import RewardedTask, resolve_rewards
 
 # `arithmetic` is the synthetic generator on its own (the problems of `math` with source:
 # synthetic); older specs name it directly.
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "math": MathTask, "code": CodeTask}
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": ArithmeticTask,
+    "math": MathTask,
+    "code": CodeTask,
+    "prompts": PromptsTask,
+}
 
 
-def make_task(name: str, params: dict[str, Any]) -> Task:
+def make_task(name: str, params: dict[str, Any], rewards: Sequence[Any] = ()) -> Task:
+    """The task `name` with `params`, scored by `rewards` (`task.rewards`, RewardConfigs) when
+    there are any (each function loaded now), else by its own verifier (a prompts task has
+    none: the spec refuses it without rewards). SpecError naming the field on a bad parameter
+    or an unloadable reward function."""
+    task = _build_task(name, params)
+    return RewardedTask(task, resolve_rewards(rewards, task)) if rewards else task
+
+
+def _build_task(name: str, params: dict[str, Any]) -> Task:
     if name not in TASKS:
         raise SpecError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
     try:

@@ -16,6 +16,24 @@ from dataclasses import dataclass, field
 from gspo_cli.errors import SpecError
 
 
+class Conversation(str):
+    """A conversational prompt (TRL's format: a list of {"role", "content"} messages). It reads
+    as text wherever a prompt is text (overlap keys, logs, samples.jsonl, lengths): the messages'
+    contents, one per line; the engines' prompt formatter renders `messages` through the chat
+    template, and reward functions get the messages."""
+
+    messages: tuple[dict[str, str], ...]
+
+    def __new__(cls, messages):
+        msgs = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages)
+        obj = super().__new__(cls, "\n".join(m["content"] for m in msgs))
+        obj.messages = msgs
+        return obj
+
+    def __reduce__(self):  # pickled by its messages (the staleness-1 worker receives prompts)
+        return (Conversation, (list(self.messages),))
+
+
 @dataclass(frozen=True)
 class Problem:
     id: str
@@ -55,6 +73,8 @@ class Score:
     components: dict[str, float] = field(default_factory=dict)
     # What a reader needs to see why (code: per-test verdicts); None when the task has nothing to add.
     detail: dict | None = field(default=None, compare=False)
+    # Reward functions (task.rewards): whether any applied to this row (None: the task's own verifier).
+    rewarded: bool | None = None
 
 
 class Task(ABC):
@@ -118,6 +138,11 @@ class Task(ABC):
         whole batch; tasks whose judging is slow (code) override it to judge in parallel."""
         return [self.score(p, c) for p, c in zip(problems, completions)]
 
+    def score_rollout(self, problems, completions, completion_ids=None, step: int = 0) -> list[Score]:
+        """`score_batch`, given what reward functions may also use: each completion's token ids
+        and the training step (tasks scored by their own verifier ignore both)."""
+        return self.score_batch(problems, completions)
+
     def corpus_text(self, rng: random.Random, n: int = 256) -> str:
         """Text the built-in tokenizer is trained on."""
         probs = self.train_problems(rng, n)
@@ -134,7 +159,7 @@ def problems_digest(problems: Iterable[Problem]) -> str:
     problems."""
     h = hashlib.sha256()
     for p in problems:
-        row = [p.id, p.prompt, p.answer, p.solution, p.text, p.meta]
+        row = [p.id, getattr(p.prompt, "messages", p.prompt), p.answer, p.solution, p.text, p.meta]
         h.update(json.dumps(row, sort_keys=True, default=_plain).encode() + b"\n")
     return h.hexdigest()[:16]
 

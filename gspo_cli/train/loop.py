@@ -67,7 +67,7 @@ def train_experiment(
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
     check_sinks(spec.train.sinks)  # a missing tracker package is a spec error before any model is built
-    task = make_task(spec.task.name, spec.task.params)
+    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
     # Evaluation sets read and their problems removed from training before any model exists:
     # a bad set costs nothing, and the cold start below never sees an evaluation problem.
     eval_sets, data = plan_data(spec, task)
@@ -233,6 +233,7 @@ def _train_locked(
             resumed_from=ckpt.name,
             step=start_step,
             resumes=rd.info().get("resumes", 0) + 1,
+            **({"identity": identity} if identity else {}),  # a fixed reward file's new fingerprint
             ended_at=None,
         )
     else:

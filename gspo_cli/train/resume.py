@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,11 +18,12 @@ from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.eval.sets import EvalSet, plan_data
 from gspo_cli.models.builtin import BUILTIN_KINDS, cache_key
-from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, truncate_jsonl
+from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, reward_changes, truncate_jsonl
 from gspo_cli.spec import ExperimentSpec, ModelConfig
 from gspo_cli.spec.loading import check_stored_spec
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.tasks.base import problems_digest
+from gspo_cli.tasks.rewards import RewardedTask, file_fingerprints
 from gspo_cli.train.checkpoint import load_trainer_state, valid_checkpoints
 from gspo_cli.train.staleness import CHECKPOINT_KEY
 from gspo_cli.train.step import Ctx
@@ -61,6 +63,7 @@ def run_identity(spec: ExperimentSpec, task: Task, eval_sets: list[EvalSet]) -> 
             },
             "eval": {s.name: {"source": s.source, "fingerprint": problems_digest(s.problems)} for s in eval_sets},
         },
+        **({"rewards": file_fingerprints(task.rewards)} if isinstance(task, RewardedTask) else {}),
     }
 
 
@@ -153,13 +156,18 @@ def resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec, identity: dict | 
     if not ckpts:
         return None
     check_stored_spec(rd.path, own_spec, "unfinished")
-    check_identity(rd.path, rd.info().get("identity"), identity or spec_identity(own_spec), "unfinished")
+    stored, current = rd.info().get("identity"), identity or spec_identity(own_spec)
+    if isinstance(stored, dict) and (changed := reward_changes(stored, current)):
+        # A fixed reward function resumes its run: said, not refused (the checkpoints are intact).
+        warnings.warn(f"{rd.path}: resuming with {'; '.join(changed)}", stacklevel=2)
+        current = {**current, "rewards": stored.get("rewards")}
+    check_identity(rd.path, stored, current, "unfinished")
     return ckpts[-1]
 
 
 def spec_identity(spec: ExperimentSpec) -> dict:
     """`run_identity` of a one-run spec, its task and evaluation sets read afresh."""
-    task = make_task(spec.task.name, spec.task.params)
+    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
     sets, _ = plan_data(spec, task)
     return run_identity(spec, task, sets)
 

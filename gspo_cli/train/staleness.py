@@ -89,7 +89,8 @@ class StaleRollouts:
             self.next, sync_s = self._request(ctx, step + 1, version=step - 1)
         t1 = time.time()
         batch = item.batch
-        scores = ctx.task.score_batch([item.problems[i // G] for i in range(len(batch.completions))], batch.completions)
+        rows = [item.problems[i // G] for i in range(len(batch.completions))]
+        scores = ctx.task.score_rollout(rows, batch.completions, batch.completion_ids, step)
         times = {
             "time/rollout_s": item.rollout_s,
             "time/score_s": time.time() - t1,

@@ -144,8 +144,12 @@ def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_s
     stats.mean("reward/mean", rewards_B.sum().item(), n)
     stats.std("reward/std", rewards_B.tolist())
     stats.mean("reward/accuracy", sum(s.correct for s in scores), n)
-    for k in scores[0].components:
-        stats.mean(f"reward/{k}", sum(s.components.get(k, 0.0) for s in scores), n)
+    for k in dict.fromkeys(k for s in scores for k in s.components):  # a reward's mean over the rows it applies to
+        applied = [s.components[k] for s in scores if k in s.components]
+        stats.mean(f"reward/{k}", sum(applied), len(applied))
+    flags = [s.rewarded for s in scores if s.rewarded is not None]
+    if flags:  # reward functions: rows none of them applied to (reward 0)
+        stats.mean("reward/no_reward_frac", sum(not f for f in flags), len(flags))
     stats.mean("reward/zero_var_group_frac", zero_variance_group_frac(rewards_B, G) * (n // G), n // G)
     stats.mean("response/length_mean", lengths_B.sum().item(), n)
     stats.max("response/length_max", lengths_B.max().item())

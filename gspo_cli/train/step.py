@@ -172,7 +172,8 @@ def train_step(ctx: Ctx, step: int) -> dict:
         with ctx.compute():
             batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
         t1 = time.time()
-        scores = ctx.task.score_batch([problems[i // G] for i in range(len(batch.completions))], batch.completions)
+        rows = [problems[i // G] for i in range(len(batch.completions))]
+        scores = ctx.task.score_rollout(rows, batch.completions, batch.completion_ids, step)
         times["time/rollout_s"] += t1 - t
         times["time/score_s"] += time.time() - t1
         return problems, batch, scores

@@ -1,0 +1,278 @@
+"""Reward functions named in `task.rewards`, called with TRL's convention.
+
+A function is `FILE.py:NAME`, `module:NAME` or the name of a reward we ship (`SHIPPED`). User
+functions are called exactly as TRL's GRPOTrainer calls them, so one written for TRL runs
+unchanged:
+
+    fn(prompts=[...], completions=[...], completion_ids=[[...], ...], trainer_state=state, **columns)
+
+one value per completion, `columns` every other dataset column by name (one value per row).
+A value is a number or None ("does not apply to this row"). The reward RL optimises is the
+weighted sum over the rewards that apply (TRL's nansum); a row no reward applies to gets 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import numbers
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from gspo_cli.errors import RunError, SpecError
+from gspo_cli.tasks.base import Conversation, Problem, Score, Task
+from gspo_cli.tasks.math_answer import answers_match, extract_answer
+
+# A shipped reward is built for the task it scores: factory(task) -> fn(problems, completions).
+ShippedFactory = Callable[[Task], Callable[[Sequence[Problem], Sequence[str]], list[float]]]
+
+
+def _math_accuracy(task: Task) -> Callable[[Sequence[Problem], Sequence[str]], list[float]]:
+    """1 when the completion's final answer (\\boxed{}, else "the answer is X") matches the
+    problem's `answer`, as the math task judges it; else 0."""
+
+    def fn(problems, completions):
+        return [float(answers_match(p.answer, extract_answer(c))) for p, c in zip(problems, completions)]
+
+    return fn
+
+
+def _code_tests(task: Task) -> Callable[[Sequence[Problem], Sequence[str]], list[float]]:
+    """1 when the program passes every test of the code task's problem; else 0."""
+    if task.name != "code":
+        raise SpecError(f"task.rewards: code_tests judges code problems; task.name is {task.name}")
+
+    def fn(problems, completions):
+        return [float(s.correct) for s in task.score_batch(problems, completions)]
+
+    return fn
+
+
+SHIPPED: dict[str, ShippedFactory] = {"math_accuracy": _math_accuracy, "code_tests": _code_tests}
+
+
+@dataclass(frozen=True)
+class Reward:
+    """One resolved reward: its name in logs, weight, whether it decides correctness, and how
+    to call it. `file`: the absolute path of a FILE.py function (fingerprinted in run.json)."""
+
+    name: str
+    weight: float
+    correct: bool
+    call: Callable[..., Any]  # user: TRL's fn; shipped: fn(problems, completions)
+    shipped: bool = False
+    file: str | None = None
+
+
+def resolve_rewards(configs: Sequence[Any], task: Task) -> list[Reward]:
+    """The `task.rewards` entries (`RewardConfig`s) as callables, each file, module and name
+    checked now (before any model is built). SpecError naming `task.rewards[i].function` and
+    what was found when one cannot be loaded."""
+    out = []
+    for i, cfg in enumerate(configs):
+        where = f"task.rewards[{i}].function"
+        if cfg.function in SHIPPED:
+            call, shipped, file = SHIPPED[cfg.function](task), True, None
+        elif ":" not in cfg.function:
+            raise SpecError(
+                f"{where}: {cfg.function!r} is no shipped reward ({', '.join(SHIPPED)}); user code is "
+                "FILE.py:NAME or module:NAME"
+            )
+        else:
+            call, file = _load_function(cfg.function, where)
+            shipped = False
+        out.append(Reward(cfg.label, cfg.weight, cfg.correct, call, shipped, file))
+    return out
+
+
+def _load_function(function: str, where: str) -> tuple[Callable, str | None]:
+    target, name = function.rsplit(":", 1)
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise SpecError(f"{where}: no such file {target}")
+        module_name = "gspo_rewards_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # noqa: BLE001 - the user's file: one line, naming it
+            raise SpecError(f"{where}: {target} fails to import ({type(err).__name__}: {err})") from None
+        file = str(path.resolve())
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as err:
+            raise SpecError(f"{where}: no module {target!r} ({err})") from None
+        except Exception as err:  # noqa: BLE001 - the user's module: one line, naming it
+            raise SpecError(f"{where}: module {target} fails to import ({type(err).__name__}: {err})") from None
+        file = None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        what = "is not callable" if fn is not None else "is not defined"
+        raise SpecError(f"{where}: {name} {what} in {target}; its functions: {', '.join(found) or 'none'}")
+    return fn, file
+
+
+def file_fingerprints(rewards: Sequence[Reward]) -> dict[str, str]:
+    """{absolute path: 16 hex digits of sha256 of its content} of every FILE.py reward."""
+    return {r.file: hashlib.sha256(Path(r.file).read_bytes()).hexdigest()[:16] for r in rewards if r.file is not None}
+
+
+def row_columns(problem: Problem) -> dict[str, Any]:
+    """The dataset columns a reward function gets for `problem` (besides the prompt): a
+    `prompts` row's own columns, else the task's answer and reference solution."""
+    columns = (problem.meta or {}).get("columns")
+    if columns is not None:
+        return dict(columns)
+    return {"answer": problem.answer, "solution": problem.solution}
+
+
+class RewardedTask(Task):
+    """`task`'s problems, scored by reward functions instead of its own verifier."""
+
+    # text -> token ids, for scoring texts without their ids (evaluation sets its tokenizer's)
+    encode: Callable[[str], list[int]] | None = None
+    # the training step that `score_batch` (evaluation) hands reward functions as trainer_state.global_step
+    step: int = 0
+
+    def __init__(self, task: Task, rewards: list[Reward]):
+        self.inner, self.rewards = task, rewards
+        self.name = task.name
+        self.judged = any(r.correct for r in rewards)  # without a judge: no pass@k
+        self.train_pool = task.train_pool
+
+    # Problems: the inner task's, exclusions included.
+    def exclude(self, problems, what: str = "the evaluation sets") -> int | None:
+        removed = self.inner.exclude(problems, what)
+        self.excluded, self.train_pool = self.inner.excluded, self.inner.train_pool
+        return removed
+
+    def trainable(self, problem: Problem) -> bool:
+        return self.inner.trainable(problem)
+
+    def train_problems(self, rng, n):
+        return self.inner.train_problems(rng, n)
+
+    def eval_problems(self, n):
+        return self.inner.eval_problems(n)
+
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint()
+
+    def data_fingerprint(self) -> str:
+        return self.inner.data_fingerprint()
+
+    def content_fingerprint(self) -> str:
+        return self.inner.content_fingerprint()
+
+    def corpus_text(self, rng, n: int = 256) -> str:
+        return self.inner.corpus_text(rng, n)
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        return self.score_rollout([problem], [completion])[0]
+
+    def score_batch(self, problems, completions) -> list[Score]:
+        return self.score_rollout(problems, completions, step=self.step)
+
+    def score_rollout(self, problems, completions, completion_ids=None, step: int = 0) -> list[Score]:
+        """Scores of completions[i] for problems[i]: the weighted sum of the rewards that apply
+        (components: each reward's value, by name). `completion_ids`: the token ids of each
+        completion (None: encoded with `self.encode`, else each character's code point).
+        RunError naming the reward and the row when a function raises or returns what is not
+        one number or None per completion."""
+        problems, completions = list(problems), list(completions)
+        if completion_ids is None:
+            encode = self.encode or (lambda text: [ord(ch) for ch in text])
+            completion_ids = [encode(c) for c in completions]
+        texts = [p.prompt for p in problems]  # what error messages quote
+        # Conversational rows as TRL hands them over: the prompt's messages, the completion as one message.
+        chat = [isinstance(p.prompt, Conversation) for p in problems]
+        prompts = [list(p.prompt.messages) if c else p.prompt for p, c in zip(problems, chat)]
+        completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, chat)]
+        rows = [row_columns(p) for p in problems]
+        columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
+        state = SimpleNamespace(global_step=step)
+        values = []
+        for r in self.rewards:
+            args = (problems, completions, completion_ids, prompts, columns, state)
+            try:
+                got = _call(r, *args)
+            except Exception as err:  # noqa: BLE001 - the user's function: one line, no traceback
+                row = _failing_row(r, *args)
+                raise RunError(
+                    f"reward {r.name} raised on the row whose prompt starts {texts[row][:40]!r}: "
+                    f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+                ) from None
+            values.append(_checked(r.name, got, texts))
+        scores = []
+        for i in range(len(completions)):
+            applied = {r.name: v[i] for r, v in zip(self.rewards, values) if v[i] is not None}
+            total = sum(r.weight * applied[r.name] for r in self.rewards if r.name in applied)
+            judge = next((applied.get(r.name) for r in self.rewards if r.correct), None)
+            correct = judge is not None and judge >= 1
+            scores.append(Score(reward=float(total), correct=correct, components=applied, rewarded=bool(applied)))
+        return scores
+
+
+def _call(r: Reward, problems, completions, completion_ids, prompts, columns, state):
+    if r.shipped:  # our own verifiers read the completion's text
+        return r.call(problems, [c[0]["content"] if isinstance(c, list) else c for c in completions])
+    return r.call(
+        prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=state, **columns
+    )
+
+
+def _failing_row(r: Reward, problems, completions, completion_ids, prompts, columns, state) -> int:
+    """The first row on which `r` raises when called on that row alone (0 when none does:
+    the function failed on the batch as a whole)."""
+    for i in range(len(completions)):
+        one = {k: v[i : i + 1] for k, v in columns.items()}
+        try:
+            _call(
+                r,
+                problems[i : i + 1],
+                completions[i : i + 1],
+                completion_ids[i : i + 1],
+                prompts[i : i + 1],
+                one,
+                state,
+            )
+        except Exception:  # noqa: BLE001 - found it
+            return i
+    return 0
+
+
+def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:
+    """`got` as one float or None per completion (NaN read as None, as TRL's nansum does; 0-d
+    tensors and arrays read as their number); RunError naming the reward and the first bad row
+    otherwise (an infinite value included)."""
+    n = len(prompts)
+    try:
+        got = list(got)
+    except TypeError:
+        raise RunError(f"reward {name} returned {type(got).__name__}, not a list of {n} numbers") from None
+    if len(got) != n:
+        raise RunError(f"reward {name} returned {len(got)} values for {n} completions")
+    out: list[float | None] = []
+    for i, v in enumerate(got):
+        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+            v = v.item()  # a 0-d tensor or array, as torch.tensor(...) in TRL reads it
+        if v is None:
+            out.append(None)
+        elif isinstance(v, numbers.Real) and not math.isinf(v):
+            out.append(None if math.isnan(float(v)) else float(v))
+        else:
+            raise RunError(
+                f"reward {name} returned {v!r} ({type(v).__name__}), not a finite number or None, for the row whose "
+                f"prompt starts {prompts[i][:40]!r}"
+            )
+    return out
