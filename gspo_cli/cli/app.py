@@ -16,6 +16,7 @@ from gspo_cli.cli.analysis import compare, list_runs, plot, report
 from gspo_cli.cli.eval import eval_
 from gspo_cli.cli.export import export
 from gspo_cli.cli.plan import plan
+from gspo_cli.cli.plugins import plugins
 from gspo_cli.cli.samples import samples
 from gspo_cli.cli.schema import schema
 from gspo_cli.cli.serve import vllm_server
@@ -100,6 +101,7 @@ app.command()(plot)
 app.command()(report)
 app.command()(schema)
 app.command()(samples)
+app.command()(plugins)  # imports gspo_cli.tasks (no torch) and the installed plugins
 
 
 def main() -> None:

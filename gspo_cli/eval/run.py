@@ -27,7 +27,7 @@ from gspo_cli.files import iter_lines
 from gspo_cli.runs import RunDir, append_jsonl, now_iso, plural, write_json_atomic
 from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.spec.loading import load_spec
-from gspo_cli.tasks import TASKS, Task, make_task
+from gspo_cli.tasks import TASKS, Task, make_task, task_names
 
 SUMMARY_FILE = "eval_summary.json"
 PROBLEMS_FILE = "eval_problems.jsonl"
@@ -108,7 +108,7 @@ def resolve_task(spec: ExperimentSpec | None, name: str | None, dataset: str | N
     """The task to score on: the run's, or `name`; `dataset` replaces its `source` and drops
     the knobs only the synthetic generator uses."""
     if name is None and spec is None:
-        raise SpecError("--task: needed when TARGET is not a run directory (known: " + ", ".join(sorted(TASKS)) + ")")
+        raise SpecError("--task: needed when TARGET is not a run directory (known: " + ", ".join(task_names()) + ")")
     name = name or spec.task.name
     params: dict[str, Any] = dict(spec.task.params) if spec is not None and spec.task.name == name else {}
     if dataset is not None:

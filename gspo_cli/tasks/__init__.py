@@ -1,4 +1,5 @@
-"""Task families behind one interface (see `base.Task`)."""
+"""Task families behind one interface (see `base.Task`): the built-ins in `TASKS`, and those
+installed packages register (`plugins`, group gspo_cli.tasks)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from gspo_cli.tasks.arithmetic import ArithmeticTask
 from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
 from gspo_cli.tasks.code import CodeTask
 from gspo_cli.tasks.math import MathTask
+from gspo_cli.tasks.plugins import REWARDS_GROUP, TASKS_GROUP, Registered, load_plugin, plugin_names, survey
 from gspo_cli.tasks.prompts import PromptsTask
-from gspo_cli.tasks.rewards import RewardedTask, resolve_rewards
+from gspo_cli.tasks.rewards import SHIPPED, RewardedTask, resolve_rewards
 
 # `arithmetic` is the synthetic generator on its own (the problems of `math` with source:
 # synthetic); older specs name it directly.
@@ -36,26 +38,74 @@ def make_task(name: str, params: dict[str, Any], rewards: Sequence[Any] = ()) ->
     return RewardedTask(task, resolve_rewards(rewards, task)) if rewards else task
 
 
-def _build_task(name: str, params: dict[str, Any]) -> Task:
-    if name not in TASKS:
-        raise SpecError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+def task_names() -> list[str]:
+    """Every name `task.name` may take: the built-ins' and the installed plugins' (not imported)."""
+    return sorted({*TASKS, *plugin_names(TASKS_GROUP)})
+
+
+def task_factory(name: str) -> Callable[..., Task]:
+    """What builds the task `name` from its params: a built-in, else the plugin that registers
+    it (imported now). SpecError naming task.name for an unknown name or a broken plugin."""
+    if name in TASKS:
+        return TASKS[name]
     try:
-        return TASKS[name](**params)
+        factory = load_plugin(TASKS_GROUP, name)
+    except SpecError as err:
+        raise SpecError(f"task.name: {err}") from None
+    if factory is None:
+        raise SpecError(f"task.name: unknown task {name!r}; known: {', '.join(task_names())}")
+    return factory
+
+
+def registered() -> list[Registered]:
+    """Every reward and task a spec may name, built-in and plugin, each plugin imported to say
+    whether it works (for `gspo plugins`)."""
+    return [*survey(REWARDS_GROUP, SHIPPED), *survey(TASKS_GROUP, TASKS)]
+
+
+def _build_task(name: str, params: dict[str, Any]) -> Task:
+    factory = task_factory(name)
+    try:
+        task = factory(**params)
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         if first["type"] == "extra_forbidden":
-            msg = "unknown key" + _did_you_mean(first["loc"][-1], _param_names(TASKS[name], err.title))
+            msg = "unknown key" + _did_you_mean(first["loc"][-1], _param_names(factory, err.title))
         else:
             msg = first["msg"].removeprefix("Value error, ")
         raise SpecError(f"task.params.{loc}: {msg}") from None
+    except Exception as err:
+        if name in TASKS:
+            raise  # ours: a bug
+        # A plugin's own check of its params: one line naming it, never a traceback.
+        first_line = (str(err).splitlines() or [""])[0]
+        raise SpecError(f"task.params: plugin task {name!r} refused them: {type(err).__name__}: {first_line}") from None
+    if not isinstance(task, Task):
+        raise SpecError(f"task.name: plugin task {name!r} built a {type(task).__name__}, not a gspo_cli.tasks.Task")
+    return task
 
 
 def _param_names(task_cls: type, model_name: str) -> list[str]:
     """The keys the task's parameter model (`model_name`, as the ValidationError titles it,
-    defined or imported in the task's module) accepts; [] when it cannot be found."""
-    model = vars(sys.modules[task_cls.__module__]).get(model_name)
-    return list(getattr(model, "model_fields", {}))
+    defined or imported in the module of the task or of a class it derives from, as a plugin's
+    task may) accepts; [] when it cannot be found."""
+    for cls in getattr(task_cls, "__mro__", (task_cls,)):
+        model = vars(sys.modules.get(cls.__module__, sys)).get(model_name)
+        if hasattr(model, "model_fields"):
+            return list(model.model_fields)
+    return []
 
 
-__all__ = ["Problem", "Score", "Task", "TASKS", "extract_boxed", "make_task"]
+__all__ = [
+    "Problem",
+    "Registered",
+    "Score",
+    "Task",
+    "TASKS",
+    "extract_boxed",
+    "make_task",
+    "registered",
+    "task_factory",
+    "task_names",
+]

@@ -1,6 +1,7 @@
 """Reward functions named in `task.rewards`, called with TRL's convention.
 
-A function is `FILE.py:NAME`, `module:NAME` or the name of a reward we ship (`SHIPPED`). User
+A function is `FILE.py:NAME`, `module:NAME`, the name of a reward we ship (`SHIPPED`) or of
+one an installed package registers (`plugins`, group gspo_cli.rewards). User and plugin
 functions are called exactly as TRL's GRPOTrainer calls them, so one written for TRL runs
 unchanged:
 
@@ -28,6 +29,7 @@ from typing import Any
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.tasks.base import Conversation, Problem, Score, Task
 from gspo_cli.tasks.math_answer import answers_match, extract_answer
+from gspo_cli.tasks.plugins import REWARDS_GROUP, load_plugin, plugin_names
 
 # A shipped reward is built for the task it scores: factory(task) -> fn(problems, completions).
 ShippedFactory = Callable[[Task], Callable[[Sequence[Problem], Sequence[str]], list[float]]]
@@ -80,15 +82,28 @@ def resolve_rewards(configs: Sequence[Any], task: Task) -> list[Reward]:
         if cfg.function in SHIPPED:
             call, shipped, file = SHIPPED[cfg.function](task), True, None
         elif ":" not in cfg.function:
-            raise SpecError(
-                f"{where}: {cfg.function!r} is no shipped reward ({', '.join(SHIPPED)}); user code is "
-                "FILE.py:NAME or module:NAME"
-            )
+            call, shipped, file = _plugin_reward(cfg.function, where), False, None
         else:
             call, file = _load_function(cfg.function, where)
             shipped = False
         out.append(Reward(cfg.label, cfg.weight, cfg.correct, call, shipped, file))
     return out
+
+
+def _plugin_reward(name: str, where: str) -> Callable:
+    """The reward function an installed package registers as `name` (a plugin: TRL's convention)."""
+    try:
+        fn = load_plugin(REWARDS_GROUP, name)
+    except SpecError as err:
+        raise SpecError(f"{where}: {err}") from None
+    if fn is None:
+        plugins = plugin_names(REWARDS_GROUP)
+        raise SpecError(
+            f"{where}: {name!r} is no shipped reward ({', '.join(SHIPPED)})"
+            + (f" nor plugin reward ({', '.join(plugins)})" if plugins else "")
+            + "; user code is FILE.py:NAME or module:NAME"
+        )
+    return fn
 
 
 def _load_function(function: str, where: str) -> tuple[Callable, str | None]:
