@@ -80,8 +80,8 @@ class RewardConfig(_Strict):
     returning one float or None per completion). The rewards' weighted sum is what RL optimises."""
 
     function: str = Field(
-        description="FILE.py:NAME (relative to the working directory), module:NAME, or a shipped reward "
-        "(math_accuracy, code_tests)"
+        description="FILE.py:NAME (relative to the working directory), module:NAME, or the name of a shipped "
+        "reward (math_accuracy, code_tests) or a plugin's (`gspo plugins` lists them)"
     )
     weight: float = Field(1.0, description="its weight in the sum RL optimises")
     name: str | None = Field(None, description="logged as reward/<name> (default: the function's name)")
@@ -120,7 +120,8 @@ class TaskConfig(_Strict):
 
     name: str = Field(
         "arithmetic",
-        description="task family: math, code, arithmetic or prompts (your own data, scored by task.rewards)",
+        description="task family: math, code, arithmetic, prompts (your own data, scored by task.rewards) or "
+        "a plugin's (`gspo plugins` lists them)",
     )
     params: dict[str, Any] = Field(default_factory=dict, description="task-specific settings (difficulty, ...)")
     eval_size: int = Field(
