@@ -34,6 +34,7 @@ RUN_HERE = [
     r"gspo train --help",
     r"gspo --version",
     r"gspo schema",
+    r"gspo plugins",
     r"gspo sweep experiments/sweep_clip\.yaml --dry-run",
     r"gspo (list|compare|plot) \S+.*",
     r"gspo eval --completions samples\.jsonl --task math --dataset aime_2024\.jsonl",

@@ -232,11 +232,12 @@ def test_an_installed_plugin_changes_neither_the_reference_nor_the_schema(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_spec_with_a_plugin_reward_trains(plugin, tmp_path):
+def test_a_spec_with_a_plugin_task_and_reward_trains(plugin, tmp_path):
+    rewards = [{"function": "short"}, {"function": "math_accuracy", "correct": True}]
     spec = {
         **TINY,
         "model": {**TINY["model"], "cold_start": {"steps": 10, "batch_size": 8, "lr": 1e-2}},
-        "task": {**TINY["task"], "rewards": [{"function": "short"}, {"function": "math_accuracy", "correct": True}]},
+        "task": {"name": "doubles", "params": ARITH, "eval_size": 4, "rewards": rewards},
         "arms": TINY["arms"][2:3],
         "train": {"steps": 2, "eval_every": 0, "eval_samples": 1},
     }
@@ -244,5 +245,6 @@ def test_a_spec_with_a_plugin_reward_trains(plugin, tmp_path):
     res = CliRunner().invoke(app, ["train", str(tmp_path / "exp.yaml"), "-o", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     rd = RunDir(tmp_path / "out/e2e/gspo/seed0")
-    assert load_spec(rd.spec_file).task.rewards[0].function == "short"
+    stored = load_spec(rd.spec_file).task
+    assert (stored.name, stored.rewards[0].function) == ("doubles", "short")
     assert all("reward/short" in m for m in rd.metrics()) and len(rd.metrics()) == 2
