@@ -25,6 +25,7 @@ from gspo_cli.spec.reference import reference_markdown, schema_text
 from gspo_cli.tasks import Task, make_task, registered
 
 PLUGIN_CODE = '''
+from gspo_cli.errors import SpecError
 from gspo_cli.tasks.arithmetic import ArithmeticTask
 
 IMPORTED = True
@@ -41,6 +42,10 @@ class Doubles(ArithmeticTask):
 
 def not_a_task(**params):
     return "a string"
+
+
+def strict(**params):
+    raise SpecError("task.params.level: must be 1, 2 or 3")
 
 
 def picky(**params):
@@ -67,6 +72,7 @@ DEMO = {
         "doubles": "gspo_demo:Doubles",
         "not_a_task": "gspo_demo:not_a_task",
         "picky": "gspo_demo:picky",
+        "strict": "gspo_demo:strict",
     },
 }
 
@@ -105,6 +111,9 @@ def test_a_plugin_task_is_usable_by_name_and_its_params_checked(plugin):
     with pytest.raises(SpecError) as err:
         make_task("picky", {})
     assert str(err.value) == "task.params: plugin task 'picky' refused them: ValueError: picky wants no params"
+    with pytest.raises(SpecError) as err:  # a SpecError is already the one line to show
+        make_task("strict", {})
+    assert str(err.value) == "task.params.level: must be 1, 2 or 3"
     with pytest.raises(SpecError) as err:
         make_task("not_a_task", {})
     assert str(err.value) == "task.name: plugin task 'not_a_task' built a str, not a gspo_cli.tasks.Task"

@@ -75,6 +75,8 @@ def _build_task(name: str, params: dict[str, Any]) -> Task:
         else:
             msg = first["msg"].removeprefix("Value error, ")
         raise SpecError(f"task.params.{loc}: {msg}") from None
+    except SpecError:
+        raise  # a built-in task's message (a plugin may derive from one), already one line
     except Exception as err:
         if name in TASKS:
             raise  # ours: a bug
