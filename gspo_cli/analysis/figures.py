@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gspo_cli.metrics import reward_key
+
 # The combined figure's panels when --metrics is not given: what a paper shows, where the runs
 # have it. Every figure with data still gets its own file.
 PANEL_FIGURES = ("reward", "eval", "clip", "expert_change", "engine_route_diff", "mismatch")
@@ -57,6 +59,8 @@ FIGURES: dict[str, FigureSpec] = {
     "entropy": FigureSpec("policy/entropy", "Policy entropy", "entropy per token"),
     "length": FigureSpec("response/length_mean", "Response length", "mean length"),
     "grad_norm": FigureSpec("policy/grad_norm", "Gradient norm (before clipping)", "grad norm"),
+    # one figure per named reward (reward_figure), when the runs' specs list task.rewards
+    "rewards": FigureSpec("rewards", "Train reward by function", "mean reward"),
 }
 
 
@@ -76,3 +80,8 @@ PROFILES: dict[str, tuple[str, str, str]] = {
         "mini-batch index within the step (0: on-policy at rollout.staleness 0)",
     ),
 }
+
+
+def reward_figure(name: str) -> FigureSpec:
+    """The figure of one named reward (task.rewards): its mean over the rows it applies to, by step."""
+    return FigureSpec(reward_key(name), f"Train reward: {name}", f"mean {name}")

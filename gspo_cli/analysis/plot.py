@@ -36,8 +36,8 @@ from gspo_cli.analysis.axes import (
     score_limits,
 )
 from gspo_cli.analysis.curves import BANDS, SMOOTH_AUTO, Curve, eval_curve, metric_curve, resolve_smooth, seed_curve
-from gspo_cli.analysis.figures import FIGURES, PANEL_FIGURES, PROFILES, FigureSpec
-from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
+from gspo_cli.analysis.figures import FIGURES, PANEL_FIGURES, PROFILES, FigureSpec, reward_figure
+from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, reward_names
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
 
@@ -243,6 +243,10 @@ def build_plot(
             continue  # the reward figure already is reward vs time
         if fid in PROFILES:
             panels = [p] if (p := profile_panel(fid, groups, colours, band)) is not None else []
+        elif fid == "rewards":  # one figure per named reward; none for a task's own verifier
+            names = reward_names([r for g in groups for r in g.runs])
+            found = [metric_panel(f"reward_{n}", groups, colours, x, smooth, band, reward_figure(n)) for n in names]
+            panels = [p for p in found if p is not None]
         elif fid == "eval":
             tasks = sorted({t for g in groups for r in g.runs for t in r.eval_scores.task})
             panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x, band)) is not None]
