@@ -171,10 +171,40 @@ def split_eval_key(key: str) -> tuple[str, str] | None:
     return name, score
 
 
+# A reward function of task.rewards (or a task's own component: correct, format) is logged
+# as reward/<name>, its mean over the rows it applies to, beside reward/<name>_std, the
+# sample standard deviation over those rows (as reward/std beside reward/mean).
+REWARD_PREFIX = "reward/"
+SPREAD_SUFFIX = "_std"
+
+
+def reward_key(name: str) -> str:
+    """The key of one named reward's mean: reward_key("format") = "reward/format"."""
+    return f"{REWARD_PREFIX}{name}"
+
+
+def reward_std_key(name: str) -> str:
+    """The key of one named reward's spread: reward_std_key("format") = "reward/format_std"."""
+    return f"{REWARD_PREFIX}{name}{SPREAD_SUFFIX}"
+
+
+def eval_reward_score(name: str) -> str:
+    """An evaluation set's score for one named reward, its mean over the samples it applies to:
+    eval_reward_score("format") = "reward_format" (the weighted sum: "reward_mean")."""
+    return f"reward_{name}"
+
+
 def describe(key: str) -> tuple[str, str]:
-    """(description, unit) for a key; eval keys are generated per evaluation set."""
+    """(description, unit) for a key; eval keys are generated per evaluation set, reward/<name>
+    keys per named reward."""
     if key in METRICS:
         return METRICS[key]
+    if key.startswith(REWARD_PREFIX) and "/" not in key[len(REWARD_PREFIX) :]:
+        name = key[len(REWARD_PREFIX) :]
+        if name.endswith(SPREAD_SUFFIX) and name != SPREAD_SUFFIX:
+            stem = name[: -len(SPREAD_SUFFIX)]
+            return (f"standard deviation of reward {stem} over the rows it applies to", "reward")
+        return (f"mean of reward {name} over the rows it applies to (task.rewards, or the task's own part)", "reward")
     if (parts := split_eval_key(key)) is not None:
         return (f"score {parts[1]} on evaluation set {parts[0]}", "score")
     if key.startswith("ratio/logvar_mb"):

@@ -38,6 +38,8 @@ def write_run(
     evals: list[dict] = (),
     clip_high: float = 0.27,
     torn: bool = False,
+    task: dict | None = None,
+    samples: list[dict] = (),
 ) -> Path:
     d = root / "exp" / arm / f"seed{seed}"
     d.mkdir(parents=True)
@@ -46,6 +48,7 @@ def write_run(
         "rollout": {"prompts_per_step": 4, "group_size": 2},
         "arms": [{"name": arm, "loss": arm, "clip_low": 0.2, "clip_high": clip_high}],
         "seeds": [seed],
+        **({"task": task} if task is not None else {}),
     }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     text = "".join(json.dumps(r) + "\n" for r in records)
@@ -53,6 +56,8 @@ def write_run(
         text += '{"step": 13, "reward/me'  # a crash mid-write: no newline
     (d / "metrics.jsonl").write_text(text)
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    if samples:
+        (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     info = {"status": status, "experiment": "exp", "arm": arm, "seed": seed, "step": len(records), "total_steps": 20}
     (d / "run.json").write_text(json.dumps(info))
     return d

@@ -22,9 +22,9 @@ from rich.text import Text
 
 from gspo_cli.analysis.arm_settings import SETTINGS, arm_settings
 from gspo_cli.analysis.report_testable import no_signal_note, same_gradient_notes
-from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, seed_stats
+from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, reward_names, seed_stats
 from gspo_cli.errors import SpecError
-from gspo_cli.metrics import METRICS
+from gspo_cli.metrics import METRICS, eval_reward_score, reward_key
 from gspo_cli.runs import STATUSES
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -119,11 +119,12 @@ _MEANS = {
     "grad_norm": ("policy/grad_norm", "grad norm", "run"),
     "step_time": ("time/step_s", "s/step", "run"),
 }
-SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold")
+SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold", "rewards")
 DEFAULT = (
     "steps",
     "reward",
     "eval",
+    "rewards",
     "threshold",
     "clip",
     "clip_low",
@@ -155,6 +156,8 @@ def build_columns(names: list[str], runs: list[Run], *, last: int, threshold: fl
             cols += _eval_columns(name, tasks, runs)
         elif name == "threshold":
             cols += _threshold_columns(threshold, last)
+        elif name == "rewards":
+            cols += _reward_columns(reward_names(runs), tasks, last)
         elif name == "steps":
             cols.append(Column("steps", "steps", "step", lambda r: float(r.last_step), ".0f"))
         elif name == "wall":
@@ -185,6 +188,31 @@ def _eval_columns(name: str, tasks: list[str], runs: list[Run]) -> list[Column]:
                 )
             )
     return cols
+
+
+def _reward_columns(names: list[str], tasks: list[str], last: int) -> list[Column]:
+    """Per named reward (task.rewards): its train mean over the last `last` steps, then its mean
+    at each evaluation set's final evaluation. None without named rewards."""
+    cols = [
+        Column(f"reward:{n}", f"{n} (last {last})", "reward", lambda r, k=reward_key(n): tail_mean(r, k, last))
+        for n in names
+    ]
+    for task in tasks:
+        cols += [
+            Column(
+                f"eval_reward:{task}:{n}",
+                f"{task} {n} final",
+                "reward",
+                lambda r, t=task, k=eval_reward_score(n): _last(r.eval_series(t, k)),
+            )
+            for n in names
+        ]
+    return cols
+
+
+def _last(s) -> float:
+    s = s.dropna()
+    return float(s.iloc[-1]) if len(s) else math.nan
 
 
 def _threshold_columns(threshold: float | None, window: int) -> list[Column]:
@@ -257,6 +285,11 @@ def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
             f"of the last {last} steps; other training columns: mean over all logged steps."
         )
     ]
+    if names := reward_names(runs):
+        notes.append(
+            f"Named rewards (task.rewards: {', '.join(names)}): each one's mean over the rows it applies to "
+            f"(reward/<name>), last {last} steps, and at the final evaluation; reward is their weighted sum."
+        )
     if threshold is not None:
         notes.append(
             f"Steps/time to {threshold:g}: first step where the train reward averaged over the "

@@ -36,87 +36,18 @@ from gspo_cli.analysis.axes import (
     score_limits,
 )
 from gspo_cli.analysis.curves import BANDS, SMOOTH_AUTO, Curve, eval_curve, metric_curve, resolve_smooth, seed_curve
-from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
+from gspo_cli.analysis.figures import FIGURES, PANEL_FIGURES, PROFILES, FigureSpec, reward_figure
+from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, reward_names
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
 
 FORMATS = ("png", "svg", "pdf")
 X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]", "tokens": "response tokens generated"}
 DPI = 150
-# The combined figure's panels when --metrics is not given: what a paper shows, where the runs
-# have it. Every figure with data still gets its own file.
-PANEL_FIGURES = ("reward", "eval", "clip", "expert_change", "engine_route_diff", "mismatch")
 RAW_STYLE = {"lw": 0.7, "alpha": 0.3}  # the unsmoothed mean behind a smoothed curve
 # Fixed salt and no dates: the same runs must give byte-identical files.
 _RC = {"svg.hashsalt": "gspo-cli", "text.usetex": False, "font.family": "DejaVu Sans", "font.size": 9}
 _METADATA = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    key: str
-    title: str
-    ylabel: str
-    log: bool = False
-    dashed: tuple[tuple[str, str, str], ...] = ()  # (key, linestyle, legend name): no band
-    x: str | None = None  # a fixed x axis, whatever --x says
-
-
-FIGURES: dict[str, FigureSpec] = {
-    "reward": FigureSpec("reward/mean", "Train reward", "mean reward"),
-    "reward_time": FigureSpec("reward/mean", "Train reward vs wall time", "mean reward", x="time"),
-    "eval": FigureSpec("eval", "Held-out score", "score"),  # one figure per task
-    "clip": FigureSpec(
-        "policy/clip_frac_token",
-        "Clipped-token fraction (GSPO paper, Fig. 2)",
-        "clipped tokens",
-        log=True,
-        dashed=(
-            ("policy/clip_frac_token_low", "--", "low: ratio < 1-ε_low, Â < 0"),
-            ("policy/clip_frac_token_high", ":", "high: ratio > 1+ε_high, Â > 0"),
-        ),
-    ),
-    "expert_change": FigureSpec("moe/expert_change_frac", "MoE expert change (π_old vs π_θ)", "changed expert choices"),
-    "engine_route_diff": FigureSpec(
-        "moe/engine_route_diff_frac",
-        "MoE routes: engine vs trainer (R3, before the step's updates)",
-        "differing expert choices",
-    ),
-    "mismatch": FigureSpec(
-        "mismatch/weight_mean", "Mismatch correction: mean IS weight (π_old / π_engine)", "mean loss weight"
-    ),
-    "mismatch_dropped": FigureSpec(
-        "mismatch/masked_token_frac",
-        "Mismatch correction: dropped and capped tokens",
-        "masked tokens",
-        dashed=(
-            ("mismatch/truncated_token_frac", "--", "capped at high"),
-            ("mismatch/masked_seq_frac", ":", "responses with a masked token"),
-        ),
-    ),
-    "kl": FigureSpec("policy/kl_old_k3", "KL(π_old ‖ π_θ), k3 estimate", "KL"),
-    "entropy": FigureSpec("policy/entropy", "Policy entropy", "entropy per token"),
-    "length": FigureSpec("response/length_mean", "Response length", "mean length"),
-    "grad_norm": FigureSpec("policy/grad_norm", "Gradient norm (before clipping)", "grad norm"),
-}
-
-
-# Profiles: one point per bucket of a metric family (mean over each run's steps), not a curve
-# over training. The GSPO paper's diagnostic: token log-ratio variance by response length and
-# by mini-batch index (later mini-batches are further off-policy).
-PROFILES: dict[str, tuple[str, str, str]] = {
-    # figure id: (metric prefix, title, x label)
-    "logvar_length": (
-        "ratio/logvar_len_",
-        "Token log-ratio variance by response length",
-        "response length bucket [tokens]",
-    ),
-    "logvar_minibatch": (
-        "ratio/logvar_mb",
-        "Token log-ratio variance by mini-batch",
-        "mini-batch index within the step (0: on-policy at rollout.staleness 0)",
-    ),
-}
 
 
 def _profile_buckets(groups: list[Group], prefix: str) -> list[str]:
@@ -228,8 +159,18 @@ def _label(group: Group) -> str:
     return f"{group.name} (n={len(group.runs)})"
 
 
-def metric_panel(fid: str, groups: list[Group], colours: dict, x: str, smooth: float, band: str = "ci") -> Panel | None:
-    spec = FIGURES[fid]
+def metric_panel(
+    fid: str,
+    groups: list[Group],
+    colours: dict,
+    x: str,
+    smooth: float,
+    band: str = "ci",
+    spec: FigureSpec | None = None,
+) -> Panel | None:
+    """A curve per group of `spec`'s metric (default FIGURES[fid]), in the file `fid`; None when
+    no run logs it."""
+    spec = spec or FIGURES[fid]
     x = spec.x or x
     curves = [(g, metric_curve(g, spec.key, x, smooth, band)) for g in groups]
     if all(c is None for _, c in curves):
@@ -302,6 +243,10 @@ def build_plot(
             continue  # the reward figure already is reward vs time
         if fid in PROFILES:
             panels = [p] if (p := profile_panel(fid, groups, colours, band)) is not None else []
+        elif fid == "rewards":  # one figure per named reward; none for a task's own verifier
+            names = reward_names([r for g in groups for r in g.runs])
+            found = [metric_panel(f"reward_{n}", groups, colours, x, smooth, band, reward_figure(n)) for n in names]
+            panels = [p for p in found if p is not None]
         elif fid == "eval":
             tasks = sorted({t for g in groups for r in g.runs for t in r.eval_scores.task})
             panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x, band)) is not None]

@@ -23,6 +23,7 @@ from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
 from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
+from gspo_cli.analysis.report_rewards import reward_lines
 from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
 from gspo_cli.errors import SpecError
@@ -35,6 +36,7 @@ TABLE_METRICS = [
     "reward/mean",
     "eval_final",
     "eval_best",
+    "rewards",
     "clip",
     "clip_seq",
     "expert_change",
@@ -45,6 +47,7 @@ TABLE_METRICS = [
 FIGURES = [
     "reward",
     "reward_time",
+    "rewards",
     "eval",
     "clip",
     "expert_change",
@@ -273,6 +276,7 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
         f"{lr_text(spec.get('optimizer', {}))}; {tr.get('steps')} steps",
         f"- Seeds: {', '.join(map(str, seeds))}; runs: {len(runs)}; summed run wall time "
         f"{sum(walls) / 60:.1f} min (runs in parallel overlap)",
+        *reward_lines(runs),
         "",
     ]
     return lines

@@ -21,6 +21,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
 from gspo_cli.metrics import no_signal
 from gspo_cli.runs import RunDir, find_runs, format_setting
+from gspo_cli.spec.task import reward_label
 
 
 @dataclass
@@ -55,6 +56,30 @@ class Run:
     def no_signal(self) -> bool:
         """No reward signal at any logged step (`gspo_cli.metrics.no_signal`, the plot's test)."""
         return no_signal(self.series("reward/zero_var_group_frac"), self.series("reward/std"))
+
+    @property
+    def reward_names(self) -> list[str]:
+        """The named rewards of its spec's task.rewards, in order (logged as reward/<name>); []
+        when the task scores by its own verifier."""
+        rewards = (self.spec.get("task") or {}).get("rewards") or []
+        return [reward_label(r["function"], r.get("name")) for r in rewards if isinstance(r, dict) and "function" in r]
+
+    @property
+    def correct_reward(self) -> str | None:
+        """The name of the reward marked `correct: true` (it decides pass@k), None without one."""
+        rewards = (self.spec.get("task") or {}).get("rewards") or []
+        judge = [r for r in rewards if isinstance(r, dict) and r.get("correct") and "function" in r]
+        return reward_label(judge[0]["function"], judge[0].get("name")) if judge else None
+
+    def eval_series(self, task: str, score: str) -> pd.Series:
+        """One score of one evaluation set (named as in `eval_scores`) by step, NaN where an
+        evaluation lacks it; empty when none has it."""
+        out = {
+            int(rec["step"]): _float((rec.get("scores") or {}).get(score))
+            for rec in self.evals
+            if "step" in rec and str(rec.get("set") or rec.get("task", "eval")) == task
+        }
+        return pd.Series(out, dtype=float).sort_index()
 
     @property
     def arm_spec(self) -> dict[str, Any]:
@@ -99,6 +124,11 @@ class Stats:
     mean: float
     std: float
     ci95: float
+
+
+def reward_names(runs: list[Run]) -> list[str]:
+    """Every named reward of the runs' specs, in the order they first appear."""
+    return list(dict.fromkeys(n for r in runs for n in r.reward_names))
 
 
 def _float(v: Any) -> float:

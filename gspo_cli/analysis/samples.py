@@ -79,6 +79,20 @@ def verdict(r: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def reward_parts(r: dict[str, Any]) -> str | None:
+    """The row's value of each named reward (task.rewards, or the task's own parts), as
+    `gspo samples` prints it under the verdict: `rewards: format 1, accuracy 0`; a reward that
+    did not apply to the row is absent (`n/a`). None when the row logged none."""
+    parts = r.get("components")
+    if not isinstance(parts, dict) or not parts:
+        return None
+    return "rewards: " + ", ".join(f"{k} {v:g}" if _is_num(v) else f"{k} n/a" for k, v in parts.items())
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def title(r: dict[str, Any]) -> str:
     """Where the sample comes from: `step 10, gspo/seed0, group 2, response 9`."""
     where = f"{r.get('arm', '?')}/seed{r.get('seed', '?')}"

@@ -49,11 +49,13 @@ def samples(
 
 
 def _print_plain(chosen: list[dict]) -> None:
-    from gspo_cli.analysis.samples import cut_note, title, verdict
+    from gspo_cli.analysis.samples import cut_note, reward_parts, title, verdict
 
     for r in chosen:
         typer.echo(f"=== {title(r)}")
         typer.echo(verdict(r))
+        if (parts := reward_parts(r)) is not None:
+            typer.echo(parts)
         typer.echo(f"--- prompt{cut_note(r, 'prompt')}")
         typer.echo(r.get("prompt", ""))
         typer.echo(f"--- completion{cut_note(r, 'completion')}")
@@ -67,13 +69,14 @@ def _print_rich(chosen: list[dict]) -> None:
     from rich.rule import Rule
     from rich.text import Text
 
-    from gspo_cli.analysis.samples import cut_note, title, verdict
+    from gspo_cli.analysis.samples import cut_note, reward_parts, title, verdict
 
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 120)
     for r in chosen:
         good = bool(r.get("correct"))
         body = Group(
             Text(verdict(r), style="bold green" if good else "bold red"),
+            *([Text(parts)] if (parts := reward_parts(r)) is not None else []),
             Rule(Text("prompt" + cut_note(r, "prompt")), style="dim"),  # Text: "[cut: ...]" is no markup
             Text(r.get("prompt", ""), style="dim"),  # Text: model output is never read as markup
             Rule(Text("completion" + cut_note(r, "completion")), style="dim"),

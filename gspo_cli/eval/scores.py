@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from math import comb
 from typing import Any
 
+from gspo_cli.metrics import eval_reward_score
 from gspo_cli.tasks import Problem, Score, Task
 
 FAILURE_COMPONENTS = ("timeout", "runtime_error")
@@ -166,7 +167,7 @@ def reward_means(scores: list[Score]) -> dict[str, float]:
     out = {"reward_mean": sum(s.reward for s in scores) / len(scores)}
     for k in dict.fromkeys(k for s in scores for k in s.components):
         applied = [s.components[k] for s in scores if k in s.components]
-        out[f"reward_{k}"] = sum(applied) / len(applied)
+        out[eval_reward_score(k)] = sum(applied) / len(applied)
     return out
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from gspo_cli.metrics import METRICS
+from gspo_cli.metrics import METRICS, SPREAD_SUFFIX, reward_std_key
 from gspo_cli.spec.base import _check_dir_name, _Problems, _Strict
 
 # Names a reward cannot take: reward/<name> would be a metric the trainer logs already, or a
@@ -75,6 +75,12 @@ def reserved_reward_names() -> list[str]:
     return sorted({*logged, *TASK_COMPONENTS})
 
 
+def reward_label(function: str, name: str | None = None) -> str:
+    """A reward's name in logs (reward/<label>): `name`, else the function's own name (the part
+    after the last `:`). Also how `gspo compare` and `gspo plot` read a stored spec's rewards."""
+    return name if name is not None else str(function).rsplit(":", 1)[-1]
+
+
 class RewardConfig(_Strict):
     """One reward function (TRL's convention: `fn(prompts, completions, completion_ids, **columns)`
     returning one float or None per completion). The rewards' weighted sum is what RL optimises."""
@@ -100,7 +106,7 @@ class RewardConfig(_Strict):
     @property
     def label(self) -> str:
         """The reward's name in logs: `name`, else the function's own name."""
-        return self.name if self.name is not None else self.function.rsplit(":", 1)[-1]
+        return reward_label(self.function, self.name)
 
     @model_validator(mode="after")
     def _label_ok(self):
@@ -149,6 +155,11 @@ class TaskConfig(_Strict):
         for i, n in enumerate(labels):
             if n in labels[:i]:
                 problems.append(f"rewards[{i}].name: duplicate name {n!r} (also rewards[{labels.index(n)}])")
+            elif (stem := n.removesuffix(SPREAD_SUFFIX)) != n and stem in labels:  # reward/<stem>_std is taken
+                problems.append(
+                    f"rewards[{i}].name: {n!r} would be logged as {reward_std_key(stem)}, the spread of reward "
+                    f"{stem!r}; give the reward another name"
+                )
         if not self.rewards and "prompts" in (self.name, *(s.task for s in self.eval_sets)):
             problems.append("rewards: the prompts task is scored by reward functions only; list at least one")
         judges = [i for i, r in enumerate(self.rewards) if r.correct]

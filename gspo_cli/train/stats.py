@@ -19,7 +19,7 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.algorithms import zero_variance_group_frac
 from gspo_cli.distributed import DistInfo
-from gspo_cli.metrics import LOSS_STAT_KEYS
+from gspo_cli.metrics import LOSS_STAT_KEYS, reward_key, reward_std_key
 from gspo_cli.rollout.base import logprob_gaps
 
 
@@ -146,7 +146,8 @@ def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_s
     stats.mean("reward/accuracy", sum(s.correct for s in scores), n)
     for k in dict.fromkeys(k for s in scores for k in s.components):  # a reward's mean over the rows it applies to
         applied = [s.components[k] for s in scores if k in s.components]
-        stats.mean(f"reward/{k}", sum(applied), len(applied))
+        stats.mean(reward_key(k), sum(applied), len(applied))
+        stats.std(reward_std_key(k), applied)
     flags = [s.rewarded for s in scores if s.rewarded is not None]
     if flags:  # reward functions: rows none of them applied to (reward 0)
         stats.mean("reward/no_reward_frac", sum(not f for f in flags), len(flags))
