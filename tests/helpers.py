@@ -77,3 +77,23 @@ def tiny_model_dir():
 
     spec = spec_from_dict(TINY)
     return resolve_model_source(spec.model, make_task(spec.task.name, spec.task.params), log=lambda m: None)
+
+
+def rows_batch(lengths, truncated=None, C=None, engine_logp=None):
+    """A RolloutBatch of len(lengths) rows, one prompt token each, responses of these lengths
+    (padded to C, default the longest); `truncated` per row, default none."""
+    import torch  # here, so that the torch-free tests importing this module stay torch-free
+
+    from gspo_cli.rollout import RolloutBatch
+
+    B, C = len(lengths), C or max(lengths)
+    mask = (torch.arange(C)[None, :] < torch.tensor(lengths)[:, None]).float()
+    return RolloutBatch(
+        input_ids=torch.ones(B, 1 + C, dtype=torch.long),
+        attention_mask=torch.ones(B, 1 + C, dtype=torch.long),
+        response_mask=mask,
+        prompt_len=1,
+        completions=[""] * B,
+        truncated=torch.tensor(list(truncated) if truncated is not None else [False] * B),
+        engine_logp=engine_logp,
+    )

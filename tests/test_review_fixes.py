@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from helpers import rows_batch
 from typer.testing import CliRunner
 
 from gspo_cli.algorithms import (
@@ -28,7 +29,7 @@ from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
-from gspo_cli.rollout import RolloutBatch, response_logprobs
+from gspo_cli.rollout import response_logprobs
 from gspo_cli.spec import AggregationWarning
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
@@ -51,21 +52,6 @@ def arm_of(**arm):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return spec_from_dict(base(**arm)).arms[0]
-
-
-def rows_batch(lengths, truncated=None, C=None, engine_logp=None):
-    """A RolloutBatch of len(lengths) rows, one prompt token each, responses of these lengths."""
-    B, C = len(lengths), C or max(lengths)
-    mask = (torch.arange(C)[None, :] < torch.tensor(lengths)[:, None]).float()
-    return RolloutBatch(
-        input_ids=torch.ones(B, 1 + C, dtype=torch.long),
-        attention_mask=torch.ones(B, 1 + C, dtype=torch.long),
-        response_mask=mask,
-        prompt_len=1,
-        completions=[""] * B,
-        truncated=torch.tensor(truncated if truncated is not None else [False] * B),
-        engine_logp=engine_logp,
-    )
 
 
 # ----------------------------------------------------------------------------- a tiny trainer

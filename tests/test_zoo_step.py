@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import yaml
+from helpers import rows_batch
 from typer.testing import CliRunner
 
 from gspo_cli.algorithms import get_mismatch_correction, grpo_loss
@@ -40,17 +41,7 @@ def spec_lines(raw) -> list[str]:
 
 
 def batch(engine_logp=None, truncated=(False, False), lengths=(2, 2)):
-    B, C = len(lengths), max(lengths)
-    mask = (torch.arange(C)[None, :] < torch.tensor(lengths)[:, None]).float()
-    return RolloutBatch(
-        input_ids=torch.ones(B, 1 + C, dtype=torch.long),
-        attention_mask=torch.ones(B, 1 + C, dtype=torch.long),
-        response_mask=mask,
-        prompt_len=1,
-        completions=[""] * B,
-        truncated=torch.tensor(truncated),
-        engine_logp=engine_logp,
-    )
+    return rows_batch(lengths, truncated, engine_logp=engine_logp)
 
 
 # ----------------------------------------------------------------------------- rejected tokens
