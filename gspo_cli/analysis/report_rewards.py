@@ -6,15 +6,16 @@ evaluations report reward means only. Runs scored by their task's own verifier s
 from __future__ import annotations
 
 from gspo_cli.analysis.rundata import Run
-from gspo_cli.spec.task import reward_label
+from gspo_cli.spec.task import stored_reward_label
 
 
 def weighted_sum(run: Run) -> str:
     """The run's task.rewards as the sum RL optimises, e.g. `0.2 x format + 1 x accuracy`."""
     terms = []
     for r in (run.spec.get("task") or {}).get("rewards") or []:
-        if isinstance(r, dict) and "function" in r:
-            terms.append(f"{float(r.get('weight', 1.0)):g} x {reward_label(r['function'], r.get('name'))}")
+        label = stored_reward_label(r) if isinstance(r, dict) else None
+        if label is not None:
+            terms.append(f"{float(r.get('weight', 1.0)):g} x {label}")
     return " + ".join(terms).replace("+ -", "- ")
 
 

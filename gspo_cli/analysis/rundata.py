@@ -21,7 +21,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
 from gspo_cli.metrics import no_signal
 from gspo_cli.runs import RunDir, find_runs, format_setting
-from gspo_cli.spec.task import reward_label
+from gspo_cli.spec.task import stored_reward_label
 
 
 @dataclass
@@ -62,14 +62,15 @@ class Run:
         """The named rewards of its spec's task.rewards, in order (logged as reward/<name>); []
         when the task scores by its own verifier."""
         rewards = (self.spec.get("task") or {}).get("rewards") or []
-        return [reward_label(r["function"], r.get("name")) for r in rewards if isinstance(r, dict) and "function" in r]
+        labels = [stored_reward_label(r) for r in rewards if isinstance(r, dict)]
+        return [label for label in labels if label is not None]
 
     @property
     def correct_reward(self) -> str | None:
         """The name of the reward marked `correct: true` (it decides pass@k), None without one."""
         rewards = (self.spec.get("task") or {}).get("rewards") or []
-        judge = [r for r in rewards if isinstance(r, dict) and r.get("correct") and "function" in r]
-        return reward_label(judge[0]["function"], judge[0].get("name")) if judge else None
+        judge = [stored_reward_label(r) for r in rewards if isinstance(r, dict) and r.get("correct")]
+        return next((label for label in judge if label is not None), None)
 
     def eval_series(self, task: str, score: str) -> pd.Series:
         """One score of one evaluation set (named as in `eval_scores`) by step, NaN where an

@@ -79,6 +79,8 @@ def resolve_rewards(configs: Sequence[Any], task: Task) -> list[Reward]:
     out = []
     for i, cfg in enumerate(configs):
         where = f"task.rewards[{i}].function"
+        if cfg.function is None:  # reward models and judges: not built yet
+            raise SpecError(f"task.rewards[{i}]: {cfg.kind} rewards are not available in this version")
         if cfg.function in SHIPPED:
             call, shipped, file = SHIPPED[cfg.function](task), True, None
         elif ":" not in cfg.function:
