@@ -29,13 +29,14 @@ TASKS: dict[str, Callable[..., Task]] = {
 }
 
 
-def make_task(name: str, params: dict[str, Any], rewards: Sequence[Any] = ()) -> Task:
+def make_task(name: str, params: dict[str, Any], rewards: Sequence[Any] = (), model: Any = None) -> Task:
     """The task `name` with `params`, scored by `rewards` (`task.rewards`, RewardConfigs) when
     there are any (each function loaded now), else by its own verifier (a prompts task has
     none: the spec refuses it without rewards). SpecError naming the field on a bad parameter
-    or an unloadable reward function."""
+    or an unloadable reward function. `model`: the spec's ModelConfig, whose device and dtype
+    a reward model takes unless it names its own."""
     task = _build_task(name, params)
-    return RewardedTask(task, resolve_rewards(rewards, task)) if rewards else task
+    return RewardedTask(task, resolve_rewards(rewards, task, model)) if rewards else task
 
 
 def task_names() -> list[str]:

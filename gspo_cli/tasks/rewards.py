@@ -70,16 +70,25 @@ class Reward:
     call: Callable[..., Any]  # user: TRL's fn; shipped: fn(problems, completions)
     shipped: bool = False
     file: str | None = None
+    digest: str | None = None  # a reward model's weights digest (its `file`: the model's path)
 
 
-def resolve_rewards(configs: Sequence[Any], task: Task) -> list[Reward]:
+def resolve_rewards(configs: Sequence[Any], task: Task, model: Any = None) -> list[Reward]:
     """The `task.rewards` entries (`RewardConfig`s) as callables, each file, module and name
     checked now (before any model is built). SpecError naming `task.rewards[i].function` and
-    what was found when one cannot be loaded."""
+    what was found when one cannot be loaded. `model`: the spec's ModelConfig (a reward model's
+    default device and dtype)."""
     out = []
     for i, cfg in enumerate(configs):
         where = f"task.rewards[{i}].function"
-        if cfg.function is None:  # reward models and judges: not built yet
+        if cfg.kind == "model":  # loaded now, before the policy (reward_model.py)
+            from gspo_cli.tasks.reward_model import RewardModel
+
+            defaults = (model.device, model.dtype) if model is not None else (None, None)
+            rm = RewardModel(cfg.model, f"task.rewards[{i}].model.path", *defaults)
+            out.append(Reward(cfg.label, cfg.weight, cfg.correct, rm, file=rm.what, digest=rm.digest))
+            continue
+        if cfg.function is None:  # judges: not built yet
             raise SpecError(f"task.rewards[{i}]: {cfg.kind} rewards are not available in this version")
         if cfg.function in SHIPPED:
             call, shipped, file = SHIPPED[cfg.function](task), True, None
@@ -140,8 +149,13 @@ def _load_function(function: str, where: str) -> tuple[Callable, str | None]:
 
 
 def file_fingerprints(rewards: Sequence[Reward]) -> dict[str, str]:
-    """{absolute path: 16 hex digits of sha256 of its content} of every FILE.py reward."""
-    return {r.file: hashlib.sha256(Path(r.file).read_bytes()).hexdigest()[:16] for r in rewards if r.file is not None}
+    """{absolute path: 16 hex digits of sha256 of its content} of every FILE.py reward, and
+    {a reward model's path: its weights' digest}."""
+    return {
+        r.file: r.digest or hashlib.sha256(Path(r.file).read_bytes()).hexdigest()[:16]
+        for r in rewards
+        if r.file is not None
+    }
 
 
 def row_columns(problem: Problem) -> dict[str, Any]:
@@ -198,7 +212,10 @@ class RewardedTask(Task):
         return self.score_rollout([problem], [completion])[0]
 
     def score_batch(self, problems, completions) -> list[Score]:
-        return self.score_rollout(problems, completions, step=self.step)
+        from gspo_cli.tasks.reward_model import scoring_alone
+
+        with scoring_alone():  # evaluation: this process's rows only (a rank0 reward model gathers none)
+            return self.score_rollout(problems, completions, step=self.step)
 
     def score_rollout(self, problems, completions, completion_ids=None, step: int = 0) -> list[Score]:
         """Scores of completions[i] for problems[i]: the weighted sum of the rewards that apply

@@ -67,7 +67,7 @@ def train_experiment(
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
     check_sinks(spec.train.sinks)  # a missing tracker package is a spec error before any model is built
-    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
+    task = make_task(spec.task.name, spec.task.params, spec.task.rewards, spec.model)
     # Evaluation sets read and their problems removed from training before any model exists:
     # a bad set costs nothing, and the cold start below never sees an evaluation problem.
     eval_sets, data = plan_data(spec, task)

@@ -1,0 +1,269 @@
+"""task.rewards[].model: a sequence-classification reward model (issue 40, item 2), on tiny
+random models built from a config (nothing downloads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from gspo_cli.cli.app import app
+from gspo_cli.errors import SpecError
+from gspo_cli.models.builtin import build_tokenizer
+from gspo_cli.runs import RunDir
+from gspo_cli.spec import RewardConfig
+from gspo_cli.spec.task import RewardModelConfig
+from gspo_cli.tasks import make_task
+from gspo_cli.tasks import reward_model as rm_mod
+from gspo_cli.tasks.reward_model import RewardModel, gathered_scores, scoring_alone
+
+TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+ROWS = [
+    {"prompt": "What is 2+2?", "answer": "4", "solution": "4"},
+    {"prompt": "Name a colour.", "answer": "red", "solution": "red"},
+    {"prompt": "Say hi.", "answer": "hi", "solution": "hi"},
+]
+
+
+def build_rm(path, *, template=None, pad=True, num_labels=1, causal=False, seed=0):
+    """A tiny random Qwen2 sequence classifier (or causal LM) with a character tokenizer in `path`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    tok = build_tokenizer("<>")
+    if not pad:
+        tok.pad_token = None
+    if template:
+        tok.chat_template = template
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_labels=num_labels,
+        pad_token_id=tok.pad_token_id if pad else None,
+    )
+    torch.manual_seed(seed)
+    model = (Qwen2ForCausalLM if causal else Qwen2ForSequenceClassification)(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    rm_mod._LOADED.clear()
+    yield
+    rm_mod._LOADED.clear()
+
+
+def hand_score(path, text: str, label: int = 0) -> float:
+    """A forward of the saved model on `text` alone (no padding), its logit `label`."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        return float(model(input_ids=ids).logits[0, label])
+
+
+def reward(path, **kw) -> RewardModel:
+    return RewardModel(RewardModelConfig(path=str(path), **kw), "task.rewards[0].model.path")
+
+
+def test_scores_are_a_plain_forward_and_batching_changes_nothing(tmp_path):
+    path = build_rm(tmp_path / "rm")
+    prompts = ["What is 2+2?", "Hi", "A much longer prompt than the others, with words.", "x"]
+    completions = [" 4", " hello there", " ok", " a b c d e f"]
+    one = reward(path, batch_size=1)(prompts=prompts, completions=completions)
+    four = reward(path, batch_size=4)(prompts=prompts, completions=completions)
+    hand = [hand_score(path, p + c) for p, c in zip(prompts, completions)]
+    assert one == pytest.approx(hand, abs=1e-5) and four == pytest.approx(hand, abs=1e-5)
+    assert len(set(round(v, 4) for v in hand)) == 4  # a random head: the rows are told apart
+
+
+def test_without_a_pad_token_one_is_set_for_tokenizer_and_head(tmp_path):
+    path = build_rm(tmp_path / "rm", pad=False)
+    r = reward(path, batch_size=3)
+    assert r.model.config.pad_token_id == r.tokenizer.eos_token_id
+    got = r(prompts=["ab", "abcdef", "a"], completions=["c", "g", "b"])
+    assert got == pytest.approx([hand_score(path, t) for t in ["abc", "abcdefg", "ab"]], abs=1e-5)
+
+
+def test_a_chat_template_renders_prompt_and_completion_as_messages(tmp_path):
+    path = build_rm(tmp_path / "rm", template=TEMPLATE)
+    r = reward(path)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert r.texts(["2+2?", chat], [" 4", [{"role": "assistant", "content": "4"}]]) == [
+        "<user>2+2?<assistant> 4",
+        "<system>Be brief.<user>2+2?<assistant>4",
+    ]
+    got = r(prompts=["2+2?"], completions=["4"])
+    assert got == pytest.approx([hand_score(path, "<user>2+2?<assistant>4")], abs=1e-5)
+    # without a template: the texts joined, a message list by its contents
+    plain = reward(build_rm(tmp_path / "plain"))
+    assert plain.texts(["2+2?", chat], [" 4", [{"role": "assistant", "content": "4"}]]) == ["2+2? 4", "Be brief.2+2?4"]
+
+
+def test_truncation_keeps_the_last_max_length_tokens(tmp_path):
+    path = build_rm(tmp_path / "rm")
+    r = reward(path, max_length=5)
+    assert r.encode(["abcdefgh"]) == [r.tokenizer("defgh", add_special_tokens=False)["input_ids"]]
+    assert r(prompts=["abc"], completions=["defgh"]) == pytest.approx([hand_score(path, "defgh")], abs=1e-5)
+
+
+def test_several_labels_score_by_the_first(tmp_path):
+    path = build_rm(tmp_path / "rm", num_labels=3)
+    assert reward(path)(prompts=["ab"], completions=["c"]) == pytest.approx([hand_score(path, "abc", 0)], abs=1e-5)
+    assert hand_score(path, "abc", 0) != pytest.approx(hand_score(path, "abc", 1))
+
+
+def test_a_missing_path_or_a_causal_lm_is_refused_in_one_line(tmp_path):
+    with pytest.raises(SpecError) as err:
+        reward(tmp_path / "nowhere")
+    assert str(err.value) == f"task.rewards[0].model.path: no such directory {tmp_path / 'nowhere'}"
+    lm = build_rm(tmp_path / "lm", causal=True)
+    cfg = [RewardConfig(model=str(lm))]
+    with pytest.raises(SpecError) as err:
+        make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"task.rewards[0].model.path: {lm} is not a sequence-classification")
+    assert "(config.json: Qwen2ForCausalLM)" in msg
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="has no config.json"):
+        reward(tmp_path / "empty")
+
+
+def data_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def test_a_reward_model_scores_a_prompts_task_with_its_weight_and_digest(tmp_path):
+    path = build_rm(tmp_path / "rm")
+    cfg = [RewardConfig(model={"path": str(path), "batch_size": 2}, weight=2.0, name="rm")]
+    task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    problems = task.eval_problems(3)
+    scores = task.score_rollout(problems, ["4", "red", "hi"])
+    hand = [hand_score(path, p.prompt + c) for p, c in zip(problems, ["4", "red", "hi"])]
+    assert [s.components["rm"] for s in scores] == pytest.approx(hand, abs=1e-5)
+    assert [s.reward for s in scores] == pytest.approx([2 * h for h in hand], abs=1e-5)
+    from gspo_cli.tasks.rewards import file_fingerprints
+
+    digest = file_fingerprints(task.rewards)[str(path.resolve())]
+    assert digest.startswith("dir:") and len(digest) == 20
+    # the same rewards built again (an evaluation set's task) share the loaded copy
+    again = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    assert again.rewards[0].call.model is task.rewards[0].call.model and len(rm_mod._LOADED) == 1
+
+
+def test_device_and_dtype_default_to_the_policys(tmp_path):
+    from gspo_cli.spec.model import ModelConfig
+
+    path = build_rm(tmp_path / "rm")
+    cfg = [RewardConfig(model=str(path))]
+    task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg, ModelConfig(dtype="bfloat16"))
+    assert next(task.rewards[0].call.model.parameters()).dtype == torch.bfloat16
+    # an evaluation set's task, built without the model config, shares that copy
+    again = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    assert again.rewards[0].call.model is task.rewards[0].call.model
+    own = [RewardConfig(model={"path": str(path), "dtype": "float32"})]
+    mine = make_task("prompts", {"source": str(data_file(tmp_path))}, own, ModelConfig(dtype="bfloat16"))
+    assert next(mine.rewards[0].call.model.parameters()).dtype == torch.float32
+
+
+class FakeDist:
+    """torch.distributed's gather_object / scatter_object_list across `world` ranks run in turn:
+    each rank's call is recorded, rank 0's (the last) completes the exchange."""
+
+    def __init__(self, world):
+        self.world, self.rank, self.sent, self.out = world, 0, {}, None
+
+    def get_rank(self):
+        return self.rank
+
+    def get_world_size(self):
+        return self.world
+
+    def gather_object(self, obj, gathered, dst=0):
+        self.sent[self.rank] = obj
+        if self.rank == dst:
+            gathered[:] = [self.sent[r] for r in range(self.world)]
+
+    def scatter_object_list(self, box, parts, src=0):
+        if self.rank == src:
+            self.out = parts
+        box[0] = self.out[self.rank] if self.out is not None else None
+
+
+def test_rank0_placement_gathers_scores_once_and_scatters_back():
+    calls = []
+
+    def score(prompts, completions):
+        calls.append(list(prompts))
+        return [float(len(p) + len(c)) for p, c in zip(prompts, completions)]
+
+    fake = FakeDist(3)
+    rows = {1: (["a", "bb"], ["x", "y"]), 2: (["ccc", "d"], ["z", "ww"]), 0: (["e", "f"], ["", "vvv"])}
+    for rank in (1, 2, 0):  # the others reach the gather first; rank 0 scores when its own rows arrive
+        fake.rank = rank
+        got = gathered_scores(score, *rows[rank], fake)
+    assert calls == [["e", "f", "a", "bb", "ccc", "d"]]  # one call, in rank order
+    assert got == [1.0, 4.0]
+    assert fake.out == [[1.0, 4.0], [2.0, 3.0], [4.0, 3.0]]  # each rank's own rows' scores
+
+    def boom(prompts, completions):
+        raise ValueError("out of memory\nmore")
+
+    fake.rank = 0
+    assert gathered_scores(boom, ["a"], ["b"], FakeDist(1)) == "on rank 0: ValueError: out of memory"
+
+
+def test_rank0_placement_off_rank_0_loads_nothing_and_evaluates_to_none(tmp_path, monkeypatch):
+    path = build_rm(tmp_path / "rm")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    off = reward(path, placement="rank0")
+    assert off.model is None and not rm_mod._LOADED
+    with scoring_alone():
+        assert off(prompts=["a"], completions=["b"]) == [None]
+    every = reward(path, placement="every_rank")
+    assert every.model is not None
+
+
+def test_gspo_train_never_trains_the_reward_model(tmp_path):
+    path = build_rm(tmp_path / "rm", seed=3)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "model.safetensors"))
+    spec = {
+        "name": "rm",
+        "model": {"name": "builtin:tiny-dense", "cold_start": {"steps": 0}},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(data_file(tmp_path))},
+            "eval_size": 1,
+            "rewards": [{"model": str(path), "name": "rm"}],
+        },
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "train": {"steps": 2, "eval_every": 0, "checkpoint_every": 0},
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["train", str(tmp_path / "rm.yaml"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    rd = RunDir(tmp_path / "out/rm/gspo/seed0")
+    assert rd.status() == "completed" and len(rd.metrics()) == 2
+    assert all("reward/rm" in m for m in rd.metrics())
+    model = next(iter(rm_mod._LOADED.values()))[0]
+    assert not model.training and all(not p.requires_grad and p.grad is None for p in model.parameters())
+    for name, p in model.state_dict().items():
+        assert torch.equal(p, weights[name]), name
+    assert str(path.resolve()) in rd.info()["identity"]["rewards"]
