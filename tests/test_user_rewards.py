@@ -162,9 +162,19 @@ def test_step_metrics_per_reward_over_the_rows_it_applies_to(data):
     assert m["reward/picky"] == 1.0  # rows 0 and 3 (kind a); the None and NaN rows left out
     assert m["reward/format_reward"] == pytest.approx(0.25)
     assert m["reward/no_reward_frac"] == 0.0
-    # evaluation reports the same means
+    # evaluation reports the same means and spreads (sample std: format [1, 0, 0, 0] -> sqrt(0.75 / 3) = 0.5;
+    # the sum [2.5, 0, 0, 2] -> sqrt(5.1875 / 3))
     ev = reward_means(scores)
-    assert ev == {"reward_mean": pytest.approx(4.5 / 4), "reward_picky": 1.0, "reward_format_reward": 0.25}
+    assert ev == {
+        "reward_mean": pytest.approx(4.5 / 4),
+        "reward_std": pytest.approx((5.1875 / 3) ** 0.5),
+        "reward_picky": 1.0,
+        "reward_picky_std": 0.0,
+        "reward_format_reward": 0.25,
+        "reward_format_reward_std": pytest.approx(0.5),
+    }
+    assert m["reward/format_reward_std"] == pytest.approx(ev["reward_format_reward_std"])
+    assert m["reward/std"] == pytest.approx(ev["reward_std"])
     task = task_of(data, ("picky", {"weight": 2.0}))
     m = step_metrics(task.score_rollout(problems, ["x"] * 4))
     assert m["reward/mean"] == 1.0 and m["reward/no_reward_frac"] == 0.5  # rows 1 and 2: nothing applied

@@ -40,6 +40,24 @@ def eval_(
             help="the task's data: a .jsonl/.json/.parquet file or `hub:<id>` (sets task.params.source)",
         ),
     ] = None,
+    reward: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--reward",
+            "-r",
+            help="repeatable: a reward function as task.rewards names one (FILE.py:NAME, module:NAME, a shipped "
+            "or plugin reward) or a YAML mapping such as '{function: r.py:acc, correct: true}'; replaces the "
+            "run's task.rewards (a prompts task needs at least one)",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tokenizer",
+            help="with --completions: the model directory or hub id whose tokenizer gives reward functions their "
+            "completion_ids (default: the run's)",
+        ),
+    ] = None,
     eval_set: Annotated[
         Optional[str], typer.Option("--set", help="a run's evaluation set to re-score (default: all of task.eval_sets)")
     ] = None,
@@ -99,6 +117,7 @@ def eval_(
     """
     from gspo_cli.eval import run as ev
     from gspo_cli.eval.sets import select_sets
+    from gspo_cli.eval.targets import completions_tokenizer
     from gspo_cli.runs import RunDir
     from gspo_cli.tasks.base import problems_digest
 
@@ -109,12 +128,15 @@ def eval_(
             raise SpecError("TARGET: give a run, checkpoint or model to sample from, or --completions FILE")
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise SpecError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
+        rewards = ev.parse_rewards(reward)
         if completions is not None:
             resolved = ev.resolve_run(target) if target is not None else None
-            results, summary = ev.evaluate_completions(
-                completions, ev.resolve_task(resolved.spec if resolved else None, task, dataset), limit
-            )
+            scored = ev.resolve_task(resolved.spec if resolved else None, task, dataset, rewards)
+            tok = completions_tokenizer(scored, tokenizer, resolved, log)
+            results, summary = ev.evaluate_completions(completions, scored, limit, tok)
         else:
+            if tokenizer is not None:
+                raise SpecError("--tokenizer: only with --completions (a model's own tokenizer gives its token ids)")
             resolved = ev.resolve_target(target, checkpoint)
             sampling = ev.Sampling(
                 samples=samples,
@@ -128,7 +150,7 @@ def eval_(
                 engine=engine,
                 vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"),
             )
-            named = [] if task or dataset or resolved.spec is None else select_sets(resolved.spec, eval_set)
+            named = [] if task or dataset or resolved.spec is None else select_sets(resolved.spec, eval_set, rewards)
             if eval_set is not None and not named:
                 raise SpecError("--set: needs a run directory as TARGET, without --task/--dataset")
             if named:  # a run with evaluation sets: each scored on its own, into eval_sets/<name>/
@@ -146,7 +168,7 @@ def eval_(
                     err_console.print(f"wrote {written}", markup=False, highlight=False)
                 return
             results, summary = ev.evaluate_model(
-                resolved, ev.resolve_task(resolved.spec, task, dataset), sampling, limit, log=log
+                resolved, ev.resolve_task(resolved.spec, task, dataset, rewards), sampling, limit, log=log
             )
         written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)
     except GspoError as err:

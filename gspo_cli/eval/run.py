@@ -23,23 +23,15 @@ from typing import Any
 from gspo_cli.errors import SpecError
 from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize
 from gspo_cli.eval.sets import cold_start_task
+from gspo_cli.eval.targets import Target, parse_rewards, resolve_run, resolve_target, resolve_task  # noqa: F401
 from gspo_cli.files import iter_lines
-from gspo_cli.runs import RunDir, append_jsonl, now_iso, plural, write_json_atomic
+from gspo_cli.runs import append_jsonl, now_iso, plural, write_json_atomic
 from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
-from gspo_cli.spec.loading import load_spec
-from gspo_cli.tasks import TASKS, Task, make_task, task_names
+from gspo_cli.tasks import Task
 
 SUMMARY_FILE = "eval_summary.json"
 PROBLEMS_FILE = "eval_problems.jsonl"
 DEFAULT_MAX_TOKENS = 1024  # without a spec to say otherwise: room for a short chain of thought
-
-
-@dataclass
-class Target:
-    source: str  # what load_model loads: a model directory, hub id or builtin:<kind>
-    run_dir: Path | None = None  # the run it belongs to, if any
-    checkpoint: str | None = None  # step_XXXXXX, for checkpoints of a run
-    spec: ExperimentSpec | None = None  # the run's resolved spec, if any
 
 
 @dataclass
@@ -56,67 +48,6 @@ class Sampling:
     dtype: str | None = None
     engine: str = "hf"  # hf: transformers' generate; vllm: a vLLM engine
     vllm_args: dict[str, Any] | None = None  # extra vllm.LLM arguments, over the run's rollout.vllm
-
-
-def resolve_target(target: str, checkpoint: str | None = None) -> Target:
-    """What `target` names. SpecError (one line) for a path that is neither a run, a checkpoint
-    nor a model directory, or a `checkpoint` the run does not have."""
-    path = Path(target).expanduser()
-    if path.is_dir() and (path / "spec.yaml").is_file():
-        rd = RunDir(path)
-        dirs = rd.checkpoint_dirs()
-        if checkpoint is not None:
-            name = f"step_{int(checkpoint):06d}" if checkpoint.isdigit() else checkpoint
-            chosen = rd.checkpoints / name
-            if chosen not in dirs:
-                have = ", ".join(d.name for d in dirs) or "none"
-                raise SpecError(f"--checkpoint: {target} has no checkpoint {name!r} (it has: {have})")
-        elif not dirs:
-            raise SpecError(f"TARGET: run directory {target} has no checkpoints (checkpoints/step_*/)")
-        else:
-            chosen = dirs[-1]
-        return Target(str(rd.hf_weights(chosen)), path, chosen.name, load_spec(rd.spec_file))
-    if checkpoint is not None:
-        raise SpecError(f"--checkpoint: {target} is not a run directory (no spec.yaml)")
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise SpecError(
-                f"TARGET: {target} is neither a run directory (spec.yaml) nor a model directory (config.json)"
-            )
-        run = path.parent.parent
-        if path.parent.name == "checkpoints" and (run / "spec.yaml").is_file():
-            return Target(str(RunDir(run).hf_weights(path)), run, path.name, load_spec(run / "spec.yaml"))
-        return Target(str(path))
-    if path.exists():
-        raise SpecError(f"TARGET: {target} is a file; expected a run, checkpoint or model directory, or a model id")
-    if target.startswith((".", "/", "~")):
-        raise SpecError(f"TARGET: no such directory {target}")
-    return Target(target)  # a hub id or builtin:<kind>; load_model says if it cannot be had
-
-
-def resolve_run(target: str) -> Target:
-    """A run directory, for its task only (scoring completions made elsewhere for it)."""
-    path = Path(target).expanduser()
-    if not (path / "spec.yaml").is_file():
-        raise SpecError(
-            f"TARGET: with --completions, TARGET must be a run directory (spec.yaml), for its task; got {target}"
-        )
-    return Target(source="", run_dir=path, spec=load_spec(path / "spec.yaml"))
-
-
-def resolve_task(spec: ExperimentSpec | None, name: str | None, dataset: str | None) -> Task:
-    """The task to score on: the run's, or `name`; `dataset` replaces its `source` and drops
-    the knobs only the synthetic generator uses."""
-    if name is None and spec is None:
-        raise SpecError("--task: needed when TARGET is not a run directory (known: " + ", ".join(task_names()) + ")")
-    name = name or spec.task.name
-    params: dict[str, Any] = dict(spec.task.params) if spec is not None and spec.task.name == name else {}
-    if dataset is not None:
-        synthetic_only = getattr(TASKS.get(name), "synthetic_params", ())
-        params = {k: v for k, v in params.items() if k not in synthetic_only}
-        params["source"] = dataset
-    rewards = spec.task.rewards if spec is not None and spec.task.name == name else ()  # the run's rewards
-    return make_task(name, params, rewards)
 
 
 def eval_size(task: Task, spec: ExperimentSpec | None, limit: int | None) -> int:
@@ -215,7 +146,9 @@ def evaluate_model(
     return results, _summary(task, results, info, time.time() - t0)
 
 
-def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[list[ProblemResult], dict[str, Any]]:
+def evaluate_completions(
+    path: Path, task: Task, limit: int | None, tokenizer=None
+) -> tuple[list[ProblemResult], dict[str, Any]]:
     """Score a JSONL file of completions made elsewhere against the task's problems.
 
     Each line: {"id": ..., "completion": "..."} (several lines per problem give several
@@ -223,6 +156,8 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
     samples (see `gspo_cli.eval.scores`: avg@K is a mean of per-problem means, pass@k uses each
     problem's own count). Ids the task does not know, and problems without completions, are
     warned about and left out. SpecError when the file is unreadable or nothing matches.
+    `tokenizer` (see `targets.completions_tokenizer`) gives reward functions their
+    `completion_ids`; without one, reading them ends the evaluation in one line.
     """
     _check_sampling(Sampling(), limit)
     by_id = load_completions(path)
@@ -252,8 +187,10 @@ def evaluate_completions(path: Path, task: Task, limit: int | None) -> tuple[lis
         )
     chosen = chosen[:limit] if limit else chosen
     t0 = time.time()
-    results = score_problems(task, chosen, [by_id[p.id] for p in chosen])
+    results = score_problems(task, chosen, [by_id[p.id] for p in chosen], tokenizer=tokenizer)
     info = {"completions_file": str(path), "problems_without_completions": missing, "unknown_ids": len(unknown)}
+    if tokenizer is not None:  # whose token ids reward functions got as completion_ids
+        info["tokenizer"] = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     return results, _summary(task, results, info, time.time() - t0)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from math import comb
 from typing import Any
 
-from gspo_cli.metrics import eval_reward_score
+from gspo_cli.metrics import SPREAD_SUFFIX, eval_reward_score
 from gspo_cli.tasks import Problem, Score, Task
 
 FAILURE_COMPONENTS = ("timeout", "runtime_error")
@@ -104,9 +104,13 @@ def score_problems(
     given, the sampler's (reward functions get the completions' token ids from it).
 
     Every sample goes to the task in one `score_batch` call (code: programs judged in parallel).
+    Without a tokenizer, given now or before, reward functions get `NoTokenIds` as each
+    completion's ids: reading them ends the evaluation in one line, never character codes.
     """
     if tokenizer is not None:
         use_tokenizer(task, tokenizer)
+    elif hasattr(task, "encode") and task.encode is None:
+        task.encode = lambda text: NO_TOKEN_IDS
     flat_p = [p for p, cs in zip(problems, completions) for _ in cs]
     flat_c = [c for cs in completions for c in cs]
     flat_s = list(task.score_batch(flat_p, flat_c))
@@ -160,15 +164,30 @@ def summarize(results: list[ProblemResult], judged: bool = True) -> dict[str, fl
 
 
 def reward_means(scores: list[Score]) -> dict[str, float]:
-    """`reward_mean` over `scores` and `reward_<name>` per reward function over the scores it
-    applies to; {} for a task scored by its own verifier."""
+    """`reward_mean` and `reward_std` (the weighted sum) over `scores`, and per reward function
+    `reward_<name>`, its mean over the scores it applies to, with `reward_<name>_std` beside it,
+    the sample standard deviation over them (0 with one), as training logs reward/<name> and
+    reward/<name>_std; {} for a task scored by its own verifier."""
     if not scores or all(s.rewarded is None for s in scores):
         return {}
-    out = {"reward_mean": sum(s.reward for s in scores) / len(scores)}
+    out = {"reward_mean": _mean([s.reward for s in scores]), "reward_std": _std([s.reward for s in scores])}
     for k in dict.fromkeys(k for s in scores for k in s.components):
         applied = [s.components[k] for s in scores if k in s.components]
-        out[eval_reward_score(k)] = sum(applied) / len(applied)
+        out[eval_reward_score(k)] = _mean(applied)
+        out[eval_reward_score(k) + SPREAD_SUFFIX] = _std(applied)
     return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    """Sample standard deviation (n - 1), as training's reward/std; 0 for fewer than 2 values."""
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
 def sample_counts(results: list[ProblemResult]) -> dict[str, dict[str, int]]:
@@ -241,6 +260,34 @@ def sample_completions(
             if progress:
                 progress(len(completions), len(prompts))
     return [completions[i * samples : (i + 1) * samples] for i in range(len(problems))]
+
+
+class UnknownTokenIds(Exception):
+    """A reward function read `completion_ids` where no tokenizer is known (the reward's own
+    exception, so the run's error names the reward and the row as for any other)."""
+
+
+class NoTokenIds:
+    """A completion's `completion_ids` where no tokenizer is known (`gspo eval --completions`
+    without --tokenizer or a run): a reward function that reads them (len, iteration,
+    indexing, truth value) raises UnknownTokenIds, one line naming the fix, where passing
+    anything else (character codes) would silently mean something else."""
+
+    WHY = (
+        "completion_ids: no tokenizer is known to turn these completions into token ids "
+        "(gspo eval --completions: give --tokenizer MODEL, or a run directory as TARGET)"
+    )
+
+    def _unknown(self, *args, **kwargs):
+        raise UnknownTokenIds(self.WHY)
+
+    __len__ = __iter__ = __getitem__ = __bool__ = _unknown
+
+    def __repr__(self) -> str:
+        return "<completion_ids unknown: no tokenizer>"
+
+
+NO_TOKEN_IDS = NoTokenIds()
 
 
 def use_tokenizer(task: Task, tok) -> None:

@@ -11,6 +11,7 @@ many it removed; the built-in cold start draws from that same reduced training t
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 import warnings
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from gspo_cli.metrics import eval_key
 from gspo_cli.runs import plural
 from gspo_cli.spec import EvalSetConfig, ExperimentSpec
 from gspo_cli.tasks import Problem, Task, make_task
+from gspo_cli.tasks.base import problem_key
+from gspo_cli.tasks.prompts import PromptsTask
 
 
 @dataclass
@@ -52,18 +55,28 @@ class EvalSet:
         }
 
 
-def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec) -> EvalSet:
-    """The set `task.eval_sets[index]`, its task built and its problems read. A SpecError of its
-    task (unknown task, unreadable file, a file in another task's schema) names the set's field."""
+def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec, rewards: list | None = None) -> EvalSet:
+    """The set `task.eval_sets[index]`, its task built and its problems read, scored by
+    `set_rewards` (`rewards`, e.g. gspo eval --reward, replace them), every reward function
+    loaded now. A SpecError of its task (unknown task, unreadable file, a file in another task's
+    schema, an unloadable reward of its own) names the set's field."""
     field = f"task.eval_sets[{index}]"
+    own = cfg.rewards is not None and rewards is None
+    scored_by = rewards if rewards is not None else set_rewards(cfg, spec)
 
     def named(msg: str) -> str:  # the task speaks of task.params; here they are the set's
-        return msg.replace("task.params.", f"{field}.params.", 1).replace("task.name:", f"{field}.task:", 1)
+        msg = msg.replace("task.params.", f"{field}.params.", 1).replace("task.name:", f"{field}.task:", 1)
+        return msg.replace("task.rewards[", f"{field}.rewards[", 1) if own else msg
 
+    if cfg.task == "prompts" and not scored_by:
+        raise SpecError(
+            f"{field}.rewards: a prompts set is scored by reward functions only; list at least one, or leave "
+            "rewards out for task.rewards"
+        )
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            task = make_task(cfg.task, dict(cfg.params), spec.task.rewards)  # the training rewards
+            task = make_task(cfg.task, dict(cfg.params), scored_by)
             problems = task.eval_problems(cfg.size or _all(task, spec))
     except SpecError as err:
         raise SpecError(named(str(err))) from None
@@ -80,6 +93,12 @@ def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec) -> EvalSet:
         every=spec.train.eval_every if cfg.every is None else cfg.every,
         source=str(cfg.params["source"]),
     )
+
+
+def set_rewards(cfg: EvalSetConfig, spec: ExperimentSpec) -> list:
+    """What scores an evaluation set: its own `rewards` when it lists them (`[]`: its task's own
+    verifier), else the training rewards (task.rewards; none: its task's own verifier)."""
+    return list(cfg.rewards) if cfg.rewards is not None else list(spec.task.rewards)
 
 
 def _all(task: Task, spec: ExperimentSpec) -> int:
@@ -204,9 +223,10 @@ def score_and_log(engine, sets: list[EvalSet], step: int, log_eval: Callable[[di
             sink.log({eval_key(s.name, k): v for k, v in scores.items()}, step)
 
 
-def select_sets(spec: ExperimentSpec, name: str | None) -> list[EvalSet]:
-    """A run's named evaluation sets, or only the one called `name` (`gspo eval RUN --set`).
-    SpecError when the run has none, or none of that name."""
+def select_sets(spec: ExperimentSpec, name: str | None, rewards: list | None = None) -> list[EvalSet]:
+    """A run's named evaluation sets, or only the one called `name` (`gspo eval RUN --set`),
+    scored as in training or by `rewards` (--reward) when given. SpecError when the run has
+    none, or none of that name."""
     cfgs = list(spec.task.eval_sets)
     if not cfgs:
         if name is not None:
@@ -215,19 +235,49 @@ def select_sets(spec: ExperimentSpec, name: str | None) -> list[EvalSet]:
     names = [c.name for c in cfgs]
     if name is not None and name not in names:
         raise SpecError(f"--set: no evaluation set {name!r}; the run's sets: {', '.join(names)}")
-    return [named_set(c, i, spec) for i, c in enumerate(cfgs) if name in (None, c.name)]
+    return [named_set(c, i, spec, rewards) for i, c in enumerate(cfgs) if name in (None, c.name)]
 
 
 def cold_start_task(task: Task, problems: list[Problem]) -> tuple[Task, str]:
     """The task a built-in model that is scored on `problems` of `task` is cold-started on, and
     a line saying so. A generator (synthetic) task: itself, its held-out split never being drawn
     for training. A dataset: never the data it is scored on, but the task family's synthetic
-    generator with `problems` excluded (a new cold start, cached under its own key)."""
+    generator with `problems` excluded (a new cold start, cached under its own key); a family
+    without a generator (prompts: your own data) its dataset's other rows, those with a
+    reference completion. SpecError (one line) when no such row is left."""
     if task.train_pool is None:
         return task, f"cold start: {task.name}, synthetic problems (its held-out split is never trained on)"
+    inner = getattr(task, "inner", task)  # scored by reward functions: the data is the inner task's
+    if isinstance(inner, PromptsTask):
+        return _prompts_cold_start(inner, problems)
     synthetic = make_task(task.name, {})
     synthetic.exclude(problems, "the evaluated dataset")
     return synthetic, (
         f"cold start: {task.name}, synthetic problems, not the evaluated dataset "
         f"(its {plural(len(problems), 'problem')} excluded)"
     )
+
+
+def _prompts_cold_start(task: PromptsTask, problems: list[Problem]) -> tuple[Task, str]:
+    """A copy of the prompts `task` without the evaluated `problems`, for the built-in model's
+    cold start on its other rows' `solution` (or `completion`) column."""
+    rest = copy.copy(task)
+    keys = {problem_key(p) for p in problems}
+    rest.excluded = task.excluded | keys
+    rest.train_pool = [p for p in task.train_pool if problem_key(p) not in keys and p.solution is not None]
+    if not rest.train_pool:
+        with_solution = sum(p.solution is not None for p in task.train_pool)
+        why = (
+            "no row has a `solution` (or `completion`) column to learn from: add one, or evaluate a pretrained model"
+            if not with_solution
+            else f"all {with_solution} rows with a `solution` (or `completion`) are evaluated: evaluate fewer "
+            "(--limit N), the others cold-start it"
+        )
+        raise SpecError(
+            f"TARGET: a built-in model is cold-started on reference completions of rows it is not scored on, and {why}"
+        )
+    line = (
+        f"cold start: prompts, the {plural(len(rest.train_pool), 'row')} of the dataset with a reference completion "
+        f"that are not evaluated (its {plural(len(problems), 'problem')} excluded)"
+    )
+    return rest, line

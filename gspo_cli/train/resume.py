@@ -63,8 +63,17 @@ def run_identity(spec: ExperimentSpec, task: Task, eval_sets: list[EvalSet]) -> 
             },
             "eval": {s.name: {"source": s.source, "fingerprint": problems_digest(s.problems)} for s in eval_sets},
         },
-        **({"rewards": file_fingerprints(task.rewards)} if isinstance(task, RewardedTask) else {}),
+        **({"rewards": reward_files(task, eval_sets)} if _rewarded(task, eval_sets) else {}),
     }
+
+
+def _rewarded(task: Task, eval_sets: list[EvalSet]) -> list[RewardedTask]:
+    return [t for t in (task, *(s.task for s in eval_sets)) if isinstance(t, RewardedTask)]
+
+
+def reward_files(task: Task, eval_sets: list[EvalSet]) -> dict[str, str]:
+    """`file_fingerprints` of every reward file the run calls: training's and its evaluation sets'."""
+    return {path: d for t in _rewarded(task, eval_sets) for path, d in file_fingerprints(t.rewards).items()}
 
 
 def model_digest(cfg: ModelConfig, task: Task) -> str:
