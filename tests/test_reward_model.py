@@ -267,3 +267,44 @@ def test_gspo_train_never_trains_the_reward_model(tmp_path):
     for name, p in model.state_dict().items():
         assert torch.equal(p, weights[name]), name
     assert str(path.resolve()) in rd.info()["identity"]["rewards"]
+
+
+def test_gspo_plan_counts_the_reward_models_weights_where_they_are_held(tmp_path):
+    from gspo_cli.plan import Hardware, model_shape, plan_memory
+    from gspo_cli.spec.loading import spec_from_dict
+
+    path = build_rm(tmp_path / "rm")
+    params = sum(p.numel() for p in RewardModel(RewardModelConfig(path=str(path)), "x").model.parameters())
+    base = {
+        "name": "p",
+        "model": {"name": "builtin:tiny-dense"},
+        "task": {"name": "prompts", "params": {"source": str(data_file(tmp_path))}, "eval_size": 1},
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+
+    def plan(placement="every_rank", dtype=None, gpus=1):
+        rewards = [{"model": {"path": str(path), "placement": placement, "dtype": dtype, "batch_size": 2}}]
+        spec = spec_from_dict({**base, "task": {**base["task"], "rewards": rewards}})
+        return plan_memory(model_shape(spec)[0], spec, Hardware(gpus_per_node=gpus), prompt_tokens=16)
+
+    without = spec_from_dict({**base, "task": {**base["task"], "rewards": [{"function": "math_accuracy"}]}})
+    bare = plan_memory(model_shape(without)[0], without, Hardware(), prompt_tokens=16)
+    got = plan()
+    for before, after in zip(bare.phases, got.phases):
+        terms = dict(after.device)
+        assert terms["reward model reward_model (every_rank)"] == 4 * params  # float32, model.dtype's
+        extra = terms.get("reward model reward_model (every_rank): forward of one batch", 0)
+        assert (extra > 0) == (after.name == "rollout")
+        assert after.device_total - before.device_total == 4 * params + extra
+    assert dict(plan(dtype="bfloat16").phases[0].device)["reward model reward_model (every_rank)"] == 2 * params
+    # two processes on the host: every rank holds a copy, rank0 placement one
+    host = {p: dict(plan(p, gpus=2).phases[0].host) for p in ("every_rank", "rank0")}
+    assert host["every_rank"]["reward model reward_model (every_rank) (2 processes)"] == 2 * 4 * params
+    assert host["rank0"]["reward model reward_model (rank0) (1 process)"] == 4 * params
+    # gspo plan itself: the term in its JSON, the reward model's size in words
+    spec = {**base, "task": {**base["task"], "rewards": [{"model": str(path), "name": "rm"}]}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["plan", str(tmp_path / "p.yaml"), "--json", "--prompt-tokens", "16"])
+    assert res.exit_code == 0, res.output
+    load = json.loads(res.output)["layouts"]["sharded"]["phases"][0]
+    assert load["device_terms"]["reward model rm (every_rank)"] == 4 * params

@@ -1,5 +1,6 @@
 """`gspo plan`: the memory a spec's run will need, per phase, per device and per host, before
-any queue wait. Reads the spec and the model's config.json only: no weights, no GPU."""
+any queue wait. Reads the spec, the model's config.json and any reward model's config.json and
+safetensors headers only: no weights, no GPU."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gspo_cli.plan.reward_models import add_reward_models
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
 from gspo_cli.runs import plural
 from gspo_cli.spec import ExperimentSpec
@@ -437,6 +438,7 @@ def plan_memory(
 
     for phase in phases:
         phase.resident = frozenset(name for name, _ in resident)
+    notes += add_reward_models(phases, spec, kind, procs_on_node)  # task.rewards[].model: their weights
     if spec.train.gradient_checkpointing is False and shape.layers > 8:
         notes.append("train.gradient_checkpointing is off: the update keeps every layer's activations")
     return Plan(layout=layout, params=P, world=W, device_kind=kind, phases=phases, hardware=hw, notes=notes)
