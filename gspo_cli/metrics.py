@@ -194,6 +194,12 @@ def eval_reward_score(name: str) -> str:
     return f"reward_{name}"
 
 
+def judge_unparsable_key(name: str) -> str:
+    """The key of an LLM judge's share of answers its pattern found no score in:
+    judge_unparsable_key("judge") = "judge/judge/unparsable_frac"."""
+    return f"judge/{name}/unparsable_frac"
+
+
 def describe(key: str) -> tuple[str, str]:
     """(description, unit) for a key; eval keys are generated per evaluation set, reward/<name>
     keys per named reward."""
@@ -205,6 +211,11 @@ def describe(key: str) -> tuple[str, str]:
             stem = name[: -len(SPREAD_SUFFIX)]
             return (f"standard deviation of reward {stem} over the rows it applies to", "reward")
         return (f"mean of reward {name} over the rows it applies to (task.rewards, or the task's own part)", "reward")
+    if key.startswith("judge/") and key.endswith("/unparsable_frac"):
+        return (
+            f"share of LLM judge {key[6:-16]}'s answers its pattern found no score in (scored `unparsable`)",
+            "fraction",
+        )
     if (parts := split_eval_key(key)) is not None:
         return (f"score {parts[1]} on evaluation set {parts[0]}", "score")
     if key.startswith("ratio/logvar_mb"):

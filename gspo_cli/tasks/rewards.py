@@ -26,8 +26,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from gspo_cli.errors import RunError, SpecError
+from gspo_cli.errors import GspoError, RunError, SpecError
 from gspo_cli.tasks.base import Conversation, Problem, Score, Task
+from gspo_cli.tasks.judge import make_judge
 from gspo_cli.tasks.math_answer import answers_match, extract_answer
 from gspo_cli.tasks.plugins import REWARDS_GROUP, load_plugin, plugin_names
 
@@ -88,8 +89,10 @@ def resolve_rewards(configs: Sequence[Any], task: Task, model: Any = None) -> li
             rm = RewardModel(cfg.model, f"task.rewards[{i}].model.path", *defaults)
             out.append(Reward(cfg.label, cfg.weight, cfg.correct, rm, file=rm.what, digest=rm.digest))
             continue
-        if cfg.function is None:  # judges: not built yet
-            raise SpecError(f"task.rewards[{i}]: {cfg.kind} rewards are not available in this version")
+        if cfg.kind == "judge":  # an LLM judge (judge.py): its template and server checked now
+            judge = make_judge(cfg.judge, cfg.label, f"task.rewards[{i}].judge", _column_names(task))
+            out.append(Reward(cfg.label, cfg.weight, cfg.correct, judge))
+            continue
         if cfg.function in SHIPPED:
             call, shipped, file = SHIPPED[cfg.function](task), True, None
         elif ":" not in cfg.function:
@@ -99,6 +102,12 @@ def resolve_rewards(configs: Sequence[Any], task: Task, model: Any = None) -> li
             shipped = False
         out.append(Reward(cfg.label, cfg.weight, cfg.correct, call, shipped, file))
     return out
+
+
+def _column_names(task: Task) -> set[str]:
+    """Every dataset column the rows of `task` hand a reward (`row_columns`)."""
+    rows = task.train_pool if task.train_pool is not None else task.eval_problems(1)
+    return {k for p in rows for k in row_columns(p)}
 
 
 def _plugin_reward(name: str, where: str) -> Callable:
@@ -240,6 +249,8 @@ class RewardedTask(Task):
             args = (problems, completions, completion_ids, prompts, columns, state)
             try:
                 got = _call(r, *args)
+            except GspoError:
+                raise  # a judge's own error: one line naming it and the row already
             except Exception as err:  # noqa: BLE001 - the user's function: one line, no traceback
                 row = _failing_row(r, *args)
                 raise RunError(

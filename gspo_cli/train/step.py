@@ -38,6 +38,7 @@ from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_
 from gspo_cli.rollout.base import check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
+from gspo_cli.tasks.judge import record_unparsable
 from gspo_cli.train.compiled import CompiledUpdate, compiled_context, unpad_routes
 from gspo_cli.train.minibatch import minibatch_rows
 from gspo_cli.train.old_policy import old_policy
@@ -275,6 +276,7 @@ def learn(
     record_batch(stats, batch, scores, rewards_B, old.entropy, G, ctx.optimizer.param_groups[0]["lr"])
     if dynamic is not None:
         record_dynamic(stats, dynamic)
+    record_unparsable(stats, ctx.task, step)  # LLM judges: answers without a score (tasks/judge.py)
     if skipped:
         stats.same("policy/skipped_minibatches", skipped)  # decided together: equal on every rank
     for key, seconds in {
@@ -326,13 +328,12 @@ def _update(
     minibatch: int = 0,
     clipped_B: torch.Tensor | None = None,
 ) -> bool:
-    """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step;
-    its statistics go into `stats`. `weights_BC` (B, C): the per-token loss weights
-    (mismatch correction, token filter), or None; `loss_mask_BC` (B, C): the mask the loss
-    aggregates over (None: the response mask). `route_key`: the metric the current router's own expert choices,
-    compared with `old_routes`, are logged under (None: not measured). Returns False for a
-    skipped non-finite mini-batch (a decision all ranks take together). `clipped_B` (B,), when
-    given, gets each row's clipped-token count added."""
+    """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step; its statistics go into
+    `stats`. `weights_BC` (B, C): the per-token loss weights (mismatch correction, token filter), or None;
+    `loss_mask_BC` (B, C): the mask the loss aggregates over (None: the response mask). `route_key`: the metric the
+    current router's own expert choices, compared with `old_routes`, are logged under (None: not measured). Returns
+    False for a skipped non-finite mini-batch (a decision all ranks take together). `clipped_B` (B,), when given,
+    gets each row's clipped-token count added."""
     arm, spec = ctx.arm, ctx.spec
     # The mini-batch's rows, without the columns that are padding in all of them: the same
     # log-probs and loss, with a forward and backward only as wide as these rows need.
@@ -413,11 +414,10 @@ def _update(
 
 @contextlib.contextmanager
 def _routing(ctx: Ctx, old_routes):
-    """Around a mini-batch's forward and backward: with routing replay, `old_routes` (the
-    mini-batch's (L, b, t, k), columns as its forward sees them) forced in
-    every router (r2: pi_old's, r3: the rollout engine's; see old_policy.py); for any MoE, the
-    experts the current routers choose themselves recorded (for volatility). Yields a Routes
-    holder (`.routes` set on exit), or None for a dense model."""
+    """Around a mini-batch's forward and backward: with routing replay, `old_routes` (the mini-batch's (L, b, t, k),
+    columns as its forward sees them) forced in every router (r2: pi_old's, r3: the rollout engine's; see
+    old_policy.py); for any MoE, the experts the current routers choose themselves recorded (for volatility). Yields
+    a Routes holder (`.routes` set on exit), or None for a dense model."""
     if ctx.routing is None:
         yield None
     elif ctx.arm.routing_replay != "off":
