@@ -4,10 +4,14 @@ random models built from a config (nothing downloads)."""
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
+from helpers import free_port
 from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
@@ -308,3 +312,69 @@ def test_gspo_plan_counts_the_reward_models_weights_where_they_are_held(tmp_path
     assert res.exit_code == 0, res.output
     load = json.loads(res.output)["layouts"]["sharded"]["phases"][0]
     assert load["device_terms"]["reward model rm (every_rank)"] == 4 * params
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port"]
+SCORE_SCRIPT = """
+import json, sys
+from gspo_cli import distributed
+from gspo_cli.spec.task import RewardModelConfig
+from gspo_cli.tasks.reward_model import RewardModel, scoring_alone
+
+info = distributed.setup("cpu")
+path, out = sys.argv[1], sys.argv[2]
+rows = {0: (["a", "bb"], ["x", "y"]), 1: (["ccccccccc", "d"], ["z", "ww"])}[info.rank]
+res = {}
+for placement in ("every_rank", "rank0"):
+    r = RewardModel(RewardModelConfig(path=path, placement=placement, batch_size=3), "w")
+    res[placement] = {"scores": r(prompts=rows[0], completions=rows[1]), "holds": r.model is not None}
+with scoring_alone():
+    res["alone"] = r(prompts=rows[0], completions=rows[1])
+with open(f"{out}.{info.rank}.json", "w") as fh:
+    json.dump(res, fh)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_score_their_own_rows_with_either_placement(tmp_path):
+    path = build_rm(tmp_path / "rm")
+    (tmp_path / "score.py").write_text(SCORE_SCRIPT)
+    cmd = TORCHRUN + [str(free_port()), str(tmp_path / "score.py"), str(path), str(tmp_path / "res")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = [json.loads((tmp_path / f"res.{rank}.json").read_text()) for rank in (0, 1)]
+    texts = [["ax", "bby"], ["cccccccccz", "dww"]]
+    for rank in (0, 1):
+        hand = [hand_score(path, t) for t in texts[rank]]
+        assert res[rank]["every_rank"] == {"scores": pytest.approx(hand, abs=1e-5), "holds": True}
+        assert res[rank]["rank0"] == {"scores": pytest.approx(hand, abs=1e-5), "holds": rank == 0}
+    # evaluating alone: rank 0 scores its rows, a rank without the model gives no verdict
+    assert res[0]["alone"] == pytest.approx(res[0]["rank0"]["scores"], abs=1e-6) and res[1]["alone"] == [None, None]
+
+
+@pytest.mark.slow
+def test_torchrun_trains_with_a_reward_model_on_rank_0(tmp_path):
+    path = build_rm(tmp_path / "rm", seed=5)
+    spec = {
+        "name": "rm",
+        "model": {"name": "builtin:tiny-dense", "cold_start": {"steps": 0}},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(data_file(tmp_path))},
+            "eval_size": 1,
+            "rewards": [{"model": {"path": str(path), "placement": "rank0"}, "name": "rm"}],
+        },
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "train": {"steps": 2, "checkpoint_every": 0},
+        "output_dir": str(tmp_path / "out"),
+        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 1}],
+    }
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump(spec))
+    cmd = TORCHRUN + [str(free_port()), "-m", "gspo_cli", "train", str(tmp_path / "rm.yaml"), "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rd = RunDir(tmp_path / "out/rm/gspo/seed0")
+    assert rd.status() == "completed" and [m["step"] for m in rd.metrics()] == [1, 2]
+    assert all(math.isfinite(m["reward/rm"]) for m in rd.metrics())
+    assert all(m["reward/no_reward_frac"] == 0 for m in rd.metrics())  # rank 1's rows were scored on rank 0
+    assert "reward_rm" in rd.evals()[-1]["scores"]  # rank 0 evaluated alone with its copy
