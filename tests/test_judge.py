@@ -75,7 +75,8 @@ class Stub:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        Server = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256})  # default 5: SYNs dropped
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads, self.server.block_on_close = True, False
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
