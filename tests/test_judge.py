@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError, SpecError
+from gspo_cli.metrics import describe
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import RewardConfig
 from gspo_cli.tasks import make_task
@@ -202,6 +203,10 @@ def test_garbage_answers_give_unparsable_and_are_counted(data, stub):
     stats = StepStats()
     record_unparsable(stats, task, 3)
     assert stats.reduce(DistInfo()) == {"judge/grader/unparsable_frac": 5 / 6}
+    assert describe("judge/grader/unparsable_frac") == (
+        "share of LLM judge grader's answers its pattern found no score in (scored `unparsable`)",
+        "fraction",
+    )
     assert task.rewards[0].call.unparsable == {}  # read once; the evaluation's step 0 forgotten
     skip = judged(data, s.url, unparsable=None, pattern=r"Score: (\S+)")  # null: the reward skips the row
     scores = skip.score_rollout(problems[:4], ["0", "1", "2", "3"])
