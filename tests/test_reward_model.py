@@ -378,3 +378,38 @@ def test_torchrun_trains_with_a_reward_model_on_rank_0(tmp_path):
     assert all(math.isfinite(m["reward/rm"]) for m in rd.metrics())
     assert all(m["reward/no_reward_frac"] == 0 for m in rd.metrics())  # rank 1's rows were scored on rank 0
     assert "reward_rm" in rd.evals()[-1]["scores"]  # rank 0 evaluated alone with its copy
+
+
+def test_rank0_scoring_that_fails_is_one_line_on_every_rank_with_one_exchange(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from gspo_cli.errors import RunError
+
+    exchanges = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(
+        dist, "gather_object", lambda obj, out, dst=0: exchanges.append(obj) or out.__setitem__(slice(None), [obj, obj])
+    )
+    monkeypatch.setattr(dist, "scatter_object_list", lambda box, parts, src=0: box.__setitem__(0, parts[0]))
+    cfg = [RewardConfig(model={"path": str(build_rm(tmp_path / "rm")), "placement": "rank0"}, name="rm")]
+    task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    problems = task.eval_problems(2)
+    # both ranks' rows (here: this one's, twice) scored in one call on rank 0, the first half back
+    scores = task.score_rollout(problems, ["4", "red"])
+    assert len(exchanges) == 1 and [s.components["rm"] for s in scores] == pytest.approx(
+        [hand_score(tmp_path / "rm", p.prompt + c) for p, c in zip(problems, ["4", "red"])], abs=1e-5
+    )
+
+    def boom(ids):
+        raise ValueError("CUDA out of memory\ndetails")
+
+    monkeypatch.setattr(task.rewards[0].call, "score_ids", boom)
+    with pytest.raises(RunError) as err:
+        task.score_rollout(problems, ["4", "red"])
+    assert str(err.value) == (
+        "reward rm raised on the row whose prompt starts 'What is 2+2?': RuntimeError: on rank 0: ValueError: CUDA "
+        "out of memory"
+    )
+    assert len(exchanges) == 2  # finding the failing row exchanges nothing more: no rank waits on another
