@@ -1,5 +1,5 @@
 """`arms:` one algorithm per arm with every setting that defines it (loss and its parameters,
-clip range, aggregation, mini-batches, routing replay, advantage estimator, mismatch
+clip range, aggregation, mini-batches, routing replay, advantage estimator, multi-reward, mismatch
 correction, token filters, off-policy mask, overlong handling, dynamic sampling)."""
 
 from __future__ import annotations
@@ -58,18 +58,31 @@ class OverlongConfig(_Strict):
     penalty: float = Field(1.0, ge=0, description="soft punishment at the maximum length")
 
 
+SIGNAL_METRICS = ("correct", "reward", "shaped")
+MULTI_REWARD = ("sum_then_normalize", "normalize_then_sum")
+
+
 class DynamicSamplingConfig(_Strict):
     """DAPO's dynamic sampling: drop groups whose `metric` is equal in every response and sample
     more prompts until the batch holds rollout.prompts_per_step groups with signal."""
 
     max_rounds: int = Field(0, ge=0, description="extra generation rounds at most per step; 0: off")
-    metric: Literal["correct", "reward", "shaped"] = Field(
+    metric: str = Field(
         "correct",
         description="what a group must differ in to count as signal: correct: the task's verdict (DAPO and "
         "verl's recipe, filter_groups.metric acc; code with partial_reward: all tests passed); reward: the "
         "task's reward (verl: score); shaped: the reward the advantages see, with the overlong penalty "
-        "(verl: seq_reward)",
+        "(verl: seq_reward); reward:<name>: the named reward of task.rewards, over the rows it applies to",
+        json_schema_extra={"pattern": r"^(correct|reward|shaped|reward:\S(.*\S)?)$"},
     )
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_form(cls, v: str) -> str:
+        name = v.removeprefix("reward:")
+        if v not in SIGNAL_METRICS and (name == v or not name or name != name.strip()):
+            raise ValueError(f"expected {', '.join(SIGNAL_METRICS)} or reward:<name> (a task.rewards name); got {v!r}")
+        return v
 
 
 class ArmConfig(_Strict):
@@ -106,6 +119,14 @@ class ArmConfig(_Strict):
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the initial policy")
     advantage: str = Field("grpo", description="registered in gspo_cli.algorithms.ADVANTAGE_ESTIMATORS")
     adv_eps: float = Field(1e-6, ge=0, description="added to the group std before dividing")
+    multi_reward: Literal["sum_then_normalize", "normalize_then_sum"] = Field(
+        "sum_then_normalize",
+        description="how several task.rewards make one advantage: sum_then_normalize: their weighted sum is "
+        "the reward the advantage estimator normalises; normalize_then_sum (GDPO; TRL's "
+        "multi_objective_aggregation): each reward normalised within its group over the rows it applies to, "
+        "then the weighted sum, divided by its std over the batch; needs advantage grpo and 2 or more "
+        "task.rewards",
+    )
     mismatch: MismatchConfig = Field(MismatchConfig(), description="rollout/trainer mismatch correction")
     loss_params: dict[str, float] = Field(
         default_factory=dict,
@@ -124,6 +145,32 @@ class ArmConfig(_Strict):
     @classmethod
     def _name_ok(cls, v: str) -> str:
         return _check_dir_name(v, "arm names")
+
+
+def reward_problems(i: int, arm: ArmConfig, rewards: list[str]) -> list[str]:
+    """One line per setting of arm `i` that names or needs task.rewards (their names: `rewards`)
+    and cannot have them: multi_reward normalize_then_sum, dynamic_sampling.metric reward:<name>."""
+    problems = []
+    where = f"arms[{i}]"
+    if arm.multi_reward == "normalize_then_sum":
+        if len(rewards) < 2:
+            have = f"task.rewards has {len(rewards)}" if rewards else "the task scores with its own verifier"
+            problems.append(
+                f"{where}.multi_reward: normalize_then_sum normalises each of 2 or more task.rewards in its group; "
+                f"{have} (one reward gives grpo's advantages times one batch-wide factor): use sum_then_normalize"
+            )
+        elif arm.advantage != "grpo":
+            problems.append(
+                f"{where}.multi_reward: normalize_then_sum normalises each reward by its group mean and std in "
+                f"place of the advantage estimator; it needs advantage: grpo (got {arm.advantage})"
+            )
+    metric = arm.dynamic_sampling.metric
+    if metric not in SIGNAL_METRICS:
+        name = metric.removeprefix("reward:")
+        if name not in rewards:
+            known = f"task.rewards names: {', '.join(rewards)}" if rewards else "the task has no task.rewards"
+            problems.append(f"{where}.dynamic_sampling.metric: no reward named {name!r} ({known})")
+    return problems
 
 
 class AggregationWarning(UserWarning):

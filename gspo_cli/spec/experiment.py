@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.errors import SpecError, router_scale_problem
-from gspo_cli.spec.arm import ArmConfig
+from gspo_cli.spec.arm import ArmConfig, reward_problems
 from gspo_cli.spec.base import _check_dir_name, _did_you_mean, _Problems, _Strict
 from gspo_cli.spec.model import ModelConfig
 from gspo_cli.spec.rollout import RolloutConfig
@@ -71,6 +71,7 @@ class ExperimentSpec(_Strict):
                     f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
                 )
             problems += _engine_problems(i, arm, self.rollout)
+            problems += reward_problems(i, arm, [r.label for r in self.task.rewards])
         if self.optimizer.router_lr_scale != 1.0 and self.model.name == "builtin:tiny-dense":
             problems.append(router_scale_problem(self.optimizer.router_lr_scale, self.model.name))  # hub: once built
         if self.train.compile and self.model.sharding == "fsdp":

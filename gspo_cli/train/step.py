@@ -44,7 +44,7 @@ from gspo_cli.train.minibatch import minibatch_rows
 from gspo_cli.train.old_policy import old_policy
 from gspo_cli.train.optim import make_optimizer, make_scheduler
 from gspo_cli.train.samples import sample_records, samples_due
-from gspo_cli.train.sampling import dynamic_sampling, record_dynamic, shaped_rewards
+from gspo_cli.train.sampling import advantages, dynamic_sampling, record_dynamic, shaped_rewards
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
 from gspo_cli.train.token_weights import off_policy_weights, token_weights
 
@@ -206,7 +206,7 @@ def learn(
     t0 = t2 if t0 is None else t0
     mask_BC = batch.response_mask
     rewards_B = shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores)  # on the host, as scores
-    adv_B = ctx.adv_fn(rewards_B, G, eps=arm.adv_eps).to(mask_BC.device)  # the loss's device
+    adv_B = advantages(ctx, batch, rewards_B, scores).to(mask_BC.device)  # multi_reward; the loss's device
     stats = StepStats()
 
     # 3. Old log-probs, entropy and (MoE) the routes pi_old took. A mismatch correction needs
