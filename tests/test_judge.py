@@ -4,6 +4,7 @@ prompts, an unreachable URL, and the API key never written anywhere."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
@@ -224,6 +225,19 @@ def test_concurrency_bounds_the_requests_in_flight(data, stub):
     assert [x.reward for x in task.score_rollout(problems, ["x"] * 24)] == [1.0] * 24
     wall = time.monotonic() - t
     assert s.max_in_flight == 4 and 0.6 <= wall < 3.0  # 24 / 4 x 0.1 s at best
+
+
+def test_a_caller_inside_an_event_loop_gets_the_batch_on_a_thread_of_its_own(data, stub):
+    s = stub(ok("Score: 2"))
+    task = judged(data, s.url)
+
+    async def inside():  # e.g. a reward pool's loop calling the (synchronous) judge
+        return score(task, ["x", "y"])
+
+    assert asyncio.run(inside()) == [2.0, 2.0]
+    missing = stub(lambda n, body: (404, {"detail": "Not Found"}, 0.0, {}))
+    with pytest.raises(RunError, match=r"HTTP 404 \(is `url` the API's base, e.g. http://127.0.0.1:8000/v1\?\)"):
+        score(judged(data, missing.url), ["x"])
 
 
 def test_the_template_takes_columns_and_is_checked_before_training(data, stub):

@@ -196,7 +196,10 @@ class Judge:
                         why = f"HTTP {r.status_code}"
                         wait = max(wait, retry_after(r.headers.get("retry-after")))
                     elif r.status_code >= 400:
-                        raise self._error(text, f"HTTP {r.status_code}: {_first_line(r.text)[:200]}")
+                        hint = (
+                            " (is `url` the API's base, e.g. http://127.0.0.1:8000/v1?)" if r.status_code == 404 else ""
+                        )
+                        raise self._error(text, f"HTTP {r.status_code}{hint}: {_first_line(r.text)[:200]}")
                     else:
                         return self._content(r, text)
             if attempt < cfg.max_retries:
