@@ -78,7 +78,8 @@ def hand_score(path, text: str, label: int = 0) -> float:
 
 
 def reward(path, **kw) -> RewardModel:
-    return RewardModel(RewardModelConfig(path=str(path), **kw), "task.rewards[0].model.path")
+    """As training builds it: told the policy's device and dtype."""
+    return RewardModel(RewardModelConfig(path=str(path), **kw), "task.rewards[0].model.path", "cpu", "float32")
 
 
 def test_scores_are_a_plain_forward_and_batching_changes_nothing(tmp_path):
@@ -154,11 +155,14 @@ def test_a_reward_model_scores_a_prompts_task_with_its_weight_and_digest(tmp_pat
     path = build_rm(tmp_path / "rm")
     cfg = [RewardConfig(model={"path": str(path), "batch_size": 2}, weight=2.0, name="rm")]
     task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    # built without the policy's device (a sweep's identity check): loaded only when it scores
+    assert task.rewards[0].call.model is None and not rm_mod._LOADED
     problems = task.eval_problems(3)
     scores = task.score_rollout(problems, ["4", "red", "hi"])
     hand = [hand_score(path, p.prompt + c) for p, c in zip(problems, ["4", "red", "hi"])]
     assert [s.components["rm"] for s in scores] == pytest.approx(hand, abs=1e-5)
     assert [s.reward for s in scores] == pytest.approx([2 * h for h in hand], abs=1e-5)
+    assert list(rm_mod._LOADED) == [(str(path.resolve()), "cpu", "float32")]
     from gspo_cli.tasks.rewards import file_fingerprints
 
     digest = file_fingerprints(task.rewards)[str(path.resolve())]
@@ -278,7 +282,7 @@ def test_gspo_plan_counts_the_reward_models_weights_where_they_are_held(tmp_path
     from gspo_cli.spec.loading import spec_from_dict
 
     path = build_rm(tmp_path / "rm")
-    params = sum(p.numel() for p in RewardModel(RewardModelConfig(path=str(path)), "x").model.parameters())
+    params = sum(p.numel() for p in reward(path).model.parameters())
     base = {
         "name": "p",
         "model": {"name": "builtin:tiny-dense"},

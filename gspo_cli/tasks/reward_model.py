@@ -9,10 +9,13 @@ tokens, padded on the right in batches of `batch_size`. The score is logit 0 of 
 head, pooled at the last token that is not the pad token (transformers' pooling, the one
 reward models are trained with); a head with several labels gives its first.
 
-It is loaded when the rewards are resolved (before the policy), in eval mode with no gradients,
-and never trained. Under torchrun, placement `every_rank` loads a copy in every process, each
-scoring its own rows; `rank0` loads it in rank 0 alone, which scores every process's rows
-(gathered, then scattered back) at the same point of each step's scoring.
+It is checked when the rewards are resolved (before the policy) and loaded then when the caller
+gives the spec's model settings (training); a task built without them (a sweep's identity check,
+`gspo eval`) loads it at its first scoring. Eval mode, no gradients, never trained.
+
+Under torchrun, placement `every_rank` loads a copy in every process, each scoring its own
+rows; `rank0` loads it in rank 0 alone, which scores every process's rows (gathered, then
+scattered back) at the same point of each step's scoring.
 """
 
 from __future__ import annotations
@@ -164,16 +167,24 @@ class RewardModel:
         self.digest = weights_digest(self.what, self.local)
         rank, world = _rank_world()
         self.holder = self.placement == "every_rank" or world <= 1 or rank == 0
-        device, dtype = cfg.device or device, cfg.dtype or dtype
-        if device is None or dtype is None:  # the copy training loaded (evaluation sets share it)
-            have = next((k for k in _LOADED if k[0] == self.what), None)
-            device = device or (have[1] if have else "cpu")
-            dtype = dtype or (have[2] if have else "float32")
-        self.device, self.dtype = _device(device), dtype
+        self.device, self.dtype = cfg.device or device, cfg.dtype or dtype
         self.model = self.tokenizer = None
         self.broken: str | None = None  # rank0 placement: why scoring failed (no collective after it)
-        if self.holder:
-            self.model, self.tokenizer = _load(self.what, self.device, self.dtype, where)
+        # Loaded now when the caller says where (training, before the policy) or a copy is here
+        # already (an evaluation set's task); else at the first scoring (an identity check of a
+        # sweep never loads it).
+        if self.holder and (self.device and self.dtype or any(k[0] == self.what for k in _LOADED)):
+            self.load()
+
+    def load(self) -> None:
+        """Load (or share) this process's copy: on `device` in `dtype`, where left out the copy
+        already loaded for this path, else cpu / float32."""
+        if self.device is None or self.dtype is None:
+            have = next((k for k in _LOADED if k[0] == self.what), None)
+            self.device = self.device or (have[1] if have else "cpu")
+            self.dtype = self.dtype or (have[2] if have else "float32")
+        self.device = _device(self.device)
+        self.model, self.tokenizer = _load(self.what, self.device, self.dtype, self.where)
 
     # Text ------------------------------------------------------------------------------
 
@@ -220,8 +231,10 @@ class RewardModel:
         return scores
 
     def score_local(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[float | None]:
-        if self.model is None:  # rank0 placement, another rank evaluating alone: no verdict here
+        if not self.holder:  # rank0 placement, another rank evaluating alone: no verdict here
             return [None] * len(completions)
+        if self.model is None:
+            self.load()
         return self.score_ids(self.encode(self.texts(prompts, completions)))
 
     def __call__(self, prompts, completions, completion_ids=None, trainer_state=None, **columns):
