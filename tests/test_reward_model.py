@@ -417,3 +417,27 @@ def test_rank0_scoring_that_fails_is_one_line_on_every_rank_with_one_exchange(tm
         "out of memory"
     )
     assert len(exchanges) == 2  # finding the failing row exchanges nothing more: no rank waits on another
+
+
+def test_gspo_train_refuses_a_causal_lm_reward_before_any_model_is_built(tmp_path):
+    lm = build_rm(tmp_path / "lm", causal=True)
+    spec = {
+        "name": "rm",
+        "model": {"name": "builtin:tiny-dense"},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(data_file(tmp_path))},
+            "eval_size": 1,
+            "rewards": [{"model": str(lm)}],
+        },
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["train", str(tmp_path / "rm.yaml"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert (
+        f"task.rewards[0].model.path: {lm} is not a sequence-classification model (config.json: Qwen2ForCausalLM)"
+        in out
+    )
+    assert "cold start" not in out and "Traceback" not in out and not (tmp_path / "out").exists()
