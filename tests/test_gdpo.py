@@ -360,3 +360,15 @@ def test_gspo_train_with_two_rewards_normalised_apart(tmp_path, monkeypatch):
     assert load_spec(rd.spec_file).arms[0].multi_reward == "normalize_then_sum"
     advantages_logged = [r["advantage"] for r in rd.samples()]
     assert advantages_logged and all(math.isfinite(a) for a in advantages_logged)
+
+
+def test_compare_names_normalize_then_sum_in_the_algorithm_column():
+    """Two arms differing only in multi_reward must not look identical in compare/report."""
+    from gspo_cli.analysis.arm_settings import SETTINGS
+
+    algorithm = SETTINGS["algorithm"][1]
+    plain = {"loss": "gspo", "advantage": "grpo"}
+    gdpo = {**plain, "multi_reward": "normalize_then_sum"}
+    assert "normalize_then_sum" in algorithm(gdpo)
+    assert "normalize_then_sum" not in algorithm(plain)
+    assert algorithm(plain) == algorithm({**plain, "multi_reward": "sum_then_normalize"})

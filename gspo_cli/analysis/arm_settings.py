@@ -39,6 +39,8 @@ def _algorithm(arm: dict) -> str:
         parts.append(str(arm["aggregation"]))
     if arm.get("advantage", "grpo") != "grpo":
         parts.append(f"adv {arm['advantage']}")
+    if arm.get("multi_reward", "sum_then_normalize") != "sum_then_normalize":
+        parts.append(arm["multi_reward"])  # GDPO: each reward normalised in its group before the sum
     top = (arm.get("token_filter") or {}).get("entropy_top")
     if top is not None:
         parts.append(f"entropy top {top:g}")
