@@ -17,6 +17,7 @@ from gspo_cli.cli.app import app
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.eval.run import Sampling, Target, evaluate_completions, evaluate_model, resolve_task
 from gspo_cli.eval.sets import plan_data, score_and_log
+from gspo_cli.runs import reward_changes
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.train.resume import spec_identity
@@ -239,7 +240,8 @@ def sets_spec(data):
 def test_eval_sets_are_scored_by_their_own_rewards_else_the_training_ones(data):
     spec = sets_spec(data)
     task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
-    sets, _ = plan_data(spec, task)
+    sets, info = plan_data(spec, task)
+    assert info["eval_sets"]["lengths"]["rewards"] == ["length"] and "rewards" not in info["eval_sets"]["aime_own"]
     assert [[r.name for r in getattr(s.task, "rewards", [])] for s in sets] == [
         ["format_reward", "accuracy_reward"],  # a prompts set without rewards: the training ones
         ["length"],  # its own
@@ -265,8 +267,11 @@ def test_eval_sets_are_scored_by_their_own_rewards_else_the_training_ones(data):
     assert got["eval/aime/reward_mean"] == pytest.approx(0.55)
     assert got["eval/aime/reward_format_reward_std"] == pytest.approx(0.5**0.5)
     assert got["eval/aime_own/avg@2"] == 0.5 and "eval/aime_own/reward_mean" not in got
-    # run.json's identity fingerprints the sets' reward files beside training's
-    assert set(spec_identity(spec)["rewards"]) == {str(data / "r.py"), str(data / "set_r.py")}
+    # run.json's identity fingerprints the sets' reward files beside training's: a changed one is named
+    before = spec_identity(spec)
+    assert set(before["rewards"]) == {str(data / "r.py"), str(data / "set_r.py")}
+    (data / "set_r.py").write_text(SET_REWARDS + "\n# fixed\n")
+    assert reward_changes(before, spec_identity(spec)) == [f"another reward file ({data / 'set_r.py'} changed)"]
 
 
 @pytest.mark.filterwarnings("ignore:task.eval_sets")

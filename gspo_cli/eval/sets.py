@@ -6,6 +6,10 @@ task: the first `task.eval_size` problems of a dataset, or the synthetic generat
 split. Either way no evaluation problem is ever trained on: `plan_data` removes every one
 from the training task (`Task.exclude`, matched by `tasks.base.normalize_text`) and says how
 many it removed; the built-in cold start draws from that same reduced training task.
+
+A set is scored by its own `rewards` when it lists them, else by the training rewards
+(`task.rewards`), else by its task's own verifier (`set_rewards`); its reward functions are
+loaded with it, before any model is built.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class EvalSet:
             "max_tokens": self.max_tokens,
             "every": self.every,
             **({"held_out": True} if self.held_out else {}),
+            # scored by reward functions: their names (run.json data.eval_sets says which score the set)
+            **({"rewards": [r.name for r in self.task.rewards]} if hasattr(self.task, "rewards") else {}),
         }
 
 
