@@ -211,7 +211,9 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], temperature: float | None = None) -> RolloutBatch:
-        """One sample per prompt. `temperature` overrides the engine's (0: greedy)."""
+        """One sample per prompt. `temperature` overrides the engine's (0: greedy). A prompt is text
+        or a conversation (`tasks.base.Conversation`): the engine gets the token ids of the same
+        rendering as the hf engine's (`self.format`), and the batch holds exactly those ids."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
