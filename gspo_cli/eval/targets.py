@@ -153,6 +153,8 @@ def completions_tokenizer(task: Task, given: str | None, run: Target | None, log
             candidates.append((str(ckpts[-1]), True))
         if run.spec is not None and not run.spec.model.name.startswith("builtin:"):
             candidates.append((run.spec.model.name, True))
+    if not candidates:
+        return None
     from gspo_cli.models.loading import quiet_transformers
 
     quiet_transformers()
