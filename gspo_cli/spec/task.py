@@ -212,7 +212,7 @@ class EvalSetConfig(_Strict):
     Its problems are never trained on (matched by normalised text)."""
 
     name: str = Field(description="the set's name in logs, tables and figures, e.g. aime24")
-    task: str = Field("math", description="task family that reads and scores it: math | code")
+    task: str = Field("math", description="task family that reads and scores it: math | code | prompts")
     params: dict[str, Any] = Field(description="that task's parameters; `source` (a file or hub:<id>) required")
     samples: int | None = Field(None, ge=1, description="K completions per problem (default: train.eval_samples)")
     max_tokens: int | None = Field(
@@ -223,7 +223,9 @@ class EvalSetConfig(_Strict):
         None, ge=0, description="steps between scorings (default: train.eval_every; 0: start/end)"
     )
     rewards: list[RewardConfig] | None = Field(
-        None, description="a prompts set's own rewards (default: task.rewards); the set's columns reach them"
+        None,
+        description="the set's own rewards (default: task.rewards, else the task's own verifier; [] on a math or "
+        "code set: its own verifier); the set's columns reach them",
     )
 
     @field_validator("name")
