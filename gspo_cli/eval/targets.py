@@ -97,7 +97,8 @@ def resolve_task(
             "(repeatable), or a run trained on prompts as TARGET"
         )
     try:
-        return make_task(name, params, rewards)
+        # a reward model takes the run's model.device and model.dtype, as in training
+        return make_task(name, params, rewards, spec.model if spec is not None else None)
     except SpecError as err:  # --reward's entries speak of themselves, not of a spec's task.rewards
         raise SpecError(str(err).replace("task.rewards[", "--reward[", 1) if flag else str(err)) from None
 
