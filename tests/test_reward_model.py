@@ -441,3 +441,28 @@ def test_gspo_train_refuses_a_causal_lm_reward_before_any_model_is_built(tmp_pat
         in out
     )
     assert "cold start" not in out and "Traceback" not in out and not (tmp_path / "out").exists()
+
+
+HUB_RM = """
+import sys, time
+from gspo_cli.errors import SpecError
+from gspo_cli.spec.task import RewardModelConfig
+from gspo_cli.tasks.reward_model import RewardModel
+t = time.time()
+try:
+    RewardModel(RewardModelConfig(path="some-org/not-cached-rm"), "task.rewards[0].model.path", "cpu", "float32")
+except SpecError as err:
+    print(round(time.time() - t, 2), err)
+"""
+
+
+def test_a_hub_id_with_the_hub_unreachable_is_refused_quickly(tmp_path):
+    """One short probe of the hub, then the local cache only (the hub client alone retried ~30 s)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:1", HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run([sys.executable, "-c", HUB_RM], capture_output=True, text=True, env=env, timeout=180)
+    seconds, line = proc.stdout.strip().split(" ", 1)
+    assert line.startswith("task.rewards[0].model.path: cannot read the config of some-org/not-cached-rm"), proc
+    assert float(seconds) < 12, seconds

@@ -83,10 +83,15 @@ def check_classifier(config: dict, path: str, where: str) -> None:
 
 
 def _hub_config(path: str, where: str) -> dict:
+    from gspo_cli.models.loading import hub_reachable
+
+    # Without a network the hub client retries for ~30 s: ask the hub once, briefly, as the
+    # policy's loading does, and read the local cache only when it cannot be reached.
+    offline = not hub_reachable()
     try:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(path).to_dict()
+        return AutoConfig.from_pretrained(path, local_files_only=offline).to_dict()
     except Exception as err:  # noqa: BLE001 - no network, unknown id: one line
         first = (str(err).splitlines() or [""])[0]
         raise SpecError(f"{where}: cannot read the config of {path} ({type(err).__name__}: {first})") from None
@@ -133,9 +138,14 @@ def _load(what: str, device: str, dtype: str, where: str):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from gspo_cli.models.loading import hub_reachable
+
+    offline = not Path(what).is_dir() and not hub_reachable()  # a hub id without a network: the cache
     try:
-        tokenizer = AutoTokenizer.from_pretrained(what)
-        model = AutoModelForSequenceClassification.from_pretrained(what, dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(what, local_files_only=offline)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            what, dtype=getattr(torch, dtype), local_files_only=offline
+        )
         model.to(device)
     except Exception as err:  # noqa: BLE001 - a broken or unreachable model: one line
         first = (str(err).splitlines() or [""])[0]
