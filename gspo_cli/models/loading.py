@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
+from gspo_cli.hub import hub_endpoint, hub_reachable
 from gspo_cli.models import experts
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
 from gspo_cli.spec import ModelConfig
@@ -117,7 +117,7 @@ def load_model(
     except Exception as err:  # hub/network/parse failures all mean "cannot use this name"
         if offline:
             raise SpecError(
-                f"model.name: cannot load {source!r}: the hub ({_hub_endpoint()}) cannot be reached and "
+                f"model.name: cannot load {source!r}: the hub ({hub_endpoint()}) cannot be reached and "
                 "the model is not in the local cache (with no network, HF_HUB_OFFLINE=1 reads the cache "
                 "without trying)"
             ) from None
@@ -155,32 +155,6 @@ def load_model(
     disable_dropout(model)
     model.to(cfg.device)
     return _finish(model, tokenizer, source)
-
-
-def _hub_endpoint() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
-def hub_reachable() -> bool:
-    """Whether the Hugging Face hub (HF_ENDPOINT) answers at all, asked once per process and
-    endpoint with one short request and no retries. True in offline mode (HF_HUB_OFFLINE=1):
-    the hub client then reads its cache itself, without trying the network."""
-    from huggingface_hub import constants
-
-    return True if constants.HF_HUB_OFFLINE else _answers(constants.ENDPOINT)
-
-
-@functools.lru_cache(maxsize=None)
-def _answers(endpoint: str, timeout_s: float = 3.0) -> bool:
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=timeout_s)  # any HTTP answer will do
-    except Exception:  # refused, timed out, no route, DNS: all mean "no hub from here"
-        return False
-    return True
 
 
 def _finish(model, tokenizer, source: str) -> LoadedModel:

@@ -83,7 +83,7 @@ def check_classifier(config: dict, path: str, where: str) -> None:
 
 
 def _hub_config(path: str, where: str) -> dict:
-    from gspo_cli.models.loading import hub_reachable
+    from gspo_cli.hub import hub_reachable
 
     # Without a network the hub client retries for ~30 s: ask the hub once, briefly, as the
     # policy's loading does, and read the local cache only when it cannot be reached.
@@ -138,7 +138,7 @@ def _load(what: str, device: str, dtype: str, where: str):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from gspo_cli.models.loading import hub_reachable
+    from gspo_cli.hub import hub_reachable
 
     offline = not Path(what).is_dir() and not hub_reachable()  # a hub id without a network: the cache
     try:
