@@ -119,11 +119,16 @@ def test_pool_scores_equal_in_process_scores_in_order(data):
         scoring.add([30, 2, 5], [completions[i] for i in (30, 2, 5)], [ids[i] for i in (30, 2, 5)])
         scoring.add([36], [completions[36]], [ids[36]])
         streamed = scoring.finish(completions, ids)
+        # a burst of rows (many stop at the same decode step) is spread over the workers
+        scoring = task.scoring(rows, 3)
+        scoring.add(list(range(30)), completions[:30], ids[:30])
+        assert [len(r) for _, r, _ in scoring.calls] == [13, 13, 13, 13, 4, 4]  # ceil(37 / 3) rows a call, both rewards
+        burst = scoring.finish(completions, ids)
         # a row handed over with another text than the batch's is scored again
         scoring = task.scoring(rows, 3)
         scoring.add([4], ["changed"], [[9]])
         redone = scoring.finish(completions, ids)
-    for scores in (got, streamed, redone):
+    for scores in (got, streamed, burst, redone):
         assert [(s.reward, s.components, s.correct, s.rewarded) for s in scores] == [
             (s.reward, s.components, s.correct, s.rewarded) for s in want
         ]
@@ -198,7 +203,7 @@ def test_workers_stop_with_the_pool_and_ignore_ctrl_c(data):
             os.kill(pid, signal.SIGINT)  # a Ctrl-C reaches the whole process group
         task = task_of(data, "first_char")
         reward_pool._active = pool
-        assert [s.reward for s in task.score_rollout(*rows_of(task, 2))] == [48.0, 49.0]
+        assert [s.reward for s in task.score_rollout(*rows_of(task, 2))] == [48.0, 120.0]
     finally:
         reward_pool._active = None
         pool.close()

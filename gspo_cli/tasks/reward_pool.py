@@ -7,7 +7,7 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   started threads by then); each imports the user's file or module itself, by the reward's
   `source` (a function from a file path cannot be pickled by reference), once, on first use;
 - sends each call (one reward on a contiguous chunk of rows, TRL's keyword arguments) to the
-  worker with the fewest calls outstanding, and reads answers from one result queue;
+  worker with the fewest rows outstanding, and reads answers from one result queue;
 - ends a call that runs longer than `timeout_s` (`task.reward_timeout_s`, counted from when
   the worker starts it) with a RunError naming the reward and the chunk's first row, after
   killing every worker (they are started again on the next call); a worker that dies
@@ -241,13 +241,15 @@ class RewardPool:
         return [s[0].pid for s in self.slots if s is not None]
 
     def submit(self, reward: str, source: str, prompt: str, kwargs: dict[str, Any], rows: int) -> int:
-        """Send one call (reward `reward`, loaded from `source`, on `rows` rows); its id."""
+        """Send one call (reward `reward`, loaded from `source`, on `rows` rows) to the worker with
+        the fewest rows outstanding; its id."""
         with self._lock:
             if self.closed:
                 raise RunError("the reward pool is closed")
-            load = [0] * self.size
+            self._pump(wait=False)  # answers that arrived: which workers are free now
+            load = [0] * self.size  # rows outstanding per worker
             for c in self.calls.values():
-                load[c.slot] += not c.done
+                load[c.slot] += 0 if c.done else c.rows
             slot = min(range(self.size), key=lambda i: (load[i], i))
             if self.slots[slot] is None:
                 self._start(slot)
@@ -277,13 +279,21 @@ class RewardPool:
             for i in call_ids:
                 self.calls.pop(i, None)
 
-    def _pump(self) -> None:
-        try:
-            msg = self.results.get(timeout=POLL_S)
-        except queue.Empty:
-            msg = None
-        except (OSError, ValueError, EOFError):
-            raise RunError("the reward pool was closed while a reward ran") from None
+    def _pump(self, wait: bool = True) -> None:
+        """Read the answers that arrived (waiting up to POLL_S for one when `wait`), then check
+        time-outs and workers' health."""
+        while True:
+            try:
+                msg = self.results.get(timeout=POLL_S) if wait else self.results.get_nowait()
+            except queue.Empty:
+                break
+            except (OSError, ValueError, EOFError):
+                raise RunError("the reward pool was closed while a reward ran") from None
+            self._read(msg)
+            wait = False  # then whatever else is there, without waiting
+        self._check()
+
+    def _read(self, msg) -> None:
         if msg is not None:
             call = self.calls.get(msg[2])
             if call is not None:
@@ -293,7 +303,6 @@ class RewardPool:
                     call.done, call.value = True, msg[3]
                 else:
                     call.done, call.error = True, (msg[3], msg[4])
-        self._check()
 
     def _check(self) -> None:
         now = time.time()

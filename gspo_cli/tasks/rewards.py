@@ -247,10 +247,12 @@ class Scoring:
         """Rows `rows` (indices into the problems) were sampled: send them to the pool now."""
         if not self.pooled or not rows:
             return
-        ids = [list(x) for x in completion_ids]
+        rows, completions, ids = list(rows), list(completions), [list(x) for x in completion_ids]
         for i, c, t in zip(rows, completions, ids):
             self.sent[i] = (c, t)
-        self._submit(list(rows), list(completions), ids)
+        step = -(-len(self.problems) // self.pool.size)  # rows per call: a burst of rows spreads over the workers
+        for j in range(0, len(rows), step):
+            self._submit(rows[j : j + step], completions[j : j + step], ids[j : j + step])
 
     def _submit(self, rows: list[int], completions: list[str], ids: list[list[int]]) -> None:
         problems = [self.problems[i] for i in rows]
