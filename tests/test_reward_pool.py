@@ -277,7 +277,7 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_its_checkpoint_intact(data)
     assert worker_pids() == []
 
 
-def test_staleness_one_scores_the_next_batch_in_the_pool_and_resumes(data):
+def test_staleness_one_scores_the_next_batch_in_the_pool(data):
     spec = _spec(data, "first_char", rollout={"staleness": 1}, train={"steps": 2})
     res = CliRunner().invoke(app, ["train", str(spec), "-o", str(data / "out")])
     assert res.exit_code == 0, res.output
