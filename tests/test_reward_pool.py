@@ -3,13 +3,16 @@ crashes, async rewards, and scoring overlapped with sampling (issue 40)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -20,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
+from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError
 from gspo_cli.models.builtin import build_config, build_tokenizer
 from gspo_cli.rollout import HFRolloutEngine
@@ -27,6 +31,7 @@ from gspo_cli.runs import RunDir
 from gspo_cli.spec import BuiltinModelConfig, RewardConfig
 from gspo_cli.tasks import make_task, reward_pool
 from gspo_cli.tasks.reward_pool import RewardPool, auto_workers, running
+from gspo_cli.train.scored_rollout import sample_and_score
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,6 +246,46 @@ def test_the_hf_engine_hands_over_rows_as_they_stop_as_the_batch_holds_them():
         for i, (text, ids) in seen.items():
             assert (text, ids) == (b.completions[i], b.completion_ids[i])
             assert lengths[i] < max(lengths)  # handed over while longer rows still sampled
+
+
+class _Streaming:
+    """An engine that hands rows 0 and 1 over before returning the batch, as the hf engine's loop does."""
+
+    streams_rows = True
+
+    def generate(self, prompts, on_rows=None):
+        self.on_rows = on_rows
+        texts = [f"{i}x" for i in range(len(prompts))]
+        ids = [[i] for i in range(len(prompts))]
+        if on_rows is not None:
+            on_rows([1, 0], [texts[1], texts[0]], [ids[1], ids[0]])
+        return SimpleNamespace(completions=texts, completion_ids=ids)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_step_hands_rows_to_the_pool_while_it_samples(data, workers):
+    ctx = SimpleNamespace(
+        spec=SimpleNamespace(rollout=SimpleNamespace(group_size=2, prompts_per_step=3)),
+        task=task_of(data, "first_char"),
+        rng=random.Random(0),
+        dist=DistInfo(),
+        compute=contextlib.nullcontext,
+        engine=_Streaming(),
+    )
+    times = {"time/rollout_s": 0.0, "time/score_s": 0.0}
+    sent = []
+    with running(workers, 60) as pool:
+        if pool is not None:
+            submit = pool.submit
+            pool.submit = lambda *a: sent.append((a[2], a[4])) or submit(*a)  # (first prompt, rows)
+        problems, batch, scores = sample_and_score(ctx, 1, times)
+        if pool is not None:
+            assert pool.calls == {}  # every call answered and forgotten
+            # rows 1 and 0 while sampling (one call), then rows 2-5 in two chunks, one per worker
+            assert sent == [(problems[0].prompt, 2), (problems[1].prompt, 2), (problems[2].prompt, 2)]
+    assert (ctx.engine.on_rows is not None) == bool(workers)  # rows are handed over only to a pool
+    assert len(problems) == 3 and [s.reward for s in scores] == [float(ord(str(i))) for i in range(6)]
+    assert times["time/score_s"] > 0
 
 
 def _spec(data, reward, **extra) -> Path:

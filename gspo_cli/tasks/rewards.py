@@ -243,6 +243,11 @@ class Scoring:
         self.sent: dict[int, tuple[str, list[int]]] = {}  # row -> (completion, ids) it was sent with
         self.calls: list[tuple[Reward, list[int], int]] = []  # (reward, rows, pool call id)
 
+    @property
+    def wants_rows(self) -> bool:
+        """Whether rows handed over before the batch is complete are scored early (a pool runs)."""
+        return bool(self.pooled)
+
     def add(self, rows, completions, completion_ids) -> None:
         """Rows `rows` (indices into the problems) were sampled: send them to the pool now."""
         if not self.pooled or not rows:

@@ -25,6 +25,8 @@ def start_scoring(task, rows: list, step: int):
 
 
 class _AtTheEnd:
+    wants_rows = False
+
     def __init__(self, task, rows, step):
         self.task, self.rows, self.step = task, rows, step
 
@@ -37,7 +39,7 @@ class _AtTheEnd:
 
 def generate_scored(engine, prompts: list, scoring):
     """engine.generate(prompts), rows handed to `scoring.add` as they finish where it can."""
-    if getattr(engine, "streams_rows", False):
+    if getattr(engine, "streams_rows", False) and getattr(scoring, "wants_rows", False):
         return engine.generate(prompts, on_rows=scoring.add)
     return engine.generate(prompts)
 
