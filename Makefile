@@ -133,6 +133,14 @@ bench: setup
 		$(VLLM_BIN)/pip install --quiet trl==1.16.0 datasets; fi
 	$(BIN)/python benchmarks/bench.py
 
+# `make bench-reward-pool`: a reward sleeping 50 ms per row, 128 rows per step, scored serially in
+# the trainer against the reward pool (8 workers) with scoring overlapped with sampling
+# (benchmarks/reward_pool.py; numbers in benchmarks/README.md, "Reward pool"). Standalone: it
+# needs neither TRL nor the paired turns of `make bench`.
+.PHONY: bench-reward-pool
+bench-reward-pool: setup
+	$(BIN)/python benchmarks/reward_pool.py
+
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
 # hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,
 # a few minutes), then vLLM R3 (routed_experts replayed in the trainer; a 2-step r3 + token_tis run),

@@ -112,12 +112,19 @@ def train(
         _check_selection(spec, arm, seed)
         check_output_dir(spec.output_dir, "--output-dir" if output_dir is not None else "output_dir")
         # Imported only now: torch and transformers take seconds, and usage errors should not wait.
+        import torch
+
         from gspo_cli.cli.progress import make_reporter, render_summary
+        from gspo_cli.tasks import reward_pool
         from gspo_cli.train.loop import train_experiment
 
         reporter = make_reporter(quiet=quiet, to_stderr=as_json)
+        workers, pool_line = reward_pool.planned(spec.task, torch.get_num_threads())
         with reporter:
-            results = train_experiment(spec, arms=arm, seeds=seed, reporter=reporter, force=force)
+            if pool_line:
+                reporter.log(pool_line)
+            with reward_pool.running(workers, spec.task.reward_timeout_s):  # stopped on every way out
+                results = train_experiment(spec, arms=arm, seeds=seed, reporter=reporter, force=force)
     except InterruptedRun as err:  # a clean stop the user asked for: said plainly, not as an error
         _stopped(str(err), err.exit_code)
     except GspoError as err:

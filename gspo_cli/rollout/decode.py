@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -181,10 +182,13 @@ def sample(
     top_p: float = 1.0,
     want_logprobs: bool = False,
     synced: bool = False,
+    on_done: Callable[[list[int], torch.Tensor], None] | None = None,
 ) -> Sampled:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt row of `ids`/`attn`
     (B, P), stopping a row at its first token in `stop_ids`. See the module docstring; runs in
-    inference mode unless `synced` (`_inference_unless_synced`)."""
+    inference mode unless `synced` (`_inference_unless_synced`). `on_done(rows, resp)`: called
+    when rows stop while others still sample, with their indices and their response tokens
+    (len(rows), steps so far; each ends with its stop token), e.g. to score them meanwhile."""
     B, P = ids.shape
     dev = ids.device
     out = ids.new_full((B, P + max_new_tokens), pad_id)
@@ -242,10 +246,14 @@ def sample(
             logp[idx, steps] = torch.where(alive, lp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
             ent[idx, steps] = torch.where(alive, -(lp.exp() * lp).sum(-1), 0.0)
         steps += 1
-        alive &= ~torch.isin(tok, stops)
+        stopped = alive & torch.isin(tok, stops)
+        alive &= ~stopped
         if steps == max_new_tokens:
             alive[:] = False
         n_alive = int(alive.sum())
+        if on_done is not None and n_alive and bool(stopped.any()):
+            done = idx[stopped]
+            on_done(done.tolist(), out[done, P : P + steps])
         if (not _any_running(n_alive > 0, dev)) if synced else n_alive == 0:
             break
         inputs, positions = tok[:, None], positions[:, -1:] + 1

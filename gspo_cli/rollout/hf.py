@@ -16,6 +16,8 @@ from gspo_cli.rollout.decode import Sampled, sample
 class HFRolloutEngine:
     """Samples with the trainer's own model: always the current policy, no weight sync."""
 
+    streams_rows = True  # generate(on_rows=...) hands over rows as they finish (decode: compact)
+
     def __init__(
         self,
         model,
@@ -69,7 +71,10 @@ class HFRolloutEngine:
         )
 
     @torch.no_grad()
-    def generate(self, prompts: list[str]) -> RolloutBatch:
+    def generate(self, prompts: list[str], on_rows=None) -> RolloutBatch:
+        """One completion per prompt. `on_rows(rows, completions, completion_ids)`:
+        called with rows that stopped while others still sample (`decode: compact` only), their
+        texts and token ids as the batch will hold them (the trainer scores them meanwhile)."""
         tok = self.tokenizer
         enc = tok(self.format(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device
@@ -94,6 +99,7 @@ class HFRolloutEngine:
                         pad_id=_pad_id(self.gen_config),
                         want_logprobs=want,
                         synced=self.synced,
+                        on_done=None if on_rows is None else self._finished_rows(on_rows),
                     )
                 else:
                     got = self._generate(ids, attn, want)
@@ -124,6 +130,15 @@ class HFRolloutEngine:
                     steps, out.shape[0], P, out.shape[1], rows=got.rows, prefill_rows=got.prefill_rows
                 )
         return batch
+
+    def _finished_rows(self, on_rows):
+        """decode.sample's on_done -> on_rows(rows, texts, ids), decoded as `generate` decodes the batch."""
+
+        def done(rows: list[int], resp: torch.Tensor) -> None:
+            texts = self.tokenizer.batch_decode(resp, skip_special_tokens=True)
+            on_rows(rows, texts, resp.tolist())
+
+        return done
 
     def _generate(self, ids: torch.Tensor, attn: torch.Tensor, want: bool) -> Sampled:
         """transformers' `generate` (rollout.decode: generate), its draws as our loop returns

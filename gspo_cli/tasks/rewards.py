@@ -27,6 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gspo_cli.errors import GspoError, RunError, SpecError
+from gspo_cli.tasks import reward_pool
 from gspo_cli.tasks.base import Conversation, Problem, Score, Task
 from gspo_cli.tasks.judge import make_judge
 from gspo_cli.tasks.math_answer import answers_match, extract_answer
@@ -72,6 +73,7 @@ class Reward:
     shipped: bool = False
     file: str | None = None
     digest: str | None = None  # a reward model's weights digest (its `file`: the model's path)
+    source: str | None = None  # what a reward pool worker loads (`load_source`); None: runs in the trainer
 
 
 def resolve_rewards(configs: Sequence[Any], task: Task, model: Any = None) -> list[Reward]:
@@ -100,7 +102,14 @@ def resolve_rewards(configs: Sequence[Any], task: Task, model: Any = None) -> li
         else:
             call, file = _load_function(cfg.function, where)
             shipped = False
-        out.append(Reward(cfg.label, cfg.weight, cfg.correct, call, shipped, file))
+        source = (
+            None
+            if shipped or cfg.function is None
+            else f"{file}:{cfg.function.rsplit(':', 1)[1]}"
+            if file
+            else cfg.function
+        )
+        out.append(Reward(cfg.label, cfg.weight, cfg.correct, call, shipped, file, source=source))
     return out
 
 
@@ -108,6 +117,13 @@ def _column_names(task: Task) -> set[str]:
     """Every dataset column the rows of `task` hand a reward (`row_columns`)."""
     rows = task.train_pool if task.train_pool is not None else task.eval_problems(1)
     return {k for p in rows for k in row_columns(p)}
+
+
+def load_source(source: str) -> Callable:
+    """The function a `Reward.source` names (in a reward pool worker): FILE.py:NAME (an absolute
+    path), module:NAME or a plugin's name."""
+    where = f"reward {source}"
+    return _plugin_reward(source, where) if ":" not in source else _load_function(source, where)[0]
 
 
 def _plugin_reward(name: str, where: str) -> Callable:
@@ -232,48 +248,159 @@ class RewardedTask(Task):
         completion (None: encoded with `self.encode`, else each character's code point).
         RunError naming the reward and the row when a function raises or returns what is not
         one number or None per completion."""
-        problems, completions = list(problems), list(completions)
+        return self.scoring(problems, step).finish(completions, completion_ids)
+
+    def scoring(self, problems, step: int = 0) -> "Scoring":
+        """Scoring of one completion per row of `problems`, rows handed over as they are sampled."""
+        return Scoring(self, problems, step)
+
+
+class Scoring:
+    """The scores of one batch of rows. With a reward pool running (`reward_pool.active()`),
+    rows handed to `add` as they are sampled go to the pool's workers at once (pooled rewards:
+    user and plugin functions); `finish` sends the rows not sent yet in contiguous chunks, one
+    per worker, runs the other rewards in the trainer meanwhile, and joins the answers in row
+    order. Without a pool, every reward runs in the trainer, in `finish`."""
+
+    def __init__(self, task: RewardedTask, problems, step: int):
+        self.task, self.problems, self.step = task, list(problems), step
+        self.pool = reward_pool.active()
+        self.pooled = [r for r in task.rewards if r.source is not None] if self.pool is not None else []
+        self.sent: dict[int, tuple[str, list[int]]] = {}  # row -> (completion, ids) it was sent with
+        self.calls: list[tuple[Reward, list[int], int]] = []  # (reward, rows, pool call id)
+
+    @property
+    def wants_rows(self) -> bool:
+        """Whether rows handed over before the batch is complete are scored early (a pool runs)."""
+        return bool(self.pooled)
+
+    def add(self, rows, completions, completion_ids) -> None:
+        """Rows `rows` (indices into the problems) were sampled: send them to the pool now."""
+        if not self.pooled or not rows:
+            return
+        rows, completions, ids = list(rows), list(completions), [_ids(x) for x in completion_ids]
+        for i, c, t in zip(rows, completions, ids):
+            self.sent[i] = (c, t)
+        step = -(-len(self.problems) // self.pool.size)  # rows per call: a burst of rows spreads over the workers
+        for j in range(0, len(rows), step):
+            self._submit(rows[j : j + step], completions[j : j + step], ids[j : j + step])
+
+    def _submit(self, rows: list[int], completions: list[str], ids: list[list[int]]) -> None:
+        problems = [self.problems[i] for i in rows]
+        args = _arguments(problems, completions, ids, self.step)
+        kwargs = _user_kwargs(*args[1:])
+        for r in self.pooled:
+            call = self.pool.submit(r.name, r.source, _text(problems[0]), kwargs, len(rows))
+            self.calls.append((r, rows, call))
+
+    def finish(self, completions, completion_ids=None) -> list[Score]:
+        """The scores of every row, given every row's completion (and token ids)."""
+        problems, completions = self.problems, list(completions)
         if completion_ids is None:
-            encode = self.encode or (lambda text: [ord(ch) for ch in text])
+            encode = self.task.encode or (lambda text: [ord(ch) for ch in text])
             completion_ids = [encode(c) for c in completions]
-        texts = [p.prompt for p in problems]  # what error messages quote
-        # Conversational rows as TRL hands them over: the prompt's messages, the completion as one message.
-        chat = [isinstance(p.prompt, Conversation) for p in problems]
-        prompts = [list(p.prompt.messages) if c else p.prompt for p, c in zip(problems, chat)]
-        completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, chat)]
-        rows = [row_columns(p) for p in problems]
-        columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
-        state = SimpleNamespace(global_step=step)
-        values = []
-        for r in self.rewards:
-            args = (problems, completions, completion_ids, prompts, columns, state)
-            try:
-                got = _call(r, *args)
-            except GspoError:
-                raise  # a judge's own error: one line naming it and the row already
-            except Exception as err:  # noqa: BLE001 - the user's function: one line, no traceback
-                row = _failing_row(r, *args)
-                raise RunError(
-                    f"reward {r.name} raised on the row whose prompt starts {texts[row][:40]!r}: "
-                    f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-                ) from None
-            values.append(_checked(r.name, got, texts))
+        completion_ids = [_ids(x) for x in completion_ids]
+        try:
+            return self._finish(problems, completions, completion_ids)
+        finally:
+            if self.pool is not None:
+                self.pool.discard(c for _, _, c in self.calls)
+
+    def _finish(self, problems, completions, completion_ids) -> list[Score]:
+        n = len(completions)
+        if any(self.sent[i] != (completions[i], completion_ids[i]) for i in self.sent):
+            self.pool.discard(c for _, _, c in self.calls)  # never expected: sent text differs from the batch's
+            self.sent, self.calls = {}, []
+        rest = [i for i in range(n) if i not in self.sent]
+        if self.pooled and rest:
+            k = min(self.pool.size, len(rest))
+            for j in range(k):  # contiguous chunks, one per worker
+                rows = rest[j * len(rest) // k : (j + 1) * len(rest) // k]
+                self._submit(rows, [completions[i] for i in rows], [completion_ids[i] for i in rows])
+        texts = [_text(p) for p in problems]  # what error messages quote
+        args = _arguments(problems, completions, completion_ids, self.step)
+        got = {r.name: _called(r, args, texts) for r in self.task.rewards if r not in self.pooled}
+        for r in self.pooled:
+            got[r.name] = self._collected(r, n, texts)
+        values = [_checked(r.name, got[r.name], texts) for r in self.task.rewards]
         scores = []
-        for i in range(len(completions)):
-            applied = {r.name: v[i] for r, v in zip(self.rewards, values) if v[i] is not None}
-            total = sum(r.weight * applied[r.name] for r in self.rewards if r.name in applied)
-            judge = next((applied.get(r.name) for r in self.rewards if r.correct), None)
+        for i in range(n):
+            applied = {r.name: v[i] for r, v in zip(self.task.rewards, values) if v[i] is not None}
+            total = sum(r.weight * applied[r.name] for r in self.task.rewards if r.name in applied)
+            judge = next((applied.get(r.name) for r in self.task.rewards if r.correct), None)
             correct = judge is not None and judge >= 1
             scores.append(Score(reward=float(total), correct=correct, components=applied, rewarded=bool(applied)))
         return scores
+
+    def _collected(self, r: Reward, n: int, texts: list[str]) -> Any:
+        """Reward r's answers from the pool, in row order (its calls read in order of their first row)."""
+        values: list = [None] * n
+        counts = []
+        for _, rows, call in sorted((c for c in self.calls if c[0] is r), key=lambda c: c[1][0]):
+            try:
+                got = self.pool.result(call)
+            except reward_pool.RewardRaised as err:
+                raise RunError(_raised_message(r.name, texts[rows[err.row]], err.text)) from None
+            try:
+                got = list(got)
+            except TypeError:
+                return got  # not a list: `_checked` says so
+            counts.append(len(got))
+            for i, v in zip(rows, got):
+                values[i] = v
+        if sum(counts) != n:
+            return [None] * sum(counts)  # `_checked`: returned m values for n completions
+        return values
+
+
+def _text(problem: Problem) -> str:
+    p = problem.prompt
+    return p if isinstance(p, str) else str(p)
+
+
+def _arguments(problems, completions, completion_ids, step: int):
+    """(problems, completions, completion_ids, prompts, columns, state) as reward functions get
+    them: conversational rows as TRL hands them over (the prompt's messages, the completion as
+    one message), `columns` every dataset column by name."""
+    chat = [isinstance(p.prompt, Conversation) for p in problems]
+    prompts = [list(p.prompt.messages) if c else p.prompt for p, c in zip(problems, chat)]
+    completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, chat)]
+    rows = [row_columns(p) for p in problems]
+    columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
+    return problems, completions, list(completion_ids), prompts, columns, SimpleNamespace(global_step=step)
+
+
+def _user_kwargs(completions, completion_ids, prompts, columns, state) -> dict[str, Any]:
+    return dict(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=state, **columns)
+
+
+def _called(r: Reward, args, texts: list[str]) -> Any:
+    """Reward r on every row, in the trainer; RunError naming it and the row if it raises."""
+    try:
+        return _call(r, *args)
+    except GspoError:
+        raise  # a judge's or reward model's own error: one line naming it and the row already
+    except Exception as err:  # noqa: BLE001 - the user's function: one line, no traceback
+        row = _failing_row(r, *args)
+        message = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        raise RunError(_raised_message(r.name, texts[row], message)) from None
+
+
+def _ids(ids: Any) -> Any:
+    """One completion's token ids as a list; ids marked `opaque_ids` (eval's NoTokenIds: no
+    tokenizer known) kept as they are, so only a reward that reads them fails."""
+    return ids if getattr(ids, "opaque_ids", False) else list(ids)
+
+
+def _raised_message(name: str, text: str, message: str) -> str:
+    return f"reward {name} raised on the row whose prompt starts {text[:40]!r}: {message}"
 
 
 def _call(r: Reward, problems, completions, completion_ids, prompts, columns, state):
     if r.shipped:  # our own verifiers read the completion's text
         return r.call(problems, [c[0]["content"] if isinstance(c, list) else c for c in completions])
-    return r.call(
-        prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=state, **columns
-    )
+    kwargs = _user_kwargs(completions, completion_ids, prompts, columns, state)
+    return reward_pool.call_rows(r.call, kwargs, len(completions))
 
 
 def _failing_row(r: Reward, problems, completions, completion_ids, prompts, columns, state) -> int:

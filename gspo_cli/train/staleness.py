@@ -15,10 +15,16 @@ KL reference (kl_coef) is the initial model, as with staleness 0.
 A checkpoint after step k holds the batch pre-sampled for step k+1 (and the problems it
 answers): a resumed run trains exactly what an uninterrupted one would, and the worker's
 sampling is seeded by (seed, step) alone.
+
+Scoring overlaps the update: a thread of the trainer waits for each pre-sampled batch and
+scores it (in the reward pool, or in that thread when rewards run in the trainer) while step
+k trains. A checkpoint holds the batch, not its scores: a resumed run scores it again (exact
+for a deterministic reward; a non-deterministic one, an LLM judge, makes resume inexact).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -67,6 +73,7 @@ class StaleRollouts:
     def __init__(self, ctx: Ctx, *, source: str, seed: int, pending: dict | None = None):
         self.steps = ctx.spec.train.steps
         self.next: Pending | None = Pending(**pending) if pending else None
+        self.scoring: _Scored | None = None  # the thread fetching and scoring self.next
         self.threads_before = torch.get_num_threads()
         trainer_threads, worker_threads = split_threads(self.threads_before)
         args = WorkerArgs(
@@ -74,26 +81,23 @@ class StaleRollouts:
         )
         self.sampler = AsyncSampler(args, ctx.model.state_dict())  # the last thing that can fail
         torch.set_num_threads(trainer_threads)
+        if self.next is not None:  # resumed: the checkpoint's batch is scored again, starting now
+            self.scoring = _Scored(self, ctx, self.next)
 
     def step(self, ctx: Ctx, step: int) -> dict:
-        spec = ctx.spec
-        G = spec.rollout.group_size
         t0 = time.time()
         if self.next is None:  # nothing sampled ahead: the first step
             self.next, _ = self._request(ctx, step, version=step - 1)
-        item = self._collect()
-        self.next = None
+        item, scores, score_s = self._collect()
+        self.next, self.scoring = None, None
         wait_s = time.time() - t0
         sync_s = 0.0
-        if step < self.steps:  # sample the next step's batch while this one trains
+        if step < self.steps:  # sample (and score) the next step's batch while this one trains
             self.next, sync_s = self._request(ctx, step + 1, version=step - 1)
-        t1 = time.time()
         batch = item.batch
-        rows = [item.problems[i // G] for i in range(len(batch.completions))]
-        scores = ctx.task.score_rollout(rows, batch.completions, batch.completion_ids, step)
         times = {
             "time/rollout_s": item.rollout_s,
-            "time/score_s": time.time() - t1,
+            "time/score_s": score_s,  # in the scoring thread, overlapped with the previous update
             "time/weight_sync_s": sync_s,
             "perf/rollout_wait_s": wait_s,
         }
@@ -106,7 +110,7 @@ class StaleRollouts:
         next step (waiting for the worker to finish it), or nothing after the last step."""
         if self.next is None:
             return {}
-        item = self._collect()
+        item = self._collect()[0]  # scored too: a failing reward fails this step, as without staleness
         return {CHECKPOINT_KEY: vars(item).copy()}
 
     def _request(self, ctx: Ctx, step: int, version: int) -> tuple[Pending, float]:
@@ -118,19 +122,24 @@ class StaleRollouts:
         sync_s = time.time() - t
         check = check_due(ctx.spec.rollout.logprob_check_every, step)
         self.sampler.request(step, version, [p.prompt for p in problems for _ in range(G)], check)
-        return Pending(step=step, version=version, problems=problems), sync_s
+        item = Pending(step=step, version=version, problems=problems)
+        self.scoring = _Scored(self, ctx, item)
+        return item, sync_s
 
-    def _collect(self) -> Pending:
-        """self.next, its batch waited for if the worker is still sampling it."""
-        item = self.next
+    def _fetch(self, item: Pending) -> None:
+        """item's batch, waited for if the worker is still sampling it (the scoring thread's)."""
         if item.batch is None:
             item.batch, version, item.rollout_s = self.sampler.wait()
             assert version == item.version, (version, item.version)
-        return item
+
+    def _collect(self) -> tuple[Pending, list, float]:
+        """(self.next, its scores, seconds its scoring took), waited for."""
+        scores, seconds = self.scoring.result()
+        return self.next, scores, seconds
 
     def close(self) -> None:
         try:
-            self.sampler.close()
+            self.sampler.close()  # a scoring thread waiting for the worker then fails and ends
         finally:
             torch.set_num_threads(self.threads_before)
 
@@ -139,3 +148,32 @@ class StaleRollouts:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Scored:
+    """A daemon thread that waits for `item`'s batch, then scores it (`result()` joins it and
+    raises what it raised: a reward's RunError, the worker's)."""
+
+    def __init__(self, stale: StaleRollouts, ctx: Ctx, item: Pending):
+        self.out: dict = {}
+        self.thread = threading.Thread(target=self._run, args=(stale, ctx, item), name="gspo-scoring", daemon=True)
+        self.thread.start()
+
+    def _run(self, stale: StaleRollouts, ctx: Ctx, item: Pending) -> None:
+        try:
+            stale._fetch(item)
+            t = time.time()
+            G = ctx.spec.rollout.group_size
+            batch = item.batch
+            rows = [item.problems[i // G] for i in range(len(batch.completions))]
+            scores = ctx.task.score_rollout(rows, batch.completions, batch.completion_ids, item.step)
+            self.out["value"] = (scores, time.time() - t)
+        except BaseException as err:  # noqa: BLE001 - raised again in the trainer's thread
+            self.out["error"] = err
+
+    def result(self) -> tuple[list, float]:
+        while self.thread.is_alive():
+            self.thread.join(timeout=0.5)  # a short join: Ctrl-C still reaches the trainer
+        if "error" in self.out:
+            raise self.out["error"]
+        return self.out["value"]

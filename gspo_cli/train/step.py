@@ -45,6 +45,7 @@ from gspo_cli.train.old_policy import old_policy
 from gspo_cli.train.optim import make_optimizer, make_scheduler
 from gspo_cli.train.samples import sample_records, samples_due
 from gspo_cli.train.sampling import advantages, dynamic_sampling, record_dynamic, shaped_rewards
+from gspo_cli.train.scored_rollout import sample_and_score
 from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
 from gspo_cli.train.token_weights import off_policy_weights, token_weights
 
@@ -159,25 +160,14 @@ def setup(
 
 
 def train_step(ctx: Ctx, step: int) -> dict:
-    spec = ctx.spec
-    G = spec.rollout.group_size
     t0 = time.time()
 
     # 1-2. Rollout and reward: G samples per prompt from the current policy (= pi_old for this
     # step). Every rank draws the same global prompt list and keeps its share (whole groups).
     times = {"time/rollout_s": 0.0, "time/score_s": 0.0}
 
-    def sample():
-        t = time.time()
-        problems = distributed.shard(ctx.task.train_problems(ctx.rng, spec.rollout.prompts_per_step), ctx.dist)
-        with ctx.compute():
-            batch = ctx.engine.generate([p.prompt for p in problems for _ in range(G)])
-        t1 = time.time()
-        rows = [problems[i // G] for i in range(len(batch.completions))]
-        scores = ctx.task.score_rollout(rows, batch.completions, batch.completion_ids, step)
-        times["time/rollout_s"] += t1 - t
-        times["time/score_s"] += time.time() - t1
-        return problems, batch, scores
+    def sample():  # rows are scored as they are sampled where the engine allows (train/scored_rollout.py)
+        return sample_and_score(ctx, step, times)
 
     problems, batch, scores = sample()
     dynamic = None

@@ -1,0 +1,444 @@
+"""Reward functions from the user's code in a pool of worker processes (`task.reward_workers`).
+
+Only FILE.py:NAME, module:NAME and plugin functions go to the pool; the rewards we ship,
+reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
+
+- starts `workers` processes with multiprocessing's spawn context (never fork: torch has
+  started threads by then); each imports the user's file or module itself, by the reward's
+  `source` (a function from a file path cannot be pickled by reference), once, on first use;
+- sends each call (one reward on a contiguous chunk of rows, TRL's keyword arguments) to the
+  worker with the fewest rows outstanding, and reads answers from one result queue;
+- ends a call that runs longer than `timeout_s` (`task.reward_timeout_s`, counted from when
+  the worker starts it) with a RunError naming the reward and the chunk's first row, after
+  killing every worker (they are started again on the next call); a worker that dies
+  (segfault, os._exit) is a RunError too: one line, never a hang;
+- stops the workers on `close()` (`running` does that at the end of `gspo train`, Ctrl-C
+  included). Workers ignore SIGINT/SIGTERM (the trainer decides when they stop) and die with
+  the trainer (PR_SET_PDEATHSIG), so none is left behind.
+
+`async def` rewards (`call_rows`) are called once per row, the rows of one call gathered
+concurrently on one event loop, in whichever process runs the reward (a worker, or the
+trainer when `reward_workers` is 0), at most ASYNC_CONCURRENCY rows at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import inspect
+import itertools
+import multiprocessing
+import numbers
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gspo_cli.errors import RunError
+
+MAX_WORKERS = 8  # the default's cap
+ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards)
+POLL_S = 0.1  # how often a waiting trainer checks time-outs and workers' health
+STOP_S = 2.0  # how long `close` lets workers stop before killing them
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def auto_workers(cpus: int, threads: int, omp_set: bool) -> int:
+    """The default pool size: the cores this run has that torch's `threads` leave free, at
+    least 1 and at most MAX_WORKERS. Under `gspo sweep --jobs J` each run gets cpus // J
+    cores, which its OMP_NUM_THREADS says (`omp_set`: sweep sized torch's threads so)."""
+    jobs = max(1, cpus // max(1, threads)) if omp_set else 1
+    return max(1, min(MAX_WORKERS, cpus // jobs - threads))
+
+
+def planned(task_cfg, threads: int) -> tuple[int, str | None]:
+    """(workers, the setup line) for a spec's `task` section and torch's thread count: (0, None)
+    when no reward (training's or an evaluation set's) is a user or plugin function."""
+    from gspo_cli.tasks.rewards import SHIPPED
+
+    cfgs = list(task_cfg.rewards) + [r for s in task_cfg.eval_sets for r in (s.rewards or [])]
+    pooled = sorted({c.label for c in cfgs if c.function is not None and c.function not in SHIPPED})
+    if not pooled:
+        return 0, None
+    names = f"reward functions ({', '.join(pooled)})"
+    if task_cfg.reward_workers == 0:
+        return 0, f"{names}: scored in the trainer process (task.reward_workers: 0)"
+    if task_cfg.reward_workers is not None:
+        n, why = task_cfg.reward_workers, "task.reward_workers"
+    else:
+        cpus = usable_cpus()
+        n = auto_workers(cpus, threads, "OMP_NUM_THREADS" in os.environ)
+        why = f"default: {cpus} cores, {threads} torch thread(s); task.reward_workers sets it"
+    return n, f"{names}: {n} worker process(es) ({why}), at most {task_cfg.reward_timeout_s:g} s per call"
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------
+# Calling a reward function (in a worker, or in the trainer)
+
+
+def is_async(fn: Callable) -> bool:
+    """An `async def` function (or an object whose __call__ is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(vars(type(fn)).get("__call__"))
+
+
+def call_rows(fn: Callable, kwargs: dict[str, Any], n: int) -> Any:
+    """`fn(**kwargs)` on n rows (TRL's keyword arguments: lists of n values, and trainer_state);
+    an `async def` fn once per row, the n calls gathered on one event loop, their answers joined."""
+    if not is_async(fn):
+        return fn(**kwargs)
+    coro = _gathered(fn, kwargs, n)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop in this thread: the usual case
+        return asyncio.run(coro)
+    out: dict[str, Any] = {}  # a loop runs here already (a notebook): use a thread of our own
+
+    def run() -> None:
+        try:
+            out["value"] = asyncio.run(coro)
+        except BaseException as err:  # noqa: BLE001 - raised again below
+            out["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def row_slice(kwargs: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+    """The keyword arguments of `rows` only (lists sliced; trainer_state kept)."""
+    return {k: [v[i] for i in rows] if isinstance(v, list) else v for k, v in kwargs.items()}
+
+
+async def _gathered(fn: Callable, kwargs: dict[str, Any], n: int) -> Any:
+    gate = asyncio.Semaphore(ASYNC_CONCURRENCY)
+
+    async def one(i: int):
+        async with gate:
+            return await fn(**row_slice(kwargs, [i]))
+
+    answers = await asyncio.gather(*(one(i) for i in range(n)))
+    values: list = []
+    for got in answers:
+        try:
+            values.extend(list(got))
+        except TypeError:  # not a list: what the caller's check reports
+            return got
+    return values
+
+
+def failing_row(fn: Callable, kwargs: dict[str, Any], n: int) -> int:
+    """The first row on which `fn` raises when called on that row alone (0 when none does)."""
+    for i in range(n):
+        try:
+            call_rows(fn, row_slice(kwargs, [i]), 1)
+        except Exception:  # noqa: BLE001 - found it
+            return i
+    return 0
+
+
+class Opaque:
+    """A value a worker cannot send back (not picklable): its repr, for the error message."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _portable(got: Any) -> Any:
+    """What a function returned, as the trainer can receive it: 0-d tensors and arrays as their
+    number, numbers and None as they are, anything else as itself if it pickles (else Opaque)."""
+    try:
+        items = list(got)
+    except TypeError:
+        return got if _pickles(got) else Opaque(repr(got))
+    out = []
+    for v in items:
+        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+            v = v.item()
+        out.append(v if v is None or isinstance(v, numbers.Real) or _pickles(v) else Opaque(repr(v)))
+    return out
+
+
+def _pickles(v: Any) -> bool:
+    try:
+        pickle.dumps(v)
+    except Exception:  # noqa: BLE001 - any failure: not sendable
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# The pool (trainer side)
+
+
+class RewardRaised(Exception):
+    """A pooled reward raised: `row` (in the call's rows) and "Type: first line"."""
+
+    def __init__(self, row: int, text: str):
+        super().__init__(text)
+        self.row, self.text = row, text
+
+
+@dataclass
+class _Call:
+    slot: int
+    reward: str
+    prompt: str  # the first row's prompt, for error messages
+    rows: int
+    started: float | None = None
+    done: bool = False
+    value: Any = None
+    error: tuple[int, str] | None = None
+
+
+class RewardPool:
+    """`workers` spawned processes running reward functions; see the module docstring."""
+
+    def __init__(self, workers: int, timeout_s: float):
+        if workers < 1:
+            raise ValueError("a RewardPool has at least one worker")
+        self.size, self.timeout_s = workers, timeout_s
+        self._mp = multiprocessing.get_context("spawn")
+        self.results = self._mp.Queue()
+        self.slots: list[tuple[Any, Any] | None] = [None] * workers
+        self.calls: dict[int, _Call] = {}
+        self._ids = itertools.count()
+        self._lock = threading.RLock()  # the trainer and a staleness-1 scoring thread share the pool
+        self.closed = False
+        for i in range(workers):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        requests = self._mp.Queue()
+        proc = self._mp.Process(
+            target=_worker_main, args=(i, requests, self.results), name=f"gspo-reward-{i}", daemon=True
+        )
+        with _no_main_module(), _stop_signals_blocked():
+            proc.start()
+        self.slots[i] = (proc, requests)
+
+    def pids(self) -> list[int]:
+        return [s[0].pid for s in self.slots if s is not None]
+
+    def submit(self, reward: str, source: str, prompt: str, kwargs: dict[str, Any], rows: int) -> int:
+        """Send one call (reward `reward`, loaded from `source`, on `rows` rows) to the worker with
+        the fewest rows outstanding; its id."""
+        with self._lock:
+            if self.closed:
+                raise RunError("the reward pool is closed")
+            self._pump(wait=False)  # answers that arrived: which workers are free now
+            load = [0] * self.size  # rows outstanding per worker
+            for c in self.calls.values():
+                load[c.slot] += 0 if c.done else c.rows
+            slot = min(range(self.size), key=lambda i: (load[i], i))
+            if self.slots[slot] is None:
+                self._start(slot)
+            call_id = next(self._ids)
+            self.calls[call_id] = _Call(slot, reward, prompt, rows)
+            self.slots[slot][1].put(("call", call_id, source, kwargs, rows))
+            return call_id
+
+    def result(self, call_id: int) -> Any:
+        """What call `call_id` returned (RewardRaised when the function raised; RunError when it
+        timed out or its worker died)."""
+        while True:
+            with self._lock:
+                call = self.calls.get(call_id)
+                if call is None:
+                    raise RunError("reward pool: the call was abandoned (a worker was stopped)")
+                if call.done:
+                    del self.calls[call_id]
+                    if call.error is not None:
+                        raise RewardRaised(*call.error)
+                    return call.value
+                self._pump()
+
+    def discard(self, call_ids) -> None:
+        """Forget calls whose answers are no longer wanted (they are dropped when they arrive)."""
+        with self._lock:
+            for i in call_ids:
+                self.calls.pop(i, None)
+
+    def _pump(self, wait: bool = True) -> None:
+        """Read the answers that arrived (waiting up to POLL_S for one when `wait`), then check
+        time-outs and workers' health."""
+        while True:
+            try:
+                msg = self.results.get(timeout=POLL_S) if wait else self.results.get_nowait()
+            except queue.Empty:
+                break
+            except (OSError, ValueError, EOFError):
+                raise RunError("the reward pool was closed while a reward ran") from None
+            self._read(msg)
+            wait = False  # then whatever else is there, without waiting
+        self._check()
+
+    def _read(self, msg) -> None:
+        if msg is not None:
+            call = self.calls.get(msg[2])
+            if call is not None:
+                if msg[0] == "start":
+                    call.started = msg[3]
+                elif msg[0] == "ok":
+                    call.done, call.value = True, msg[3]
+                else:
+                    call.done, call.error = True, (msg[3], msg[4])
+
+    def _check(self) -> None:
+        now = time.time()
+        for call in self.calls.values():
+            if call.done:
+                continue
+            slot = self.slots[call.slot]
+            where = f"on {call.rows} row(s), the first whose prompt starts {call.prompt[:40]!r}"
+            if call.started is not None and now - call.started > self.timeout_s:
+                self._reset()
+                raise RunError(
+                    f"reward {call.reward} took more than {self.timeout_s:g} s (task.reward_timeout_s) {where}; "
+                    "its worker was stopped"
+                )
+            if slot is None or not slot[0].is_alive():
+                code = None if slot is None else slot[0].exitcode
+                self._reset()
+                raise RunError(
+                    f"reward {call.reward}'s worker process died (exit code {code}) {where}: the reward function "
+                    "or a library it calls crashed"
+                )
+
+    def _reset(self) -> None:
+        """Kill every worker and forget every call (workers start again on the next call)."""
+        for i, slot in enumerate(self.slots):
+            if slot is not None:
+                _stop(slot, grace_s=0)
+            self.slots[i] = None
+        self.calls.clear()
+
+    def close(self) -> None:
+        """Stop the workers: ask, then kill; returns once they are gone."""
+        with self._lock:
+            self.closed = True
+            live = [s for s in self.slots if s is not None]
+            for _, requests in live:
+                with contextlib.suppress(ValueError, OSError):
+                    requests.put(("stop",))
+            deadline = time.time() + STOP_S
+            while any(p.is_alive() for p, _ in live) and time.time() < deadline:
+                with contextlib.suppress(queue.Empty, OSError, EOFError, ValueError):
+                    self.results.get(timeout=POLL_S)  # lets a worker's queue flush so that it can exit
+            for slot in live:
+                _stop(slot, grace_s=0)
+            self.slots = [None] * self.size
+            self.results.cancel_join_thread()
+            self.results.close()
+
+
+def _stop(slot, grace_s: float) -> None:
+    proc, requests = slot
+    proc.join(timeout=grace_s)
+    if proc.is_alive():
+        proc.kill()  # workers ignore SIGTERM
+        proc.join(timeout=10)
+    requests.cancel_join_thread()
+    requests.close()
+
+
+_active: RewardPool | None = None
+
+
+def active() -> RewardPool | None:
+    """The pool of the `gspo train` running in this process (None: rewards run in the trainer)."""
+    return _active
+
+
+@contextlib.contextmanager
+def running(workers: int, timeout_s: float) -> Iterator[RewardPool | None]:
+    """A pool of `workers` processes (none for 0) that reward scoring uses until the block ends."""
+    global _active
+    pool = RewardPool(workers, timeout_s) if workers > 0 else None
+    _active = pool
+    try:
+        yield pool
+    finally:
+        _active = None
+        if pool is not None:
+            pool.close()
+
+
+@contextlib.contextmanager
+def _no_main_module():
+    """While a worker is spawned: the parent's __main__ hidden, so spawn does not import it again
+    in the child (a user's script without an `if __name__ == "__main__"` guard would run)."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """SIGINT/SIGTERM held pending while a worker starts: it inherits the mask and unblocks them
+    only once it ignores them, so a Ctrl-C during its imports cannot kill it."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker process
+
+
+def _worker_main(slot: int, requests, results) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    from gspo_cli.tasks.rewards import load_source
+
+    functions: dict[str, Callable] = {}
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            msg = requests.get(timeout=0.5)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return
+            continue
+        if msg[0] == "stop":
+            return
+        _, call_id, source, kwargs, n = msg
+        results.put(("start", slot, call_id, time.time()))
+        fn = functions.get(source)
+        try:
+            if fn is None:
+                fn = functions[source] = load_source(source)
+            results.put(("ok", slot, call_id, _portable(call_rows(fn, kwargs, n))))
+        except Exception as err:  # noqa: BLE001 - the user's function: one line back to the trainer
+            row = failing_row(fn, kwargs, n) if fn is not None else 0
+            results.put(("error", slot, call_id, row, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"))

@@ -1,0 +1,363 @@
+"""task.reward_workers: reward functions in a pool of spawned worker processes, time-outs,
+crashes, async rewards, and scoring overlapped with sampling (issue 40)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+import torch
+import yaml
+from helpers import TINY, tiny_model_dir
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from gspo_cli.cli.app import app
+from gspo_cli.distributed import DistInfo
+from gspo_cli.errors import RunError
+from gspo_cli.models.builtin import build_config, build_tokenizer
+from gspo_cli.rollout import HFRolloutEngine
+from gspo_cli.runs import RunDir
+from gspo_cli.spec import BuiltinModelConfig, RewardConfig
+from gspo_cli.tasks import make_task, reward_pool
+from gspo_cli.tasks.reward_pool import RewardPool, auto_workers, running
+from gspo_cli.train.scored_rollout import sample_and_score
+
+ROOT = Path(__file__).resolve().parents[1]
+
+REWARDS = '''
+import asyncio, os, time
+
+def shape(completions, completion_ids, prompts, kind, trainer_state, **kwargs):
+    # deterministic per row: lengths, a column and the step, in distinct digits
+    return [len(c) + 0.01 * len(i) + (0.5 if k == "a" else 0.0) + 1000 * trainer_state.global_step
+            if k != "b" else None for c, i, k in zip(completions, completion_ids, kind)]
+
+def first_char(completions, prompts, **kwargs):
+    return [float(ord(c[0])) if c else float("nan") for c in completions]
+
+def sleepy(completions, **kwargs):
+    time.sleep(0.05 * len(completions))
+    return [1.0] * len(completions)
+
+def hang(completions, **kwargs):
+    time.sleep(3600)
+
+def boom(completions, prompts, **kwargs):
+    for p in prompts:
+        if p.startswith("Row 7"):
+            raise ValueError("cannot judge row seven\\nsecond line")
+    return [0.0] * len(completions)
+
+async def slow_async(completions, **kwargs):
+    for _ in completions:  # one row at a time within a call: only concurrent calls are fast
+        await asyncio.sleep(0.2)
+    return [float(len(c)) for c in completions]
+
+def exits(completions, trainer_state, **kwargs):
+    if trainer_state.global_step == 2:
+        os._exit(3)
+    return [1.0 if "4" in c else 0.0 for c in completions]
+'''
+
+
+@pytest.fixture
+def data(tmp_path):
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    rows = [{"prompt": f"Row {i}: {i}+1?", "kind": "abc"[i % 3], "solution": f"{i + 1}"} for i in range(40)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def task_of(tmp_path, *names):
+    cfgs = [RewardConfig(function=f"{tmp_path / 'rewards.py'}:{n}") for n in names]
+    return make_task("prompts", {"source": str(tmp_path / "train.jsonl")}, cfgs)
+
+
+def worker_pids() -> list[int]:
+    """Live reward workers of this process (spawned children running the pool's worker)."""
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and any("spawn_main" in a for a in child.cmdline()):
+                out.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def rows_of(task, n):
+    problems = task.eval_problems(40)
+    rows = [problems[i % len(problems)] for i in range(n)]
+    completions = [f"{'x' * (i % 5)}{i}" for i in range(n)]
+    return rows, completions
+
+
+def test_auto_size_is_the_cores_torch_leaves_at_most_8():
+    assert auto_workers(16, 4, omp_set=False) == 8  # 12 left, capped
+    assert auto_workers(16, 13, omp_set=False) == 3
+    assert auto_workers(2, 2, omp_set=False) == 1  # none left: still one (time-outs, crash isolation)
+    assert auto_workers(16, 4, omp_set=True) == 1  # sweep --jobs 4: 4 cores per run, all torch's
+    assert auto_workers(16, 2, omp_set=True) == 1  # --jobs 8
+
+
+def test_pool_scores_equal_in_process_scores_in_order(data):
+    task = task_of(data, "shape", "first_char")
+    rows, completions = rows_of(task, 37)
+    ids = [[ord(ch) % 7 for ch in c] + [1] for c in completions]
+    want = task.score_rollout(rows, completions, ids, step=3)
+    with running(3, 60) as pool:
+        assert len(pool.pids()) == 3
+        got = task.score_rollout(rows, completions, ids, step=3)
+        # rows handed over out of order as they are sampled, the rest at the end
+        scoring = task.scoring(rows, 3)
+        scoring.add([30, 2, 5], [completions[i] for i in (30, 2, 5)], [ids[i] for i in (30, 2, 5)])
+        scoring.add([36], [completions[36]], [ids[36]])
+        streamed = scoring.finish(completions, ids)
+        # a burst of rows (many stop at the same decode step) is spread over the workers
+        scoring = task.scoring(rows, 3)
+        scoring.add(list(range(30)), completions[:30], ids[:30])
+        assert [len(r) for _, r, _ in scoring.calls] == [13, 13, 13, 13, 4, 4]  # ceil(37 / 3) rows a call, both rewards
+        burst = scoring.finish(completions, ids)
+        # a row handed over with another text than the batch's is scored again
+        scoring = task.scoring(rows, 3)
+        scoring.add([4], ["changed"], [[9]])
+        redone = scoring.finish(completions, ids)
+    for scores in (got, streamed, burst, redone):
+        assert [(s.reward, s.components, s.correct, s.rewarded) for s in scores] == [
+            (s.reward, s.components, s.correct, s.rewarded) for s in want
+        ]
+    # hand-checked rows: "0" (kind a, 2 ids), row 1 kind b (shape: None)
+    assert want[0].components == {"shape": 1 + 0.02 + 0.5 + 3000, "first_char": 48.0}
+    assert want[1].components == {"first_char": float(ord("x"))}
+
+
+def test_four_workers_score_a_sleeping_reward_in_under_half_the_serial_time(data):
+    task = task_of(data, "sleepy")
+    rows, completions = rows_of(task, 64)
+    with running(4, 60):
+        task.score_rollout(rows[:4], completions[:4])  # the workers have imported the file
+        t = time.time()
+        scores = task.score_rollout(rows, completions)
+        took = time.time() - t
+    assert [s.reward for s in scores] == [1.0] * 64
+    assert took < 0.5 * 64 * 0.05, took  # serial: 3.2 s; 4 workers: ~0.8 s
+
+
+def test_a_hung_reward_times_out_in_one_line_and_its_worker_is_killed(data):
+    task = task_of(data, "hang")
+    rows, completions = rows_of(task, 2)
+    with running(1, 2.0) as pool:
+        pid = pool.pids()[0]
+        t = time.time()
+        with pytest.raises(RunError) as err:
+            task.score_rollout(rows, completions)
+        took = time.time() - t
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        msg = str(err.value)
+        assert "reward hang took more than 2 s (task.reward_timeout_s)" in msg
+        assert "the first whose prompt starts 'Row 0: 0+1?'" in msg and "\n" not in msg
+        assert took < 2.0 + 8, took  # the import of the file, the time-out, a poll
+        # the pool starts a fresh worker for the next call
+        task = task_of(data, "first_char")
+        assert [s.reward for s in task.score_rollout(rows, ["a", "b"])] == [97.0, 98.0]
+    assert worker_pids() == []
+
+
+def test_a_raising_reward_keeps_the_one_line_message_naming_the_row(data):
+    task = task_of(data, "boom")
+    rows, completions = rows_of(task, 12)
+    with pytest.raises(RunError) as inline:
+        task.score_rollout(rows, completions)
+    with running(2, 60), pytest.raises(RunError) as pooled:
+        task.score_rollout(rows, completions)
+    want = "reward boom raised on the row whose prompt starts 'Row 7: 7+1?': ValueError: cannot judge row seven"
+    assert str(inline.value) == str(pooled.value) == want
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_async_rewards_run_their_rows_concurrently(data, workers):
+    task = task_of(data, "slow_async")
+    rows, completions = rows_of(task, 32)
+    with running(workers, 60):
+        if workers:
+            task.score_rollout(rows[:1], completions[:1])  # the worker has started
+        t = time.time()
+        scores = task.score_rollout(rows, completions)
+        took = time.time() - t
+    assert [s.reward for s in scores] == [float(len(c)) for c in completions]
+    assert took < 32 * 0.2 / 4, took  # serial: 6.4 s; concurrent: ~0.2 s
+
+
+def test_workers_stop_with_the_pool_and_ignore_ctrl_c(data):
+    pool = RewardPool(2, 60)
+    try:
+        pids = pool.pids()
+        time.sleep(1.0)  # past their start
+        for pid in pids:
+            os.kill(pid, signal.SIGINT)  # a Ctrl-C reaches the whole process group
+        task = task_of(data, "first_char")
+        reward_pool._active = pool
+        assert [s.reward for s in task.score_rollout(*rows_of(task, 2))] == [48.0, 120.0]
+    finally:
+        reward_pool._active = None
+        pool.close()
+    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+    assert worker_pids() == []
+
+
+def _build_tiny():
+    tok = build_tokenizer("0123456789+-=?\n")
+    size = BuiltinModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(build_config("tiny-dense", size, tok)), tok
+
+
+def test_the_hf_engine_hands_over_rows_as_they_stop_as_the_batch_holds_them():
+    model, tok = _build_tiny()
+    stops = [tok.convert_tokens_to_ids(c) for c in "0123"] + [tok.eos_token_id]
+    seen = {}
+
+    def on_rows(rows, texts, ids):
+        for i, t, x in zip(rows, texts, ids):
+            assert i not in seen
+            seen[i] = (t, x)
+
+    for decode in ("compact", "generate"):
+        eng = HFRolloutEngine(model.eval(), tok, max_new_tokens=12, temperature=1.0, stop_ids=stops, decode=decode)
+        torch.manual_seed(3)
+        seen.clear()
+        b = eng.generate(["1+2=?\n", "31+4=?\n"] * 8, on_rows=on_rows)
+        if decode == "generate":
+            assert seen == {}  # all at once: scored when generate returns
+            continue
+        lengths = b.response_mask.sum(1).long().tolist()
+        assert 0 < len(seen) < 16 and len(set(lengths)) > 2
+        for i, (text, ids) in seen.items():
+            assert (text, ids) == (b.completions[i], b.completion_ids[i])
+            assert lengths[i] < max(lengths)  # handed over while longer rows still sampled
+
+
+class _Streaming:
+    """An engine that hands rows 0 and 1 over before returning the batch, as the hf engine's loop does."""
+
+    streams_rows = True
+
+    def generate(self, prompts, on_rows=None):
+        self.on_rows = on_rows
+        texts = [f"{i}x" for i in range(len(prompts))]
+        ids = [[i] for i in range(len(prompts))]
+        if on_rows is not None:
+            on_rows([1, 0], [texts[1], texts[0]], [ids[1], ids[0]])
+        return SimpleNamespace(completions=texts, completion_ids=ids)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_step_hands_rows_to_the_pool_while_it_samples(data, workers):
+    ctx = SimpleNamespace(
+        spec=SimpleNamespace(rollout=SimpleNamespace(group_size=2, prompts_per_step=3)),
+        task=task_of(data, "first_char"),
+        rng=random.Random(0),
+        dist=DistInfo(),
+        compute=contextlib.nullcontext,
+        engine=_Streaming(),
+    )
+    times = {"time/rollout_s": 0.0, "time/score_s": 0.0}
+    sent = []
+    with running(workers, 60) as pool:
+        if pool is not None:
+            submit = pool.submit
+            pool.submit = lambda *a: sent.append((a[2], a[4])) or submit(*a)  # (first prompt, rows)
+        problems, batch, scores = sample_and_score(ctx, 1, times)
+        if pool is not None:
+            assert pool.calls == {}  # every call answered and forgotten
+            # rows 1 and 0 while sampling (one call), then rows 2-5 in two chunks, one per worker
+            assert sent == [(problems[0].prompt, 2), (problems[1].prompt, 2), (problems[2].prompt, 2)]
+    assert (ctx.engine.on_rows is not None) == bool(workers)  # rows are handed over only to a pool
+    assert len(problems) == 3 and [s.reward for s in scores] == [float(ord(str(i))) for i in range(6)]
+    assert times["time/score_s"] > 0
+
+
+def _spec(data, reward, **extra) -> Path:
+    spec = {
+        **TINY,
+        "model": {"name": str(tiny_model_dir())},
+        "task": {
+            "name": "prompts",
+            "params": {"source": str(data / "train.jsonl")},
+            "eval_size": 2,
+            "rewards": [{"function": f"{data}/rewards.py:{reward}"}],
+            "reward_workers": 2,
+            "reward_timeout_s": 60,
+        },
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
+        "train": {"steps": 3, "checkpoint_every": 1, "eval_every": 0, "eval_samples": 1},
+        "arms": [{"name": "gspo", "preset": "paper-gspo"}],
+    }
+    for k, v in extra.items():
+        spec[k] = {**spec.get(k, {}), **v}
+    (data / "own.yaml").write_text(yaml.safe_dump(spec))
+    return data / "own.yaml"
+
+
+def test_a_worker_that_dies_ends_the_run_in_one_line_its_checkpoint_intact(data):
+    res = CliRunner().invoke(app, ["train", str(_spec(data, "exits")), "-o", str(data / "out")])
+    assert res.exit_code == 1, res.output
+    assert "reward functions (exits): 2 worker process(es) (task.reward_workers)" in " ".join(res.output.split())
+    line = next(x for x in res.output.splitlines() if "worker process died" in x)
+    assert "reward exits's worker process died (exit code 3)" in line and "Traceback" not in res.output
+    run = RunDir(data / "out/e2e/gspo/seed0")
+    assert run.status() == "failed" and (run.checkpoints / "step_000001").is_dir()
+    assert [m["step"] for m in run.metrics()] == [1]
+    assert worker_pids() == []
+
+
+def test_staleness_one_scores_the_next_batch_in_the_pool(data):
+    spec = _spec(data, "first_char", rollout={"staleness": 1}, train={"steps": 2})
+    res = CliRunner().invoke(app, ["train", str(spec), "-o", str(data / "out")])
+    assert res.exit_code == 0, res.output
+    run = RunDir(data / "out/e2e/gspo/seed0")
+    assert run.status() == "completed" and [m["step"] for m in run.metrics()] == [1, 2]
+    assert all(m["reward/first_char"] >= 10 for m in run.metrics())  # ord() of a character: scored
+    assert worker_pids() == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_worker_behind(data):
+    """`gspo train` in its own process, a reward sleeping in two workers, SIGINT: the run stops
+    (exit 4 or 130) and every worker process is gone."""
+    spec = _spec(data, "sleepy", train={"steps": 50})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_cli", "train", str(spec), "-o", str(data / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline, workers = time.time() + 240, []
+        while time.time() < deadline and not (data / "out/e2e/gspo/seed0/metrics.jsonl").exists():
+            time.sleep(0.5)
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            if any("spawn_main" in a for a in child.cmdline()):
+                workers.append(child)
+        assert len(workers) == 2
+        os.killpg(proc.pid, signal.SIGINT)  # the whole process group, as a terminal does
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (4, 130), out
+    time.sleep(1)
+    assert all(not w.is_running() or w.status() == psutil.STATUS_ZOMBIE for w in workers)
