@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 import subprocess
 import sys
 import warnings
@@ -27,6 +28,7 @@ from gspo_cli.algorithms import (
 )
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
+from gspo_cli.rollout import make_engine
 from gspo_cli.spec import ModelConfig
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
@@ -79,9 +81,14 @@ ROWS_FOR = {1: 14, 2: 7, 3: 5, 7: 2}  # micro_batch_rows giving 1, 2, 3 and 7 mi
 NOISY_METRICS = ("time/", "perf/tokens_per_s", "perf/peak_", "perf/micro_batches")
 
 
-def _spec(arm: dict, train: dict | None = None, model: dict | None = None):
+def _spec(arm: dict, train: dict | None = None, model: dict | None = None, rollout: dict | None = None):
     arm = {"name": "a", "preset": "paper-grpo", "mini_batches": 1, **arm}
-    raw = {**TINY, "rollout": ROLLOUT, "arms": [arm], "train": {**TINY["train"], **(train or {})}}
+    raw = {
+        **TINY,
+        "rollout": {**ROLLOUT, **(rollout or {})},
+        "arms": [arm],
+        "train": {**TINY["train"], **(train or {})},
+    }
     raw["model"] = {**TINY["model"], **(model or {})}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -310,3 +317,41 @@ def test_no_grad_forwards_in_micro_batches_give_the_whole_batch_values(bench, mo
         assert torch.equal(split_routes[:, at], whole_routes[:, at])
     else:
         assert split_routes is None and whole_routes is None
+
+
+# ----------------------------------------------------------------------------- sampling in chunks
+
+
+def test_sampling_in_chunks_joins_rows_log_probs_and_routes(bench):
+    """rollout.sample_rows 3: 14 rows sampled in chunks of 3, 3, 3, 3, 2 and joined. Near-greedy
+    (temperature 0.01) the draws do not depend on the chunking, so the batch is the one-call
+    batch: same tokens, masks, sampler log-probs and, at every routed response position, the
+    same experts. (At temperature 1 the chunks draw other random numbers than one call does:
+    same distribution, other samples.)"""
+    ctx, batch, *_ = bench
+    task = make_task("arithmetic", TINY["task"]["params"])
+    prompts = [p.prompt for p in task.train_problems(random.Random(3), 7) for _ in range(2)]
+    got = {}
+    for rows in (None, 3):
+        spec = _spec({}, rollout={"temperature": 0.01, "sample_rows": rows})
+        engine = make_engine(spec.rollout, ctx.model, ctx.engine.tokenizer, model_dir="", routing=ctx.routing)
+        calls = []
+        inner = engine._sample
+        engine._sample = lambda p, inner=inner, calls=calls: calls.append(len(p)) or inner(p)
+        with ctx.compute():
+            got[rows] = engine.generate(prompts)
+        assert calls == ([14] if rows is None else [3, 3, 3, 3, 2])
+    one, chunked = got[None], got[3]
+    assert chunked.completions == one.completions
+    assert torch.equal(chunked.input_ids, one.input_ids) and torch.equal(chunked.attention_mask, one.attention_mask)
+    assert torch.equal(chunked.response_mask, one.response_mask)
+    m = one.response_mask > 0
+    assert torch.allclose(chunked.engine_logp[m], one.engine_logp[m], atol=1e-5)
+    at = route_token_mask(one)
+    assert torch.equal(chunked.engine_routes[:, at], one.engine_routes[:, at])
+
+
+def test_sample_rows_is_the_hf_engines_setting():
+    with pytest.raises(SpecError) as info:
+        spec_from_dict({**TINY, "rollout": {**ROLLOUT, "engine": "vllm", "sample_rows": 4}})
+    assert "sample_rows: the hf engine's chunking" in str(info.value)

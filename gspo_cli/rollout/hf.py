@@ -9,7 +9,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
-from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.rollout.base import RolloutBatch, concat_batches
 from gspo_cli.rollout.decode import Sampled, sample
 
 
@@ -30,6 +30,7 @@ class HFRolloutEngine:
         prompt_format=None,
         synced: bool = False,
         decode: str = "compact",
+        sample_rows: int | None = None,
     ):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
         the policy, and training's importance ratios would be biased.
@@ -47,7 +48,10 @@ class HFRolloutEngine:
         would leave the others waiting for its shards.
         `decode`: "compact" samples with our own loop (rollout/decode.py: the KV cache grows in
         place, finished rows leave the batch), "generate" with transformers' `generate`; the
-        same distribution either way."""
+        same distribution either way.
+        `sample_rows` (rollout.sample_rows): at most this many rows per sampling call; more
+        prompts are sampled in chunks of this many, joined into one batch (concat_batches)."""
+        self.sample_rows = sample_rows
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_logprobs = sampler_logprobs
@@ -68,8 +72,17 @@ class HFRolloutEngine:
             pad_token_id=tokenizer.pad_token_id,
         )
 
-    @torch.no_grad()
     def generate(self, prompts: list[str]) -> RolloutBatch:
+        n = self.sample_rows or len(prompts)
+        if len(prompts) <= n:
+            return self._sample(prompts)
+        # Every process holds the same number of prompts (whole groups), so under FSDP every
+        # process makes as many calls as the others (each call's forwards are collective).
+        chunks = [self._sample(prompts[i : i + n]) for i in range(0, len(prompts), n)]
+        return concat_batches(chunks, self.tokenizer.pad_token_id)
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[str]) -> RolloutBatch:
         tok = self.tokenizer
         enc = tok(self.format(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device

@@ -81,6 +81,13 @@ class RolloutConfig(_Strict):
         "no-grad pass (~13% less per step; they differ from a full "
         "forward by ~1e-5 nats at most)",
     )
+    sample_rows: int | None = Field(
+        None,
+        ge=1,
+        description="hf only: at most this many rows sampled at once per process (the KV cache's rows), in "
+        "training and in-training evaluation; a step's prompts x group_size rows are sampled in chunks of "
+        "this many and joined (sampler log-probs and MoE routes kept). None: all at once",
+    )
     vllm: dict[str, Any] = Field(
         default_factory=dict,
         description="extra vllm.LLM(...) arguments, e.g. gpu_memory_utilization (default on GPU: 0.3, "
@@ -132,6 +139,8 @@ class RolloutConfig(_Strict):
             )
         if self.engine != "hf" and self.decode != "compact":  # the default, which a saved spec spells out, is accepted
             problems.append("decode: generate chooses the hf engine's sampling loop; vLLM samples with its own")
+        if self.engine != "hf" and self.sample_rows is not None:
+            problems.append("sample_rows: the hf engine's chunking; vLLM schedules its own batches (max_num_seqs)")
         if self.engine != "hf" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
         if self.engine == "vllm" and self.staleness:
