@@ -6,6 +6,7 @@ mismatch correction, the KL penalty, the router load-balancing loss and the toke
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 import subprocess
@@ -29,6 +30,7 @@ from gspo_cli.algorithms import (
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.rollout import make_engine
+from gspo_cli.rollout.async_worker import WorkerArgs, _WorkerSampler
 from gspo_cli.spec import ModelConfig
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
@@ -271,9 +273,9 @@ def _dist_update(tmp_path, source, world: int, sharding: str, aggregation: str, 
 def test_two_processes_in_uneven_micro_batches_update_like_one_unsplit(tmp_path, source, sharding, aggregation):
     """2 gloo processes in micro-batches of 30 tokens: rank 0's 8 rows (8-15 tokens) pack into 4,
     rank 1's (22 tokens each) into 8, so rank 0 pads with 4 forwards of weight 0 (FSDP gathers
-    layers collectively; a missing forward would hang). The gradient (DDP all-reduce, FSDP
-    reduce-scatter only in the last backward) and the metrics, router loss included, equal one
-    process's unsplit update of the same 16 rows."""
+    layers collectively; a missing forward would hang). The gradient (DDP: all-reduced in the
+    last backward only; FSDP: reduce-scattered in each) and the metrics, router loss included,
+    equal one process's unsplit update of the same 16 rows."""
     one = _dist_update(tmp_path, source, 1, "ddp", aggregation, None)
     two = _dist_update(tmp_path, source, 2, sharding, aggregation, 30)
     assert two["metrics"]["perf/micro_batches"] == 6.0  # (4 + 8) / 2: uneven counts ran
@@ -351,7 +353,22 @@ def test_sampling_in_chunks_joins_rows_log_probs_and_routes(bench):
     assert torch.equal(chunked.engine_routes[:, at], one.engine_routes[:, at])
 
 
-def test_sample_rows_is_the_hf_engines_setting():
-    with pytest.raises(SpecError) as info:
-        spec_from_dict({**TINY, "rollout": {**ROLLOUT, "engine": "vllm", "sample_rows": 4}})
-    assert "sample_rows: the hf engine's chunking" in str(info.value)
+def test_the_stale_workers_full_forwards_follow_the_budget(bench, source):
+    """rollout.staleness 1's worker (sampler_logprobs off: pi_old and the routes from its own
+    full forward, plus the check forward) in micro-batches of 2 rows: the same batch, log-probs,
+    entropy and recorded experts as its one-forward run."""
+    ctx = bench[0]
+    spec = _spec({}, rollout={"sampler_logprobs": False})
+    prompts = [p.prompt for p in make_task("arithmetic", TINY["task"]["params"]).train_problems(random.Random(5), 4)]
+    out = []
+    for micro in ((None, None), (None, 2)):
+        args = WorkerArgs(source=source, model_cfg=spec.model, rollout_cfg=spec.rollout, seed=0, threads=1)
+        worker = _WorkerSampler(dataclasses.replace(args, micro_batch=micro))
+        out.append(worker.sample(ctx.model.state_dict(), 1, [p for p in prompts for _ in range(2)], check=True))
+    one, split = out
+    assert one.completions == split.completions
+    m = one.response_mask > 0
+    for name in ("engine_logp", "engine_entropy", "check_logp"):
+        assert torch.allclose(getattr(split, name)[m], getattr(one, name)[m], atol=1e-5), name
+    at = route_token_mask(one)
+    assert torch.equal(split.engine_routes[:, at], one.engine_routes[:, at])

@@ -84,9 +84,10 @@ class RolloutConfig(_Strict):
     sample_rows: int | None = Field(
         None,
         ge=1,
-        description="hf only: at most this many rows sampled at once per process (the KV cache's rows), in "
+        description="hf engine: at most this many rows sampled at once per process (the KV cache's rows), in "
         "training and in-training evaluation; a step's prompts x group_size rows are sampled in chunks of "
-        "this many and joined (sampler log-probs and MoE routes kept). None: all at once",
+        "this many and joined (sampler log-probs and MoE routes kept). None: all at once. vLLM schedules "
+        "its own batches (rollout.vllm max_num_seqs) and does not read it",
     )
     vllm: dict[str, Any] = Field(
         default_factory=dict,
@@ -139,8 +140,6 @@ class RolloutConfig(_Strict):
             )
         if self.engine != "hf" and self.decode != "compact":  # the default, which a saved spec spells out, is accepted
             problems.append("decode: generate chooses the hf engine's sampling loop; vLLM samples with its own")
-        if self.engine != "hf" and self.sample_rows is not None:
-            problems.append("sample_rows: the hf engine's chunking; vLLM schedules its own batches (max_num_seqs)")
         if self.engine != "hf" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
         if self.engine == "vllm" and self.staleness:

@@ -13,9 +13,10 @@ the unsplit one:
   the same draw as one call over the mini-batch) and the router load-balancing loss's pick
   fractions f_e (the loss is then linear in the router probabilities: models/aux_loss.py);
   it costs one more no-grad forward of the mini-batch, only for those losses;
-- gradients are clipped once, after the last micro-batch; DDP's all-reduce and FSDP's
-  reduce-scatter run only in the last micro-batch's backward (`_sync`); under torchrun every
-  process runs as many micro-batches as the one with most (padding with forwards of weight 0);
+- gradients are clipped once, after the last micro-batch; DDP's all-reduce runs only in the
+  last micro-batch's backward, FSDP reduce-scatters in each (`_sync` says why); under torchrun
+  every process runs as many micro-batches as the one with most (padding with forwards of
+  weight 0);
 - the statistics of the micro-batches add up to the mini-batch's (StepStats parts); the loss,
   gradient norm and aux loss are recorded once per mini-batch.
 """
@@ -295,15 +296,16 @@ def _prepass(ctx, batch, rows, parts, n_real, old_logp_BC, adv_B, old_routes, ma
 
 
 def _sync(ctx, last: bool):
-    """Around a micro-batch's forward and backward: gradients are reduced over processes only in
-    the last one's backward (DDP `no_sync`, FSDP2 `set_requires_gradient_sync`)."""
+    """Around a micro-batch's forward and backward. DDP: gradients are all-reduced only in the
+    last one's backward (`no_sync` before; each process holds whole gradients anyway). FSDP:
+    every backward reduce-scatters, the shards accumulating the sum: FSDP2's
+    `set_requires_gradient_sync(False)` would keep every layer's *unsharded* gradients until the
+    last micro-batch, the whole model's gradients on each GPU (122 GB in fp32 for a 30 B model),
+    which defeats sharding; the reduce-scatter of a sum is the sum of the reduce-scatters."""
     model = ctx.train_model or ctx.model
-    if not ctx.dist.enabled:
+    if last or not ctx.dist.enabled or hasattr(model, "set_requires_gradient_sync"):  # FSDP2: sharded in place
         return contextlib.nullcontext()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: sharded in place
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-    return contextlib.nullcontext() if last else model.no_sync()
+    return model.no_sync()
 
 
 def _denominator(ctx, mask_bc: torch.Tensor, split: bool = False) -> torch.Tensor | None:
