@@ -86,7 +86,7 @@ def update(
     max_tokens, max_rows = micro.budget(spec)
     split = micro.split_rows(rows, micro.row_tokens(batch), max_tokens, max_rows)
     runs = micro.padded_count(len(split.parts), ctx.dist) if (max_tokens or max_rows) else 1
-    parts = split.parts + [rows[:1]] * (runs - len(split.parts))  # weight-0 forwards: see micro.py
+    parts = split.parts + [rows[:1]] * (runs - len(split.parts))  # weight-0 forwards: rollout/micro_batches.py
     whole = runs == 1
     denominator = _denominator(ctx, mask_BC[rows], split=not whole)
     pre = (
