@@ -134,6 +134,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "perf/peak_rss_mb": ("peak resident memory of the largest process so far (loading included)", "MB"),
     "perf/peak_gpu_mb": ("peak GPU memory allocated by torch in the largest process so far (CUDA only)", "MB"),
     "perf/tokens_per_s": ("response tokens of all processes per second of the slowest process's step time", "tokens/s"),
+    "perf/micro_batches": (
+        "train.micro_batch_tokens / micro_batch_rows: micro-batches one process ran per mini-batch update, mean "
+        "over the step's updates and processes (logged when an update was split)",
+        "count",
+    ),
+    "perf/oversize_rows": (
+        "rows longer than train.micro_batch_tokens, each run alone as its own micro-batch, summed over the "
+        "step's updates and processes",
+        "rows",
+    ),
 }
 
 # Statistics returned by every policy loss: the metric each becomes and what its mean is

@@ -77,10 +77,14 @@ def test_qwen3_30b_a3b_headline_figures():
     per_gpu = sum(b for name, b in state.items() if name.startswith(("fp32 master", "fp32 gradients", "AdamW")))
     assert per_gpu == 16 * P // 8 - (16 * P // 8) % 4  # three terms, each floored
     assert round(per_gpu / 1e9, 1) == 61.1
-    # The shipped GPU spec is what the plan says fits 8 x 80 GB; the paper's 64 x 4096 does not.
-    assert plan.problems() == []
+    # The shipped GPU spec (64 prompts x 8, in micro-batches) is what the plan says fits 8 x 80 GB;
+    # the paper's 64 x 4096 without micro-batches does not.
+    assert plan.problems() == [] and spec.rollout.prompts_per_step == 64
     big = spec.model_copy(
-        update={"rollout": spec.rollout.model_copy(update={"prompts_per_step": 64, "max_new_tokens": 4096})}
+        update={
+            "rollout": spec.rollout.model_copy(update={"max_new_tokens": 4096, "sample_rows": None}),
+            "train": spec.train.model_copy(update={"micro_batch_tokens": None}),
+        }
     )
     too_big = plan_memory(shape, big, Hardware(gpus_per_node=8, gpu_bytes=80 * 10**9), prompt_tokens=512)
     assert [line.split(":")[0] for line in too_big.problems()] == ["rollout", "pi_old", "update"]
@@ -189,7 +193,8 @@ def test_logits_chunks_are_64_mib_of_positions():
     for tokens in (2048, 4096):
         longer = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"max_new_tokens": tokens})})
         plan = plan_memory(shape, longer, Hardware(gpus_per_node=8), prompt_tokens=512)
-        for phase, rows in (("pi_old", 8), ("update", 2)):  # 64 responses / 8 ranks; / 4 mini-batches
+        rows = 10240 // (512 + tokens)  # the spec's train.micro_batch_tokens, rows at their longest
+        for phase in ("pi_old", "update"):
             terms = dict(plan.phase(phase).device)
             assert terms["logits chunk (110 positions x 151936 vocab, 3 fp32 tensors)"] == 3 * 4 * 110 * 151_936
             assert terms[f"response hidden states ({rows} rows x {tokens} tokens)"] == rows * tokens * 2048 * 2
@@ -295,14 +300,33 @@ def test_size_units():
 
 
 def test_the_documented_command(tmp_path):
-    """docs/scaling/plan.md's command and the per-GPU totals it explains: pi_old and update were
-    74.0 and 78.2 GB while the plan counted one row's whole logits (4,511,891,456 B: 2560 x
-    151,936 x 2 B + 3 x 2048 x 151,936 x 4 B); the 64 MiB chunks count 3 x 110 x 151,936 x 4 B
-    = 200,555,520 plus the response hidden states (8 or 2 rows x 2048 x 2048 x 2 B)."""
+    """docs/scaling/plan.md's command and the per-GPU totals it explains, with the largest
+    micro-batch budget that fits (7 rows of 2560 tokens); unsplit, the same batch does not fit.
+    For the former batch (8 prompts, no micro-batches) pi_old and update were 74.0 and 78.2 GB
+    while the plan counted one row's whole logits (4,511,891,456 B: 2560 x 151,936 x 2 B + 3 x
+    2048 x 151,936 x 4 B); the 64 MiB chunks count 3 x 110 x 151,936 x 4 B = 200,555,520 plus
+    the response hidden states (8 or 2 rows x 2048 x 2048 x 2 B)."""
     args = ["plan", str(ROOT / "experiments" / "gpu_qwen3_moe.yaml"), "--gpus", "8", "--gpu-memory", "80GB"]
     args += ["--config", str(QWEN3_30B), "--host-memory", "1TB", "--json"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
+    phases = json.loads(res.stdout)["layouts"]["sharded"]["phases"]
+    totals = {p["phase"]: round(p["device_bytes"] / 1e9, 1) for p in phases}
+    assert totals == {"load": 20.1, "rollout": 72.6, "pi_old": 69.3, "update": 76.1, "checkpoint": 64.1}
+    assert json.loads(res.stdout)["largest_micro_batch_tokens"] == 7 * 2560
+    doc = (ROOT / "docs" / "scaling" / "plan.md").read_text()
+    assert all(f"{v} GB" in doc for v in totals.values())
+    unsplit = runner.invoke(app, [*args, "--set", "train.micro_batch_tokens=null", "--set", "rollout.sample_rows=null"])
+    unsplit_totals = {
+        p["phase"]: round(p["device_bytes"] / 1e9, 1)
+        for p in json.loads(unsplit.stdout)["layouts"]["sharded"]["phases"]
+    }
+    assert (unsplit_totals["pi_old"], unsplit_totals["update"]) == (81.9, 89.3)  # as the docs say
+    res = runner.invoke(
+        app,
+        [*args, "--set", "rollout.prompts_per_step=8", "--set", "train.micro_batch_tokens=null"]
+        + ["--set", "rollout.sample_rows=null"],
+    )
     phases = json.loads(res.stdout)["layouts"]["sharded"]["phases"]
     totals = {p["phase"]: round(p["device_bytes"] / 1e9, 1) for p in phases}
     assert totals == {"load": 20.1, "rollout": 70.2, "pi_old": 69.7, "update": 73.9, "checkpoint": 64.1}
@@ -314,7 +338,6 @@ def test_the_documented_command(tmp_path):
         assert round((device - chunked + old_logits) / 1e9, 1) == {"pi_old": 74.0, "update": 78.2}[phase]
     assert round(before["pi_old"] / 1e9, 1) == 111.8  # the whole logits of 8 rows
     assert all(p["device_fits"] and p["host_fits"] for p in phases)
-    doc = (ROOT / "docs" / "scaling" / "plan.md").read_text()
     assert all(f"{v} GB" in doc for v in totals.values())
 
 

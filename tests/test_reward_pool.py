@@ -361,3 +361,22 @@ def test_ctrl_c_leaves_no_worker_behind(data):
     assert proc.returncode in (4, 130), out
     time.sleep(1)
     assert all(not w.is_running() or w.status() == psutil.STATUS_ZOMBIE for w in workers)
+
+
+def test_rows_handed_over_from_chunks_are_indices_into_the_whole_batch():
+    """rollout.sample_rows: each chunk's stopped rows are numbered as the joined batch holds them."""
+    model, tok = _build_tiny()
+    stops = [tok.convert_tokens_to_ids(c) for c in "0123"] + [tok.eos_token_id]
+    seen = {}
+
+    def on_rows(rows, texts, ids):
+        for i, t, x in zip(rows, texts, ids):
+            assert i not in seen
+            seen[i] = (t, x)
+
+    eng = HFRolloutEngine(model.eval(), tok, max_new_tokens=12, temperature=1.0, stop_ids=stops, sample_rows=5)
+    torch.manual_seed(3)
+    b = eng.generate(["1+2=?\n", "31+4=?\n"] * 8, on_rows=on_rows)
+    assert seen and max(seen) >= 5  # rows of later chunks were handed over too
+    for i, (text, ids) in seen.items():
+        assert (text, ids) == (b.completions[i], b.completion_ids[i])

@@ -69,7 +69,15 @@ LOSS_CLIPS: dict[str, str] = {}
 COMMON_KWARGS = frozenset({"clip_low", "clip_high", "aggregation", "denominator", "weights_BC"})
 # Dual-clip PPO (arms[].clip_dual): a loss offers it by taking this keyword (default None).
 DUAL_CLIP_KWARG = "clip_dual"
-ARM_KWARGS = COMMON_KWARGS | {DUAL_CLIP_KWARG}
+# A loss whose token selection is nonlinear over the mini-batch (Clip-Cov, KL-Cov) takes the
+# selection made over the whole mini-batch under this keyword when the trainer runs it in
+# micro-batches (``MINIBATCH_SELECTIONS``); None: it selects over the batch it is given.
+SELECTION_KWARG = "selected_BC"
+ARM_KWARGS = COMMON_KWARGS | {DUAL_CLIP_KWARG, SELECTION_KWARG}
+# name -> fn(logp_BC, old_logp_BC, advantages, mask_BC, *, clip_low, clip_high, weights_BC,
+# **params) -> (B, C) bool: the tokens the loss selects over the batch it is given, what
+# the loss takes as ``selected_BC`` (consuming the same random draws as the loss itself).
+MINIBATCH_SELECTIONS: dict[str, Callable[..., torch.Tensor]] = {}
 
 
 def register_policy_loss(

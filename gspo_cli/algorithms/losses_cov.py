@@ -12,8 +12,11 @@ weight 0), which also set the means and the budget floor(ratio x N) (at least 1)
 the mini-batch a process holds, in one call per mini-batch. verl calls its loss once per
 *micro-batch* instead: its covariance, candidates and budget are per micro-batch, so it
 selects at least one token in every micro-batch (more in all than our floor(ratio x N) when a
-mini-batch holds many micro-batches of fewer than 1/ratio tokens each). Same call contract
-as ``losses.py``; both are token-level.
+mini-batch holds many micro-batches of fewer than 1/ratio tokens each). Ours, run in
+micro-batches (``train.micro_batch_tokens``), select once over the whole mini-batch
+(``MINIBATCH_SELECTIONS``, from a no-grad forward of it) and each micro-batch's call takes its
+rows of that selection (``selected_BC``): the same tokens as one call over the mini-batch.
+Same call contract as ``losses.py``; both are token-level.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import aggregate
-from .losses import register_policy_loss
+from .losses import MINIBATCH_SELECTIONS, register_policy_loss
 from .ratios import (
     advantages_BC,
     clipped_surrogate_loss,
@@ -76,6 +79,35 @@ def _selected_frac(selected_BC: torch.Tensor, kept_BC: torch.Tensor, dtype: torc
     return (selected_BC & kept_BC).sum().to(dtype) / kept_BC.sum().clamp(min=1).to(dtype)
 
 
+def _clip_cov_pick(r_BC, adv_BC, kept_BC, cov_BC, clip_low, clip_high, clip_dual, cov_ratio, cov_lb, cov_ub):
+    """Clip-Cov's tokens: floor(cov_ratio x trained) drawn among the unclipped candidates."""
+    ppo_clipped_BC = ((r_BC > 1.0 + clip_high) & (adv_BC > 0)) | ((r_BC < 1.0 - clip_low) & (adv_BC < 0))
+    ppo_clipped_BC |= dual_clipped(r_BC, adv_BC, clip_dual)
+    cand = (kept_BC & ~ppo_clipped_BC & (cov_BC > cov_lb) & (cov_BC < cov_ub)).reshape(-1).nonzero().squeeze(-1)
+    chosen = cand[torch.randperm(cand.numel(), device=cand.device)[: _n_selected(kept_BC, cov_ratio)]]
+    return _selection_BC(chosen, kept_BC)
+
+
+def clip_cov_selection(
+    logp_BC, old_logp_BC, advantages, mask_BC, *, clip_low, clip_high, weights_BC=None, clip_dual=None, **params
+) -> torch.Tensor:
+    """(B, C) bool: the tokens ``clip_cov_loss`` would detach in one call over this batch."""
+    p = {"cov_ratio": 2e-4, "cov_lb": 1.0, "cov_ub": 5.0, **params}
+    _, kept_BC, _, ratio_BC, adv_BC, cov_BC = _token_terms(logp_BC, old_logp_BC, advantages, mask_BC, weights_BC)
+    r_BC = ratio_BC.detach()
+    return _clip_cov_pick(
+        r_BC, adv_BC, kept_BC, cov_BC, clip_low, clip_high, clip_dual, p["cov_ratio"], p["cov_lb"], p["cov_ub"]
+    )
+
+
+def kl_cov_selection(logp_BC, old_logp_BC, advantages, mask_BC, *, clip_low, clip_high, weights_BC=None, **params):
+    """(B, C) bool: the tokens ``kl_cov_loss`` would penalise in one call over this batch."""
+    del clip_low, clip_high
+    _, kept_BC, _, _, _, cov_BC = _token_terms(logp_BC, old_logp_BC, advantages, mask_BC, weights_BC)
+    n = _n_selected(kept_BC, params.get("cov_ratio", 2e-3))
+    return _selection_BC(cov_BC.reshape(-1).topk(n).indices, kept_BC)
+
+
 @register_policy_loss("clip_cov")
 def clip_cov_loss(
     logp_BC: torch.Tensor,
@@ -92,6 +124,7 @@ def clip_cov_loss(
     cov_ratio: float = 2e-4,
     cov_lb: float = 1.0,
     cov_ub: float = 5.0,
+    selected_BC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov: GRPO's PPO-clipped token loss, with floor(cov_ratio x trained tokens) (at least
     1) tokens drawn at random (torch's global RNG) among the trained tokens not already clipped
@@ -107,11 +140,11 @@ def clip_cov_loss(
     )
     loss_BC = clipped_surrogate_loss(ratio_BC, adv_BC, clip_low, clip_high, clip_dual)
     r_BC = ratio_BC.detach()
-    ppo_clipped_BC = ((r_BC > 1.0 + clip_high) & (adv_BC > 0)) | ((r_BC < 1.0 - clip_low) & (adv_BC < 0))
-    ppo_clipped_BC |= dual_clipped(r_BC, adv_BC, clip_dual)
-    cand = (kept_BC & ~ppo_clipped_BC & (cov_BC > cov_lb) & (cov_BC < cov_ub)).reshape(-1).nonzero().squeeze(-1)
-    chosen = cand[torch.randperm(cand.numel(), device=cand.device)[: _n_selected(kept_BC, cov_ratio)]]
-    selected_BC = _selection_BC(chosen, kept_BC)
+    if selected_BC is None:
+        selected_BC = _clip_cov_pick(
+            r_BC, adv_BC, kept_BC, cov_BC, clip_low, clip_high, clip_dual, cov_ratio, cov_lb, cov_ub
+        )
+    selected_BC = selected_BC & kept_BC
     loss_BC = torch.where(selected_BC, torch.zeros_like(loss_BC), loss_BC)
     loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     stats = ppo_clip_stats(
@@ -135,6 +168,7 @@ def kl_cov_loss(
     weights_BC: torch.Tensor | None = None,
     cov_ratio: float = 2e-3,
     kl_coef: float = 1.0,
+    selected_BC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov: the unclipped token surrogate -r A everywhere, plus kl_coef x |log r| on the
     floor(cov_ratio x trained tokens) (at least 1) trained tokens of largest cov:
@@ -149,7 +183,9 @@ def kl_cov_loss(
     keep_BC, kept_BC, log_ratio_BC, ratio_BC, adv_BC, cov_BC = _token_terms(
         logp_BC, old_logp_BC, advantages, mask_BC, weights_BC
     )
-    selected_BC = _selection_BC(cov_BC.reshape(-1).topk(_n_selected(kept_BC, cov_ratio)).indices, kept_BC)
+    if selected_BC is None:
+        selected_BC = _selection_BC(cov_BC.reshape(-1).topk(_n_selected(kept_BC, cov_ratio)).indices, kept_BC)
+    selected_BC = selected_BC & kept_BC
     loss_BC = -ratio_BC * adv_BC + torch.where(selected_BC, kl_coef * log_ratio_BC.abs(), torch.zeros_like(ratio_BC))
     loss = aggregate(weighted(loss_BC, weights_BC), mask_BC, aggregation, denominator)
     none_BC = torch.zeros_like(keep_BC)
@@ -159,3 +195,6 @@ def kl_cov_loss(
     )
     stats["cov_frac"] = _selected_frac(selected_BC, kept_BC, r_BC.dtype)
     return loss, stats
+
+
+MINIBATCH_SELECTIONS.update(clip_cov=clip_cov_selection, kl_cov=kl_cov_selection)

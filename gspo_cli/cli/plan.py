@@ -69,6 +69,7 @@ def plan(
     Example: `gspo plan experiments/gpu_qwen3_moe.yaml --gpus 8 --gpu-memory 80GB`
     """
     from gspo_cli.plan import Hardware, model_shape, plan_memory
+    from gspo_cli.plan.micro import largest_micro_batch_tokens
     from gspo_cli.plan.shapes import builtin_prompt_tokens
     from gspo_cli.spec.loading import load_spec
 
@@ -89,13 +90,21 @@ def plan(
     except GspoError as err:
         _fail(err)
     sharded = plan_memory(shape, spec, hw, prompt_tokens=prompt_tokens)
+    fit = largest_micro_batch_tokens(shape, spec, hw, prompt_tokens)
     if as_json:
         # The JSON keeps the `before` layout (an unsharded load, whole logits) as it always had.
         before = plan_memory(shape, spec, hw, prompt_tokens=prompt_tokens, layout="before")
         plans = {"sharded": sharded, "before": before}
-        typer.echo(json.dumps(_as_dict(plans, shape, spec, prompt_tokens, warnings), indent=2))
+        out = _as_dict(plans, shape, spec, prompt_tokens, warnings)
+        typer.echo(json.dumps({**out, "largest_micro_batch_tokens": fit}, indent=2))
         return
     _render(sharded, shape, spec, prompt_tokens)
+    if fit is not None:
+        T = prompt_tokens + spec.rollout.max_new_tokens
+        typer.echo(
+            f"largest train.micro_batch_tokens that fits: {fit} ({fit // T} rows of {T} tokens per forward"
+            + (", the whole local batch: no budget needed)" if fit // T >= spec.rollout.batch_size // hw.world else ")")
+        )
     for w in warnings + sharded.notes:
         err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     for line in sharded.problems():

@@ -77,3 +77,27 @@ def router_aux_loss(model_aux_loss, router_logits, tokens_BT: torch.Tensor, conf
             )
         return model_aux_loss, model_aux_loss.detach()
     return global_load_balancing_loss(router_logits, tokens_BT, config.num_experts, config.num_experts_per_tok, info)
+
+
+def load_balance_counts(router_logits, tokens_BT: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(picks_E, rows) of `load_balance_parts`, without gradient: what a no-grad forward over a
+    whole mini-batch contributes to f_e before its micro-batches run (train/update.py)."""
+    with torch.no_grad():
+        picks_E, _, rows = load_balance_parts(router_logits, tokens_BT, config.num_experts, config.num_experts_per_tok)
+    return picks_E, rows
+
+
+def router_aux_share(router_logits, tokens_BT: torch.Tensor, config, f_E: torch.Tensor, rows_all, info: DistInfo):
+    """(term to add to this micro-batch's loss, its prob sums (E,) detached) of the load-balancing
+    loss of a mini-batch run in micro-batches: f_E (the whole mini-batch's pick fractions over
+    every process, from a no-grad pre-pass) is fixed, and the loss is linear in P, so the terms
+    of the micro-batches add up to `global_load_balancing_loss`'s term for the whole mini-batch
+    (value and gradient). The logged value is E x sum_e f_e x (all prob sums) / rows_all."""
+    if router_logits is None:
+        raise RunError(
+            "model.router_aux_loss_coef: the model returns no router_logits, so its load-balancing loss "
+            "cannot be split over micro-batches; set router_aux_loss_coef: 0 or drop train.micro_batch_*"
+        )
+    _, prob_E, _ = load_balance_parts(router_logits, tokens_BT, config.num_experts, config.num_experts_per_tok)
+    scale = info.world_size if info.enabled else 1
+    return scale * config.num_experts * (f_E * prob_E / rows_all).sum(), prob_E.detach()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gspo_cli.plan.micro import forward_rows
 from gspo_cli.plan.reward_models import add_reward_models
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
 from gspo_cli.runs import plural
@@ -146,7 +147,9 @@ class Workload:
     """The spec's batch, read the way the trainer splits it."""
 
     rows: int  # rollout rows per rank (whole groups)
-    update_rows: int  # rows per rank in one mini-batch's forward and backward
+    update_rows: int  # rows per rank in one forward and backward of the update (a micro-batch's)
+    forward_rows: int  # rows per rank in one no-grad forward (pi_old, the reference; micro-batches)
+    sample_rows: int  # rows per rank sampled at once (rollout.sample_rows)
     prompt_tokens: int
     new_tokens: int
     compute_bytes: int  # model.dtype
@@ -162,9 +165,12 @@ class Workload:
 def workload(spec: ExperimentSpec, shape: ModelShape, world: int, prompt_tokens: int) -> Workload:
     rows = max(1, spec.rollout.batch_size // world)
     fewest = min(a.mini_batches for a in spec.arms)  # the arm with the largest mini-batch
+    micro = forward_rows(spec, prompt_tokens + spec.rollout.max_new_tokens) or rows  # plan/micro.py
     return Workload(
         rows=rows,
-        update_rows=max(1, rows // fewest),
+        update_rows=min(micro, max(1, rows // fewest)),
+        forward_rows=min(micro, rows),
+        sample_rows=min(spec.rollout.sample_rows or rows, rows),
         prompt_tokens=prompt_tokens,
         new_tokens=spec.rollout.max_new_tokens,
         compute_bytes=DTYPE_BYTES[spec.model.dtype],
@@ -331,7 +337,7 @@ def plan_memory(
     # rollout
     engine = spec.rollout.engine
     dev = list(resident)
-    rows = wl.rows
+    rows = wl.sample_rows
     vllm_held: list[tuple[str, int]] = []  # what a colocated engine holds on each GPU outside rollout
     vllm_host: list[tuple[str, int]] = []
     if engine == "vllm":
@@ -385,12 +391,12 @@ def plan_memory(
     phase.host = host_terms([], phase.device_total)
     phases.append(phase)
 
-    # pi_old (and the KL reference's log-probs): one no-grad forward of the local batch
+    # pi_old (and the KL reference's log-probs): no-grad forwards of the local batch (micro-batches)
     dev = list(resident) + vllm_held + gathered
-    dev.append(("activations (no grad, one layer)", rows * T * max(live_elems) * c))
-    dev += logits(rows)
+    dev.append(("activations (no grad, one layer)", wl.forward_rows * T * max(live_elems) * c))
+    dev += logits(wl.forward_rows)
     if wl.routes:
-        dev.append(("recorded routes", 8 * shape.layers * rows * T * shape.top_k))
+        dev.append(("recorded routes", 8 * shape.layers * wl.rows * T * shape.top_k))
     phase = Phase("pi_old", runtime_dev + dev)
     phase.host = host_terms(list(vllm_host), phase.device_total)
     phases.append(phase)

@@ -50,6 +50,7 @@ def make_engine(
             routing=routing,
             synced=synced,
             decode=cfg.decode,
+            sample_rows=cfg.sample_rows,
             **common,
         )
     if cfg.engine == "vllm-server":

@@ -55,6 +55,7 @@ class WorkerArgs:
     rollout_cfg: Any  # RolloutConfig
     seed: int
     threads: int  # torch threads of the worker process
+    micro_batch: tuple = (None, None)  # train.micro_batch_tokens, micro_batch_rows: its full forwards
 
 
 class AsyncSampler:
@@ -249,12 +250,15 @@ class _WorkerSampler:
         )
         self.temperature = args.rollout_cfg.temperature
         self.seed = args.seed
+        self.micro_batch = args.micro_batch
         self.compute = lambda: compute_context(args.model_cfg.dtype, args.model_cfg.device)
 
     @torch.no_grad()
     def sample(self, shared: dict, step: int, prompts: list[str], check: bool):
-        from gspo_cli.models.routing import routes_to_BT
-        from gspo_cli.rollout.base import response_logprobs
+        from gspo_cli.rollout.micro_batches import forward_logprobs
+
+        def forward(**kw):  # one full forward of these weights, in micro-batches (train.micro_batch_*)
+            return forward_logprobs(self.model, batch, self.temperature, *self.micro_batch, routing=self.routing, **kw)
 
         for name, t in self.model.state_dict().items():
             t.copy_(shared[name])
@@ -266,17 +270,14 @@ class _WorkerSampler:
             if incomplete or (self.routing is not None and batch.engine_routes is None):
                 # generate read no log-probs (sampler_logprobs off): pi_old
                 # from one full forward of these same weights, routes recorded in it.
-                if self.routing is None:
-                    old = response_logprobs(self.model, batch, self.temperature, with_entropy=True)
-                else:
-                    with self.routing.recording() as rec:
-                        old = response_logprobs(self.model, batch, self.temperature, with_entropy=True)
-                    batch.engine_routes = routes_to_BT(rec.routes, *batch.input_ids.shape)
+                old, routes = forward(with_entropy=True, record=self.routing is not None)
+                if routes is not None:
+                    batch.engine_routes = routes
                 batch.engine_logp = old.logp * batch.response_mask
                 batch.engine_entropy = old.entropy * batch.response_mask
             if check:
                 # The sampler's log-probs against one full forward of the same weights: a
                 # server's (then pi_old is the forward above, as for a colocated vLLM), or generate's.
-                full = response_logprobs(self.model, batch, self.temperature).logp if served is None else served
+                full = forward()[0].logp if served is None else served
                 batch.check_logp = full
         return batch

@@ -247,3 +247,54 @@ def check_due(every: int, step: int) -> bool:
     """Whether step `step` compares the sampler's log-probs with a full forward
     (rollout.logprob_check_every = `every`): at step 1 and every `every` steps; never for 0."""
     return every > 0 and (step == 1 or step % every == 0)
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Rows of several rollout batches as one: prompts left-padded to the widest, responses
+    right-padded. The sampler's log-probs, entropy, full-forward check log-probs and engine
+    routes travel when every batch has them (0 on padding, as engines write them; a route's
+    padded columns name experts 0..k-1, which no real token reads)."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_len for b in batches)
+    C = max(b.response_mask.shape[1] for b in batches)
+
+    def pad(b: RolloutBatch, t: torch.Tensor, value) -> torch.Tensor:
+        """(B, P_b + C_b) -> (B, P + C): left pad the prompt part, right pad the response."""
+        left = t.new_full((t.shape[0], P - b.prompt_len), value)
+        right = t.new_full((t.shape[0], C - b.response_mask.shape[1]), value)
+        return torch.cat([left, t, right], dim=1)
+
+    def resp(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros((t.shape[0], C - t.shape[1]))], dim=1)
+
+    def opt(name: str) -> torch.Tensor | None:
+        parts = [getattr(b, name) for b in batches]
+        return None if any(p is None for p in parts) else torch.cat([resp(p) for p in parts])
+
+    def routes() -> torch.Tensor | None:
+        parts = [b.engine_routes for b in batches]
+        if any(p is None for p in parts):
+            return None
+        L, _, _, k = parts[0].shape
+        fill = torch.arange(k, dtype=parts[0].dtype, device=parts[0].device)
+
+        def widen(b: RolloutBatch, r: torch.Tensor) -> torch.Tensor:
+            left = fill.expand(L, r.shape[1], P - b.prompt_len, k)
+            right = fill.expand(L, r.shape[1], C - b.response_mask.shape[1], k)
+            return torch.cat([left, r, right], dim=2)
+
+        return torch.cat([widen(b, r) for b, r in zip(batches, parts)], dim=1)
+
+    return RolloutBatch(
+        input_ids=torch.cat([pad(b, b.input_ids, pad_id) for b in batches]),
+        attention_mask=torch.cat([pad(b, b.attention_mask, 0) for b in batches]),
+        response_mask=torch.cat([resp(b.response_mask) for b in batches]),
+        prompt_len=P,
+        completions=[c for b in batches for c in b.completions],
+        truncated=torch.cat([b.truncated for b in batches]),
+        engine_logp=opt("engine_logp"),
+        engine_entropy=opt("engine_entropy"),
+        check_logp=opt("check_logp"),
+        engine_routes=routes(),
+    )

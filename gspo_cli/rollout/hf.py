@@ -9,7 +9,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
-from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.rollout.base import RolloutBatch, concat_batches
 from gspo_cli.rollout.decode import Sampled, sample
 
 
@@ -32,6 +32,7 @@ class HFRolloutEngine:
         prompt_format=None,
         synced: bool = False,
         decode: str = "compact",
+        sample_rows: int | None = None,
     ):
         """`top_p` < 1 (nucleus sampling) is for evaluation only: the sampler then differs from
         the policy, and training's importance ratios would be biased.
@@ -49,7 +50,10 @@ class HFRolloutEngine:
         would leave the others waiting for its shards.
         `decode`: "compact" samples with our own loop (rollout/decode.py: the KV cache grows in
         place, finished rows leave the batch), "generate" with transformers' `generate`; the
-        same distribution either way."""
+        same distribution either way.
+        `sample_rows` (rollout.sample_rows): at most this many rows per sampling call; more
+        prompts are sampled in chunks of this many, joined into one batch (concat_batches)."""
+        self.sample_rows = sample_rows
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_logprobs = sampler_logprobs
@@ -70,11 +74,24 @@ class HFRolloutEngine:
             pad_token_id=tokenizer.pad_token_id,
         )
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], on_rows=None) -> RolloutBatch:
-        """One completion per prompt. `on_rows(rows, completions, completion_ids)`:
-        called with rows that stopped while others still sample (`decode: compact` only), their
-        texts and token ids as the batch will hold them (the trainer scores them meanwhile)."""
+        """One completion per prompt, at most `sample_rows` sampled at once. `on_rows(rows,
+        completions, completion_ids)`: called with rows (indices into `prompts`) that stopped
+        while others still sample (`decode: compact` only), their texts and token ids as the batch
+        will hold them (the trainer scores them meanwhile)."""
+        n = self.sample_rows or len(prompts)
+        if len(prompts) <= n:
+            return self._sample(prompts, on_rows)
+        # Every process holds the same number of prompts (whole groups), so under FSDP every
+        # process makes as many calls as the others (each call's forwards are collective).
+        chunks = [
+            self._sample(prompts[i : i + n], _offset(on_rows, i) if on_rows is not None else None)
+            for i in range(0, len(prompts), n)
+        ]
+        return concat_batches(chunks, self.tokenizer.pad_token_id)
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[str], on_rows=None) -> RolloutBatch:
         tok = self.tokenizer
         enc = tok(self.format(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device
@@ -252,3 +269,8 @@ def _only_generation_config(model, gen_config: GenerationConfig):
         yield
     finally:
         model.generation_config = saved
+
+
+def _offset(on_rows, start: int):
+    """on_rows for a chunk of the prompts starting at `start`: its rows as indices into all of them."""
+    return lambda rows, texts, ids: on_rows([start + r for r in rows], texts, ids)

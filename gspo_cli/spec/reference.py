@@ -28,8 +28,10 @@ REGENERATE = "make reference"
 
 # Every policy loss takes these keywords from the arm and the trainer (clip_dual: the losses
 # that offer dual clip); any other keyword-only parameter of a registered loss is its own,
-# shown beside its name.
-_COMMON_LOSS_KEYWORDS = {"clip_low", "clip_high", "clip_dual", "aggregation", "denominator", "weights_BC"}
+# shown beside its name (selected_BC: a mini-batch's selection, losses.SELECTION_KWARG).
+_COMMON_LOSS_KEYWORDS = {
+    *("clip_low", "clip_high", "clip_dual", "aggregation", "denominator", "weights_BC", "selected_BC")
+}
 
 
 def _first_line(doc: str | None) -> str:

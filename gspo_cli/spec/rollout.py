@@ -81,6 +81,14 @@ class RolloutConfig(_Strict):
         "no-grad pass (~13% less per step; they differ from a full "
         "forward by ~1e-5 nats at most)",
     )
+    sample_rows: int | None = Field(
+        None,
+        ge=1,
+        description="hf engine: at most this many rows sampled at once per process (the KV cache's rows), in "
+        "training and in-training evaluation; a step's prompts x group_size rows are sampled in chunks of "
+        "this many and joined (sampler log-probs and MoE routes kept). None: all at once. vLLM schedules "
+        "its own batches (rollout.vllm max_num_seqs) and does not read it",
+    )
     vllm: dict[str, Any] = Field(
         default_factory=dict,
         description="extra vllm.LLM(...) arguments, e.g. gpu_memory_utilization (default on GPU: 0.3, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gspo_cli.spec.base import _Strict
 
@@ -95,3 +95,23 @@ class TrainConfig(_Strict):
     compile_bucket: int = Field(
         16, ge=1, description="with compile: pad each mini-batch's width (tokens) up to a multiple of this"
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="per process: run each mini-batch's update, and every no-grad forward over the step's "
+        "batch, in micro-batches of at most this many real tokens (prompt + response, no padding), whole "
+        "rows packed evenly; gradients accumulate into one optimizer step equal to the unsplit one. A row "
+        "longer than this runs alone (perf/oversize_rows). None: no limit",
+    )
+    micro_batch_rows: int | None = Field(
+        None, ge=1, description="per process: at most this many rows per micro-batch (see micro_batch_tokens)"
+    )
+
+    @model_validator(mode="after")
+    def _compile_whole_batches(self):
+        if self.compile and (self.micro_batch_tokens or self.micro_batch_rows):
+            raise ValueError(
+                "compile: not with micro_batch_tokens / micro_batch_rows (every micro-batch's row count would "
+                "be a new compiled graph); drop one of them"
+            )
+        return self

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from gspo_cli.errors import SpecError
-from gspo_cli.models.routing import routes_from_BT, routes_to_BT
 from gspo_cli.rollout import RolloutBatch
-from gspo_cli.rollout.base import LogProbs, response_logprobs
+from gspo_cli.rollout.base import LogProbs
+from gspo_cli.train.micro import batch_logprobs
 
 
 def old_policy(ctx, batch: RolloutBatch):
@@ -34,14 +34,11 @@ def old_policy(ctx, batch: RolloutBatch):
         and (ctx.routing is None or batch.engine_routes is not None)
     ):
         return LogProbs(logp=batch.engine_logp, entropy=batch.engine_entropy), batch.engine_routes, True
-    temp = ctx.spec.rollout.temperature
-    B, T = batch.input_ids.shape
-    with torch.no_grad(), ctx.compute():
+    with torch.no_grad(), ctx.compute():  # in micro-batches under train.micro_batch_tokens / _rows
         if ctx.routing is None:
-            return response_logprobs(ctx.model, batch, temp, with_entropy=True), None, False
+            return batch_logprobs(ctx, ctx.model, batch, with_entropy=True)[0], None, False
         if r3:
-            with ctx.routing.replaying(routes_from_BT(batch.engine_routes)):
-                return response_logprobs(ctx.model, batch, temp, with_entropy=True), batch.engine_routes, False
-        with ctx.routing.recording() as rec:
-            old = response_logprobs(ctx.model, batch, temp, with_entropy=True)
-    return old, routes_to_BT(rec.routes, B, T), False
+            old, _ = batch_logprobs(ctx, ctx.model, batch, with_entropy=True, replay_BT=batch.engine_routes)
+            return old, batch.engine_routes, False
+        old, routes = batch_logprobs(ctx, ctx.model, batch, with_entropy=True, record=True)
+    return old, routes, False

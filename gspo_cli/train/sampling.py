@@ -12,6 +12,7 @@ from gspo_cli import distributed
 from gspo_cli.algorithms import overlong_penalty, signal_groups
 from gspo_cli.algorithms.multi_reward import normalize_then_sum, signal_groups_where_applies
 from gspo_cli.rollout import RolloutBatch
+from gspo_cli.rollout.base import concat_batches
 
 
 def shaped_rewards(arm, max_new_tokens: int, batch: RolloutBatch, scores: list) -> torch.Tensor:
@@ -80,42 +81,6 @@ def signal(arm, max_new_tokens: int, batch: RolloutBatch, scores: list, group_si
     if arm.dynamic_sampling.metric.startswith("reward:"):
         return signal_groups_where_applies(values_B, group_size)
     return signal_groups(values_B, group_size)
-
-
-def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """Rows of several rollout batches as one: prompts left-padded to the widest, responses
-    right-padded. The sampler's log-probs, entropy and full-forward check log-probs travel when
-    every batch has them (0 on padding, as engines write them); engine routes never do (their
-    column layout is per batch: r3 is refused with dynamic sampling)."""
-    if len(batches) == 1:
-        return batches[0]
-    P = max(b.prompt_len for b in batches)
-    C = max(b.response_mask.shape[1] for b in batches)
-
-    def pad(b: RolloutBatch, t: torch.Tensor, value) -> torch.Tensor:
-        """(B, P_b + C_b) -> (B, P + C): left pad the prompt part, right pad the response."""
-        left = t.new_full((t.shape[0], P - b.prompt_len), value)
-        right = t.new_full((t.shape[0], C - b.response_mask.shape[1]), value)
-        return torch.cat([left, t, right], dim=1)
-
-    def resp(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t.new_zeros((t.shape[0], C - t.shape[1]))], dim=1)
-
-    def opt(name: str) -> torch.Tensor | None:
-        parts = [getattr(b, name) for b in batches]
-        return None if any(p is None for p in parts) else torch.cat([resp(p) for p in parts])
-
-    return RolloutBatch(
-        input_ids=torch.cat([pad(b, b.input_ids, pad_id) for b in batches]),
-        attention_mask=torch.cat([pad(b, b.attention_mask, 0) for b in batches]),
-        response_mask=torch.cat([resp(b.response_mask) for b in batches]),
-        prompt_len=P,
-        completions=[c for b in batches for c in b.completions],
-        truncated=torch.cat([b.truncated for b in batches]),
-        engine_logp=opt("engine_logp"),
-        engine_entropy=opt("engine_entropy"),
-        check_logp=opt("check_logp"),
-    )
 
 
 def dynamic_sampling(ctx, problems: list, batch: RolloutBatch, scores: list, sample) -> tuple:

@@ -77,7 +77,12 @@ class StaleRollouts:
         self.threads_before = torch.get_num_threads()
         trainer_threads, worker_threads = split_threads(self.threads_before)
         args = WorkerArgs(
-            source=source, model_cfg=ctx.spec.model, rollout_cfg=ctx.spec.rollout, seed=seed, threads=worker_threads
+            source=source,
+            model_cfg=ctx.spec.model,
+            rollout_cfg=ctx.spec.rollout,
+            seed=seed,
+            threads=worker_threads,
+            micro_batch=(ctx.spec.train.micro_batch_tokens, ctx.spec.train.micro_batch_rows),
         )
         self.sampler = AsyncSampler(args, ctx.model.state_dict())  # the last thing that can fail
         torch.set_num_threads(trainer_threads)

@@ -60,6 +60,17 @@ class StepStats:
         _, n, s1, s2 = self.parts.get(key, ("var", 0, 0.0, 0.0))
         self.parts[key] = ("var", n + vals.numel(), s1 + vals.sum().item(), s2 + (vals * vals).sum().item())
 
+    def absorb(self, other: "StepStats") -> None:
+        """Add `other`'s parts to these, as if recorded here (a `same` value: `other`'s)."""
+        for key, part in other.parts.items():
+            kind, mine = part[0], self.parts.get(key)
+            if mine is None or kind == "same":
+                self.parts[key] = part
+            elif kind in ("max", "min"):
+                self.parts[key] = (kind, (max if kind == "max" else min)(mine[1], part[1]))
+            else:  # mean, sum, std, var: every field after the kind adds up
+                self.parts[key] = (kind, *(a + b for a, b in zip(mine[1:], part[1:])))
+
     def reduce(self, info: DistInfo) -> dict:
         """The step's metrics over every rank, as plain numbers."""
         ranks = distributed.gather_objects(self.parts, info)

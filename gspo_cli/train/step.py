@@ -20,34 +20,27 @@ from typing import Callable
 import torch
 
 from gspo_cli import distributed
-from gspo_cli.algorithms import (
-    CONSTANT_LENGTH,
-    aggregate,
-    aggregation_count,
-    get_advantage_estimator,
-    get_mismatch_correction,
-    get_policy_loss,
-    kl_k3_BC,
-)
+from gspo_cli.algorithms import get_advantage_estimator, get_mismatch_correction, get_policy_loss
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.models import compute_context, load_model
-from gspo_cli.models.aux_loss import router_aux_loss
-from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError, expert_change_frac, routes_from_BT
-from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
+from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError
+from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine
 from gspo_cli.rollout.base import check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
 from gspo_cli.tasks.judge import record_unparsable
-from gspo_cli.train.compiled import CompiledUpdate, compiled_context, unpad_routes
+from gspo_cli.train.compiled import CompiledUpdate
+from gspo_cli.train.micro import batch_logprobs
 from gspo_cli.train.minibatch import minibatch_rows
 from gspo_cli.train.old_policy import old_policy
 from gspo_cli.train.optim import make_optimizer, make_scheduler
 from gspo_cli.train.samples import sample_records, samples_due
 from gspo_cli.train.sampling import advantages, dynamic_sampling, record_dynamic, shaped_rewards
 from gspo_cli.train.scored_rollout import sample_and_score
-from gspo_cli.train.stats import StepStats, record_batch, record_gap, record_logratio_var, record_update
-from gspo_cli.train.token_weights import off_policy_weights, token_weights
+from gspo_cli.train.stats import StepStats, record_batch, record_gap
+from gspo_cli.train.token_weights import token_weights
+from gspo_cli.train.update import route_token_mask, update
 
 
 @dataclass
@@ -205,7 +198,7 @@ def learn(
     old, old_routes, from_sampler = old_policy(ctx, batch)
     with torch.no_grad(), ctx.compute():
         ref_logp = (
-            response_logprobs(ctx.ref_model, batch, spec.rollout.temperature).logp
+            batch_logprobs(ctx, ctx.ref_model, batch)[0].logp  # in micro-batches: train/micro.py
             if ctx.ref_model is not None
             else None
         )
@@ -221,7 +214,7 @@ def learn(
         full_logp = batch.check_logp
         if full_logp is None:
             with torch.no_grad(), ctx.compute():
-                full_logp = response_logprobs(ctx.model, batch, spec.rollout.temperature).logp
+                full_logp = batch_logprobs(ctx, ctx.model, batch)[0].logp
         record_gap(stats, batch.engine_logp, full_logp, mask_BC)
     bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
     if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
@@ -230,7 +223,7 @@ def learn(
     t3 = time.time()
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.
-    route_mask_BT = _route_token_mask(batch)
+    route_mask_BT = route_token_mask(batch)
     clipped_B = torch.zeros(len(rewards_B))  # clipped tokens per response, over the epochs (samples.jsonl)
     n_updates = skipped = 0
     for _ in range(arm.epochs):
@@ -242,7 +235,7 @@ def learn(
                 if n_updates > 0
                 else ("moe/engine_route_diff_frac" if arm.routing_replay == "r3" else None)
             )
-            done = _update(
+            done = update(  # train/update.py: in micro-batches when the spec asks
                 ctx,
                 batch,
                 rows,
@@ -285,156 +278,3 @@ def learn(
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / max(metrics["time/step_s"], 1e-9)
     # 6 significant digits: small quantities (KL ~1e-4, log-prob gaps ~1e-6) keep their value
     return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in metrics.items()}
-
-
-def _denominator(ctx: Ctx, mask_BC: torch.Tensor) -> torch.Tensor | None:
-    """What this rank divides its share of the mini-batch loss by: the global count (tokens
-    or responses, by the arm's aggregation) / world size, since DDP averages gradients. A
-    constant-length aggregation (Dr. GRPO) counts rows x rollout.max_new_tokens, not the
-    mini-batch's trimmed width."""
-    agg = ctx.arm.aggregation
-    max_len = ctx.spec.rollout.max_new_tokens if agg in CONSTANT_LENGTH else None
-    if not ctx.dist.enabled:
-        return None if max_len is None else aggregation_count(mask_BC, agg, max_len)
-    count = distributed.total(float(aggregation_count(mask_BC, agg, max_len)), ctx.dist)
-    return torch.tensor(max(count, 1.0) / ctx.dist.world_size)
-
-
-def _update(
-    ctx: Ctx,
-    batch: RolloutBatch,
-    rows,
-    old_logp_BC,
-    ref_logp_BC,
-    adv_B,
-    old_routes,
-    stats: StepStats,
-    *,
-    route_key: str | None,
-    step: int,
-    route_mask_BT: torch.Tensor,
-    weights_BC=None,
-    loss_mask_BC=None,
-    minibatch: int = 0,
-    clipped_B: torch.Tensor | None = None,
-) -> bool:
-    """One mini-batch: policy loss (+ optional KL and router aux loss), backward, clip, step; its statistics go into
-    `stats`. `weights_BC` (B, C): the per-token loss weights (mismatch correction, token filter), or None;
-    `loss_mask_BC` (B, C): the mask the loss aggregates over (None: the response mask). `route_key`: the metric the
-    current router's own expert choices, compared with `old_routes`, are logged under (None: not measured). Returns
-    False for a skipped non-finite mini-batch (a decision all ranks take together). `clipped_B` (B,), when given,
-    gets each row's clipped-token count added."""
-    arm, spec = ctx.arm, ctx.spec
-    # The mini-batch's rows, without the columns that are padding in all of them: the same
-    # log-probs and loss, with a forward and backward only as wide as these rows need.
-    sub, lo, c = batch.rows(rows, sampler=False).trimmed()
-    hi = batch.prompt_len + c
-    m_bc = sub.response_mask if loss_mask_BC is None else loss_mask_BC[rows][:, :c]
-    old_logp_bc = old_logp_BC[rows][:, :c]
-    w_bc = None if weights_BC is None else weights_BC[rows][:, :c]
-    mb_routes = None if old_routes is None else old_routes[:, rows, lo:hi]
-    denominator = _denominator(ctx, m_bc)
-    # train.compile: the forward runs on the rows padded to a bucketed width (train/compiled.py)
-    fwd, fwd_routes = (sub, mb_routes) if ctx.compiled is None else ctx.compiled.pad(sub, mb_routes)
-    # Backward inside the routing context: gradient checkpointing recomputes the forward
-    # there, and a replayed forward must be replayed again.
-    with _routing(ctx, fwd_routes) as rec:
-        with ctx.compute(), compiled_context(ctx.compiled):
-            new = response_logprobs(ctx.train_model or ctx.model, fwd, spec.rollout.temperature)
-        new.logp = new.logp[:, :c]
-        if arm.off_policy_mask is not None:  # DeepSeek-V3.2: needs pi_theta, so per mini-batch
-            keep_bc = off_policy_weights(arm.off_policy_mask, stats, batch, rows, new.logp, old_logp_bc, adv_B, m_bc)
-            w_bc = keep_bc if w_bc is None else w_bc * keep_bc
-        loss, loss_stats = ctx.loss_fn(
-            new.logp,
-            old_logp_bc,
-            adv_B[rows],
-            m_bc,
-            clip_low=arm.clip_low,
-            clip_high=arm.clip_high,
-            aggregation=arm.aggregation,
-            denominator=denominator,
-            weights_BC=w_bc,
-            **({} if arm.clip_dual is None else {"clip_dual": arm.clip_dual}),
-            **arm.loss_params,
-        )
-        extra = {}
-        if ref_logp_BC is not None:
-            k3_BC = kl_k3_BC(new.logp, ref_logp_BC[rows][:, :c])
-            loss = loss + arm.kl_coef * aggregate(k3_BC, m_bc, arm.aggregation, denominator)
-            extra["kl_ref"] = torch.where(m_bc > 0, k3_BC.detach(), torch.zeros_like(k3_BC)).sum()
-            extra["kl_ref_tokens"] = float((m_bc > 0).sum())  # what the penalty averages over, weight 0 too
-        if new.aux_loss is not None and spec.model.router_aux_loss_coef > 0:  # the whole batch's, all ranks
-            aux, extra["aux_loss"] = router_aux_loss(
-                new.aux_loss, new.router_logits, _routed_tokens(fwd), ctx.model.config, ctx.dist
-            )
-            loss = loss + spec.model.router_aux_loss_coef * aux
-        ctx.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
-    routes_now = unpad_routes(rec.routes, len(rows), hi - lo) if rec is not None else None
-    grad_norm = distributed.scalar(torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), spec.optimizer.grad_clip))
-    bad = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
-    if distributed.any_rank(bad, ctx.dist):
-        div = spec.train.divergence
-        if not div.skip_bad_batches or ctx.skipped >= div.max_skipped:
-            raise DivergedError(
-                f"step {step}: non-finite loss or gradient norm"
-                + (f" (after {ctx.skipped} skipped mini-batches)" if ctx.skipped else "")
-            )
-        ctx.optimizer.zero_grad(set_to_none=True)  # an isolated bad batch: drop it, keep going
-        ctx.skipped += 1
-        return False
-    ctx.optimizer.step()
-    ctx.scheduler.step()
-    # Statistics over the tokens the loss can move; the rest (dropped by a correction or filter)
-    # are counted apart, so "clipped" and "dropped" stay distinguishable.
-    kept_bc = (m_bc > 0) if w_bc is None else (m_bc > 0) & (w_bc != 0)
-    response_bc = sub.response_mask > 0
-    stats.mean("policy/dropped_token_frac", float((response_bc & ~kept_bc).sum()), float(response_bc.sum()))
-    record_update(stats, loss, loss_stats, extra, grad_norm, kept_bc.to(m_bc.dtype))
-    if clipped_B is not None:
-        clipped_B.index_add_(0, rows, loss_stats["clipped_tokens_B"].float().cpu())
-    record_logratio_var(stats, new.logp, old_logp_bc, kept_bc.to(m_bc.dtype), minibatch)
-    if routes_now is not None and route_key is not None and mb_routes is not None:
-        tokens_N = route_mask_BT[rows, lo:hi].reshape(-1)
-        frac = expert_change_frac(routes_from_BT(mb_routes), routes_now, tokens_N)
-        stats.mean(route_key, frac * tokens_N.sum().item(), tokens_N.sum().item())
-    return True
-
-
-@contextlib.contextmanager
-def _routing(ctx: Ctx, old_routes):
-    """Around a mini-batch's forward and backward: with routing replay, `old_routes` (the mini-batch's (L, b, t, k),
-    columns as its forward sees them) forced in every router (r2: pi_old's, r3: the rollout engine's; see
-    old_policy.py); for any MoE, the experts the current routers choose themselves recorded (for volatility). Yields
-    a Routes holder (`.routes` set on exit), or None for a dense model."""
-    if ctx.routing is None:
-        yield None
-    elif ctx.arm.routing_replay != "off":
-        with ctx.routing.replaying(routes_from_BT(old_routes)) as rec:
-            yield rec
-    else:
-        with ctx.routing.recording() as rec:
-            yield rec
-
-
-def _routed_tokens(batch: RolloutBatch) -> torch.Tensor:
-    """(B, T) 1 on the prompt and response tokens: the rows the load-balancing loss averages over.
-    Not the attention mask: an attended position past a row's response mask is kept or trimmed
-    with the other rows of its mini-batch (RolloutBatch.trimmed), so counting it would make the
-    loss depend on how the batch is split across mini-batches and processes."""
-    P = batch.prompt_len
-    response_BC = (batch.response_mask > 0).to(batch.attention_mask.dtype) * batch.attention_mask[:, P:]
-    return torch.cat([batch.attention_mask[:, :P], response_BC], dim=1)
-
-
-def _route_token_mask(batch: RolloutBatch) -> torch.Tensor:
-    """(B, T) mask of the positions whose outputs are the response log-probs, where expert
-    volatility is measured: position t predicts token t+1, so response token j (column P+j)
-    is predicted at column P-1+j. Each row's last token predicts nothing a loss uses, and no
-    engine routes it (generate never feeds the last sampled token back, vLLM's routed_experts
-    stop one short), so it is left out; so is padding."""
-    m = torch.zeros(batch.input_ids.shape, dtype=torch.bool, device=batch.response_mask.device)
-    P = batch.prompt_len
-    m[:, P - 1 : -1] = batch.response_mask > 0
-    return m

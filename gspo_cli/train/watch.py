@@ -49,12 +49,21 @@ class StopFlag:
 class GapWarning:
     """Warns once per run when the sampler's log-probs are far from the trainer's: a mean
     per-token gap above half the arm's narrower clip range shifts every ratio by about as
-    much as the clip band allows (GSPO's 3e-4 is crossed by bf16 gaps of 1e-3)."""
+    much as the clip band allows (GSPO's 3e-4 is crossed by bf16 gaps of 1e-3). Also once
+    when rows longer than the micro-batch token budget first ran alone."""
 
     def __init__(self, name: str, clip_low: float, clip_high: float):
         self.name, self.limit, self.warned = name, 0.5 * min(clip_low, clip_high), False
+        self.oversize_warned = False
 
     def check(self, metrics: dict, reporter: Reporter) -> None:
+        oversize = metrics.get("perf/oversize_rows")  # also: rows over the micro-batch budget, once
+        if oversize and not self.oversize_warned:
+            self.oversize_warned = True
+            reporter.log(
+                f"[{self.name}] warning: {int(oversize)} rows longer than train.micro_batch_tokens ran alone as "
+                f"their own micro-batches at step {metrics['step']} (perf/oversize_rows counts them each step)"
+            )
         gap = metrics.get("rollout/logprob_diff_mean")
         if gap is not None and gap > self.limit and not self.warned:
             self.warned = True
