@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,math,tensorboard]"
+	$(BIN)/pip install --quiet -e ".[dev,math,tensorboard,lora]"
 	touch $(STAMP)
 
 # The two arms train side by side, one process and one core each (the sweep runner): on
