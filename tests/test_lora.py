@@ -92,7 +92,10 @@ def test_without_peft_the_extra_is_named_before_any_model_loads(tmp_path, monkey
 @pytest.mark.parametrize(
     "edit, message",
     [
-        ({"rollout": {**TINY["rollout"], "engine": "vllm"}}, "rollout.engine: vllm with model.lora"),
+        (
+            {"rollout": {**TINY["rollout"], "engine": "vllm-server", "server": {"url": "http://127.0.0.1:9"}}},
+            "rollout.engine: vllm-server with model.lora",
+        ),
         ({"train": {"steps": 2, "compile": True}}, "train.compile with model.lora"),
         ({"model": {**LORA, "router_aux_loss_coef": 0.01}}, "router_aux_loss_coef: 0.01 with model.lora.routers"),
         ({"optimizer": {"lr": 1e-3, "router_lr_scale": 4.0}}, "router_lr_scale: 4 with model.lora.routers frozen"),
@@ -464,7 +467,7 @@ def test_staleness_one_samples_with_the_trainers_adapters(tmp_path, monkeypatch,
     def forward(adapters):
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(ctx.model, adapters)
+        set_peft_model_state_dict(ctx.model, {k.removeprefix(lora.PEFT_PREFIX): v for k, v in adapters.items()})
         with torch.no_grad():
             return response_logprobs(ctx.model, batch, spec.rollout.temperature).logp
 
@@ -511,3 +514,20 @@ def test_ddp_updates_the_adapters_like_one_process(tmp_path, base_dir):
     for key, v in m1.items():
         if not key.startswith(("time/", "perf/")):
             assert m2[key] == pytest.approx(v, rel=1e-4, abs=1e-6), key
+
+
+def test_merged_parameters_are_the_merged_model(base_dir, tmp_path):
+    """What the vLLM weight stream sends with LoRA (lora.merged_parameters: base names, adapters
+    merged, trained routers in place) equals PEFT's own merge of the saved adapters, name for name."""
+    cfg = model_cfg(base_dir, experts=True, routers="full")
+    model = load_model(base_dir, cfg).model
+    perturb(model)
+    lora.save_adapters(model, tmp_path, base_dir)
+    merged = dict(lora.merged_parameters(model))
+    plain = load_model(str(tmp_path), cfg, training=False).model  # PEFT's merge_and_unload
+    expected = dict(plain.named_parameters())
+    assert set(merged) == set(expected)
+    assert max((merged[k] - expected[k]).abs().max().item() for k in merged) < 1e-6
+    moved = [k for k in merged if "experts" in k or "gate" in k or "q_proj" in k]
+    base = dict(load_model(base_dir, ModelConfig(name=base_dir)).model.named_parameters())
+    assert moved and all((merged[k] - base[k]).abs().max() > 1e-4 for k in moved)

@@ -176,7 +176,8 @@ def load_model(
     elif adapters is not None:  # evaluation, export: the adapters merged into the base
         model = lora.merge_adapters(model, adapters)
     model.to(cfg.device)
-    return _finish(model, tokenizer, str(adapters) if adapters is not None else source)
+    # A LoRA policy's source is its base (what an engine such as vLLM loads before the merged weights arrive)
+    return _finish(model, tokenizer, str(adapters) if adapters is not None and not use_lora else source)
 
 
 def _hub_endpoint() -> str:

@@ -247,11 +247,15 @@ class AdaptersOff:
         return getattr(self.model, name)
 
 
+PEFT_PREFIX = "base_model.model."  # a PeftModel's names: what PeftModel.from_pretrained reads
+
+
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters' tensors under PEFT's names (adapter_model.safetensors' keys)."""
+    """The adapters' tensors under PEFT's names (adapter_model.safetensors' keys, as a
+    PeftModel saves them: prefixed, so that PEFT's own reader finds trained router copies too)."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    return {PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
 
 
 def save_adapters(model: torch.nn.Module, directory: Path, base: str) -> None:
@@ -278,7 +282,7 @@ def load_adapters(model: torch.nn.Module, directory: Path) -> None:
         raise SpecError(f"{directory}: its adapters do not fit model.lora (another rank, targets or routers)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        set_peft_model_state_dict(model, state)
+        set_peft_model_state_dict(model, {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()})
 
 
 def check_base(directory: Path, source: str) -> None:
@@ -330,10 +334,10 @@ def check_spec(spec, world_size: int = 1) -> None:
     problem = None
     if world_size > 1 and spec.model.sharding == "fsdp":
         problem = "model.sharding: fsdp with model.lora is not supported yet; use ddp (the adapters are small)"
-    elif spec.rollout.engine != "hf":
+    elif spec.rollout.engine == "vllm-server":
         problem = (
-            f"rollout.engine: {spec.rollout.engine} with model.lora is not supported yet (the engine would need "
-            "the merged adapted weights after each update); use hf"
+            "rollout.engine: vllm-server with model.lora is not supported yet (the weight push sends the "
+            "model's own parameters); use hf or vllm"
         )
     elif spec.train.compile:
         problem = "train.compile with model.lora is not supported yet (not verified with PEFT's layers); use false"
@@ -350,3 +354,27 @@ def check_spec(spec, world_size: int = 1) -> None:
         )
     if problem:
         raise SpecError(problem)
+
+
+def merged_parameters(model: torch.nn.Module):
+    """(name, tensor) pairs of the policy's weights under the base model's own names, every
+    adapter merged (W + scale B A) and a trained router copy in place of its original: what an
+    engine holding a plain model (vLLM) needs after each update. A generator: one merged tensor at
+    a time, never a second copy of the model."""
+    from peft.tuners.lora.layer import LoraLayer, ParamWrapper
+    from peft.utils.other import ModulesToSaveWrapper
+
+    adapted, originals = {}, set()
+    for mod in model.modules():
+        if isinstance(mod, ParamWrapper):
+            adapted[id(mod.get_param())] = mod
+        elif isinstance(mod, LoraLayer):
+            adapted[id(mod.get_base_layer().weight)] = mod
+        elif isinstance(mod, ModulesToSaveWrapper):
+            originals |= {id(p) for p in mod.original_module.parameters()}
+    for name, p in model.named_parameters():
+        if ".lora_" in name or id(p) in originals:
+            continue
+        with torch.no_grad():
+            t = p.detach() if id(p) not in adapted else p.detach() + adapted[id(p)].get_delta_weight("default")
+        yield name.replace(".base_layer", "").replace(".modules_to_save.default", ""), t
