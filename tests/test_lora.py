@@ -265,6 +265,10 @@ def test_runs_train_and_checkpoint_adapters(reference_run, base_dir):
         }
         metrics = rd.metrics()
         assert len(metrics) == 4 and all(m["policy/grad_norm"] > 0 for m in metrics)
+    res = CliRunner().invoke(app, ["compare", str(reference_run / "e2e")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "Trained parameters: " in text and "grpo_rr trains 1.79 k of " in text and "grpo_kl trains 1.79 k" in text
     kl = [m["policy/kl_ref_k3"] for m in RunDir(reference_run / "e2e/grpo_kl/seed0").metrics()]
     assert all(0 < k < 0.1 for k in kl)  # the adapters move the policy off its reference, a little
 
@@ -531,3 +535,22 @@ def test_merged_parameters_are_the_merged_model(base_dir, tmp_path):
     moved = [k for k in merged if "experts" in k or "gate" in k or "q_proj" in k]
     base = dict(load_model(base_dir, ModelConfig(name=base_dir)).model.named_parameters())
     assert moved and all((merged[k] - base[k]).abs().max() > 1e-4 for k in moved)
+
+
+def test_experts_kept_as_linear_layers_follow_the_experts_choice():
+    """An architecture whose experts are nn.Linear modules (not fused 3-D tensors): all-linear
+    leaves them to `experts` (false: frozen, true: adapted like any linear layer)."""
+    from gspo_cli.spec import LoraSpec
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(4, 4)
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    model = torch.nn.Module()
+    model.layer = Block()
+    frozen = lora.peft_config(LoraSpec(r=2), model, "toy")
+    adapted = lora.peft_config(LoraSpec(r=2, experts=True), model, "toy")
+    assert sorted(frozen.target_modules) == ["layer.q_proj"]
+    assert sorted(adapted.target_modules) == ["layer.experts.0", "layer.experts.1", "layer.q_proj"]

@@ -151,10 +151,13 @@ def peft_config(spec, model: torch.nn.Module, model_name: str):
         targets = [q for t in targets for q in linear if (q == t or q.endswith("." + t)) and q not in routers]
     else:  # all-linear, minus the output head and any linear router (routers are their own choice)
         targets = [q for q in linear if not _is_module(model, q, head) and q not in routers]
+    # Experts kept as nn.Linear modules (architectures transformers does not fuse) are `experts`' choice too
+    expert_linear = [q for q in linear if ".experts." in q]
+    targets = [q for q in targets if q not in expert_linear] + (expert_linear if spec.experts else [])
     parameters: list[str] = []
     if spec.experts:
         experts = expert_parameters(model)
-        if not experts:
+        if not experts and not expert_linear:
             raise SpecError(
                 f"model.lora.experts: true, but {model_name} has no fused 3-D expert weights (gate_up_proj, "
                 "down_proj) that PEFT's parameter targeting can adapt; use experts: false"
@@ -170,7 +173,7 @@ def peft_config(spec, model: torch.nn.Module, model_name: str):
         r=spec.r,
         lora_alpha=spec.lora_alpha,
         lora_dropout=0.0,
-        target_modules=sorted(targets) or None,
+        target_modules=sorted(set(targets)) or None,
         target_parameters=parameters or None,
         modules_to_save=routers if spec.routers == "full" else None,
     )
