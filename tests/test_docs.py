@@ -52,6 +52,13 @@ COVERED = {
     r"python experiments/own_rewards/make_data\.py": [
         "tests/test_user_rewards.py::test_the_example_data_is_what_its_script_writes"
     ],
+    r"gspo train experiments/quickstart\.yaml --set model\.lora\.r=8": [
+        "tests/test_lora.py::test_the_quickstart_with_lora_trains_both_arms"
+    ],
+    r"gspo train experiments/lora_quickstart\.yaml": [
+        "tests/test_lora.py::test_the_quickstart_with_lora_trains_both_arms",
+        "tests/test_lora.py::test_the_lora_example_is_the_quickstart_with_adapters",
+    ],
     r"gspo train exp\.yaml --arm gspo --seed 1": ["tests/test_cli.py::test_set_and_options_reach_the_trainer"],
     r"gspo train (exp|experiments/quickstart)\.yaml --set \S+ --set \S+ -o /tmp/runs": [
         "tests/test_cli.py::test_set_and_options_reach_the_trainer",

@@ -25,6 +25,7 @@ from gspo_cli.analysis.report_testable import no_signal_note, same_gradient_note
 from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, reward_names, seed_stats
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS, eval_reward_score, reward_key
+from gspo_cli.params import params_note
 from gspo_cli.runs import STATUSES
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -267,6 +268,8 @@ def compare_runs(
     notes = _notes(runs, threshold, last) + same_gradient_notes(groups)
     if (silent := no_signal_note(runs)) is not None:
         notes.append(silent)
+    if (trained := params_note([(g.name, g.runs[0].info.get("params")) for g in groups])) is not None:
+        notes.append(trained)
     return Comparison(cols, rows, notes, settings)
 
 

@@ -21,11 +21,17 @@ def export(
         Optional[Path], typer.Option("--out", "-o", help="output directory (default: RUN/model; replaced if present)")
     ] = None,
     max_shard_gb: Annotated[float, typer.Option("--max-shard-gb", help="largest safetensors file, in GB")] = 5.0,
+    adapter: Annotated[
+        bool, typer.Option("--adapter", help="LoRA runs: the adapter directory (PEFT's format), not the merged model")
+    ] = False,
 ) -> None:
     """Write a checkpoint as a Hugging Face directory that transformers and vLLM load: config,
     tokenizer and safetensors files of at most --max-shard-gb each. Streamed: the weights are
     read a file's worth at a time, so a sharded checkpoint of a model no single process could
     hold exports on one host; under torchrun each process writes its share of the files.
+
+    A LoRA run (model.lora) exports the base with its adapters merged, or with --adapter the
+    adapter directory (adapter_config.json, adapter_model.safetensors) for PEFT.
 
     Example: `gspo export results/quickstart/gspo/seed0 --dtype bfloat16`
     """
@@ -42,6 +48,7 @@ def export(
             max_shard_bytes=max(1, int(max_shard_gb * 1e9)),
             info=info,
             step=checkpoint_step(ckpt),
+            adapter=adapter,
         )
     except GspoError as err:
         _fail(err)

@@ -13,7 +13,7 @@ from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.hub import hub_endpoint, hub_reachable
-from gspo_cli.models import experts
+from gspo_cli.models import experts, lora
 from gspo_cli.models.builtin import BUILTIN_KINDS, builtin_model_dir
 from gspo_cli.spec import ModelConfig
 from gspo_cli.tasks import Task
@@ -88,6 +88,11 @@ def load_model(
     spacing there (~1.2e-4) and would be lost. With `training=False` (evaluation only) the
     weights load in `cfg.dtype`.
 
+    With `cfg.lora` (training) the base loads in `cfg.dtype` and stays frozen; PEFT's adapters
+    (float32) are injected in place (models/lora.py). A LoRA adapter directory (a LoRA run's
+    checkpoint: adapter_config.json) loads its base, then its adapters: injected for training
+    (the base's digest checked), merged into the weights otherwise (evaluation, export).
+
     With `cfg.sharding` fsdp under torchrun (`dist_info` of several processes, training), the
     model comes back already sharded (FSDP2, `distributed.shard_`): every rank builds it on the
     meta device, shards it and fills its own shards from the checkpoint that rank 0 alone reads
@@ -99,6 +104,10 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
+    adapters = None  # an adapter directory (a LoRA run's checkpoint): its base loads, then the adapters
+    if lora.is_adapter_dir(Path(source).expanduser()):
+        lora.require_peft(f"{source} (a LoRA adapter directory)")
+        adapters, source = Path(source).expanduser(), str(lora.adapter_base(Path(source).expanduser())["base"])
     local = Path(source).expanduser()
     looks_local = local.exists() or source.startswith((".", "/", "~"))
     if looks_local:
@@ -125,7 +134,13 @@ def load_model(
         raise SpecError(
             f"model.name: cannot load {source!r} (offline and not cached, or not a model id): {first}"
         ) from None
-    kwargs = {"dtype": torch.float32 if training else DTYPES[cfg.dtype]}
+    use_lora = training and cfg.lora is not None
+    if use_lora:
+        lora.require_peft()
+        if dist_info.enabled and cfg.sharding == "fsdp":
+            raise SpecError("model.lora: not supported with model.sharding fsdp yet; use ddp (adapters are small)")
+    # LoRA: the frozen base in model.dtype, only the adapters are float32 masters (models/lora.py)
+    kwargs = {"dtype": torch.float32 if training and not use_lora else DTYPES[cfg.dtype]}
     if hasattr(config, "num_experts") or hasattr(config, "num_local_experts"):
         kwargs["experts_implementation"] = cfg.experts_implementation
     if hasattr(config, "router_aux_loss_coef"):
@@ -153,8 +168,16 @@ def load_model(
     except (OSError, ValueError) as err:
         raise SpecError(f"model.name: cannot load {source!r}: {str(err).splitlines()[0]}") from None
     disable_dropout(model)
+    if use_lora:
+        model = lora.apply_lora(model, cfg.lora, cfg.name)
+        if adapters is not None:  # resuming: the same base, then the checkpoint's adapters
+            lora.check_base(adapters, source)
+            lora.load_adapters(model, adapters)
+    elif adapters is not None:  # evaluation, export: the adapters merged into the base
+        model = lora.merge_adapters(model, adapters)
     model.to(cfg.device)
-    return _finish(model, tokenizer, source)
+    # A LoRA policy's source is its base (what an engine such as vLLM loads before the merged weights arrive)
+    return _finish(model, tokenizer, str(adapters) if adapters is not None and not use_lora else source)
 
 
 def _finish(model, tokenizer, source: str) -> LoadedModel:

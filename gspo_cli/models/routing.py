@@ -84,6 +84,8 @@ class RoutingController:
             leaf = qual.rsplit(".", 1)[-1]
             if not (leaf in ("gate", "router") or type(mod).__name__.endswith("Router")):
                 continue
+            if any(qual.startswith(n + ".") for n in names):  # inside a router (a LoRA wrapper's original)
+                continue
             top_k = getattr(mod, "top_k", None)
             if not isinstance(top_k, int) or isinstance(top_k, bool):
                 continue

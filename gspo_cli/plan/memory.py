@@ -16,11 +16,13 @@ Units are bytes; 1 GB = 1e9 bytes (a '30.5 B parameter model is 122 GB in fp32')
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from gspo_cli.plan import lora as plan_lora
 from gspo_cli.plan.micro import forward_rows
 from gspo_cli.plan.reward_models import add_reward_models
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
+from gspo_cli.plan.units import count, gb  # noqa: F401 - cli.plan reads them here
 from gspo_cli.runs import plural
 from gspo_cli.spec import ExperimentSpec
 
@@ -130,18 +132,6 @@ class Plan:
         return out
 
 
-def gb(n: int | float | None) -> str:
-    """Bytes for people: GB (1e9) with one decimal, MB (1e6) below 1 GB; "-" for None."""
-    if n is None:
-        return "-"
-    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.0f} MB"
-
-
-def count(n: int) -> str:
-    """A parameter count: "30.53 B", "11.2 M"."""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
-
-
 @dataclass(frozen=True)
 class Workload:
     """The spec's batch, read the way the trainer splits it."""
@@ -214,6 +204,10 @@ def plan_memory(
         resident.append(("KL reference weights" + (f" (1/{W})" if fsdp else ""), FP32 * P // share))
     if W > 1 and not fsdp:
         resident.append(("DDP gradient buckets", FP32 * P))
+    lora = spec.model.lora is not None  # the base frozen in model.dtype, fp32 adapters (plan/lora.py)
+    if lora:
+        resident = plan_lora.resident_terms(shape, spec, share, W)
+        wl = replace(wl, kl=False)  # the KL reference is the base with its adapters off: no copy
 
     # Weights a forward needs beyond the shards: FSDP gathers the root (embeddings, head; kept
     # through forward and backward) and about two decoder layers at a time (one prefetched).
@@ -226,7 +220,7 @@ def plan_memory(
                 gather_bytes * (shape.embedding_params() + 2 * shape.largest_layer_params()),
             )
         ]
-    if c != FP32 and (before or not fsdp):
+    if c != FP32 and (before or not fsdp) and not lora:  # a LoRA base is already in model.dtype
         # autocast keeps a compute-dtype copy of every gathered nn.Linear weight for the whole
         # forward; grouped-GEMM experts are not autocast ops and are not copied.
         linear = P - shape.expert_params() - shape.vocab * shape.hidden * (0 if shape.tied else 1)
@@ -285,11 +279,12 @@ def plan_memory(
         # a checkpoint in another dtype is converted into an fp32 copy per process. Before issue
         # 25 FSDP then moved the whole model to the device before fully_shard (measured on CPU:
         # benchmarks/README.md, "gspo plan against measured peaks").
-        converted = ck != FP32
+        held = c if lora else FP32  # LoRA loads the base in model.dtype
+        converted = ck != held
         if converted:
-            per_proc = [("fp32 copy of the checkpoint", FP32 * P)]
+            per_proc = [(f"{'bf16' if held == 2 else 'fp32'} copy of the checkpoint", held * P)]
         elif experts:
-            per_proc = [("experts fused at load (pages read + fused copy)", 2 * FP32 * experts)]
+            per_proc = [("experts fused at load (pages read + fused copy)", 2 * held * experts)]
         else:
             per_proc = []
         if kind == "cpu":
@@ -298,7 +293,7 @@ def plan_memory(
                 dev.append(("checkpoint pages read by fully_shard", FP32 * (P - experts)))
             host_extra = []
         else:
-            dev = [("whole fp32 model" + (" before sharding" if fsdp else ""), FP32 * P)]
+            dev = [(f"whole {'bf16' if held == 2 else 'fp32'} model" + (" before sharding" if fsdp else ""), held * P)]
             host_extra = [
                 (f"{n} x {plural(procs_on_node, 'process', 'processes')}", procs_on_node * b) for n, b in per_proc
             ]
@@ -428,7 +423,7 @@ def plan_memory(
                 host_extra = []
         else:
             host_extra = []
-            dev.append(("safetensors write buffer (weights)", FP32 * P))
+            dev.append(("safetensors write buffer (weights)", resident[1][1] if lora else FP32 * P))
     else:
         # torch.distributed.checkpoint writes tensor by tensor: each rank stages at most its
         # largest local tensor (an expert stack or the embedding) in host memory at a time.

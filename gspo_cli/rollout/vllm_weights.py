@@ -22,7 +22,10 @@ def checkpoint_weights(model: torch.nn.Module, dtype: torch.dtype | None = None)
     from torch.distributed.tensor import DTensor
     from transformers.core_model_loading import revert_weight_conversion
 
-    for name, param in model.named_parameters():
+    from gspo_cli.models import lora
+
+    # model.lora: the adapters merged into the base's weights, under the base's names
+    for name, param in lora.merged_parameters(model) if lora.is_lora(model) else model.named_parameters():
         if isinstance(param, DTensor):
             full = gather_full(param, dtype)
         else:

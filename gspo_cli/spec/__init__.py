@@ -5,7 +5,7 @@
 
 from gspo_cli.spec.arm import AggregationWarning, ArmConfig, MismatchConfig
 from gspo_cli.spec.experiment import SEED_LIMIT, ExperimentSpec, OnPolicyWarning, SweepConfig
-from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, ModelConfig
+from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, LoraSpec, ModelConfig
 from gspo_cli.spec.presets import PRESETS
 from gspo_cli.spec.rollout import VLLM_RESERVED_KWARGS, RolloutConfig
 from gspo_cli.spec.task import EvalSetConfig, RewardConfig, TaskConfig
@@ -24,6 +24,7 @@ __all__ = [
     "RewardConfig",
     "ExperimentSpec",
     "MismatchConfig",
+    "LoraSpec",
     "ModelConfig",
     "OnPolicyWarning",
     "OptimizerConfig",

@@ -46,6 +46,50 @@ class ColdStartConfig(_Strict):
     seed: int = Field(0, description="seed of the cold start (part of the cached model's key)")
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters (PEFT) on a frozen base: what trains and how (docs/guides/lora.md)."""
+
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: float | None = Field(None, gt=0, description="LoRA alpha (the update is scaled by alpha / r); default 2 r")
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="adapter dropout; only 0: dropout makes pi_theta (train mode) differ from pi_old (eval mode) "
+        "even on-policy, so importance ratios would not be honest",
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="the linear layers that get adapters: all-linear (every nn.Linear but the output head) or "
+        "module names (suffixes such as q_proj, v_proj)",
+    )
+    experts: bool = Field(
+        False,
+        description="adapt the fused 3-D MoE expert weights too (PEFT parameter targeting); false: experts frozen",
+    )
+    routers: Literal["frozen", "lora", "full"] = Field(
+        "frozen",
+        description="MoE routers: frozen (base weights), lora (an adapter on the router weight) or full (the "
+        "router weights train in full, float32)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.dropout > 0:
+            raise _Problems(
+                f"dropout: {self.dropout}: adapter dropout is refused; it makes pi_theta (the update's train-mode "
+                "forward) differ from pi_old (eval mode) even on-policy, so importance ratios would not be honest; "
+                "use 0"
+            )
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            raise _Problems("target_modules: empty; give module names or all-linear")
+        return self
+
+    @property
+    def lora_alpha(self) -> float:
+        return self.alpha if self.alpha is not None else 2.0 * self.r
+
+
 class ModelConfig(_Strict):
     """The policy: a built-in tiny model, a hub id or a local HF directory, and how it runs."""
 
@@ -76,4 +120,8 @@ class ModelConfig(_Strict):
     # process's shards from rank 0's read of the checkpoint (docs/scaling/memory.md).
     sharding: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: a whole copy per process (ddp) or FSDP2 shards (fsdp)"
+    )
+    # LoRA: the base loads in `dtype` and stays frozen; only adapters (float32) train.
+    lora: LoraSpec | None = Field(
+        None, description="LoRA adapters (needs the lora extra: pip install 'gspo-cli[lora]'); absent: full fine-tuning"
     )

@@ -7,6 +7,9 @@ Two layouts, chosen by how the model is held:
 - whole model (one process, DDP): an HF model directory (float32 safetensors, config,
   tokenizer) plus `trainer_state.pt` with the optimizer state keyed by parameter names,
   scheduler and RNG state. Written by rank 0 alone, loadable by transformers as it is.
+- LoRA (model.lora): the adapters in PEFT's format (adapter_config.json,
+  adapter_model.safetensors), `lora_base.json` (the frozen base's path and digest, checked on
+  resume), config and tokenizer, and `trainer_state.pt` as above; the base is not copied.
 - sharded model (FSDP): `state/`, a `torch.distributed.checkpoint` directory in which every
   rank writes its own slices of the weights and AdamW state (one `__R_0.distcp` per rank and
   a `.metadata`), plus config, tokenizer and `trainer_state.pt` (scheduler, RNG) from rank 0.
@@ -29,6 +32,7 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError
+from gspo_cli.models import lora
 from gspo_cli.runs import RunDir
 
 STATE_FILE = "trainer_state.pt"
@@ -140,7 +144,10 @@ def _first_line(err: BaseException) -> str:
 def _finish(tmp: Path, final: Path, model, tokenizer, dtype: str | None, state: dict, *, whole: bool) -> None:
     """Rank 0: the HF weights (whole models) or only the config (sharded ones), tokenizer and
     trainer state into `tmp`, fsync, then the rename that makes the checkpoint exist."""
-    if whole:
+    if whole and lora.is_lora(model):  # the adapters in PEFT's format, the base named and digested
+        model.config.save_pretrained(tmp)
+        lora.save_adapters(model, tmp, model.name_or_path)
+    elif whole:
         model.save_pretrained(tmp)
     else:
         model.config.save_pretrained(tmp)

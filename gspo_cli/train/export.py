@@ -30,8 +30,10 @@ import torch
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError, SpecError
+from gspo_cli.models import lora
 from gspo_cli.models.loading import DTYPES
 from gspo_cli.train.checkpoint import SHARDED_DIR, STATE_FILE, dcp_reason, fsync_dir, is_sharded_checkpoint
+from gspo_cli.train.lora_export import export_lora
 
 EXPORT_INFO = "export.json"  # which checkpoint and dtype an exported directory holds
 DEFAULT_SHARD_BYTES = 5 * 2**30
@@ -55,9 +57,11 @@ def export_checkpoint(
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     info: DistInfo = DistInfo(),
     step: int | None = None,
+    adapter: bool = False,
 ) -> Path:
     """Write checkpoint `ckpt` as an HF directory `out` (replaced atomically if it exists), on
-    every rank together; returns `out`. `dtype`: "float32" or "bfloat16". Bad input (a
+    every rank together; returns `out`. `dtype`: "float32" or "bfloat16". A LoRA checkpoint is
+    written merged, or as its adapter directory with `adapter` (train/lora_export.py). Bad input (a
     directory that is not a checkpoint, an unknown dtype) is a SpecError; a failed write
     (disk full) a RunError, with `out` left as it was."""
     ckpt, out = Path(ckpt), Path(out)
@@ -65,6 +69,10 @@ def export_checkpoint(
         raise SpecError(f"--dtype: {dtype!r} is not one of float32, bfloat16")
     if not (ckpt / "config.json").is_file():
         raise SpecError(f"{ckpt}: not a checkpoint (no config.json)")
+    if lora.is_adapter_dir(ckpt):  # a LoRA run's: merged, or (adapter) the PEFT adapter directory
+        return export_lora(ckpt, out, dtype=dtype, adapter=adapter, step=step) if info.is_main else out
+    if adapter:
+        raise SpecError(f"--adapter: {ckpt} is not a LoRA checkpoint (no adapter_config.json)")
     weights = _open_weights(ckpt)
     target = DTYPES[dtype]
     model = _meta_model(ckpt)

@@ -20,8 +20,9 @@ from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.metrics import no_signal
-from gspo_cli.models import resolve_model_source
+from gspo_cli.models import lora, resolve_model_source
 from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
+from gspo_cli.params import param_line
 from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
@@ -73,6 +74,7 @@ def train_experiment(
     eval_sets, data = plan_data(spec, task)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
+    lora.check_spec(spec, info.world_size)  # peft installed, and no combination LoRA cannot run
     if spec.rollout.engine == "vllm":  # before any model loads: settings that cannot work, in one line
         check_vllm_settings(spec.rollout.vllm, any(a.routing_replay == "r3" for a in selected), info.world_size)
     if spec.rollout.engine == "vllm-server":  # an unreachable or unfit server is said before any model loads
@@ -178,36 +180,11 @@ def train_run(
     sets = eval_sets if eval_sets is not None else plan_data(spec, task)
     path = run_path(spec.output_dir, spec.name, arm.name, seed)
     # Only rank 0 writes the run directory (and holds its lock); the others read it.
+    kw = dict(reporter=reporter, force=force, stop=stop, info=dist_info, unshared=unshared)
     if not dist_info.is_main:
-        return _train_locked(
-            spec,
-            arm,
-            seed,
-            task,
-            source,
-            ReadOnlyRunDir(path),
-            sets,
-            reporter=reporter,
-            force=force,
-            stop=stop,
-            info=dist_info,
-            unshared=unshared,
-        )
+        return _train_locked(spec, arm, seed, task, source, ReadOnlyRunDir(path), sets, **kw)
     with run_lock(path):
-        return _train_locked(
-            spec,
-            arm,
-            seed,
-            task,
-            source,
-            RunDir(path),
-            sets,
-            reporter=reporter,
-            force=force,
-            stop=stop,
-            info=dist_info,
-            unshared=unshared,
-        )
+        return _train_locked(spec, arm, seed, task, source, RunDir(path), sets, **kw)
 
 
 def _train_locked(
@@ -222,6 +199,9 @@ def _train_locked(
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
     ckpt = Path(ckpt_path) if ckpt_path else None
     ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info)
+    params = lora.param_info(ctx.model, spec.model.lora, spec.model.dtype)  # run.json; LoRA: the setup line
+    if params.get("lora"):
+        reporter.log(f"[{name}] {param_line(params)}")
     t_start = time.time()
     pending = None  # rollout.staleness 1: the batch the checkpoint pre-sampled for the next step
     if ckpt is not None:
@@ -233,6 +213,7 @@ def _train_locked(
             resumed_from=ckpt.name,
             step=start_step,
             resumes=rd.info().get("resumes", 0) + 1,
+            params=params,
             **({"identity": identity} if identity else {}),  # a fixed reward file's new fingerprint
             ended_at=None,
         )
@@ -256,6 +237,7 @@ def _train_locked(
             model_source=source,
             data=sets[1],
             identity=identity,
+            params=params,
             **({"cold_start": cold} if (cold := cold_start_info(source)) else {}),
         )
     prior_wall = rd.info().get("wall_s", 0.0) if ckpt is not None else 0.0

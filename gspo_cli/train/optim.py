@@ -79,8 +79,16 @@ def param_groups(model, routing, lr: float, router_scale: float, model_name: str
         return [{"params": params}]
     if routing is None:
         raise SpecError(router_scale_problem(router_scale, model_name))
-    router_ids = {id(p) for r in routing.routers for p in r.parameters()}
+    router_ids = {id(p) for p in router_parameters(model, routing)}
     return [
         {"params": [p for p in params if id(p) not in router_ids]},
         {"params": [p for p in params if id(p) in router_ids], "lr": lr * router_scale},
     ]
+
+
+def router_parameters(model, routing) -> list:
+    """The routers' parameters, with (model.lora) the adapters PEFT wraps around a router's weight
+    (`gate.lora_A`, beside the router now at `gate.base_layer`) and a trained copy of a router."""
+    routers = {id(r) for r in routing.routers}
+    prefixes = tuple(q.removesuffix(".base_layer") + "." for q, m in model.named_modules() if id(m) in routers)
+    return [p for n, p in model.named_parameters() if n.startswith(prefixes)]

@@ -23,7 +23,7 @@ from gspo_cli import distributed
 from gspo_cli.algorithms import get_advantage_estimator, get_mismatch_correction, get_policy_loss
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
-from gspo_cli.models import compute_context, load_model
+from gspo_cli.models import compute_context, load_model, lora
 from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine
 from gspo_cli.rollout.base import check_due
@@ -104,8 +104,8 @@ def setup(
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     compiled = CompiledUpdate(model, spec.train.compile_bucket) if spec.train.compile else None
-    ref_model = None
-    if arm.kl_coef > 0:
+    ref_model = lora.AdaptersOff(model) if arm.kl_coef > 0 and lora.is_lora(model) else None  # LoRA: no copy
+    if arm.kl_coef > 0 and ref_model is None:
         if sharded:  # sharded like the policy, from rank 0's read of the initial weights
             ref = load_model(source, spec.model, dist_info=dist_info).model
         else:
