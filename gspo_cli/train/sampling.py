@@ -27,7 +27,7 @@ def _overlong(arm, max_new_tokens: int, batch: RolloutBatch) -> torch.Tensor | N
     frac = arm.overlong.buffer_frac
     if frac <= 0:
         return None
-    lengths_B = batch.response_mask.sum(-1).cpu()  # rewards stay on the host, beside the scores
+    lengths_B = batch.model_mask.sum(-1).cpu()  # rewards stay on the host, beside the scores
     buffer = max(1, round(frac * max_new_tokens))
     return overlong_penalty(lengths_B, max_new_tokens, buffer, arm.overlong.penalty)
 
@@ -115,6 +115,13 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         engine_logp=opt("engine_logp"),
         engine_entropy=opt("engine_entropy"),
         check_logp=opt("check_logp"),
+        tool_mask=None
+        if all(b.tool_mask is None for b in batches)
+        else torch.cat([resp(b.response_mask * 0 if b.tool_mask is None else b.tool_mask) for b in batches]),
+        turns=None if any(b.turns is None for b in batches) else [t for b in batches for t in b.turns],
+        tool_counts=None
+        if any(b.tool_counts is None for b in batches)
+        else [t for b in batches for t in b.tool_counts],
     )
 
 

@@ -204,7 +204,7 @@ def learn(
     G = spec.rollout.group_size
     t2 = time.time()
     t0 = t2 if t0 is None else t0
-    mask_BC = batch.response_mask
+    mask_BC = batch.model_mask  # the model's tokens: docs/guides/tools.md lists every mask's use
     rewards_B = shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores)  # on the host, as scores
     adv_B = advantages(ctx, batch, rewards_B, scores).to(mask_BC.device)  # multi_reward; the loss's device
     stats = StepStats()
@@ -339,7 +339,7 @@ def _update(
     # log-probs and loss, with a forward and backward only as wide as these rows need.
     sub, lo, c = batch.rows(rows, sampler=False).trimmed()
     hi = batch.prompt_len + c
-    m_bc = sub.response_mask if loss_mask_BC is None else loss_mask_BC[rows][:, :c]
+    m_bc = sub.model_mask if loss_mask_BC is None else loss_mask_BC[rows][:, :c]
     old_logp_bc = old_logp_BC[rows][:, :c]
     w_bc = None if weights_BC is None else weights_BC[rows][:, :c]
     mb_routes = None if old_routes is None else old_routes[:, rows, lo:hi]
@@ -399,7 +399,7 @@ def _update(
     # Statistics over the tokens the loss can move; the rest (dropped by a correction or filter)
     # are counted apart, so "clipped" and "dropped" stay distinguishable.
     kept_bc = (m_bc > 0) if w_bc is None else (m_bc > 0) & (w_bc != 0)
-    response_bc = sub.response_mask > 0
+    response_bc = sub.model_mask > 0
     stats.mean("policy/dropped_token_frac", float((response_bc & ~kept_bc).sum()), float(response_bc.sum()))
     record_update(stats, loss, loss_stats, extra, grad_norm, kept_bc.to(m_bc.dtype))
     if clipped_B is not None:
@@ -446,5 +446,5 @@ def _route_token_mask(batch: RolloutBatch) -> torch.Tensor:
     stop one short), so it is left out; so is padding."""
     m = torch.zeros(batch.input_ids.shape, dtype=torch.bool, device=batch.response_mask.device)
     P = batch.prompt_len
-    m[:, P - 1 : -1] = batch.response_mask > 0
+    m[:, P - 1 : -1] = batch.model_mask > 0  # tool output: routed and replayed, not measured
     return m
