@@ -85,6 +85,12 @@ class ExperimentSpec(_Strict):
                 "compiled graph (it breaks at the checkpoint wrapper), so compiling would cost without "
                 "paying; use one or the other"
             )
+        if self.task.environment and self.rollout.engine != "hf":
+            problems.append(
+                f"task.environment: multi-turn rollouts run on the hf engine only so far, not {self.rollout.engine}"
+            )
+        if self.task.environment and self.rollout.staleness:
+            problems.append("task.environment: not supported with rollout.staleness: 1 yet; use staleness 0")
         if self.model.dtype == "float16":
             problems.append(
                 "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "

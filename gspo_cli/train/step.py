@@ -34,7 +34,7 @@ from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.models import compute_context, load_model
 from gspo_cli.models.aux_loss import router_aux_loss
 from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError, expert_change_frac, routes_from_BT
-from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs
+from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, response_logprobs, with_environment
 from gspo_cli.rollout.base import check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
@@ -141,7 +141,7 @@ def setup(
         arm=arm,
         task=task,
         model=model,
-        engine=engine,
+        engine=with_environment(engine, spec),  # task.environment: multi-turn (rollout/turns.py)
         optimizer=optimizer,
         scheduler=scheduler,
         loss_fn=get_policy_loss(arm.loss),

@@ -1,0 +1,113 @@
+"""Environments from users' files (task.environment: FILE.py:NAME): refused in one line before
+any model is built when they do not define the protocol; the spec refuses what multi-turn
+rollouts do not support yet; a training step runs with one on the built-in model."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from helpers import TINY
+
+from gspo_cli.errors import SpecError
+from gspo_cli.models import resolve_model_source
+from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.tasks import make_task
+from gspo_cli.tasks.environments import resolve_environment
+from gspo_cli.train.step import setup, train_step
+
+ECHO = '''
+class Echo:
+    """Answers every turn with a fixed hint until the model has taken `turns` turns."""
+
+    def __init__(self, hint="try again", turns=2):
+        self.hint, self.turns, self.seen = hint, turns, 0
+
+    def start(self, prompt):
+        return None
+
+    def step(self, turn):
+        self.seen += 1
+        return (self.hint, False, None) if self.seen < self.turns else (None, True, 1.0)
+'''
+
+NO_STEP = '''
+class Half:
+    def start(self, prompt):
+        return None
+'''
+
+
+def test_an_environment_without_the_protocol_is_refused_in_one_line(tmp_path):
+    f = tmp_path / "envs.py"
+    f.write_text(NO_STEP + "\nbroken = 3\n")
+    with pytest.raises(SpecError, match=r"task.environment: .*Half makes objects without step\(\)") as e:
+        resolve_environment(f"{f}:Half")
+    assert "\n" not in str(e.value)
+    with pytest.raises(SpecError, match="Missing is not defined in .*envs.py; its functions: Half"):
+        resolve_environment(f"{f}:Missing")
+    with pytest.raises(SpecError, match="'shell' is no built-in environment \\(python\\)"):
+        resolve_environment("shell")
+    with pytest.raises(SpecError, match="no such file"):
+        resolve_environment(f"{tmp_path / 'nope.py'}:X")
+
+
+def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
+    task = {**TINY["task"], "environment": "python"}
+    with pytest.raises(SpecError, match="multi-turn rollouts run on the hf engine only so far, not vllm"):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "engine": "vllm"}})
+    with pytest.raises(SpecError, match="not supported with rollout.staleness: 1"):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
+    with pytest.raises(SpecError, match="environment_params: given but no task.environment"):
+        spec_from_dict({**TINY, "task": {**TINY["task"], "environment_params": {"timeout_s": 1}}})
+    with pytest.raises(SpecError, match="max_total_tokens: 8 is below max_new_tokens"):
+        spec_from_dict({**TINY, "rollout": {**TINY["rollout"], "max_total_tokens": 8}})
+
+
+def test_gspo_train_refuses_a_bad_environment_file_before_any_model(tmp_path):
+    f = tmp_path / "envs.py"
+    f.write_text(NO_STEP)
+    raw = {**TINY, "output_dir": str(tmp_path / "runs"), "task": {**TINY["task"], "environment": f"{f}:Half"}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    res = subprocess.run(
+        [sys.executable, "-m", "gspo_cli", "train", str(spec)], capture_output=True, text=True, timeout=120
+    )
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert len(lines) == 1 and "Half makes objects without step()" in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_training_step_with_a_file_environment(tmp_path):
+    f = tmp_path / "echo.py"
+    f.write_text(ECHO)
+    task = {**TINY["task"], "environment": f"{f}:Echo", "environment_params": {"hint": "again", "turns": 2}}
+    rollout = {**TINY["rollout"], "prompts_per_step": 2, "max_new_tokens": 24, "tool_output_tokens": 4}
+    raw = {**TINY, "output_dir": str(tmp_path), "task": task, "rollout": rollout}
+    raw["arms"] = [a for a in TINY["arms"] if a["name"] == "gspo"]
+    spec = spec_from_dict(raw)
+    t = make_task(spec.task.name, spec.task.params)
+    ctx = setup(spec, spec.arms[0], 0, t, resolve_model_source(spec.model, t, log=lambda m: None))
+    batches = []
+    real = ctx.engine.generate
+    ctx.engine.generate = lambda prompts: batches.append(real(prompts)) or batches[-1]
+    m = train_step(ctx, 1)
+    b = batches[0]
+    wrap = len(ctx.engine.wrap_ids[0]) + len(ctx.engine.wrap_ids[1])
+    for i, counts in enumerate(b.tool_counts):
+        # A row that stopped (EOS) within its 24 tokens got the hint ("again" cut to 4 tokens, said so)
+        calls = counts["tool_calls"]
+        assert calls <= 1 and counts["turns"] == calls + 1
+        assert int(b.model_mask[i].sum()) <= 24
+        if calls:
+            assert (
+                b.turns[i][1]["content"].startswith("agai") and "[output cut at 4 tokens]" in b.turns[i][1]["content"]
+            )
+            body = ctx.engine.tokenizer(b.turns[i][1]["content"], add_special_tokens=False).input_ids
+            assert int(b.tool_mask[i].sum()) == wrap + len(body)
+    assert sum(c["tool_calls"] for c in b.tool_counts) > 0  # the cold-started model ends its answers: hints went in
+    assert m["tools/tool_calls_mean"] == pytest.approx(sum(c["tool_calls"] for c in b.tool_counts) / len(b.tool_counts))
+    env = float(b.tool_mask.sum()) / float(b.response_mask.sum())
+    assert m["tools/env_token_frac"] == pytest.approx(env, rel=1e-5)
+    assert m["response/length_mean"] <= 24
