@@ -58,6 +58,8 @@ def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "engine": "vllm"}})
     with pytest.raises(SpecError, match="not supported with rollout.staleness: 1"):
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
+    with pytest.raises(SpecError, match="r3 with task.environment is not supported yet"):
+        spec_from_dict({**TINY, "task": task, "arms": [{"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}]})
     with pytest.raises(SpecError, match="environment_params: given but no task.environment"):
         spec_from_dict({**TINY, "task": {**TINY["task"], "environment_params": {"timeout_s": 1}}})
     with pytest.raises(SpecError, match="max_total_tokens: 8 is below max_new_tokens"):
@@ -111,3 +113,26 @@ def test_a_training_step_with_a_file_environment(tmp_path):
     env = float(b.tool_mask.sum()) / float(b.response_mask.sum())
     assert m["tools/env_token_frac"] == pytest.approx(env, rel=1e-5)
     assert m["response/length_mean"] <= 24
+    # samples.jsonl keeps the turns (model / tool) and the counts of each logged row
+    assert ctx.samples
+    for rec in ctx.samples:
+        i = rec["index"]
+        assert [t["role"] for t in rec["turns"]] == [t["role"] for t in b.turns[i]]
+        assert rec["tools"] == b.tool_counts[i] and rec["length"] == int(b.model_mask[i].sum())
+
+
+def test_a_changed_environment_file_is_another_run(tmp_path):
+    from gspo_cli.runs import identity_changes
+    from gspo_cli.train.resume import environment_fingerprint
+
+    f = tmp_path / "echo.py"
+    f.write_text(ECHO)
+    before = environment_fingerprint(f"{f}:Echo")
+    assert list(before) == [str(f.resolve())] and environment_fingerprint("python") == {}
+    f.write_text(ECHO + "\n# changed\n")
+    after = environment_fingerprint(f"{f}:Echo")
+    base = {"behaviour_version": 1, "model": "m", "data": {"train": {"source": "s", "fingerprint": "x"}, "eval": {}}}
+    assert identity_changes({**base, "environment": before}, {**base, "environment": before}) == []
+    assert identity_changes({**base, "environment": before}, {**base, "environment": after}) == [
+        f"another environment ({f.resolve()} changed)"
+    ]

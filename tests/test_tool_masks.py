@@ -83,3 +83,21 @@ def test_planted_tool_output_gets_no_gradient_and_no_place_in_the_ratio(tmp_path
             s_i = ((logp - old) * keep).sum(-1) / keep.sum(-1)
             assert float(stats["seq_ratio_mean"]) == pytest.approx(float(s_i.exp().mean()), rel=1e-6)
             assert float(ref_stats["seq_ratio_mean"]) == pytest.approx(float(stats["seq_ratio_mean"]), rel=1e-6)
+
+
+def test_the_cold_start_never_learns_to_write_tool_output():
+    """The built-in cold start's supervised batch: labels -100 on the prompt, on padding and on
+    every token of a solution's tool output (wrapper included); the model's own parts keep
+    their ids as labels, tokenised apart as a rollout inserts them."""
+    from gspo_cli.models.builtin import _sft_batch, build_tokenizer
+
+    tok = build_tokenizer("")
+    call, out, rest = "```python\nprint(6*7)\n```", "```output\n42\n```\n", "So 42."
+    ids, labels, attn = _sft_batch(tok, ["Q: ", "Q: "], [call + out + rest + "</s>", "5</s>"])
+    n_p, n_c, n_o = len(tok("Q: ").input_ids), len(call), len(out)  # one token per character
+    row = labels[0].tolist()
+    assert row[:n_p] == [-100] * n_p
+    assert row[n_p : n_p + n_c] == ids[0, n_p : n_p + n_c].tolist()  # the call: trained
+    assert row[n_p + n_c : n_p + n_c + n_o] == [-100] * n_o  # the tool output: not
+    assert row[n_p + n_c + n_o :] == ids[0, n_p + n_c + n_o :].tolist() and -100 not in row[n_p + n_c + n_o :]
+    assert (labels[1] != -100).sum() == 2 and attn[1].sum() == n_p + 2  # "5</s>" as before

@@ -29,9 +29,8 @@ from gspo_cli.errors import RunError, SpecError
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.decode import _accepts, in_place_cache
 from gspo_cli.tasks.base import Conversation
-from gspo_cli.tasks.environments import PY_BLOCK, Observation, as_observation, resolve_environment
+from gspo_cli.tasks.environments import PY_BLOCK, RAW_WRAP, Observation, as_observation, resolve_environment
 
-RAW_WRAP = ("```output\n", "\n```\n")  # the built-in model's tool message
 _SLOT = "\u2063TOOL_OUTPUT\u2063"  # stands for the observation while the template is rendered
 
 
@@ -232,7 +231,7 @@ class MultiTurnEngine:
             turns=[r.turns for r in rows],
             tool_counts=[r.counts for r in rows],
         )
-        if self.base.sampler_logprobs:
+        if self.sampler_logprobs:  # the base engine's, unless evaluation turned it off here
             batch.engine_logp = torch.tensor(grid([r.logp for r in rows], 0.0), device=dev)
             batch.engine_entropy = torch.tensor(grid([r.entropy for r in rows], 0.0), device=dev)
         return batch

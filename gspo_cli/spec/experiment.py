@@ -89,6 +89,9 @@ class ExperimentSpec(_Strict):
             problems.append(
                 f"task.environment: multi-turn rollouts run on the hf engine only so far, not {self.rollout.engine}"
             )
+        for i, arm in enumerate(self.arms):
+            if self.task.environment and arm.routing_replay == "r3":
+                problems.append(f"arms[{i}].routing_replay: r3 with task.environment is not supported yet; use r2")
         if self.task.environment and self.rollout.staleness:
             problems.append("task.environment: not supported with rollout.staleness: 1 yet; use staleness 0")
         if self.model.dtype == "float16":

@@ -32,6 +32,19 @@ from gspo_cli.errors import SpecError
 from gspo_cli.tasks.sandbox import run_program
 
 PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)  # a closed tool call of the built-in format
+RAW_WRAP = ("```output\n", "\n```\n")  # the built-in model's tool message, around the observation
+_RAW_TOOL = re.compile(re.escape(RAW_WRAP[0]) + ".*?" + re.escape(RAW_WRAP[1]), re.DOTALL)
+
+
+def split_tool_output(text: str) -> list[tuple[str, bool]]:
+    """`text` (a worked solution in the built-in format) as [(part, is_tool_output)]: each
+    "```output\n...\n```\n" block, wrapper included, is the environment's. The cold start
+    tokenises the parts apart, as rollouts do, and trains on the model's parts only."""
+    out, at = [], 0
+    for m in _RAW_TOOL.finditer(text):
+        out += [(text[at : m.start()], False), (m.group(0), True)]
+        at = m.end()
+    return [(t, tool) for t, tool in [*out, (text[at:], False)] if t]
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def sample_records(
                     if batch.turns is None
                     else {"turns": [{**t, "content": _cut(t["content"])} for t in batch.turns[i]]}
                 ),
-                **({} if batch.tool_counts is None else batch.tool_counts[i]),
+                **({} if batch.tool_counts is None else {"tools": batch.tool_counts[i]}),
             }
         )
     return out
