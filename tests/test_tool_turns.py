@@ -124,3 +124,43 @@ def test_hostile_tool_code_comes_back_as_an_error_never_a_hang():
     assert counts["loop"]["tool_timeouts"] == 1 and outs["loop"].startswith("TimeoutError")
     assert outs["flood"].endswith("[output cut at 32 tokens]") and outs["memory_bomb"].startswith("MemoryError")
     assert all(t[2]["content"] == "%%" for t in batch.turns)  # the model went on after each
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_chat_model_gets_the_tool_message_its_template_writes():
+    """With a chat template the turn ends at the stop token; the observation goes in the text
+    the template writes around a tool message, the next assistant header after it."""
+    from gspo_cli.models.prompts import PromptFormat
+
+    tok = _tokenizer()
+    tok.chat_template = TEMPLATE
+    eos = tok.eos_token_id
+    turn = _ids(tok, "```python\nprint(6*7)\n```") + [eos]
+    base = HFRolloutEngine(
+        Scripted(tok, [turn + _ids(tok, "%%")]),
+        tok,
+        max_new_tokens=200,
+        temperature=1.0,
+        stop_ids=[eos],
+        prompt_format=PromptFormat().formatter(tok),
+    )
+    env = resolve_environment("python", {"timeout_s": 1.0})
+    engine = MultiTurnEngine(
+        base, env, max_new_tokens=200, max_total_tokens=400, max_turns=4, max_tool_calls=3, tool_output_tokens=32
+    )
+    assert engine.wrap == ("<|tool|>", "</s><|assistant|>")
+    batch = engine.generate(["Q"])
+    inserted = _ids(tok, "<|tool|>") + _ids(tok, "42\n") + _ids(tok, "</s><|assistant|>")
+    assert eos in inserted  # the template's own end of the tool message, as the tokenizer reads it
+    want = turn + inserted + _ids(tok, "%%") + [eos]
+    n = int(batch.response_mask[0].sum())
+    assert batch.response_ids[0, :n].tolist() == want
+    assert batch.tool_mask[0, :n].tolist() == [0] * len(turn) + [1] * len(inserted) + [0] * 3
+    prompt = batch.input_ids[0, : batch.prompt_len][batch.attention_mask[0, : batch.prompt_len] > 0]
+    assert prompt.tolist() == _ids(tok, "<|user|>Q</s><|assistant|>")
+    assert [t["role"] for t in batch.turns[0]] == ["model", "tool", "model"] and not batch.truncated[0]
