@@ -136,3 +136,23 @@ def test_a_changed_environment_file_is_another_run(tmp_path):
     assert identity_changes({**base, "environment": before}, {**base, "environment": after}) == [
         f"another environment ({f.resolve()} changed)"
     ]
+
+
+def test_the_arithmetic_tool_style_calls_python_and_copies_its_output():
+    """Worked solutions of `style: tool` (the tools testbed's cold start): a python call whose
+    output, run in the sandbox, is the answer, then the output block the cold start never
+    trains on, then the answer boxed."""
+    import random
+
+    from gspo_cli.tasks.arithmetic import ArithmeticTask
+    from gspo_cli.tasks.environments import RAW_WRAP, last_python_block, split_tool_output
+    from gspo_cli.tasks.sandbox import run_program
+
+    task = ArithmeticTask(num_operands=3, max_operand=99, operators="+-*", style="tool")
+    for p in task.train_problems(random.Random(0), 5):
+        code = last_python_block(p.solution)
+        assert run_program(code).stdout == f"{p.answer}\n"  # left to right, as the task evaluates
+        parts = split_tool_output(p.solution)
+        assert [tool for _, tool in parts] == [False, True, False]
+        assert parts[1][0] == RAW_WRAP[0] + f"{p.answer}\n" + RAW_WRAP[1]
+        assert task.score(p, parts[0][0] + parts[2][0]).correct  # the model's own text holds the answer

@@ -92,7 +92,7 @@ def test_the_cold_start_never_learns_to_write_tool_output():
     from gspo_cli.models.builtin import _sft_batch, build_tokenizer
 
     tok = build_tokenizer("")
-    call, out, rest = "```python\nprint(6*7)\n```", "```output\n42\n```\n", "So 42."
+    call, out, rest = "```python\nprint(6*7)\n```", "\n```output\n42\n```\n", "So 42."
     ids, labels, attn = _sft_batch(tok, ["Q: ", "Q: "], [call + out + rest + "</s>", "5</s>"])
     n_p, n_c, n_o = len(tok("Q: ").input_ids), len(call), len(out)  # one token per character
     row = labels[0].tolist()

@@ -104,7 +104,7 @@ def test_long_output_is_cut_and_says_so_and_limits_count_the_models_tokens():
     engine = _engine(tok, [_ids(tok, call) + _ids(tok, "done")], tool_output_tokens=10, max_new_tokens=len(call) + 2)
     batch = engine.generate(["Q "])
     out = batch.turns[0][1]["content"]
-    assert out.startswith("x" * 10) and out.endswith("[output cut at 10 tokens]")
+    assert out.startswith("x" * 10) and out.endswith("[output cut at 10 tokens]\n")
     # max_new_tokens counts the model's tokens only: the call, then 2 more of "done", cut there
     assert int(batch.model_mask[0].sum()) == len(call) + 2 and bool(batch.truncated[0])
     assert int(batch.tool_mask[0].sum()) > 10
@@ -122,7 +122,7 @@ def test_hostile_tool_code_comes_back_as_an_error_never_a_hang():
     level = detect_isolation().level  # the isolation level these ran at (root, rootless or basic)
     assert all(c["tool_calls"] == 1 and c["tool_errors"] == 1 for c in counts.values()), (level, counts)
     assert counts["loop"]["tool_timeouts"] == 1 and outs["loop"].startswith("TimeoutError")
-    assert outs["flood"].endswith("[output cut at 32 tokens]") and outs["memory_bomb"].startswith("MemoryError")
+    assert outs["flood"].endswith("[output cut at 32 tokens]\n") and outs["memory_bomb"].startswith("MemoryError")
     assert all(t[2]["content"] == "%%" for t in batch.turns)  # the model went on after each
 
 

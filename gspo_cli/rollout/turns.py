@@ -4,8 +4,9 @@ The model samples until its turn ends: a stop id, or (raw prompts, the built-in 
 format) a closed ```python block. The row's environment (tasks/environments.py) reacts to the
 turn's text; its observation, cut to `rollout.tool_output_tokens` (saying so), is tokenised on
 its own and fed to the model as forced tokens, inside a fixed wrapper (raw prompts:
-"```output\\n" ... "\\n```\\n") or the chat template's tool message (the template's text around
-a tool message, rendered once); then the model continues. One KV cache serves every turn:
+"\\n```output\\n" ... "```\\n", the observation ending in a newline) or the chat template's
+tool message (the template's text around a tool message, rendered once); then the model
+continues. One KV cache serves every turn:
 rows advance one position per forward, sampling or reading their queued tool tokens, so each
 row's ids are exactly what the model sampled plus the tool output's own ids, never a
 re-tokenisation of earlier turns (token-in-token-out).
@@ -201,10 +202,13 @@ class MultiTurnEngine:
         c["tool_calls"] += 1
         c["tool_errors"] += int(obs.error)
         c["tool_timeouts"] += int(obs.timeout)
+        end = "\n" if self.raw else ""  # the fixed wrapper closes on a line of its own
         body = self.tokenizer(obs.text, add_special_tokens=False).input_ids
         if len(body) > self.tool_output_tokens:
-            note = f"\n[output cut at {self.tool_output_tokens} tokens]"
+            note = f"\n[output cut at {self.tool_output_tokens} tokens]{end}"
             body = body[: self.tool_output_tokens] + self.tokenizer(note, add_special_tokens=False).input_ids
+        elif end and not obs.text.endswith(end):
+            body += self.tokenizer(end, add_special_tokens=False).input_ids
         insert = self.wrap_ids[0] + body + self.wrap_ids[1]
         r.turns.append({"role": "tool", "content": self.tokenizer.decode(body, skip_special_tokens=False)})
         r.forced.extend(insert[: max(0, self.max_total_tokens - len(r.ids))])

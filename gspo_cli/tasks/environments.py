@@ -32,7 +32,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.tasks.sandbox import run_program
 
 PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)  # a closed tool call of the built-in format
-RAW_WRAP = ("```output\n", "\n```\n")  # the built-in model's tool message, around the observation
+RAW_WRAP = ("\n```output\n", "```\n")  # the built-in model's tool message (the observation ends in a newline)
 _RAW_TOOL = re.compile(re.escape(RAW_WRAP[0]) + ".*?" + re.escape(RAW_WRAP[1]), re.DOTALL)
 
 
