@@ -156,3 +156,37 @@ def test_the_arithmetic_tool_style_calls_python_and_copies_its_output():
         assert [tool for _, tool in parts] == [False, True, False]
         assert parts[1][0] == RAW_WRAP[0] + f"{p.answer}\n" + RAW_WRAP[1]
         assert task.score(p, parts[0][0] + parts[2][0]).correct  # the model's own text holds the answer
+
+
+def test_gspo_samples_shows_the_turns_with_the_tool_output_set_apart(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gspo_cli.cli.app import app
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "run.json").write_text("{}")
+    turns = [
+        {"role": "model", "content": "```python\nprint(6*7)\n```"},
+        {"role": "tool", "content": "42\n"},
+        {"role": "model", "content": "\\boxed{42}"},
+    ]
+    rec = {"step": 1, "arm": "gspo", "seed": 0, "group": 0, "index": 0, "prompt": "6*7=?", "completion": "x"}
+    rec.update(reward=1.0, correct=True, advantage=0.5, length=30, truncated=False, clip_frac=0.0, clipped=False)
+    rec.update(masked_frac=None, turns=turns, tools={"turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0})
+    (d / "samples.jsonl").write_text(json.dumps(rec) + "\n")
+    res = CliRunner().invoke(app, ["samples", str(d), "--plain"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[4:11] == [
+        "--- model (turn 1)",
+        "```python",
+        "print(6*7)",
+        "```",
+        "--- tool output (turn 2)",
+        "| 42",
+        "--- model (turn 3)",
+    ]
+    res = CliRunner().invoke(app, ["samples", str(d)])  # Rich panels
+    assert res.exit_code == 0 and "tool output (turn 2)" in res.output and "\\boxed{42}" in res.output
