@@ -60,6 +60,8 @@ def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
     with pytest.raises(SpecError, match="r3 with task.environment is not supported yet"):
         spec_from_dict({**TINY, "task": task, "arms": [{"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}]})
+    with pytest.raises(SpecError, match="300 response tokens .* the built-in model's 256 positions"):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "max_total_tokens": 300}})
     with pytest.raises(SpecError, match="environment_params: given but no task.environment"):
         spec_from_dict({**TINY, "task": {**TINY["task"], "environment_params": {"timeout_s": 1}}})
     with pytest.raises(SpecError, match="max_total_tokens: 8 is below max_new_tokens"):

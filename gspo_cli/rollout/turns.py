@@ -65,7 +65,7 @@ def with_environment(engine, spec):
         engine,
         resolve_environment(name, spec.task.environment_params),
         max_new_tokens=r.max_new_tokens,
-        max_total_tokens=r.max_total_tokens or r.max_new_tokens + r.max_tool_calls * (r.tool_output_tokens + 16),
+        max_total_tokens=r.total_tokens,
         max_turns=r.max_turns,
         max_tool_calls=r.max_tool_calls,
         tool_output_tokens=r.tool_output_tokens,

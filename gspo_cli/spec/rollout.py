@@ -171,5 +171,10 @@ class RolloutConfig(_Strict):
         return self
 
     @property
+    def total_tokens(self) -> int:
+        """task.environment: the longest response, model and tool tokens (max_total_tokens or its default)."""
+        return self.max_total_tokens or self.max_new_tokens + self.max_tool_calls * (self.tool_output_tokens + 16)
+
+    @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
