@@ -115,6 +115,9 @@ def test_a_training_step_with_a_file_environment(tmp_path):
     env = float(b.tool_mask.sum()) / float(b.response_mask.sum())
     assert m["tools/env_token_frac"] == pytest.approx(env, rel=1e-5)
     assert m["response/length_mean"] <= 24
+    # The sampler's log-probs of the model's tokens, read across turns from one KV cache with the
+    # tool output fed in between, are those of one full forward over the whole response.
+    assert m["rollout/logprob_diff_max"] < 1e-4
     # samples.jsonl keeps the turns (model / tool) and the counts of each logged row
     assert ctx.samples
     for rec in ctx.samples:
