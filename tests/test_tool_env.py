@@ -195,3 +195,33 @@ def test_gspo_samples_shows_the_turns_with_the_tool_output_set_apart(tmp_path):
     ]
     res = CliRunner().invoke(app, ["samples", str(d)])  # Rich panels
     assert res.exit_code == 0 and "tool output (turn 2)" in res.output and "\\boxed{42}" in res.output
+
+
+def test_gspo_compare_shows_the_tool_metrics(tmp_path):
+    """--metrics tool_calls,tool_errors,env_tokens: each run's mean over its steps, then over seeds."""
+    import json
+
+    from synthetic_runs import write_run
+    from typer.testing import CliRunner
+
+    from gspo_cli.cli.app import app
+
+    for seed, calls in enumerate((1.0, 2.0)):
+        recs = [
+            {
+                "step": t,
+                "reward/mean": 0.5,
+                "tools/tool_calls_mean": calls * t,
+                "tools/tool_errors_mean": 0.25,
+                "tools/env_token_frac": 0.1 * seed,
+            }
+            for t in (1, 2)
+        ]
+        write_run(tmp_path, "gspo", seed, recs)
+    exp = next(p for p in tmp_path.iterdir() if p.is_dir())
+    args = ["compare", str(exp), "--format", "json", "--metrics", "tool_calls,tool_errors,env_tokens"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.stdout)["groups"][0]["metrics"]
+    assert m["tool_calls"]["mean"] == pytest.approx((1.5 + 3.0) / 2)  # seed means 1.5 and 3
+    assert m["tool_errors"]["mean"] == pytest.approx(0.25) and m["env_tokens"]["mean"] == pytest.approx(0.05)
