@@ -138,7 +138,7 @@ def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_s
     """The rollout batch's own metrics (rewards, lengths, entropy), as exact parts. `batch` is
     a RolloutBatch, `scores` its task Scores, `rewards_B` (B,), `entropy_BC` (B, C)."""
     G = group_size
-    mask_BC = batch.model_mask  # the model's tokens: tool output is neither length nor entropy
+    mask_BC = getattr(batch, "model_mask", batch.response_mask)  # the model's tokens: tool output counts in neither
     n = len(scores)
     lengths_B = mask_BC.sum(-1)
     stats.mean("reward/mean", rewards_B.sum().item(), n)
@@ -158,7 +158,7 @@ def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_s
     stats.mean("policy/entropy", (entropy_BC * mask_BC).sum().item(), mask_BC.sum().item())
     stats.same("policy/lr", lr)
     stats.sum("perf/tokens", batch.response_mask.sum().item())  # every response token the step ran
-    if batch.tool_counts is not None:
+    if getattr(batch, "tool_counts", None) is not None:
         record_tools(stats, batch)
     # Linux reports kB. The process's peak so far (loading included), the largest over ranks.
     stats.max("perf/peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
