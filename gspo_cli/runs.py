@@ -9,7 +9,9 @@
                          step, arm, seed, group, index, prompt (decoded prompt tokens, chat
                          template included), completion, reward, correct, components,
                          advantage, length, truncated, clip_frac, clipped, masked_frac,
-                         prompt_chars, completion_chars (code: detail, per-test verdicts).
+                         prompt_chars, completion_chars (code: detail, per-test verdicts;
+                         task.environment: turns [{role: model|tool, content}], tools {turns,
+                         tool_calls, tool_errors, tool_timeouts}).
                          At most 8 per logged step (the best and worst response of the
                          first 4 groups), texts cut at 2000 characters
                          (gspo_cli.train.samples; `gspo samples RUN` shows them)
@@ -96,6 +98,9 @@ def identity_changes(stored: Any, current: dict[str, Any]) -> list[str]:
         if ((data.get("eval") or {}).get(name) or {}).get("fingerprint") != s["fingerprint"]:
             out.append(f"another evaluation set {name} ({s['source']} changed)")
     out += reward_changes(stored, current)
+    envs = {**(stored.get("environment") or {}), **(current.get("environment") or {})}  # task.environment FILE.py
+    if (stored.get("environment") or {}) != (current.get("environment") or {}):
+        out.append(f"another environment ({', '.join(envs)} changed)")
     old, new = str(stored.get("model")), current["model"]
     if old != new:
         if not new.startswith("builtin:"):

@@ -118,6 +118,9 @@ _MEANS = {
     "entropy": ("policy/entropy", "entropy [nats]", "run"),
     "length": ("response/length_mean", "length [tok]", "run"),
     "grad_norm": ("policy/grad_norm", "grad norm", "run"),
+    "tool_calls": ("tools/tool_calls_mean", "tool calls", "run"),  # task.environment runs
+    "tool_errors": ("tools/tool_errors_mean", "tool errors", "run"),
+    "env_tokens": ("tools/env_token_frac", "env tok", "run"),
     "step_time": ("time/step_s", "s/step", "run"),
 }
 SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold", "rewards")

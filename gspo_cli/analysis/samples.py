@@ -106,3 +106,19 @@ def cut_note(r: dict[str, Any], key: str) -> str:
     if isinstance(full, int) and full > shown - 1 and full != shown:
         return f" [cut: {shown - 1} of {full} characters shown]"
     return ""
+
+
+def sections(r: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """What a sample's response shows, as (heading, text, is_tool_output): its completion, or,
+    for a multi-turn rollout (`turns` in samples.jsonl), each turn in order, the tool's apart."""
+    turns = r.get("turns")
+    if not isinstance(turns, list) or not turns:
+        return [("completion" + cut_note(r, "completion"), r.get("completion", ""), False)]
+    tools = r.get("tools") or {}
+    out = []
+    for i, t in enumerate(turns):
+        tool = t.get("role") == "tool"
+        out.append((f"{'tool output' if tool else 'model'} (turn {i + 1})", t.get("content", ""), tool))
+    if tools.get("tool_errors"):
+        out[-1] = (out[-1][0] + f"; {tools['tool_errors']} tool error(s) in this rollout", out[-1][1], out[-1][2])
+    return out

@@ -70,6 +70,9 @@ def eval_(
     ] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the run's, else 1.0")] = None,
     top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 1.0,
+    no_tools: Annotated[
+        bool, typer.Option("--no-tools", help="a run with task.environment: sample in one turn, without the tool")
+    ] = False,
     max_tokens: Annotated[
         Optional[int],
         typer.Option("--max-tokens", help="new tokens per completion (default: the run's max_new_tokens, else 1024)"),
@@ -149,6 +152,7 @@ def eval_(
                 dtype=dtype,
                 engine=engine,
                 vllm_args=ev.parse_key_values(vllm_arg, "--vllm-arg"),
+                tools=not no_tools,
             )
             named = [] if task or dataset or resolved.spec is None else select_sets(resolved.spec, eval_set, rewards)
             if eval_set is not None and not named:

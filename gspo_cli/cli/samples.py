@@ -49,7 +49,7 @@ def samples(
 
 
 def _print_plain(chosen: list[dict]) -> None:
-    from gspo_cli.analysis.samples import cut_note, reward_parts, title, verdict
+    from gspo_cli.analysis.samples import cut_note, reward_parts, sections, title, verdict
 
     for r in chosen:
         typer.echo(f"=== {title(r)}")
@@ -58,8 +58,9 @@ def _print_plain(chosen: list[dict]) -> None:
             typer.echo(parts)
         typer.echo(f"--- prompt{cut_note(r, 'prompt')}")
         typer.echo(r.get("prompt", ""))
-        typer.echo(f"--- completion{cut_note(r, 'completion')}")
-        typer.echo(r.get("completion", ""))
+        for heading, text, tool in sections(r):  # a multi-turn rollout: each turn, the tool's marked
+            typer.echo(f"--- {heading}")
+            typer.echo("\n".join(f"| {line}" for line in text.splitlines()) if tool else text)
         typer.echo("")
 
 
@@ -69,7 +70,7 @@ def _print_rich(chosen: list[dict]) -> None:
     from rich.rule import Rule
     from rich.text import Text
 
-    from gspo_cli.analysis.samples import cut_note, reward_parts, title, verdict
+    from gspo_cli.analysis.samples import cut_note, reward_parts, sections, title, verdict
 
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 120)
     for r in chosen:
@@ -79,7 +80,10 @@ def _print_rich(chosen: list[dict]) -> None:
             *([Text(parts)] if (parts := reward_parts(r)) is not None else []),
             Rule(Text("prompt" + cut_note(r, "prompt")), style="dim"),  # Text: "[cut: ...]" is no markup
             Text(r.get("prompt", ""), style="dim"),  # Text: model output is never read as markup
-            Rule(Text("completion" + cut_note(r, "completion")), style="dim"),
-            Text(r.get("completion", "")),
+            *[
+                part
+                for heading, text, tool in sections(r)  # a multi-turn rollout: each turn, the tool's apart
+                for part in (Rule(Text(heading), style="yellow" if tool else "dim"), Text(text, style="yellow" * tool))
+            ],
         )
         console.print(Panel(body, title=Text(title(r)), title_align="left", border_style="green" if good else "red"))

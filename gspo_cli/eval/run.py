@@ -48,6 +48,7 @@ class Sampling:
     dtype: str | None = None
     engine: str = "hf"  # hf: transformers' generate; vllm: a vLLM engine
     vllm_args: dict[str, Any] | None = None  # extra vllm.LLM arguments, over the run's rollout.vllm
+    tools: bool = True  # a run with task.environment: multi-turn with its tool, as training samples
 
 
 def eval_size(task: Task, spec: ExperimentSpec | None, limit: int | None) -> int:
@@ -80,7 +81,7 @@ def evaluate_model(
     from gspo_cli.models import load_model, resolve_model_source
     from gspo_cli.models.builtin import cold_start_info, cold_start_line
     from gspo_cli.models.prompts import PromptFormat
-    from gspo_cli.rollout import HFRolloutEngine
+    from gspo_cli.rollout import HFRolloutEngine, with_environment
 
     cfg = spec.model if spec else ModelConfig(name=target.source)
     cfg = cfg.model_copy(update={k: v for k, v in (("device", sampling.device), ("dtype", sampling.dtype)) if v})
@@ -92,6 +93,9 @@ def evaluate_model(
         from gspo_cli.rollout.vllm_settings import import_vllm
 
         import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
+    tools = bool(spec and spec.task.environment and sampling.tools)
+    if tools and (sampling.engine != "hf" or sampling.top_p < 1):
+        raise SpecError("task.environment: multi-turn sampling needs --engine hf and --top-p 1 (or --no-tools)")
     source, cold = target.source, None
     if source.startswith("builtin:"):  # cold-started on other data than it is scored on
         cold_task, line = cold_start_task(task, problems)
@@ -116,6 +120,8 @@ def evaluate_model(
             decode=rollout.decode,
             prompt_format=PromptFormat.from_rollout(rollout).formatter(lm.tokenizer),
         )
+        if tools:  # the run's environment and turn limits, as in training (rollout/turns.py)
+            engine = with_environment(engine, spec)
     log(f"sampling {plural(len(problems), 'problem')} x {K} from {source} ({sampling.engine})")
     batch_size = sampling.batch_size or (None if sampling.engine == "vllm" else 64)
     seen = engine.format([p.prompt for p in problems])  # as the model sees them: eval rows keep them
@@ -140,6 +146,7 @@ def evaluate_model(
             "seed": sampling.seed,
         },
         "engine": sampling.engine,
+        **({"tools": spec.task.environment} if tools else {}),
         **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {}),
         **({"cold_start": cold} if cold else {}),
     }

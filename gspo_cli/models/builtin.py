@@ -26,6 +26,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import Task
 from gspo_cli.tasks.base import TOKENIZER_SPECIALS, character_vocabulary
+from gspo_cli.tasks.environments import split_tool_output
 
 BUILTIN_KINDS = ("tiny-moe", "tiny-dense")
 SPECIALS = list(TOKENIZER_SPECIALS)
@@ -333,13 +334,18 @@ def _init_routers(model) -> None:
 
 
 def _sft_batch(tok, prompts: list[str], targets: list[str]):
-    """Right-padded (B, T) ids with labels -100 on prompt and padding."""
+    """Right-padded (B, T) ids with labels -100 on prompt and padding, and on the tool output
+    of a solution that calls tools (`split_tool_output`: the model never learns to write it)."""
     rows, labels = [], []
     for p, t in zip(prompts, targets):
         p_ids = tok(p, add_special_tokens=False).input_ids
-        t_ids = tok(t, add_special_tokens=False).input_ids
+        t_ids, t_labels = [], []
+        for part, tool in split_tool_output(t):
+            ids = tok(part, add_special_tokens=False).input_ids
+            t_ids += ids
+            t_labels += [-100] * len(ids) if tool else ids
         rows.append(p_ids + t_ids)
-        labels.append([-100] * len(p_ids) + t_ids)
+        labels.append([-100] * len(p_ids) + t_labels)
     width = max(map(len, rows))
     pad = tok.pad_token_id
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])

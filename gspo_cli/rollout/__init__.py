@@ -6,8 +6,17 @@ from gspo_cli.distributed import rank_seed
 from gspo_cli.models.prompts import PromptFormat, stop_token_ids
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, logprob_mismatch, response_logprobs
 from gspo_cli.rollout.hf import HFRolloutEngine
+from gspo_cli.rollout.turns import with_environment
 
-__all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "logprob_mismatch", "make_engine", "response_logprobs"]
+__all__ = [
+    "HFRolloutEngine",
+    "RolloutBatch",
+    "RolloutEngine",
+    "logprob_mismatch",
+    "make_engine",
+    "response_logprobs",
+    "with_environment",
+]
 
 
 def make_engine(

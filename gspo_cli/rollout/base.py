@@ -29,6 +29,23 @@ class RolloutBatch:
     # (B, C) float32: one full forward of the weights that sampled, when the sampler ran it
     # (the async worker of rollout.staleness 1, on logprob-check steps); None otherwise.
     check_logp: torch.Tensor | None = None
+    # Multi-turn rollouts (rollout/turns.py): (B, C) float, 1 on the environment's tokens (tool
+    # output inserted between the model's turns); None: every response token is the model's.
+    tool_mask: torch.Tensor | None = None
+    # Multi-turn rollouts: each row's turns [{"role": "model" | "tool", "content": text}] and
+    # its counts {"turns", "tool_calls", "tool_errors", "tool_timeouts"}; None otherwise.
+    turns: list[list[dict]] | None = None
+    tool_counts: list[dict] | None = None
+
+    @property
+    def model_mask(self) -> torch.Tensor:
+        """(B, C) 1 on the tokens the model sampled: what every loss, its denominator (GSPO's
+        |y|), ratio, clip statistic, KL, filter and correction counts. `response_mask` covers
+        the environment's tokens too (attention, trimming, routes). The very same tensor as
+        `response_mask` for a single-turn batch."""
+        if self.tool_mask is None:
+            return self.response_mask
+        return self.response_mask * (1 - self.tool_mask)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -75,6 +92,9 @@ class RolloutBatch:
                 engine_entropy=cut(self.engine_entropy),
                 engine_routes=None if self.engine_routes is None else self.engine_routes[:, :, lo:hi],
                 check_logp=cut(self.check_logp),
+                tool_mask=cut(self.tool_mask),
+                turns=self.turns,
+                tool_counts=self.tool_counts,
             ),
             lo,
             c,
@@ -99,6 +119,9 @@ class RolloutBatch:
             engine_entropy=pick(self.engine_entropy),
             engine_routes=pick(self.engine_routes, 1),
             check_logp=pick(self.check_logp),
+            tool_mask=None if self.tool_mask is None else self.tool_mask[idx],
+            turns=None if self.turns is None else [self.turns[i] for i in idx.tolist()],
+            tool_counts=None if self.tool_counts is None else [self.tool_counts[i] for i in idx.tolist()],
         )
 
 
@@ -297,4 +320,11 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         engine_entropy=opt("engine_entropy"),
         check_logp=opt("check_logp"),
         engine_routes=routes(),
+        tool_mask=None
+        if all(b.tool_mask is None for b in batches)
+        else torch.cat([resp(b.response_mask * 0 if b.tool_mask is None else b.tool_mask) for b in batches]),
+        turns=None if any(b.turns is None for b in batches) else [t for b in batches for t in b.turns],
+        tool_counts=None
+        if any(b.tool_counts is None for b in batches)
+        else [t for b in batches for t in b.tool_counts],
     )

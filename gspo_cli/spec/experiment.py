@@ -85,6 +85,21 @@ class ExperimentSpec(_Strict):
                 "compiled graph (it breaks at the checkpoint wrapper), so compiling would cost without "
                 "paying; use one or the other"
             )
+        if self.task.environment and self.rollout.engine != "hf":
+            problems.append(
+                f"task.environment: multi-turn rollouts run on the hf engine only so far, not {self.rollout.engine}"
+            )
+        for i, arm in enumerate(self.arms):
+            if self.task.environment and arm.routing_replay == "r3":
+                problems.append(f"arms[{i}].routing_replay: r3 with task.environment is not supported yet; use r2")
+        positions = self.model.builtin.max_positions
+        if self.task.environment and self.model.name.startswith("builtin:") and self.rollout.total_tokens >= positions:
+            problems.append(
+                f"rollout.max_total_tokens: {self.rollout.total_tokens} response tokens (model and tool) leave no room "
+                f"for the prompt in the built-in model's {positions} positions (model.builtin.max_positions)"
+            )
+        if self.task.environment and self.rollout.staleness:
+            problems.append("task.environment: not supported with rollout.staleness: 1 yet; use staleness 0")
         if self.model.dtype == "float16":
             problems.append(
                 "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "

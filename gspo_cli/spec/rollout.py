@@ -61,7 +61,20 @@ class RolloutConfig(_Strict):
     )
     prompts_per_step: int = Field(16, ge=1, description="prompts sampled per step")
     group_size: int = Field(8, ge=2, description="responses per prompt (G); advantages are relative to the group")
-    max_new_tokens: int = Field(48, ge=1, description="longest response, in tokens")
+    max_new_tokens: int = Field(
+        48, ge=1, description="longest response, in tokens (task.environment: the model's tokens over all turns)"
+    )
+    max_turns: int = Field(4, ge=1, description="task.environment: model turns per rollout, at most")
+    max_tool_calls: int = Field(4, ge=0, description="task.environment: tool calls (observations) per rollout, at most")
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="task.environment: longest response, model and tool tokens together (default: max_new_tokens "
+        "+ max_tool_calls x (tool_output_tokens + 16))",
+    )
+    tool_output_tokens: int = Field(
+        64, ge=1, description="task.environment: a tool output longer than this many tokens is cut (and says so)"
+    )
     temperature: float = Field(1.0, gt=0, description="sampling temperature (vllm: at most 2)")
     decode: Literal["compact", "generate"] = Field(
         "compact",
@@ -142,6 +155,10 @@ class RolloutConfig(_Strict):
             problems.append("decode: generate chooses the hf engine's sampling loop; vLLM samples with its own")
         if self.engine != "hf" and self.temperature > 2:
             problems.append(f"temperature: {self.temperature} is above 2, the most vLLM samples at")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.max_new_tokens:
+            problems.append(
+                f"max_total_tokens: {self.max_total_tokens} is below max_new_tokens ({self.max_new_tokens})"
+            )
         if self.engine == "vllm" and self.staleness:
             problems.append("staleness: 1 runs its sampler in a worker process; not supported with engine: vllm")
         if self.engine == "vllm-server" and self.server is None:
@@ -160,6 +177,11 @@ class RolloutConfig(_Strict):
         if problems:
             raise _Problems("\n".join(problems))
         return self
+
+    @property
+    def total_tokens(self) -> int:
+        """task.environment: the longest response, model and tool tokens (max_total_tokens or its default)."""
+        return self.max_total_tokens or self.max_new_tokens + self.max_tool_calls * (self.tool_output_tokens + 16)
 
     @property
     def batch_size(self) -> int:

@@ -263,6 +263,14 @@ class TaskConfig(_Strict):
         description="reward functions whose weighted sum RL optimises (empty: the task's own reward; the "
         "prompts task needs at least one)",
     )
+    environment: str | None = Field(
+        None,
+        description="multi-turn rollouts with tools: python (a sandboxed interpreter) or your own, FILE.py:NAME "
+        "(docs/guides/tools.md); none: one turn",
+    )
+    environment_params: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the environment, e.g. timeout_s: 2"
+    )
     reward_workers: int | None = Field(
         None,
         ge=0,
@@ -287,6 +295,8 @@ class TaskConfig(_Strict):
             problems += check_reward_names(s.rewards or [], f"eval_sets[{i}].rewards")
         if not self.rewards and "prompts" in (self.name, *(s.task for s in self.eval_sets if not s.rewards)):
             problems.append("rewards: the prompts task is scored by reward functions only; list at least one")
+        if self.environment_params and not self.environment:
+            problems.append("environment_params: given but no task.environment")
         if problems:
             raise _Problems("\n".join(problems))
         return self

@@ -22,11 +22,12 @@ class ArithmeticParams(BaseModel):
     max_operand: int = Field(99, ge=1, le=10**6)
     operators: str = Field("+-", pattern=r"^[+\-*]+$")
     format_weight: float = Field(0.0, ge=0, le=1, description="reward for a \\boxed{} answer, wrong or right")
-    style: Literal["steps", "rewrite"] = Field(
+    style: Literal["steps", "rewrite", "tool"] = Field(
         "steps",
         description="worked solution: steps writes each operation ('3+5=8 8-2=6'); rewrite writes the "
         "whole remaining expression after each one ('=8-2+7 =6+7 =13'), longer responses in which "
-        "each line is a local edit of the one before",
+        "each line is a local edit of the one before; tool calls Python on the expression and copies "
+        "its output (for task.environment: python; the output block is the tool's, never trained on)",
     )
 
 
@@ -53,6 +54,11 @@ class ArithmeticTask(Task):
                 f"={v}" + "".join(f"{o}{n}" for o, n in zip(ops[i + 1 :], nums[i + 2 :])) for i, v in enumerate(values)
             ]
             solution = " ".join(lines) + f" \\boxed{{{acc}}}"
+        elif self.p.style == "tool":  # left to right, as the task evaluates: parenthesised
+            code = str(nums[0])
+            for i, (o, n) in enumerate(zip(ops, nums[1:])):
+                code = f"({code}{o}{n})" if i < len(ops) - 1 else f"{code}{o}{n}"
+            solution = f"```python\nprint({code})\n```\n```output\n{acc}\n```\n\\boxed{{{acc}}}"  # RAW_WRAP
         else:
             solution = " ".join(steps) + f" \\boxed{{{acc}}}"
         return Problem(id=expr, prompt=f"{expr}=?\n", answer=str(acc), solution=solution)

@@ -102,6 +102,7 @@ class CompiledUpdate:
             input_ids=F.pad(batch.input_ids, (0, extra)),
             attention_mask=F.pad(batch.attention_mask, (0, extra)),
             response_mask=F.pad(batch.response_mask, (0, extra)),
+            tool_mask=None if batch.tool_mask is None else F.pad(batch.tool_mask, (0, extra)),
         )
         if routes_LbTk is not None:
             routes_LbTk = torch.cat([routes_LbTk, routes_LbTk[:, :, -1:].expand(-1, -1, extra, -1)], dim=2)

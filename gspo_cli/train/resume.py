@@ -23,6 +23,7 @@ from gspo_cli.spec import ExperimentSpec, ModelConfig
 from gspo_cli.spec.loading import check_stored_spec
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.tasks.base import problems_digest
+from gspo_cli.tasks.environments import environment_file
 from gspo_cli.tasks.rewards import RewardedTask, file_fingerprints
 from gspo_cli.train.checkpoint import load_trainer_state, valid_checkpoints
 from gspo_cli.train.staleness import CHECKPOINT_KEY
@@ -64,7 +65,14 @@ def run_identity(spec: ExperimentSpec, task: Task, eval_sets: list[EvalSet]) -> 
             "eval": {s.name: {"source": s.source, "fingerprint": problems_digest(s.problems)} for s in eval_sets},
         },
         **({"rewards": reward_files(task, eval_sets)} if _rewarded(task, eval_sets) else {}),
+        **({"environment": env} if (env := environment_fingerprint(spec.task.environment)) else {}),
     }
+
+
+def environment_fingerprint(name: str | None) -> dict[str, str]:
+    """{absolute path: 16 hex digits of sha256} of a FILE.py environment (task.environment), else {}."""
+    path = environment_file(name)
+    return {path: hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]} if path else {}
 
 
 def _rewarded(task: Task, eval_sets: list[EvalSet]) -> list[RewardedTask]:

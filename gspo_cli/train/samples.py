@@ -71,10 +71,10 @@ def sample_records(
     update (summed over the epochs, divided by their number), `weights_BC` (B, C) the mismatch
     correction's loss weights or None, `tokenizer` the engine's."""
     P = batch.prompt_len
-    lengths_B = batch.response_mask.sum(-1)
+    lengths_B = batch.model_mask.sum(-1)  # the model's own tokens (multi-turn: tool output apart)
     masked_B = None
     if weights_BC is not None:
-        masked_B = ((weights_BC == 0) & (batch.response_mask > 0)).sum(-1).float() / lengths_B.clamp(min=1)
+        masked_B = ((weights_BC == 0) & (batch.model_mask > 0)).sum(-1).float() / lengths_B.clamp(min=1)
     out = []
     for i in chosen_rows(rewards_B, group_size):
         keep = batch.attention_mask[i, :P] > 0  # left padding is not part of the prompt
@@ -101,6 +101,12 @@ def sample_records(
                 "clipped": clip_frac > 0,
                 "masked_frac": None if masked_B is None else round(float(masked_B[i]), 6),
                 **({"detail": s.detail} if s.detail else {}),
+                **(
+                    {}
+                    if batch.turns is None
+                    else {"turns": [{**t, "content": _cut(t["content"])} for t in batch.turns[i]]}
+                ),
+                **({} if batch.tool_counts is None else {"tools": batch.tool_counts[i]}),
             }
         )
     return out

@@ -28,7 +28,7 @@ def _overlong(arm, max_new_tokens: int, batch: RolloutBatch) -> torch.Tensor | N
     frac = arm.overlong.buffer_frac
     if frac <= 0:
         return None
-    lengths_B = batch.response_mask.sum(-1).cpu()  # rewards stay on the host, beside the scores
+    lengths_B = batch.model_mask.sum(-1).cpu()  # rewards stay on the host, beside the scores
     buffer = max(1, round(frac * max_new_tokens))
     return overlong_penalty(lengths_B, max_new_tokens, buffer, arm.overlong.penalty)
 

@@ -46,6 +46,17 @@ def check_supported(spec: ExperimentSpec, processes: int) -> None:
             "rollout.staleness: 1 is not supported with several processes (torchrun) yet; "
             "use staleness 0, or one process"
         )
+    if spec.task.environment:  # the user's file loads (or is refused) before any model is built
+        check_environment(spec, processes)
+
+
+def check_environment(spec: ExperimentSpec, processes: int) -> None:
+    """SpecError in one line for an environment that cannot be loaded, or with FSDP's synced generation."""
+    from gspo_cli.tasks.environments import resolve_environment
+
+    resolve_environment(spec.task.environment, spec.task.environment_params)
+    if processes > 1 and spec.model.sharding == "fsdp":
+        raise SpecError("task.environment: not supported with model.sharding: fsdp (synced generation) yet")
 
 
 def split_threads(total: int) -> tuple[int, int]:

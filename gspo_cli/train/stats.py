@@ -149,7 +149,7 @@ def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_s
     """The rollout batch's own metrics (rewards, lengths, entropy), as exact parts. `batch` is
     a RolloutBatch, `scores` its task Scores, `rewards_B` (B,), `entropy_BC` (B, C)."""
     G = group_size
-    mask_BC = batch.response_mask
+    mask_BC = getattr(batch, "model_mask", batch.response_mask)  # the model's tokens: tool output counts in neither
     n = len(scores)
     lengths_B = mask_BC.sum(-1)
     stats.mean("reward/mean", rewards_B.sum().item(), n)
@@ -168,7 +168,9 @@ def record_batch(stats: StepStats, batch, scores, rewards_B, entropy_BC, group_s
     stats.mean("response/truncated_frac", batch.truncated.float().sum().item(), n)
     stats.mean("policy/entropy", (entropy_BC * mask_BC).sum().item(), mask_BC.sum().item())
     stats.same("policy/lr", lr)
-    stats.sum("perf/tokens", lengths_B.sum().item())
+    stats.sum("perf/tokens", batch.response_mask.sum().item())  # every response token the step ran
+    if getattr(batch, "tool_counts", None) is not None:
+        record_tools(stats, batch)
     # Linux reports kB. The process's peak so far (loading included), the largest over ranks.
     stats.max("perf/peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -192,3 +194,13 @@ def record_update(stats: StepStats, loss, loss_stats: dict, extra: dict, grad_no
     if weights["tokens"] > 0:
         stats.min("policy/ratio_min", float(loss_stats["ratio_min"]))
         stats.max("policy/ratio_max", float(loss_stats["ratio_max"]))
+
+
+def record_tools(stats: StepStats, batch) -> None:
+    """A multi-turn batch's tool metrics: turns, tool calls, tool errors and time-outs per
+    response (`tools/*_mean`) and the environment's share of the response tokens."""
+    n = len(batch.tool_counts)
+    for key in ("turns", "tool_calls", "tool_errors", "tool_timeouts"):
+        stats.mean(f"tools/{key}_mean", float(sum(c[key] for c in batch.tool_counts)), n)
+    env = float((batch.response_mask - batch.model_mask).sum())
+    stats.mean("tools/env_token_frac", env, float(batch.response_mask.sum()))

@@ -25,7 +25,7 @@ from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.models import compute_context, load_model, lora
 from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError
-from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine
+from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, with_environment
 from gspo_cli.rollout.base import check_due
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
@@ -135,7 +135,7 @@ def setup(
         arm=arm,
         task=task,
         model=model,
-        engine=engine,
+        engine=with_environment(engine, spec),  # task.environment: multi-turn (rollout/turns.py)
         optimizer=optimizer,
         scheduler=scheduler,
         loss_fn=get_policy_loss(arm.loss),
@@ -187,7 +187,7 @@ def learn(
     G = spec.rollout.group_size
     t2 = time.time()
     t0 = t2 if t0 is None else t0
-    mask_BC = batch.response_mask
+    mask_BC = batch.model_mask  # the model's tokens: docs/guides/tools.md lists every mask's use
     rewards_B = shaped_rewards(arm, spec.rollout.max_new_tokens, batch, scores)  # on the host, as scores
     adv_B = advantages(ctx, batch, rewards_B, scores).to(mask_BC.device)  # multi_reward; the loss's device
     stats = StepStats()

@@ -21,7 +21,7 @@ def token_weights(arm: ArmConfig, stats: StepStats, correct, old_logp_BC, entrop
     and the mask the loss aggregates over: the response mask without the tokens that leave
     the loss's count (a mask correction's rejections under `mismatch.rejected: drop`,
     truncated responses under `overlong.filter`)."""
-    mask_BC = batch.response_mask
+    mask_BC = batch.model_mask  # the model's tokens (multi-turn: tool output never trains)
     weights_BC, loss_mask_BC = None, mask_BC
     if correct is not None:
         corr = mismatch_weights(stats, correct, arm, old_logp_BC, batch, mask_BC)

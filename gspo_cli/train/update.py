@@ -82,7 +82,9 @@ def update(
     non-finite mini-batch (a decision all ranks take together). `clipped_B` (B,), when given,
     gets each row's clipped-token count added."""
     spec = ctx.spec
-    mask_BC = batch.response_mask if loss_mask_BC is None else loss_mask_BC
+    mask_BC = (
+        batch.model_mask if loss_mask_BC is None else loss_mask_BC
+    )  # the model's tokens (tools: docs/guides/tools.md)
     max_tokens, max_rows = micro.budget(spec)
     split = micro.split_rows(rows, micro.row_tokens(batch), max_tokens, max_rows)
     runs = micro.padded_count(len(split.parts), ctx.dist) if (max_tokens or max_rows) else 1
@@ -240,7 +242,7 @@ def _micro(
     # Statistics over the tokens the loss can move; the rest (dropped by a correction or filter)
     # are counted apart, so "clipped" and "dropped" stay distinguishable.
     kept_bc = (m_bc > 0) if w_bc is None else (m_bc > 0) & (w_bc != 0)
-    response_bc = sub.response_mask > 0
+    response_bc = sub.model_mask > 0
     stats.mean("policy/dropped_token_frac", float((response_bc & ~kept_bc).sum()), float(response_bc.sum()))
     record_update(stats, loss, loss_stats, extra, torch.zeros(()), kept_bc.to(m_bc.dtype))
     out["clipped"] = loss_stats["clipped_tokens_B"].float().cpu()
@@ -357,5 +359,5 @@ def route_token_mask(batch: RolloutBatch) -> torch.Tensor:
     stop one short), so it is left out; so is padding."""
     m = torch.zeros(batch.input_ids.shape, dtype=torch.bool, device=batch.response_mask.device)
     P = batch.prompt_len
-    m[:, P - 1 : -1] = batch.response_mask > 0
+    m[:, P - 1 : -1] = batch.model_mask > 0  # tool output: routed and replayed, not measured
     return m

@@ -1,0 +1,275 @@
+"""Multi-turn rollouts with tools for the hf engine (`task.environment`).
+
+The model samples until its turn ends: a stop id, or (raw prompts, the built-in model's
+format) a closed ```python block. The row's environment (tasks/environments.py) reacts to the
+turn's text; its observation, cut to `rollout.tool_output_tokens` (saying so), is tokenised on
+its own and fed to the model as forced tokens, inside a fixed wrapper (raw prompts:
+"\\n```output\\n" ... "```\\n", the observation ending in a newline) or the chat template's
+tool message (the template's text around a tool message, rendered once); then the model
+continues. One KV cache serves every turn:
+rows advance one position per forward, sampling or reading their queued tool tokens, so each
+row's ids are exactly what the model sampled plus the tool output's own ids, never a
+re-tokenisation of earlier turns (token-in-token-out).
+
+Limits: `rollout.max_new_tokens` counts the model's tokens over all turns, `max_total_tokens`
+model and tool tokens together (both cut the row: `truncated`); `max_turns` model turns and
+`max_tool_calls` observations (a row that reaches either ends at that turn; a turn cut
+mid-call is `truncated`). The batch's `tool_mask` marks the tool tokens: no loss, ratio or
+statistic counts them (RolloutBatch.model_mask).
+"""
+
+from __future__ import annotations
+
+import collections
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from gspo_cli.errors import RunError, SpecError
+from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.rollout.decode import _accepts, in_place_cache
+from gspo_cli.tasks.base import Conversation
+from gspo_cli.tasks.environments import PY_BLOCK, RAW_WRAP, Observation, as_observation, resolve_environment
+
+_SLOT = "\u2063TOOL_OUTPUT\u2063"  # stands for the observation while the template is rendered
+
+
+@dataclass
+class _Row:
+    env: object
+    ids: list[int] = field(default_factory=list)  # response ids so far (model and tool)
+    tool: list[int] = field(default_factory=list)  # 1 where ids[j] is the environment's
+    logp: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    forced: collections.deque = field(default_factory=collections.deque)
+    turn_start: int = 0  # where the model's current turn began in `ids`
+    model_tokens: int = 0
+    done: bool = False
+    truncated: bool = False
+    turns: list[dict] = field(default_factory=list)
+    counts: dict = field(
+        default_factory=lambda: dict.fromkeys(("turns", "tool_calls", "tool_errors", "tool_timeouts"), 0)
+    )
+
+
+def with_environment(engine, spec):
+    """`engine`, or, when `spec.task.environment` names one, a MultiTurnEngine around it."""
+    name = spec.task.environment
+    if not name:
+        return engine
+    if not hasattr(engine, "model") or not hasattr(engine, "format") or type(engine).__name__ != "HFRolloutEngine":
+        raise SpecError("task.environment: multi-turn rollouts run on the hf engine only (rollout.engine: hf)")
+    r = spec.rollout
+    return MultiTurnEngine(
+        engine,
+        resolve_environment(name, spec.task.environment_params),
+        max_new_tokens=r.max_new_tokens,
+        max_total_tokens=r.total_tokens,
+        max_turns=r.max_turns,
+        max_tool_calls=r.max_tool_calls,
+        tool_output_tokens=r.tool_output_tokens,
+    )
+
+
+class MultiTurnEngine:
+    """Samples with an HFRolloutEngine's model, tokenizer, prompt format and stop ids, in turns."""
+
+    def __init__(
+        self, base, make_env, *, max_new_tokens, max_total_tokens, max_turns, max_tool_calls, tool_output_tokens
+    ):
+        self.base, self.make_env = base, make_env
+        self.model, self.tokenizer = base.model, base.tokenizer
+        self.max_new_tokens, self.max_total_tokens = max_new_tokens, max_total_tokens
+        self.max_turns, self.max_tool_calls, self.tool_output_tokens = max_turns, max_tool_calls, tool_output_tokens
+        self.raw = not base.format.use_template
+        self.wrap = RAW_WRAP if self.raw else tool_message_wrap(base.format)
+        tok = self.tokenizer
+        self.wrap_ids = [tok(w, add_special_tokens=False).input_ids for w in self.wrap]
+
+    def __getattr__(self, name):  # everything else (sleep, top_p, ...) is the base engine's
+        return getattr(self.base, name)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str]) -> RolloutBatch:
+        tok, model = self.tokenizer, self.model
+        rows = [_Row(env=self.make_env()) for _ in prompts]
+        starts = [_call(r.env.start, p) for r, p in zip(rows, prompts)]
+        firsts = [p if s is None else Conversation(s) if isinstance(s, list) else s for p, s in zip(prompts, starts)]
+        prompt_ids = [tok(t, add_special_tokens=False).input_ids for t in self.base.format(firsts)]
+        device = next(model.parameters()).device
+        P = max(map(len, prompt_ids))
+        pad = tok.pad_token_id if tok.pad_token_id is not None else self.base.stop_ids[0]
+        ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompt_ids], device=device)
+        attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+        was_training = model.training
+        model.eval()
+        try:
+            self._decode(rows, ids, attn, pad)
+        finally:
+            model.train(was_training)
+        return self._batch(rows, ids, attn, pad)
+
+    def _decode(self, rows: list[_Row], ids, attn, pad: int) -> None:
+        model, temp, stops = self.model, self.base.temperature, set(self.base.stop_ids)
+        B, P = ids.shape
+        cache = in_place_cache(model.config, P + self.max_total_tokens + 1)
+        extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+        cache_arg = "cache" if _accepts(model, "cache") else "past_key_values"
+        if getattr(model.config, "output_router_logits", False):
+            extra["output_router_logits"] = False
+        mask = attn.clone()
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        inputs, next_pos = ids, mask.sum(-1)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            while True:
+                out = model(
+                    input_ids=inputs,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{cache_arg: cache},
+                    **extra,
+                )
+                logprobs = torch.log_softmax(out.logits[:, -1].float() / temp, dim=-1)
+                draw = torch.multinomial(logprobs.exp(), 1).squeeze(-1).tolist()
+                col, real, ended = [], [], []
+                for i, r in enumerate(rows):
+                    if r.done:
+                        col.append(pad), real.append(0)
+                        continue
+                    ev = []
+                    if r.forced:
+                        t = r.forced.popleft()
+                        r.ids.append(t), r.tool.append(1), r.logp.append(0.0), r.entropy.append(0.0)
+                        if not r.forced:
+                            r.turn_start = len(r.ids)
+                    else:
+                        t = draw[i]
+                        lp = logprobs[i]
+                        r.ids.append(t), r.tool.append(0), r.logp.append(float(lp[t]))
+                        r.entropy.append(float(-(lp.exp() * lp).sum()))
+                        r.model_tokens += 1
+                        ev = self._turn_end(r, t, stops)
+                    col.append(t), real.append(1)
+                    if r.model_tokens >= self.max_new_tokens or len(r.ids) >= self.max_total_tokens:
+                        r.done, r.truncated = True, ev != ["stop"]  # a stop on the last token allowed ends it
+                        r.forced.clear()
+                        self._close_turn(r)
+                    elif ev:
+                        self._close_turn(r)
+                        c = r.counts
+                        if c["turns"] >= self.max_turns or c["tool_calls"] >= self.max_tool_calls:
+                            r.done, r.truncated = True, ev == ["call"]  # no more turns: a call left unanswered
+                        else:
+                            ended.append(i)
+                texts = [r.turns[-1]["content"] for r in (rows[i] for i in ended)]
+                for i, obs in zip(ended, pool.map(_react, [rows[i].env for i in ended], texts)):
+                    self._after_turn(rows[i], obs)
+                if all(r.done for r in rows):
+                    return
+                dev = ids.device
+                real_t = torch.tensor(real, device=dev)
+                inputs = torch.tensor(col, device=dev).unsqueeze(1)
+                mask = torch.cat([mask, real_t.unsqueeze(1).to(mask.dtype)], 1)
+                pos = next_pos.unsqueeze(1).clone()
+                next_pos = next_pos + real_t
+
+    def _text(self, r: _Row) -> str:
+        return self.tokenizer.decode(r.ids[r.turn_start :], skip_special_tokens=True)
+
+    def _turn_end(self, r: _Row, t: int, stops: set) -> list[str]:
+        """["stop"] or ["call"] when token `t` ended the model's turn, else []."""
+        if t in stops:
+            return ["stop"]
+        if self.raw and "`" in self.tokenizer.decode([t]) and PY_BLOCK.search(self._text(r)):
+            return ["call"]
+        return []
+
+    def _close_turn(self, r: _Row) -> None:
+        """Record the model's turn in progress (if any) as a finished one."""
+        if len(r.ids) > r.turn_start and not r.tool[-1]:
+            r.turns.append({"role": "model", "content": self._text(r)})
+            r.counts["turns"] += 1
+            r.turn_start = len(r.ids)
+
+    def _after_turn(self, r: _Row, obs: Observation) -> None:
+        """The environment's answer to the turn `r` just closed: the tool message queued, or the row done."""
+        if obs is None or obs.done or obs.text is None:
+            r.done, r.truncated = True, False
+            return
+        c = r.counts
+        c["tool_calls"] += 1
+        c["tool_errors"] += int(obs.error)
+        c["tool_timeouts"] += int(obs.timeout)
+        end = "\n" if self.raw else ""  # the fixed wrapper closes on a line of its own
+        body = self.tokenizer(obs.text, add_special_tokens=False).input_ids
+        if len(body) > self.tool_output_tokens:
+            note = f"\n[output cut at {self.tool_output_tokens} tokens]{end}"
+            body = body[: self.tool_output_tokens] + self.tokenizer(note, add_special_tokens=False).input_ids
+        elif end and not obs.text.endswith(end):
+            body += self.tokenizer(end, add_special_tokens=False).input_ids
+        insert = self.wrap_ids[0] + body + self.wrap_ids[1]
+        r.turns.append({"role": "tool", "content": self.tokenizer.decode(body, skip_special_tokens=False)})
+        r.forced.extend(insert[: max(0, self.max_total_tokens - len(r.ids))])
+        if not r.forced:
+            r.done = r.truncated = True
+
+    def _batch(self, rows: list[_Row], ids, attn, pad: int) -> RolloutBatch:
+        C = max(len(r.ids) for r in rows)
+        dev = ids.device
+
+        def grid(vals, fill):
+            return [v + [fill] * (C - len(v)) for v in vals]
+
+        resp = torch.tensor(grid([r.ids for r in rows], pad), device=dev)
+        real = torch.tensor(grid([[1] * len(r.ids) for r in rows], 0), device=dev)
+        batch = RolloutBatch(
+            input_ids=torch.cat([ids, resp], 1),
+            attention_mask=torch.cat([attn, real], 1),
+            response_mask=real.float(),
+            prompt_len=ids.shape[1],
+            completions=["\n".join(t["content"] for t in r.turns if t["role"] == "model") for r in rows],
+            truncated=torch.tensor([r.truncated for r in rows]),
+            tool_mask=torch.tensor(grid([r.tool for r in rows], 0), device=dev).float(),
+            turns=[r.turns for r in rows],
+            tool_counts=[r.counts for r in rows],
+        )
+        if self.sampler_logprobs:  # the base engine's, unless evaluation turned it off here
+            batch.engine_logp = torch.tensor(grid([r.logp for r in rows], 0.0), device=dev)
+            batch.engine_entropy = torch.tensor(grid([r.entropy for r in rows], 0.0), device=dev)
+        return batch
+
+
+def _call(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - the user's environment: one line, naming it
+        raise RunError(
+            f"task.environment: {getattr(fn, '__name__', 'start')}() raised {type(err).__name__}: {err}"
+        ) from None
+
+
+def _react(env, text: str) -> Observation:
+    return as_observation(_call(env.step, text), "task.environment")
+
+
+def tool_message_wrap(fmt) -> tuple[str, str]:
+    """(before, after) the observation in the chat template's tool message, with the next
+    assistant header after it: the text a template adds after a model turn that ended at its
+    stop id. SpecError when the template renders earlier turns differently once a tool message
+    follows (the wrap would not be a suffix)."""
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    kw = fmt.template_kwargs
+    apply = fmt.tokenizer.apply_chat_template
+    try:
+        before = apply(msgs, tokenize=False, **kw)
+        after = apply([*msgs, {"role": "tool", "content": _SLOT}], tokenize=False, add_generation_prompt=True, **kw)
+    except Exception as err:  # noqa: BLE001 - the checkpoint's template
+        raise SpecError(
+            f"task.environment: the chat template cannot render a tool message ({type(err).__name__}: {err})"
+        ) from None
+    if not after.startswith(before) or after.count(_SLOT) != 1:
+        raise SpecError("task.environment: the chat template renders earlier turns differently after a tool message")
+    pre, post = after[len(before) :].split(_SLOT)
+    return pre, post

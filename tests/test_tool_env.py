@@ -1,0 +1,227 @@
+"""Environments from users' files (task.environment: FILE.py:NAME): refused in one line before
+any model is built when they do not define the protocol; the spec refuses what multi-turn
+rollouts do not support yet; a training step runs with one on the built-in model."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from helpers import TINY
+
+from gspo_cli.errors import SpecError
+from gspo_cli.models import resolve_model_source
+from gspo_cli.spec.loading import spec_from_dict
+from gspo_cli.tasks import make_task
+from gspo_cli.tasks.environments import resolve_environment
+from gspo_cli.train.step import setup, train_step
+
+ECHO = '''
+class Echo:
+    """Answers every turn with a fixed hint until the model has taken `turns` turns."""
+
+    def __init__(self, hint="try again", turns=2):
+        self.hint, self.turns, self.seen = hint, turns, 0
+
+    def start(self, prompt):
+        return None
+
+    def step(self, turn):
+        self.seen += 1
+        return (self.hint, False, None) if self.seen < self.turns else (None, True, 1.0)
+'''
+
+NO_STEP = '''
+class Half:
+    def start(self, prompt):
+        return None
+'''
+
+
+def test_an_environment_without_the_protocol_is_refused_in_one_line(tmp_path):
+    f = tmp_path / "envs.py"
+    f.write_text(NO_STEP + "\nbroken = 3\n")
+    with pytest.raises(SpecError, match=r"task.environment: .*Half makes objects without step\(\)") as e:
+        resolve_environment(f"{f}:Half")
+    assert "\n" not in str(e.value)
+    with pytest.raises(SpecError, match="Missing is not defined in .*envs.py; its functions: Half"):
+        resolve_environment(f"{f}:Missing")
+    with pytest.raises(SpecError, match="'shell' is no built-in environment \\(python\\)"):
+        resolve_environment("shell")
+    with pytest.raises(SpecError, match="no such file"):
+        resolve_environment(f"{tmp_path / 'nope.py'}:X")
+
+
+def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
+    task = {**TINY["task"], "environment": "python"}
+    with pytest.raises(SpecError, match="multi-turn rollouts run on the hf engine only so far, not vllm"):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "engine": "vllm"}})
+    with pytest.raises(SpecError, match="not supported with rollout.staleness: 1"):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
+    with pytest.raises(SpecError, match="r3 with task.environment is not supported yet"):
+        spec_from_dict({**TINY, "task": task, "arms": [{"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}]})
+    with pytest.raises(SpecError, match="300 response tokens .* the built-in model's 256 positions"):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "max_total_tokens": 300}})
+    with pytest.raises(SpecError, match="environment_params: given but no task.environment"):
+        spec_from_dict({**TINY, "task": {**TINY["task"], "environment_params": {"timeout_s": 1}}})
+    with pytest.raises(SpecError, match="max_total_tokens: 8 is below max_new_tokens"):
+        spec_from_dict({**TINY, "rollout": {**TINY["rollout"], "max_total_tokens": 8}})
+
+
+def test_gspo_train_refuses_a_bad_environment_file_before_any_model(tmp_path):
+    f = tmp_path / "envs.py"
+    f.write_text(NO_STEP)
+    raw = {**TINY, "output_dir": str(tmp_path / "runs"), "task": {**TINY["task"], "environment": f"{f}:Half"}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    res = subprocess.run(
+        [sys.executable, "-m", "gspo_cli", "train", str(spec)], capture_output=True, text=True, timeout=120
+    )
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert len(lines) == 1 and "Half makes objects without step()" in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_training_step_with_a_file_environment(tmp_path):
+    f = tmp_path / "echo.py"
+    f.write_text(ECHO)
+    task = {**TINY["task"], "environment": f"{f}:Echo", "environment_params": {"hint": "again", "turns": 2}}
+    rollout = {**TINY["rollout"], "prompts_per_step": 2, "max_new_tokens": 24, "tool_output_tokens": 4}
+    raw = {**TINY, "output_dir": str(tmp_path), "task": task, "rollout": rollout}
+    raw["arms"] = [a for a in TINY["arms"] if a["name"] == "gspo"]
+    spec = spec_from_dict(raw)
+    t = make_task(spec.task.name, spec.task.params)
+    ctx = setup(spec, spec.arms[0], 0, t, resolve_model_source(spec.model, t, log=lambda m: None))
+    batches = []
+    real = ctx.engine.generate
+    ctx.engine.generate = lambda prompts: batches.append(real(prompts)) or batches[-1]
+    m = train_step(ctx, 1)
+    b = batches[0]
+    wrap = len(ctx.engine.wrap_ids[0]) + len(ctx.engine.wrap_ids[1])
+    for i, counts in enumerate(b.tool_counts):
+        # A row that stopped (EOS) within its 24 tokens got the hint ("again" cut to 4 tokens, said so)
+        calls = counts["tool_calls"]
+        assert calls <= 1 and counts["turns"] == calls + 1
+        assert int(b.model_mask[i].sum()) <= 24
+        if calls:
+            assert (
+                b.turns[i][1]["content"].startswith("agai") and "[output cut at 4 tokens]" in b.turns[i][1]["content"]
+            )
+            body = ctx.engine.tokenizer(b.turns[i][1]["content"], add_special_tokens=False).input_ids
+            assert int(b.tool_mask[i].sum()) == wrap + len(body)
+    assert sum(c["tool_calls"] for c in b.tool_counts) > 0  # the cold-started model ends its answers: hints went in
+    assert m["tools/tool_calls_mean"] == pytest.approx(sum(c["tool_calls"] for c in b.tool_counts) / len(b.tool_counts))
+    env = float(b.tool_mask.sum()) / float(b.response_mask.sum())
+    assert m["tools/env_token_frac"] == pytest.approx(env, rel=1e-5)
+    assert m["response/length_mean"] <= 24
+    # The sampler's log-probs of the model's tokens, read across turns from one KV cache with the
+    # tool output fed in between, are those of one full forward over the whole response.
+    assert m["rollout/logprob_diff_max"] < 1e-4
+    # samples.jsonl keeps the turns (model / tool) and the counts of each logged row
+    assert ctx.samples
+    for rec in ctx.samples:
+        i = rec["index"]
+        assert [t["role"] for t in rec["turns"]] == [t["role"] for t in b.turns[i]]
+        assert rec["tools"] == b.tool_counts[i] and rec["length"] == int(b.model_mask[i].sum())
+
+
+def test_a_changed_environment_file_is_another_run(tmp_path):
+    from gspo_cli.runs import identity_changes
+    from gspo_cli.train.resume import environment_fingerprint
+
+    f = tmp_path / "echo.py"
+    f.write_text(ECHO)
+    before = environment_fingerprint(f"{f}:Echo")
+    assert list(before) == [str(f.resolve())] and environment_fingerprint("python") == {}
+    f.write_text(ECHO + "\n# changed\n")
+    after = environment_fingerprint(f"{f}:Echo")
+    base = {"behaviour_version": 1, "model": "m", "data": {"train": {"source": "s", "fingerprint": "x"}, "eval": {}}}
+    assert identity_changes({**base, "environment": before}, {**base, "environment": before}) == []
+    assert identity_changes({**base, "environment": before}, {**base, "environment": after}) == [
+        f"another environment ({f.resolve()} changed)"
+    ]
+
+
+def test_the_arithmetic_tool_style_calls_python_and_copies_its_output():
+    """Worked solutions of `style: tool` (the tools testbed's cold start): a python call whose
+    output, run in the sandbox, is the answer, then the output block the cold start never
+    trains on, then the answer boxed."""
+    import random
+
+    from gspo_cli.tasks.arithmetic import ArithmeticTask
+    from gspo_cli.tasks.environments import RAW_WRAP, last_python_block, split_tool_output
+    from gspo_cli.tasks.sandbox import run_program
+
+    task = ArithmeticTask(num_operands=3, max_operand=99, operators="+-*", style="tool")
+    for p in task.train_problems(random.Random(0), 5):
+        code = last_python_block(p.solution)
+        assert run_program(code).stdout == f"{p.answer}\n"  # left to right, as the task evaluates
+        parts = split_tool_output(p.solution)
+        assert [tool for _, tool in parts] == [False, True, False]
+        assert parts[1][0] == RAW_WRAP[0] + f"{p.answer}\n" + RAW_WRAP[1]
+        assert task.score(p, parts[0][0] + parts[2][0]).correct  # the model's own text holds the answer
+
+
+def test_gspo_samples_shows_the_turns_with_the_tool_output_set_apart(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gspo_cli.cli.app import app
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "run.json").write_text("{}")
+    turns = [
+        {"role": "model", "content": "```python\nprint(6*7)\n```"},
+        {"role": "tool", "content": "42\n"},
+        {"role": "model", "content": "\\boxed{42}"},
+    ]
+    rec = {"step": 1, "arm": "gspo", "seed": 0, "group": 0, "index": 0, "prompt": "6*7=?", "completion": "x"}
+    rec.update(reward=1.0, correct=True, advantage=0.5, length=30, truncated=False, clip_frac=0.0, clipped=False)
+    rec.update(masked_frac=None, turns=turns, tools={"turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0})
+    (d / "samples.jsonl").write_text(json.dumps(rec) + "\n")
+    res = CliRunner().invoke(app, ["samples", str(d), "--plain"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[4:11] == [
+        "--- model (turn 1)",
+        "```python",
+        "print(6*7)",
+        "```",
+        "--- tool output (turn 2)",
+        "| 42",
+        "--- model (turn 3)",
+    ]
+    res = CliRunner().invoke(app, ["samples", str(d)])  # Rich panels
+    assert res.exit_code == 0 and "tool output (turn 2)" in res.output and "\\boxed{42}" in res.output
+
+
+def test_gspo_compare_shows_the_tool_metrics(tmp_path):
+    """--metrics tool_calls,tool_errors,env_tokens: each run's mean over its steps, then over seeds."""
+    import json
+
+    from synthetic_runs import write_run
+    from typer.testing import CliRunner
+
+    from gspo_cli.cli.app import app
+
+    for seed, calls in enumerate((1.0, 2.0)):
+        recs = [
+            {
+                "step": t,
+                "reward/mean": 0.5,
+                "tools/tool_calls_mean": calls * t,
+                "tools/tool_errors_mean": 0.25,
+                "tools/env_token_frac": 0.1 * seed,
+            }
+            for t in (1, 2)
+        ]
+        write_run(tmp_path, "gspo", seed, recs)
+    exp = next(p for p in tmp_path.iterdir() if p.is_dir())
+    args = ["compare", str(exp), "--format", "json", "--metrics", "tool_calls,tool_errors,env_tokens"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.stdout)["groups"][0]["metrics"]
+    assert m["tool_calls"]["mean"] == pytest.approx((1.5 + 3.0) / 2)  # seed means 1.5 and 3
+    assert m["tool_errors"]["mean"] == pytest.approx(0.25) and m["env_tokens"]["mean"] == pytest.approx(0.05)
