@@ -65,7 +65,7 @@ class RolloutConfig(_Strict):
         48, ge=1, description="longest response, in tokens (task.environment: the model's tokens over all turns)"
     )
     max_turns: int = Field(4, ge=1, description="task.environment: model turns per rollout, at most")
-    max_tool_calls: int = Field(4, ge=0, description="task.environment: tool calls (observations) per rollout, at most")
+    max_tool_calls: int = Field(2, ge=0, description="task.environment: tool calls (observations) per rollout, at most")
     max_total_tokens: int | None = Field(
         None,
         ge=1,
@@ -73,7 +73,7 @@ class RolloutConfig(_Strict):
         "+ max_tool_calls x (tool_output_tokens + 16))",
     )
     tool_output_tokens: int = Field(
-        64, ge=1, description="task.environment: a tool output longer than this many tokens is cut (and says so)"
+        32, ge=1, description="task.environment: a tool output longer than this many tokens is cut (and says so)"
     )
     temperature: float = Field(1.0, gt=0, description="sampling temperature (vllm: at most 2)")
     decode: Literal["compact", "generate"] = Field(
