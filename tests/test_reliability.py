@@ -115,7 +115,7 @@ def test_second_writer_is_refused_and_a_dead_holder_is_not(tmp_path):
 def _poison_loss(monkeypatch, bad_calls):
     import gspo_cli.train.step as step_mod
 
-    real = step_mod._update.__globals__["get_policy_loss"]
+    real = step_mod.get_policy_loss  # setup() builds ctx.loss_fn from it
     calls = {"n": 0}
 
     def fake_get(name):

@@ -170,14 +170,14 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
     """rollout.sampler_logprobs (default) and a separate old-log-prob pass train the same run:
     same samples and rewards, ratios and losses equal to float rounding, one forward fewer
     per step; with routing replay too."""
-    import gspo_cli.train.old_policy as old_mod
-    import gspo_cli.train.step as step_mod
+    import gspo_cli.rollout.base as base_mod
+    import gspo_cli.train.update as update_mod
 
     calls = []
-    real = step_mod.response_logprobs
+    real = base_mod.response_logprobs
     counted = lambda *a, **k: calls.append(1) or real(*a, **k)  # noqa: E731
-    monkeypatch.setattr(step_mod, "response_logprobs", counted)  # the updates' forwards
-    monkeypatch.setattr(old_mod, "response_logprobs", counted)  # pi_old's own pass
+    monkeypatch.setattr(update_mod, "response_logprobs", counted)  # the updates' forwards
+    monkeypatch.setattr(base_mod, "response_logprobs", counted)  # pi_old's own pass (rollout/micro_batches.py)
     arms = [TINY["arms"][1], TINY["arms"][2]]
     runs, forwards = {}, {}
     for flag in (True, False):
