@@ -145,6 +145,12 @@ def test_sweep_refuses_an_unfinished_run_of_another_spec_before_its_prebuild(tmp
 # --- 9: Ctrl-C during the cold start ---------------------------------------------------
 
 
+def _sigint_as_a_terminal_sends_it():
+    """In the child before exec: SIGINT's default action, so Python installs its Ctrl-C handler
+    even where pytest was started with SIGINT ignored (a shell's background job: `cmd &`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "command, said",
@@ -168,6 +174,7 @@ def test_ctrl_c_during_the_cold_start_is_a_clean_stop(tmp_path, command, said):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=_sigint_as_a_terminal_sends_it,
     )
     try:
         deadline = time.time() + 120
@@ -337,6 +344,7 @@ def test_sigint_to_a_sweep_stops_its_runs_cleanly(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=_sigint_as_a_terminal_sends_it,
     )
     metrics = tmp_path / "out/e2e/grpo/seed0/metrics.jsonl"
     try:
