@@ -7,7 +7,9 @@ expected, or a file we may not read ends in the same one-line SpecError naming t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import hashlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from gspo_cli.errors import SpecError
@@ -48,3 +50,20 @@ def iter_lines(path: str | Path, label: str = "") -> Iterator[str]:
             yield from f
     except (OSError, UnicodeDecodeError) as err:
         raise unreadable(path, err, label) from None
+
+
+def files_digest(files: Iterable[Path]) -> str:
+    """16 hex digits of sha256 over the files' names and bytes, in the order given; an unchanged
+    set of files (path, size, mtime) is hashed once per process."""
+    return _files_digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+@functools.lru_cache(maxsize=8)
+def _files_digest(files: tuple) -> str:
+    h = hashlib.sha256()
+    for name, _, _ in files:
+        h.update(Path(name).name.encode() + b"\0")
+        with open(name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]

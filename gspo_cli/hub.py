@@ -31,3 +31,15 @@ def _answers(endpoint: str, timeout_s: float = 3.0) -> bool:
     except Exception:  # refused, timed out, no route, DNS: all mean "no hub from here"
         return False
     return True
+
+
+def hub_revision(repo_id: str) -> str | None:
+    """The commit of `repo_id`'s snapshot in the local hub cache (no network), else None."""
+    try:
+        from pathlib import Path
+
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True)).name
+    except Exception:  # not cached, not a repo id, no huggingface_hub: unknown
+        return None

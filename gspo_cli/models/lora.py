@@ -22,8 +22,6 @@ Checkpoints hold the adapters in PEFT's format (adapter_config.json, adapter_mod
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -31,6 +29,8 @@ from pathlib import Path
 import torch
 
 from gspo_cli.errors import SpecError
+from gspo_cli.files import files_digest
+from gspo_cli.hub import hub_revision
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -76,25 +76,9 @@ def base_digest(source: str) -> str:
         files = sorted(
             f for f in path.iterdir() if f.is_file() and (f.suffix == ".safetensors" or f.name.endswith(".bin"))
         )
-        return "sha256:" + _digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
-    try:  # the snapshot's commit in the local hub cache (no network)
-        from huggingface_hub import snapshot_download
-
-        revision = Path(snapshot_download(source, local_files_only=True)).name
-    except Exception:  # not cached, not a repo id: unknown
-        revision = None
+        return "sha256:" + files_digest(files)
+    revision = hub_revision(source)  # the snapshot's commit in the local hub cache (no network)
     return f"hub:{source}" + (f"@{revision}" if revision else "")
-
-
-@functools.lru_cache(maxsize=8)
-def _digest(files: tuple) -> str:
-    h = hashlib.sha256()
-    for name, _, _ in files:
-        h.update(Path(name).name.encode() + b"\0")
-        with open(name, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def router_paths(model: torch.nn.Module) -> list[str]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gspo_cli.errors import SpecError
+from gspo_cli.files import files_digest
+from gspo_cli.hub import hub_revision
 
 # Set while rank 0 scores alone (evaluation): no collective, the rows are its own.
 _ALONE = contextvars.ContextVar("reward_model_alone", default=False)
@@ -101,25 +101,9 @@ def weights_digest(path: str, local: Path | None) -> str:
     """16 hex digits of sha256 over a local directory's file names and bytes; for a hub id,
     hub:<id>@<revision in the local cache> (no network)."""
     if local is None:
-        try:
-            from huggingface_hub import snapshot_download
-
-            return f"hub:{path}@{Path(snapshot_download(path, local_files_only=True)).name}"
-        except Exception:  # noqa: BLE001 - not cached: the id alone
-            return f"hub:{path}"
-    files = sorted(f for f in local.iterdir() if f.is_file())
-    return "dir:" + _files_digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
-
-
-@functools.lru_cache(maxsize=8)
-def _files_digest(files: tuple) -> str:
-    h = hashlib.sha256()
-    for name, _, _ in files:
-        h.update(Path(name).name.encode() + b"\0")
-        with open(name, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+        revision = hub_revision(path)
+        return f"hub:{path}" + (f"@{revision}" if revision else "")  # not cached: the id alone
+    return "dir:" + files_digest(sorted(f for f in local.iterdir() if f.is_file()))
 
 
 def _device(device: str) -> str:

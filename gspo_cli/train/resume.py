@@ -5,7 +5,6 @@ directory read-only."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import shutil
 import warnings
@@ -17,6 +16,8 @@ from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.eval.sets import EvalSet, plan_data
+from gspo_cli.files import files_digest
+from gspo_cli.hub import hub_revision
 from gspo_cli.models.builtin import BUILTIN_KINDS, cache_key
 from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, reward_changes, truncate_jsonl
 from gspo_cli.spec import ExperimentSpec, ModelConfig
@@ -93,33 +94,9 @@ def model_digest(cfg: ModelConfig, task: Task) -> str:
         return f"{cfg.name}:{cache_key(kind, cfg.builtin, cfg.cold_start, task)}" if kind in BUILTIN_KINDS else cfg.name
     path = Path(cfg.name).expanduser()
     if path.is_dir():
-        files = sorted(f for f in path.iterdir() if f.is_file())
-        return "dir:" + _files_digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
-    revision = _hub_revision(cfg.name)
+        return "dir:" + files_digest(sorted(f for f in path.iterdir() if f.is_file()))
+    revision = hub_revision(cfg.name)
     return f"hub:{cfg.name}" + (f"@{revision}" if revision else "")
-
-
-@functools.lru_cache(maxsize=8)
-def _files_digest(files: tuple) -> str:
-    """sha256 over the files' names and bytes (`files`: (path, size, mtime) each, so that an
-    unchanged directory is hashed once per process)."""
-    h = hashlib.sha256()
-    for name, _, _ in files:
-        h.update(Path(name).name.encode() + b"\0")
-        with open(name, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-def _hub_revision(repo_id: str) -> str | None:
-    """The commit of `repo_id`'s snapshot in the local hub cache (no network), else None."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id, local_files_only=True)).name
-    except Exception:  # not cached, not a repo id, no huggingface_hub: unknown
-        return None
 
 
 def decide_start(
