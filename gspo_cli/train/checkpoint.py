@@ -187,6 +187,19 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Make the finished directory `tmp` (fsynced here) the directory `out`: the old `out`, if
+    any, moved aside first and removed only once `tmp` has taken its name."""
+    fsync_dir(tmp)
+    old = out.parent / f".old-{out.name}"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def valid_checkpoints(rd: RunDir) -> list[Path]:
     """Complete checkpoints, oldest first (temporary directories never count)."""
     return [p for p in rd.checkpoint_dirs() if (p / STATE_FILE).is_file() and (p / "config.json").is_file()]

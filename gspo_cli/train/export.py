@@ -17,7 +17,6 @@ checkpoint (already an HF directory) is re-written the same way (e.g. to cast to
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import warnings
@@ -32,7 +31,7 @@ from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.models import lora
 from gspo_cli.models.loading import DTYPES
-from gspo_cli.train.checkpoint import SHARDED_DIR, STATE_FILE, dcp_reason, fsync_dir, is_sharded_checkpoint
+from gspo_cli.train.checkpoint import SHARDED_DIR, STATE_FILE, dcp_reason, is_sharded_checkpoint, replace_dir
 from gspo_cli.train.lora_export import export_lora
 
 EXPORT_INFO = "export.json"  # which checkpoint and dtype an exported directory holds
@@ -284,14 +283,7 @@ def _publish(weights: _Weights, model, files, target: torch.dtype, tmp: Path, ou
         index = {"metadata": {"total_size": total * target.itemsize}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (tmp / EXPORT_INFO).write_text(json.dumps(record, indent=2) + "\n")
-    fsync_dir(tmp)
-    old = out.parent / f".old-{out.name}"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out)
 
 
 def resolve_checkpoint(target: Path, checkpoint: str | None) -> tuple[Path, Path]:

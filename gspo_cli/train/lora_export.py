@@ -6,7 +6,6 @@ format (`PeftModel.from_pretrained(base, DIR)` reads it)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 
 from gspo_cli.errors import RunError
 from gspo_cli.models import lora
-from gspo_cli.train.checkpoint import STATE_FILE, fsync_dir
+from gspo_cli.train.checkpoint import STATE_FILE, replace_dir
 
 EXPORT_INFO = "export.json"
 _ADAPTER_FILES = (lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, lora.BASE_FILE)
@@ -37,14 +36,7 @@ def export_lora(ckpt: Path, out: Path, *, dtype: str, adapter: bool, step: int |
             _write_merged(ckpt, base, tmp, dtype)
         record = {"checkpoint": ckpt.name, "step": step, "dtype": dtype, "lora": "adapter" if adapter else "merged"}
         (tmp / EXPORT_INFO).write_text(json.dumps(record, indent=2) + "\n")
-        fsync_dir(tmp)
-        old = out.parent / f".old-{out.name}"
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            os.rename(out, old)
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, out)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RunError(f"{out}: could not write the export ({err.strerror or err})") from None
