@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from helpers import TINY
 
@@ -58,8 +59,6 @@ def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "engine": "vllm"}})
     with pytest.raises(SpecError, match="not supported with rollout.staleness: 1"):
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
-    with pytest.raises(SpecError, match="r3 with task.environment is not supported yet"):
-        spec_from_dict({**TINY, "task": task, "arms": [{"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}]})
     with pytest.raises(SpecError, match="300 response tokens .* the built-in model's 256 positions"):
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "max_total_tokens": 300}})
     with pytest.raises(SpecError, match="environment_params: given but no task.environment"):
@@ -139,6 +138,44 @@ def test_a_training_step_with_a_file_environment(tmp_path):
         i = rec["index"]
         assert [t["role"] for t in rec["turns"]] == [t["role"] for t in b.turns[i]]
         assert rec["tools"] == b.tool_counts[i] and rec["length"] == int(b.model_mask[i].sum())
+
+
+def test_r3_replays_engine_routes_that_cover_the_tool_output(tmp_path):
+    """The multi-turn hf sampler records the route of every position it feeds, the tool
+    output's included: before any update they are the trainer's own routes on every routed
+    position (the tool's too), and the R3 update replays them."""
+    from gspo_cli.train.micro import batch_logprobs
+
+    f = tmp_path / "echo.py"
+    f.write_text(ECHO)
+    task = {**TINY["task"], "environment": f"{f}:Echo", "environment_params": {"hint": "again", "turns": 2}}
+    rollout = {**TINY["rollout"], "prompts_per_step": 2, "max_new_tokens": 24, "tool_output_tokens": 4}
+    arm = {"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}
+    spec = spec_from_dict({**TINY, "output_dir": str(tmp_path), "task": task, "rollout": rollout, "arms": [arm]})
+    t = make_task(spec.task.name, spec.task.params)
+    ctx = setup(spec, spec.arms[0], 0, t, resolve_model_source(spec.model, t, log=lambda m: None))
+    batches, routes = [], []
+    real = ctx.engine.generate
+
+    def generate(prompts, problems=None):
+        batches.append(real(prompts, problems))
+        with torch.no_grad():  # the trainer's own routes before the update, without replay, on every position
+            routes.append(batch_logprobs(ctx, ctx.model, batches[-1], with_entropy=False, record=True)[1])
+        return batches[-1]
+
+    ctx.engine.generate = generate
+    m = train_step(ctx, 1)
+    b, natural = batches[0], routes[0]
+    B, T = b.input_ids.shape
+    assert b.engine_routes is not None and b.engine_routes.shape[1:3] == (B, T)
+    assert m["moe/engine_route_diff_frac"] == 0.0  # measured on the model's tokens
+    routed = b.attention_mask.bool().clone()
+    routed[:, -1] = False  # the last column is never fed back: no route
+    tool = torch.zeros_like(routed)
+    tool[:, b.prompt_len :] = b.tool_mask.bool()
+    assert int((tool & routed).sum()) > 0  # some tool output was routed
+    same = (b.engine_routes.sort(-1).values == natural.sort(-1).values).all(-1).all(0)  # (B, T): every layer agrees
+    assert bool(same[routed].all()) and bool(same[tool & routed].all())
 
 
 def prompts_of(batch, ctx):

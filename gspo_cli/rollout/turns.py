@@ -20,17 +20,21 @@ statistic counts them (RolloutBatch.model_mask).
 The environment's rewards (step's, and finish's when a limit ended the rollout) are summed
 per row and handed on with the completion (`EnvCompletion.env_reward`: the reward `env`).
 `generate(prompts, problems)`: an environment whose `start` takes `problem` gets the row's.
+With the base engine's routing recorder (R3) every forward's routes are kept: each forward
+feeds every row one position (sampled or tool output), so `engine_routes` covers tool positions.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from gspo_cli.errors import RunError, SpecError
+from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.decode import _accepts, in_place_cache
 from gspo_cli.tasks.base import Conversation
@@ -126,12 +130,18 @@ class MultiTurnEngine:
         attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
         was_training = model.training
         model.eval()
-        try:
-            self._decode(rows, ids, attn, pad)
+        routing = getattr(self.base, "routing", None) if self.sampler_logprobs else None
+        try:  # R3: the routes of every forward, tool tokens' included (each forward feeds every row one position)
+            with routing.recording_steps() if routing is not None else contextlib.nullcontext() as steps:
+                self._decode(rows, ids, attn, pad)
         finally:
             model.train(was_training)
         self._finish(rows)
-        return self._batch(rows, ids, attn, pad)
+        batch = self._batch(rows, ids, attn, pad)
+        if steps is not None:
+            B, T = batch.input_ids.shape
+            batch.engine_routes = routes_from_generate(steps, B, P, T)
+        return batch
 
     def _finish(self, rows: list[_Row]) -> None:
         """finish(turn) of the environments of rows a limit ended (those that define it)."""
