@@ -69,3 +69,21 @@ def test_the_env_reward_needs_an_environment_and_code_feedback_the_code_task():
         spec_from_dict({**TINY, "task": {**TINY["task"], "rewards": [{"function": "env"}]}})
     with pytest.raises(SpecError, match="code_feedback runs code problems' tests; task.name is arithmetic"):
         spec_from_dict({**TINY, "task": {**TINY["task"], "environment": "code_feedback"}})
+
+
+def test_evaluation_hands_a_multi_turn_engine_the_rows_problems():
+    """`sample_completions` (in-run evaluation and `gspo eval`) gives an engine that takes
+    problems each row's, in order, so code_feedback evaluates as it trains."""
+    from gspo_cli.eval.scores import sample_completions
+
+    class Engine:
+        takes_problems, calls = True, []
+
+        def generate(self, prompts, problems=None):
+            self.calls.append((list(prompts), [p.id for p in problems]))
+            return SimpleNamespace(completions=[EnvCompletion(p, 1.0) for p in prompts])
+
+    problems = [Problem(id=str(i), prompt=f"q{i}", answer="") for i in range(3)]
+    got = sample_completions(Engine(), problems, samples=2, batch_size=4)
+    assert Engine.calls == [(["q0", "q0", "q1", "q1"], ["0", "0", "1", "1"]), (["q2", "q2"], ["2", "2"])]
+    assert got == [["q0", "q0"], ["q1", "q1"], ["q2", "q2"]] and got[2][1].env_reward == 1.0

@@ -274,3 +274,27 @@ def test_tool_code_cannot_open_a_network_connection(level):
         assert obs.text.startswith("OSError: [Errno 101] Network is unreachable"), (level, obs.text)
         with pytest.raises(socket.timeout):
             srv.accept()  # nothing reached the host
+
+
+def test_a_finish_that_returns_no_number_is_one_line():
+    from gspo_cli.errors import SpecError
+
+    class Bad:
+        def start(self, prompt):
+            return None
+
+        def step(self, turn):
+            return ("ok", False, None)
+
+        def finish(self, turn):
+            return "lots"
+
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "%")]), tok, max_new_tokens=50, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    engine = MultiTurnEngine(
+        base, Bad, max_new_tokens=50, max_total_tokens=100, max_turns=1, max_tool_calls=1, tool_output_tokens=8
+    )
+    with pytest.raises(SpecError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
+        engine.generate(["Q"])
