@@ -140,7 +140,7 @@ def test_a_broken_plugin_is_one_line_naming_it(plugin, tmp_path):
         "task.rewards[0].function: plugin reward 'ghost' (gspo-demo 0.1, gspo_demo_missing:fn) is broken: "
         "ModuleNotFoundError: No module named 'gspo_demo_missing'"
     )
-    with pytest.raises(SpecError, match=r"'shrt' is no shipped reward \(math_accuracy, code_tests\) nor plugin "):
+    with pytest.raises(SpecError, match=r"'shrt' is no shipped reward \(math_accuracy, code_tests, env\) nor plugin "):
         make_task("arithmetic", ARITH, [RewardConfig(function="shrt")])
     # gspo train: one line, exit 2, before any model is built
     spec = {**TINY, "task": {**TINY["task"], "rewards": [{"function": "ghost"}]}, "arms": TINY["arms"][:1]}

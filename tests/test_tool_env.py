@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from helpers import TINY
 
@@ -28,7 +29,7 @@ class Echo:
 
     def step(self, turn):
         self.seen += 1
-        return (self.hint, False, None) if self.seen < self.turns else (None, True, 1.0)
+        return (self.hint, False, 0.25) if self.seen < self.turns else (None, True, 1.0)
 '''
 
 NO_STEP = '''
@@ -46,7 +47,7 @@ def test_an_environment_without_the_protocol_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(SpecError, match="Missing is not defined in .*envs.py; its functions: Half"):
         resolve_environment(f"{f}:Missing")
-    with pytest.raises(SpecError, match="'shell' is no built-in environment \\(python\\)"):
+    with pytest.raises(SpecError, match="'shell' is no built-in environment \\(python, code_feedback\\)"):
         resolve_environment("shell")
     with pytest.raises(SpecError, match="no such file"):
         resolve_environment(f"{tmp_path / 'nope.py'}:X")
@@ -58,8 +59,6 @@ def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "engine": "vllm"}})
     with pytest.raises(SpecError, match="not supported with rollout.staleness: 1"):
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
-    with pytest.raises(SpecError, match="r3 with task.environment is not supported yet"):
-        spec_from_dict({**TINY, "task": task, "arms": [{"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}]})
     with pytest.raises(SpecError, match="300 response tokens .* the built-in model's 256 positions"):
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "max_total_tokens": 300}})
     with pytest.raises(SpecError, match="environment_params: given but no task.environment"):
@@ -87,17 +86,32 @@ def test_a_training_step_with_a_file_environment(tmp_path):
     f = tmp_path / "echo.py"
     f.write_text(ECHO)
     task = {**TINY["task"], "environment": f"{f}:Echo", "environment_params": {"hint": "again", "turns": 2}}
+    # The environment's reward (Echo: 1.0 when it ends the rollout) beside the task's accuracy
+    task["rewards"] = [{"function": "env", "weight": 0.5}, {"function": "math_accuracy", "correct": True}]
     rollout = {**TINY["rollout"], "prompts_per_step": 2, "max_new_tokens": 24, "tool_output_tokens": 4}
     raw = {**TINY, "output_dir": str(tmp_path), "task": task, "rollout": rollout}
     raw["arms"] = [a for a in TINY["arms"] if a["name"] == "gspo"]
     spec = spec_from_dict(raw)
-    t = make_task(spec.task.name, spec.task.params)
+    t = make_task(spec.task.name, spec.task.params, spec.task.rewards)
     ctx = setup(spec, spec.arms[0], 0, t, resolve_model_source(spec.model, t, log=lambda m: None))
-    batches = []
+    batches, seen = [], []
     real = ctx.engine.generate
-    ctx.engine.generate = lambda prompts: batches.append(real(prompts)) or batches[-1]
+    ctx.engine.generate = lambda prompts, problems=None: (
+        seen.append(problems) or batches.append(real(prompts, problems=problems)) or batches[-1]
+    )
     m = train_step(ctx, 1)
     b = batches[0]
+    assert [p.prompt for p in seen[0]] == list(prompts_of(b, ctx))  # the rows' problems went to the engine
+    env = [c.env_reward for c in b.completions]
+    # Echo's rewards, summed: 0.25 for its hint, 1.0 more when it ends the rollout; none for a
+    # row cut before its first turn ended (no step)
+    for e, counts in zip(env, b.tool_counts):
+        assert e in ((None,) if counts["tool_calls"] == 0 else (0.25, 1.25)), (e, counts)
+    acc = [float(t.score(p, c).correct) for p, c in zip(seen[0], b.completions)]
+    rewards = [0.5 * (e or 0.0) + a for e, a in zip(env, acc)]
+    assert m["reward/mean"] == pytest.approx(sum(rewards) / len(rewards))
+    given = [e for e in env if e is not None]
+    assert m["reward/env"] == pytest.approx(sum(given) / len(given))  # the mean over the rows it applies to
     wrap = len(ctx.engine.wrap_ids[0]) + len(ctx.engine.wrap_ids[1])
     for i, counts in enumerate(b.tool_counts):
         # A row that stopped (EOS) within its 24 tokens got the hint ("again" cut to 4 tokens, said so)
@@ -124,6 +138,51 @@ def test_a_training_step_with_a_file_environment(tmp_path):
         i = rec["index"]
         assert [t["role"] for t in rec["turns"]] == [t["role"] for t in b.turns[i]]
         assert rec["tools"] == b.tool_counts[i] and rec["length"] == int(b.model_mask[i].sum())
+
+
+def test_r3_replays_engine_routes_that_cover_the_tool_output(tmp_path):
+    """The multi-turn hf sampler records the route of every position it feeds, the tool
+    output's included: before any update they are the trainer's own routes on every routed
+    position (the tool's too), and the R3 update replays them."""
+    from gspo_cli.train.micro import batch_logprobs
+
+    f = tmp_path / "echo.py"
+    f.write_text(ECHO)
+    task = {**TINY["task"], "environment": f"{f}:Echo", "environment_params": {"hint": "again", "turns": 2}}
+    rollout = {**TINY["rollout"], "prompts_per_step": 2, "max_new_tokens": 24, "tool_output_tokens": 4}
+    arm = {"name": "r3", "preset": "paper-grpo", "routing_replay": "r3"}
+    spec = spec_from_dict({**TINY, "output_dir": str(tmp_path), "task": task, "rollout": rollout, "arms": [arm]})
+    t = make_task(spec.task.name, spec.task.params)
+    ctx = setup(spec, spec.arms[0], 0, t, resolve_model_source(spec.model, t, log=lambda m: None))
+    batches, routes = [], []
+    real = ctx.engine.generate
+
+    def generate(prompts, problems=None):
+        batches.append(real(prompts, problems))
+        with torch.no_grad():  # the trainer's own routes before the update, without replay, on every position
+            routes.append(batch_logprobs(ctx, ctx.model, batches[-1], with_entropy=False, record=True)[1])
+        return batches[-1]
+
+    ctx.engine.generate = generate
+    m = train_step(ctx, 1)
+    b, natural = batches[0], routes[0]
+    B, T = b.input_ids.shape
+    assert b.engine_routes is not None and b.engine_routes.shape[1:3] == (B, T)
+    assert m["moe/engine_route_diff_frac"] == 0.0  # measured on the model's tokens
+    routed = b.attention_mask.bool().clone()
+    routed[:, -1] = False  # the last column is never fed back: no route
+    tool = torch.zeros_like(routed)
+    tool[:, b.prompt_len :] = b.tool_mask.bool()
+    assert int((tool & routed).sum()) > 0  # some tool output was routed
+    same = (b.engine_routes.sort(-1).values == natural.sort(-1).values).all(-1).all(0)  # (B, T): every layer agrees
+    assert bool(same[routed].all()) and bool(same[tool & routed].all())
+
+
+def prompts_of(batch, ctx):
+    """The prompts of a batch's rows, as the engine's tokenizer reads them back (left padding dropped)."""
+    P = batch.prompt_len
+    for ids, mask in zip(batch.input_ids[:, :P], batch.attention_mask[:, :P]):
+        yield ctx.engine.tokenizer.decode(ids[mask > 0].tolist(), skip_special_tokens=True)
 
 
 def test_a_changed_environment_file_is_another_run(tmp_path):

@@ -3,13 +3,18 @@ environment: a scripted model closes a ```python block, the sandbox runs it, its
 back as forced tokens, and the model continues. Token-in-token-out: the ids are the ones
 sampled, plus the tool output's own, even where decoding and re-encoding would merge them."""
 
+import socket
+import time
+
+import pytest
 import torch
-from sandbox_corpus import HOSTILE
+from sandbox_corpus import HOSTILE, use_level
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config
 
 from gspo_cli.rollout.hf import HFRolloutEngine
 from gspo_cli.rollout.turns import RAW_WRAP, MultiTurnEngine
+from gspo_cli.tasks import sandbox
 from gspo_cli.tasks.base import character_vocabulary
 from gspo_cli.tasks.environments import resolve_environment
 from gspo_cli.tasks.sandbox import detect_isolation
@@ -116,7 +121,9 @@ def test_hostile_tool_code_comes_back_as_an_error_never_a_hang():
     scripts = [
         _ids(tok, f"```python\n{HOSTILE[n]}\n```") + _ids(tok, "%%") for n in names
     ]  # no character of any output
+    t0 = time.monotonic()
     batch = _engine(tok, scripts).generate(["Q "] * len(names))
+    elapsed = time.monotonic() - t0  # each program stopped at its limit: the 1 s time-out at most, and the kill
     counts = {n: c for n, c in zip(names, batch.tool_counts)}
     outs = {n: t[1]["content"] for n, t in zip(names, batch.turns)}
     level = detect_isolation().level  # the isolation level these ran at (root, rootless or basic)
@@ -124,6 +131,7 @@ def test_hostile_tool_code_comes_back_as_an_error_never_a_hang():
     assert counts["loop"]["tool_timeouts"] == 1 and outs["loop"].startswith("TimeoutError")
     assert outs["flood"].endswith("[output cut at 32 tokens]\n") and outs["memory_bomb"].startswith("MemoryError")
     assert all(t[2]["content"] == "%%" for t in batch.turns)  # the model went on after each
+    assert elapsed < 30, elapsed  # a bound far above the ~2 s it takes, far below a hang
 
 
 TEMPLATE = (
@@ -164,3 +172,129 @@ def test_a_chat_model_gets_the_tool_message_its_template_writes():
     prompt = batch.input_ids[0, : batch.prompt_len][batch.attention_mask[0, : batch.prompt_len] > 0]
     assert prompt.tolist() == _ids(tok, "<|user|>Q</s><|assistant|>")
     assert [t["role"] for t in batch.turns[0]] == ["model", "tool", "model"] and not batch.truncated[0]
+
+
+class Rewarding:
+    """Rewards by the prompt: "A" 0.5 on its first turn, then done with 0.25; "B" 1.0 on every
+    turn, never done (a limit ends it: finish() gets the turn step did not see, and gives 2.0
+    when it reads "##"); "C" no reward at all."""
+
+    def start(self, prompt):
+        self.kind, self.seen, self.finished = prompt.strip(), 0, []
+
+    def step(self, turn):
+        self.seen += 1
+        if self.kind == "A":
+            return ("ok", False, 0.5) if self.seen == 1 else (None, True, 0.25)
+        return ("ok", False, 1.0 if self.kind == "B" else None)
+
+    def finish(self, turn):
+        self.finished.append(turn)
+        return 2.0 if turn == "##" else None
+
+
+def test_the_environments_rewards_are_summed_and_travel_with_the_completion():
+    import pickle
+
+    tok = _tokenizer()
+    eos = tok.eos_token_id
+    turn = _ids(tok, "%") + [eos]
+    scripts = [turn * 2, turn * 3, turn * 2 + _ids(tok, "##")]
+    base = HFRolloutEngine(Scripted(tok, scripts), tok, max_new_tokens=50, temperature=1.0, stop_ids=[eos])
+    envs = []
+    engine = MultiTurnEngine(
+        base,
+        lambda: envs.append(Rewarding()) or envs[-1],
+        max_new_tokens=50,
+        max_total_tokens=100,
+        max_turns=3,
+        max_tool_calls=5,
+        tool_output_tokens=8,
+    )
+    batch = engine.generate(["A", "C", "B"])
+    # A: 0.5 + 0.25, ended by its environment (no finish); C: no reward, its third turn ended by
+    # max_turns (finish sees it); B: 1.0 + 1.0 for the turns stepped, 2.0 from finish("##")
+    assert [c.env_reward for c in batch.completions] == [0.75, None, 4.0]
+    assert [e.finished for e in envs] == [[], ["%"], ["##"]]
+    assert [c["turns"] for c in batch.tool_counts] == [2, 3, 3]
+    assert batch.completions[2] == "%\n%\n##" and isinstance(batch.completions[2], str)
+    back = pickle.loads(pickle.dumps(batch.completions[0]))  # as reward pools and workers get it
+    assert back == "%\n%" and back.env_reward == 0.75
+
+
+def test_code_feedback_in_the_engine_feeds_failures_back_and_rewards_the_fixed_program():
+    from gspo_cli.tasks.base import Problem
+    from gspo_cli.tasks.code_judge import TestCase
+
+    tok = _tokenizer()
+    read = "a,b=map(int,input().split())\n"
+    wrong, right = f"```python\n{read}print(a*b)\n```", f"%\n```python\n{read}print(a+b)\n```"
+    tests = (TestCase("1 2\n", "3\n"), TestCase("5 5\n", "10\n"))
+    problem = Problem(id="sum", prompt="Print a+b.\n", answer="", meta={"tests": tests})
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, wrong + right)]), tok, max_new_tokens=200, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    env = resolve_environment("code_feedback", {"attempts": 3, "timeout_s": 1.0})
+    engine = MultiTurnEngine(
+        base, env, max_new_tokens=200, max_total_tokens=400, max_turns=4, max_tool_calls=3, tool_output_tokens=100
+    )
+    batch = engine.generate([problem.prompt], problems=[problem])
+    feedback = (
+        "Attempt 1 of 3 failed (2 left). 1 of 1 public tests failed.\nTest 1: input:\n1 2\nexpected:\n3\ngot:\n2\n"
+    )
+    assert [t["role"] for t in batch.turns[0]] == ["model", "tool", "model"]
+    assert batch.turns[0][1]["content"] == feedback
+    # the fixed program passes the public test and ends the rollout; the private test (5 5 -> 10) rewards it
+    assert batch.completions[0].env_reward == 1.0 and not batch.truncated[0]
+    assert batch.tool_counts[0] == {"turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0}
+
+
+@pytest.fixture(params=["root", "rootless", "basic"])
+def level(request):
+    """The sandbox switched to one isolation level (skipped where that level does not work here)."""
+    yield use_level(request.param).level
+    sandbox.reset_isolation()
+
+
+def test_tool_code_cannot_open_a_network_connection(level):
+    """At the root and rootless levels the tool's program runs in a network namespace of its
+    own (a loopback that is down): a connection to a server on the host's loopback fails and
+    comes back as an error observation. The test id names the level that ran; basic cannot
+    block the network and is skipped, saying so."""
+    if level == "basic":
+        pytest.skip("isolation level basic: no network namespace, the sandbox cannot block the network")
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        srv.settimeout(0.2)
+        port = srv.getsockname()[1]
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5)\nprint('connected')"
+        obs = resolve_environment("python", {"timeout_s": 2.0})().step(f"```python\n{code}\n```")
+        assert obs.error and not obs.done and "connected" not in obs.text, (level, obs)
+        assert obs.text.startswith("OSError: [Errno 101] Network is unreachable"), (level, obs.text)
+        with pytest.raises(socket.timeout):
+            srv.accept()  # nothing reached the host
+
+
+def test_a_finish_that_returns_no_number_is_one_line():
+    from gspo_cli.errors import SpecError
+
+    class Bad:
+        def start(self, prompt):
+            return None
+
+        def step(self, turn):
+            return ("ok", False, None)
+
+        def finish(self, turn):
+            return "lots"
+
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "%")]), tok, max_new_tokens=50, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    engine = MultiTurnEngine(
+        base, Bad, max_new_tokens=50, max_total_tokens=100, max_turns=1, max_tool_calls=1, tool_output_tokens=8
+    )
+    with pytest.raises(SpecError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
+        engine.generate(["Q"])

@@ -208,7 +208,10 @@ def test_a_reward_that_fails_is_one_line_naming_it_and_the_row(data, name, messa
         ("no_such_module_xyz:f", "task.rewards[0].function: no module 'no_such_module_xyz'"),
         ("{dir}/rewards.py:nope", "task.rewards[0].function: nope is not defined in"),
         ("{dir}/rewards.py:re", "task.rewards[0].function: re is not callable"),
-        ("math_acuracy", "task.rewards[0].function: 'math_acuracy' is no shipped reward (math_accuracy, code_tests)"),
+        (
+            "math_acuracy",
+            "task.rewards[0].function: 'math_acuracy' is no shipped reward (math_accuracy, code_tests, env)",
+        ),
         ("code_tests", "task.rewards: code_tests judges code problems; task.name is prompts"),
     ],
 )

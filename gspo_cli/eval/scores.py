@@ -256,7 +256,11 @@ def sample_completions(
     completions: list[str] = []
     with torch.no_grad():
         for i in range(0, len(prompts), step):
-            completions += engine.generate(prompts[i : i + step]).completions
+            if getattr(engine, "takes_problems", False):  # multi-turn: environments may read the problem
+                rows = [p for p in problems for _ in range(samples)][i : i + step]
+                completions += engine.generate(prompts[i : i + step], problems=rows).completions
+            else:
+                completions += engine.generate(prompts[i : i + step]).completions
             if progress:
                 progress(len(completions), len(prompts))
     return [completions[i * samples : (i + 1) * samples] for i in range(len(problems))]

@@ -16,21 +16,37 @@ model and tool tokens together (both cut the row: `truncated`); `max_turns` mode
 `max_tool_calls` observations (a row that reaches either ends at that turn; a turn cut
 mid-call is `truncated`). The batch's `tool_mask` marks the tool tokens: no loss, ratio or
 statistic counts them (RolloutBatch.model_mask).
+
+The environment's rewards (step's, and finish's when a limit ended the rollout) are summed
+per row and handed on with the completion (`EnvCompletion.env_reward`: the reward `env`).
+`generate(prompts, problems)`: an environment whose `start` takes `problem` gets the row's.
+With the base engine's routing recorder (R3) every forward's routes are kept: each forward
+feeds every row one position (sampled or tool output), so `engine_routes` covers tool positions.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from gspo_cli.errors import RunError, SpecError
+from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.decode import _accepts, in_place_cache
 from gspo_cli.tasks.base import Conversation
-from gspo_cli.tasks.environments import PY_BLOCK, RAW_WRAP, Observation, as_observation, resolve_environment
+from gspo_cli.tasks.environments import (
+    PY_BLOCK,
+    RAW_WRAP,
+    EnvCompletion,
+    Observation,
+    as_observation,
+    resolve_environment,
+    takes_problem,
+)
 
 _SLOT = "\u2063TOOL_OUTPUT\u2063"  # stands for the observation while the template is rendered
 
@@ -51,6 +67,9 @@ class _Row:
     counts: dict = field(
         default_factory=lambda: dict.fromkeys(("turns", "tool_calls", "tool_errors", "tool_timeouts"), 0)
     )
+    reward: float | None = None  # the sum of the environment's rewards so far
+    stepped: int = 0  # model turns step() has seen
+    env_ended: bool = False  # the environment ended the rollout (else a limit did: finish())
 
 
 def with_environment(engine, spec):
@@ -75,6 +94,9 @@ def with_environment(engine, spec):
 class MultiTurnEngine:
     """Samples with an HFRolloutEngine's model, tokenizer, prompt format and stop ids, in turns."""
 
+    streams_rows = False  # rows come back together (not the base engine's on_rows)
+    takes_problems = True  # generate(prompts, problems): environments may read the row's problem
+
     def __init__(
         self, base, make_env, *, max_new_tokens, max_total_tokens, max_turns, max_tool_calls, tool_output_tokens
     ):
@@ -91,10 +113,14 @@ class MultiTurnEngine:
         return getattr(self.base, name)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str]) -> RolloutBatch:
+    def generate(self, prompts: list[str], problems: list | None = None) -> RolloutBatch:
         tok, model = self.tokenizer, self.model
         rows = [_Row(env=self.make_env()) for _ in prompts]
-        starts = [_call(r.env.start, p) for r, p in zip(rows, prompts)]
+        problems = problems if problems is not None else [None] * len(prompts)
+        starts = [
+            _call(r.env.start, p, problem=q) if takes_problem(r.env) else _call(r.env.start, p)
+            for r, p, q in zip(rows, prompts, problems)
+        ]
         firsts = [p if s is None else Conversation(s) if isinstance(s, list) else s for p, s in zip(prompts, starts)]
         prompt_ids = [tok(t, add_special_tokens=False).input_ids for t in self.base.format(firsts)]
         device = next(model.parameters()).device
@@ -104,11 +130,30 @@ class MultiTurnEngine:
         attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
         was_training = model.training
         model.eval()
-        try:
-            self._decode(rows, ids, attn, pad)
+        routing = getattr(self.base, "routing", None) if self.sampler_logprobs else None
+        try:  # R3: the routes of every forward, tool tokens' included (each forward feeds every row one position)
+            with routing.recording_steps() if routing is not None else contextlib.nullcontext() as steps:
+                self._decode(rows, ids, attn, pad)
         finally:
             model.train(was_training)
-        return self._batch(rows, ids, attn, pad)
+        self._finish(rows)
+        batch = self._batch(rows, ids, attn, pad)
+        if steps is not None:
+            B, T = batch.input_ids.shape
+            batch.engine_routes = routes_from_generate(steps, B, P, T)
+        return batch
+
+    def _finish(self, rows: list[_Row]) -> None:
+        """finish(turn) of the environments of rows a limit ended (those that define it)."""
+        ended = [r for r in rows if not r.env_ended and callable(getattr(r.env, "finish", None))]
+        unseen = [
+            r.turns[-1]["content"] if r.counts["turns"] > r.stepped and r.turns[-1]["role"] == "model" else None
+            for r in ended
+        ]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            got = list(pool.map(lambda r, t: _call(r.env.finish, t), ended, unseen))
+        for r, v in zip(ended, got):
+            _add_reward(r, _reward(v))
 
     def _decode(self, rows: list[_Row], ids, attn, pad: int) -> None:
         model, temp, stops = self.model, self.base.temperature, set(self.base.stop_ids)
@@ -164,6 +209,8 @@ class MultiTurnEngine:
                         else:
                             ended.append(i)
                 texts = [r.turns[-1]["content"] for r in (rows[i] for i in ended)]
+                for i in ended:
+                    rows[i].stepped = rows[i].counts["turns"]
                 for i, obs in zip(ended, pool.map(_react, [rows[i].env for i in ended], texts)):
                     self._after_turn(rows[i], obs)
                 if all(r.done for r in rows):
@@ -195,8 +242,9 @@ class MultiTurnEngine:
 
     def _after_turn(self, r: _Row, obs: Observation) -> None:
         """The environment's answer to the turn `r` just closed: the tool message queued, or the row done."""
+        _add_reward(r, None if obs is None else obs.reward)
         if obs is None or obs.done or obs.text is None:
-            r.done, r.truncated = True, False
+            r.done, r.truncated, r.env_ended = True, False, True
             return
         c = r.counts
         c["tool_calls"] += 1
@@ -229,7 +277,9 @@ class MultiTurnEngine:
             attention_mask=torch.cat([attn, real], 1),
             response_mask=real.float(),
             prompt_len=ids.shape[1],
-            completions=["\n".join(t["content"] for t in r.turns if t["role"] == "model") for r in rows],
+            completions=[
+                EnvCompletion("\n".join(t["content"] for t in r.turns if t["role"] == "model"), r.reward) for r in rows
+            ],
             truncated=torch.tensor([r.truncated for r in rows]),
             tool_mask=torch.tensor(grid([r.tool for r in rows], 0), device=dev).float(),
             turns=[r.turns for r in rows],
@@ -241,9 +291,24 @@ class MultiTurnEngine:
         return batch
 
 
-def _call(fn, *args):
+def _add_reward(r: _Row, value: float | None) -> None:
+    if value is not None:
+        r.reward = (r.reward or 0.0) + value
+
+
+def _reward(value) -> float | None:
+    """finish()'s return value as a reward; SpecError for what is no number."""
+    if value is None:
+        return None
     try:
-        return fn(*args)
+        return float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"task.environment: finish() returned {type(value).__name__}, not a number or None") from None
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - the user's environment: one line, naming it
         raise RunError(
             f"task.environment: {getattr(fn, '__name__', 'start')}() raised {type(err).__name__}: {err}"

@@ -89,9 +89,6 @@ class ExperimentSpec(_Strict):
             problems.append(
                 f"task.environment: multi-turn rollouts run on the hf engine only so far, not {self.rollout.engine}"
             )
-        for i, arm in enumerate(self.arms):
-            if self.task.environment and arm.routing_replay == "r3":
-                problems.append(f"arms[{i}].routing_replay: r3 with task.environment is not supported yet; use r2")
         positions = self.model.builtin.max_positions
         if self.task.environment and self.model.name.startswith("builtin:") and self.rollout.total_tokens >= positions:
             problems.append(

@@ -127,7 +127,7 @@ class RewardConfig(_Strict):
     function: str | None = Field(
         None,
         description="FILE.py:NAME (relative to the working directory), module:NAME, or the name of a shipped "
-        "reward (math_accuracy, code_tests) or a plugin's (`gspo plugins` lists them)",
+        "reward (math_accuracy, code_tests, env: the task.environment's own) or a plugin's (`gspo plugins` lists them)",
     )
     model: RewardModelConfig | None = Field(
         None, description="a sequence-classification reward model: a path, or {path, batch_size, device, ...}"
@@ -265,7 +265,8 @@ class TaskConfig(_Strict):
     )
     environment: str | None = Field(
         None,
-        description="multi-turn rollouts with tools: python (a sandboxed interpreter) or your own, FILE.py:NAME "
+        description="multi-turn rollouts with tools: python (a sandboxed interpreter), code_feedback (code "
+        "problems: public tests' failures fed back, private tests rewarded) or your own, FILE.py:NAME "
         "(docs/guides/tools.md); none: one turn",
     )
     environment_params: dict[str, Any] = Field(
@@ -297,6 +298,11 @@ class TaskConfig(_Strict):
             problems.append("rewards: the prompts task is scored by reward functions only; list at least one")
         if self.environment_params and not self.environment:
             problems.append("environment_params: given but no task.environment")
+        for i, r in enumerate(self.rewards):
+            if r.function == "env" and not self.environment:
+                problems.append(f"rewards[{i}].function: env is the environment's reward; no task.environment is set")
+        if self.environment == "code_feedback" and self.name != "code":
+            problems.append(f"environment: code_feedback runs code problems' tests; task.name is {self.name}, not code")
         if problems:
             raise _Problems("\n".join(problems))
         return self

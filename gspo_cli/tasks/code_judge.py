@@ -289,6 +289,24 @@ def _run_tests(keys: list[tuple], all_tests: bool, output_limit_bytes: int) -> l
     ]
 
 
+def run_tests_shown(
+    code: str, spec: JudgeSpec, output_limit_bytes: int = 1 << 16
+) -> list[tuple[TestVerdict, RunResult, str]]:
+    """Every test of `spec` run on `code` (in parallel, uncached), each as (verdict, the run,
+    what it returned: a stdin test's stdout, a functional test's value as JSON, or its stdout
+    when it returned none): what code_feedback shows the model."""
+    sentinel = "@@gspo-result-" + secrets.token_hex(8) + "@@"
+    program = _program(code, spec, sentinel)
+    jobs = [Job(program, t.input, spec.timeout_s, spec.memory_mb, output_limit_bytes) for t in spec.tests]
+    out = []
+    for test, res in zip(spec.tests, run_many(jobs)):
+        got, at = res.stdout, res.stdout.rfind(sentinel)
+        if test.kind == "functional" and at >= 0:
+            got = res.stdout[at + len(sentinel) :].split("\n", 1)[0]
+        out.append((_test_verdict(test, res, sentinel), res, got))
+    return out
+
+
 def _test_verdict(test: TestCase, res: RunResult, sentinel: str) -> TestVerdict:
     if _passes(test, res, sentinel):
         return TestVerdict("pass")

@@ -7,19 +7,27 @@ with `task.environment_params` as keyword arguments:
         def __init__(self, **params): ...
         def start(self, prompt: str) -> str | list[dict] | None:
             # the first messages: None keeps the task's prompt, a string replaces it, a list of
-            # {"role", "content"} messages is rendered through the chat template
+            # {"role", "content"} messages is rendered through the chat template.
+            # `start(self, prompt, problem)`: also gets the task's Problem (its tests, answer, meta)
         def step(self, turn: str) -> tuple[str | None, bool, float | None] | Observation:
             # react to one model turn (its text): (observation, done, reward); an observation
             # of None, or done, ends the rollout
+        def finish(self, turn: str | None) -> float | None:  # optional
+            # the rollout ended by a limit (max_turns, max_tool_calls, max_new_tokens,
+            # max_total_tokens), not by the environment: `turn` is the text of the model's
+            # last turn when step() did not see it, else None; returns a reward (or None)
 
 `turn` is the text of the model's last turn only. The observation goes back to the model as
-a tool message (rollout/turns.py); `reward` is kept with the rollout's turns (samples.jsonl)
-and does not enter the RL reward, which the task's rewards compute from the model's text.
+a tool message (rollout/turns.py). The rollout's environment reward is the sum of the rewards
+step() and finish() returned (None when all were None); it travels with the completion
+(`EnvCompletion.env_reward`) and reaches the RL reward through the shipped reward `env`
+(`task.rewards: [{function: env}]`, tasks/rewards.py), weighted and summed with the others.
 
 Built in: `python`, tool-integrated reasoning: the last fenced ```python block of a turn runs
 in the sandbox (tasks/sandbox.py) as a fresh process, nothing kept between calls (a variable
 defined in one call is gone in the next); its stdout comes back, or the error's last line, or
-the time-out. A turn without a block ends the rollout.
+the time-out. A turn without a block ends the rollout. `code_feedback` (tasks/code_feedback.py):
+code problems, the public tests' failures fed back, the private tests the reward.
 """
 
 from __future__ import annotations
@@ -57,6 +65,40 @@ class Observation:
     reward: float | None = None
     error: bool = False
     timeout: bool = False
+
+
+class EnvCompletion(str):
+    """A multi-turn completion (the model's turns, joined): text wherever a completion is
+    text, carrying the rollout's environment reward (`env_reward`, None when the environment
+    gave none) to the reward `env`, through training and evaluation alike."""
+
+    env_reward: float | None
+
+    def __new__(cls, text: str, env_reward: float | None = None):
+        obj = super().__new__(cls, text)
+        obj.env_reward = env_reward
+        return obj
+
+    def __reduce__(self):  # pickled with its reward (reward pools, staleness workers)
+        return (EnvCompletion, (str(self), self.env_reward))
+
+
+def env_reward(task) -> Callable[[Any, Any], list[float | None]]:
+    """The shipped reward `env` (tasks/rewards.py; `task` unused): each completion's environment
+    reward, the sum of what step() and finish() returned (None, "does not apply": none given,
+    or a completion sampled without an environment, e.g. `gspo eval --no-tools`)."""
+    return lambda problems, completions: [getattr(c, "env_reward", None) for c in completions]
+
+
+def takes_problem(env) -> bool:
+    """Whether `env.start` accepts the problem (a parameter named `problem`, or **kwargs)."""
+    import inspect
+
+    try:
+        params = inspect.signature(env.start).parameters
+    except (TypeError, ValueError):
+        return False
+    return "problem" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def as_observation(out: Any, where: str) -> Observation:
@@ -106,7 +148,13 @@ class PythonTool:
         return Observation(res.stdout + (lines[-1] if lines else f"error (exit status {res.returncode})"), error=True)
 
 
-ENVIRONMENTS: dict[str, Callable[..., Any]] = {"python": PythonTool}
+def _code_feedback(**params):
+    from gspo_cli.tasks.code_feedback import CodeFeedback
+
+    return CodeFeedback(**params)
+
+
+ENVIRONMENTS: dict[str, Callable[..., Any]] = {"python": PythonTool, "code_feedback": _code_feedback}
 
 
 def resolve_environment(name: str, params: dict | None = None) -> Callable[[], Any]:

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gspo_cli.errors import GspoError, RunError, SpecError
-from gspo_cli.tasks import reward_pool
+from gspo_cli.tasks import environments, reward_pool
 from gspo_cli.tasks.base import Conversation, Problem, Score, Task
 from gspo_cli.tasks.judge import make_judge
 from gspo_cli.tasks.math_answer import answers_match, extract_answer
@@ -59,6 +59,7 @@ def _code_tests(task: Task) -> Callable[[Sequence[Problem], Sequence[str]], list
 
 
 SHIPPED: dict[str, ShippedFactory] = {"math_accuracy": _math_accuracy, "code_tests": _code_tests}
+SHIPPED["env"] = environments.env_reward  # the task.environment's own reward
 
 
 @dataclass(frozen=True)
@@ -354,8 +355,7 @@ class Scoring:
 
 
 def _text(problem: Problem) -> str:
-    p = problem.prompt
-    return p if isinstance(p, str) else str(p)
+    return problem.prompt if isinstance(problem.prompt, str) else str(problem.prompt)
 
 
 def _arguments(problems, completions, completion_ids, step: int):

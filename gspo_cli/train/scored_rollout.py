@@ -37,8 +37,11 @@ class _AtTheEnd:
         return self.task.score_rollout(self.rows, completions, completion_ids, self.step)
 
 
-def generate_scored(engine, prompts: list, scoring):
-    """engine.generate(prompts), rows handed to `scoring.add` as they finish where it can."""
+def generate_scored(engine, prompts: list, scoring, problems: list | None = None):
+    """engine.generate(prompts), rows handed to `scoring.add` as they finish where it can;
+    a multi-turn engine (`takes_problems`) also gets the rows' problems (its environments may read them)."""
+    if getattr(engine, "takes_problems", False) and problems is not None:
+        return engine.generate(prompts, problems=problems)
     if getattr(engine, "streams_rows", False) and getattr(scoring, "wants_rows", False):
         return engine.generate(prompts, on_rows=scoring.add)
     return engine.generate(prompts)
@@ -53,7 +56,7 @@ def sample_and_score(ctx, step: int, times: dict) -> tuple[list, object, list]:
     rows = [p for p in problems for _ in range(G)]
     scoring = start_scoring(ctx.task, rows, step)
     with ctx.compute():
-        batch = generate_scored(ctx.engine, [p.prompt for p in rows], scoring)
+        batch = generate_scored(ctx.engine, [p.prompt for p in rows], scoring, rows)
     t1 = time.time()
     scores = scoring.finish(batch.completions, batch.completion_ids)
     times["time/rollout_s"] += t1 - t
