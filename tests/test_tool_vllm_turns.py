@@ -132,3 +132,32 @@ def test_tensor_parallel_groups_under_torchrun_are_refused_in_one_line():
     base.tp, base.shares_world = 2, True
     with pytest.raises(SpecError, match="^task.environment: .*tensor_parallel_size > 1 under torchrun"):
         _engine(base)
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_chat_model_ends_turns_at_its_stop_id_and_gets_the_templates_tool_message():
+    """With a chat template a round stops at the stop ids only (no backtick stops) and the
+    observation goes in the text the template writes around a tool message."""
+    from gspo_cli.models.prompts import PromptFormat
+
+    tok = _tokenizer()
+    tok.chat_template = TEMPLATE
+    eos = tok.eos_token_id
+    turn = _ids(tok, "```python\nprint(6*7)\n```") + [eos]
+    base = FakeVLLM(tok, ["Q"], [turn + _ids(tok, "%%")])
+    base.format = PromptFormat().formatter(tok)
+    base.prompt_ids = [_ids(tok, "<|user|>Q</s><|assistant|>")]
+    engine = _engine(base)
+    assert engine.round_stops == [eos] and engine.wrap == ("<|tool|>", "</s><|assistant|>")
+    batch = engine.generate(["Q"])
+    inserted = _ids(tok, "<|tool|>") + _ids(tok, "42\n") + _ids(tok, "</s><|assistant|>")
+    n = int(batch.response_mask[0].sum())
+    assert batch.response_ids[0, :n].tolist() == turn + inserted + _ids(tok, "%%") + [eos]
+    assert batch.tool_mask[0, :n].tolist() == [0] * len(turn) + [1] * len(inserted) + [0] * 3
+    assert [len(c[3]) for c in base.calls] == [len(turn), 3]  # two rounds: one per turn
+    assert [t["role"] for t in batch.turns[0]] == ["model", "tool", "model"] and not batch.truncated[0]

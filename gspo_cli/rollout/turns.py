@@ -1,4 +1,6 @@
-"""Multi-turn rollouts with tools for the hf engine (`task.environment`).
+"""Multi-turn rollouts with tools (`task.environment`): the bookkeeping every engine shares
+(TurnTaking: turns, limits, tool messages, the batch) and the hf engine's sampler
+(MultiTurnEngine); the vLLM engines' is rollout/vllm_turns.py.
 
 The model samples until its turn ends: a stop id, or (raw prompts, the built-in model's
 format) a closed ```python block. The row's environment (tasks/environments.py) reacts to the

@@ -85,10 +85,6 @@ class ExperimentSpec(_Strict):
                 "compiled graph (it breaks at the checkpoint wrapper), so compiling would cost without "
                 "paying; use one or the other"
             )
-        if self.task.environment and self.rollout.engine == "vllm-server":
-            problems.append(
-                "task.environment: multi-turn rollouts run on the hf and vllm engines only so far, not vllm-server"
-            )
         for i, arm in enumerate(self.arms):
             if self.task.environment and arm.routing_replay == "r3":
                 problems.append(f"arms[{i}].routing_replay: r3 with task.environment is not supported yet; use r2")
