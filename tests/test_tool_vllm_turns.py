@@ -161,3 +161,22 @@ def test_a_chat_model_ends_turns_at_its_stop_id_and_gets_the_templates_tool_mess
     assert batch.tool_mask[0, :n].tolist() == [0] * len(turn) + [1] * len(inserted) + [0] * 3
     assert [len(c[3]) for c in base.calls] == [len(turn), 3]  # two rounds: one per turn
     assert [t["role"] for t in batch.turns[0]] == ["model", "tool", "model"] and not batch.truncated[0]
+
+
+def test_multi_turn_batches_are_scored_whole_even_where_the_base_streams_rows():
+    """The hf engine hands finished rows to a reward pool early (`streams_rows`); a multi-turn
+    engine in front of it does not (its generate takes no on_rows), whatever its base says."""
+    from gspo_cli.train.scored_rollout import generate_scored
+
+    tok = _tokenizer()
+    base = FakeVLLM(tok, ["Q "], [_ids(tok, "7")])
+    base.streams_rows = True
+
+    class EagerScoring:
+        wants_rows = True
+
+        def add(self, rows, completions, completion_ids):
+            raise AssertionError("rows handed over early")
+
+    batch = generate_scored(_engine(base), ["Q "], EagerScoring())
+    assert batch.completions == ["7"]

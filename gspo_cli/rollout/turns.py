@@ -87,6 +87,8 @@ class TurnTaking:
     ids): each row's environment and first prompt, the end of a model turn, the tool message
     inserted after it, the limits, and the batch. Engines differ only in how they sample."""
 
+    streams_rows = False  # rows are handed over whole, never early (not the hf base's, via __getattr__)
+
     def __init__(
         self, base, make_env, *, max_new_tokens, max_total_tokens, max_turns, max_tool_calls, tool_output_tokens
     ):
