@@ -55,8 +55,8 @@ def test_an_environment_without_the_protocol_is_refused_in_one_line(tmp_path):
 
 def test_the_spec_refuses_what_multi_turn_does_not_support_yet():
     task = {**TINY["task"], "environment": "python"}
-    with pytest.raises(SpecError, match="multi-turn rollouts run on the hf engine only so far, not vllm"):
-        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "engine": "vllm"}})
+    for engine in ({"engine": "vllm"}, {"engine": "vllm-server", "server": {"url": "http://127.0.0.1:8000"}}):
+        spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], **engine}})  # rollout/vllm_turns.py
     with pytest.raises(SpecError, match="not supported with rollout.staleness: 1"):
         spec_from_dict({**TINY, "task": task, "rollout": {**TINY["rollout"], "staleness": 1}})
     with pytest.raises(SpecError, match="300 response tokens .* the built-in model's 256 positions"):

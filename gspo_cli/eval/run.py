@@ -94,8 +94,8 @@ def evaluate_model(
 
         import_vllm("--engine")  # before any model is built or loaded: a missing vLLM is the first thing to say
     tools = bool(spec and spec.task.environment and sampling.tools)
-    if tools and (sampling.engine != "hf" or sampling.top_p < 1):
-        raise SpecError("task.environment: multi-turn sampling needs --engine hf and --top-p 1 (or --no-tools)")
+    if tools and sampling.top_p < 1:
+        raise SpecError("task.environment: multi-turn sampling needs --top-p 1 (or --no-tools)")
     source, cold = target.source, None
     if source.startswith("builtin:"):  # cold-started on other data than it is scored on
         cold_task, line = cold_start_task(task, problems)
@@ -108,6 +108,8 @@ def evaluate_model(
     # Prompts and stops as in training: the run's prompt fields (defaults for a bare model).
     if sampling.engine == "vllm":  # seeded by sampling.seed
         engine = _vllm_engine(source, cfg.dtype, rollout, temperature, max_tokens, sampling, vllm_args)
+        if tools:  # the run's environment and turn limits, as in training (rollout/vllm_turns.py)
+            engine = with_environment(engine, spec)
     else:
         lm = load_model(source, cfg, training=False)  # sampling only: weights in the dtype asked for
         torch.manual_seed(sampling.seed)

@@ -1,4 +1,6 @@
-"""Multi-turn rollouts with tools for the hf engine (`task.environment`).
+"""Multi-turn rollouts with tools (`task.environment`): the bookkeeping every engine shares
+(TurnTaking: turns, limits, tool messages, the batch) and the hf engine's sampler
+(MultiTurnEngine); the vLLM engines' is rollout/vllm_turns.py.
 
 The model samples until its turn ends: a stop id, or (raw prompts, the built-in model's
 format) a closed ```python block. The row's environment (tasks/environments.py) reacts to the
@@ -73,14 +75,22 @@ class _Row:
 
 
 def with_environment(engine, spec):
-    """`engine`, or, when `spec.task.environment` names one, a MultiTurnEngine around it."""
+    """`engine`, or, when `spec.task.environment` names one, a multi-turn engine around it: the
+    hf engine's MultiTurnEngine, or the vLLM engines' VLLMTurnEngine (rollout/vllm_turns.py)."""
     name = spec.task.environment
     if not name:
         return engine
-    if not hasattr(engine, "model") or not hasattr(engine, "format") or type(engine).__name__ != "HFRolloutEngine":
-        raise SpecError("task.environment: multi-turn rollouts run on the hf engine only (rollout.engine: hf)")
+    kind = type(engine).__name__
+    if kind == "HFRolloutEngine":
+        cls = MultiTurnEngine
+    elif kind in ("VLLMRolloutEngine", "VLLMServerRolloutEngine"):
+        from gspo_cli.rollout.vllm_turns import VLLMTurnEngine
+
+        cls = VLLMTurnEngine
+    else:
+        raise SpecError(f"task.environment: multi-turn rollouts run on the hf and vLLM engines, not {kind}")
     r = spec.rollout
-    return MultiTurnEngine(
+    return cls(
         engine,
         resolve_environment(name, spec.task.environment_params),
         max_new_tokens=r.max_new_tokens,
@@ -91,17 +101,19 @@ def with_environment(engine, spec):
     )
 
 
-class MultiTurnEngine:
-    """Samples with an HFRolloutEngine's model, tokenizer, prompt format and stop ids, in turns."""
+class TurnTaking:
+    """What every multi-turn engine shares around its base engine (tokenizer, prompt format, stop
+    ids): each row's environment and first prompt, the end of a model turn, the tool message
+    inserted after it, the limits, and the batch. Engines differ only in how they sample."""
 
-    streams_rows = False  # rows come back together (not the base engine's on_rows)
+    streams_rows = False  # rows are handed over whole, never early (not the hf base's, via __getattr__)
     takes_problems = True  # generate(prompts, problems): environments may read the row's problem
 
     def __init__(
         self, base, make_env, *, max_new_tokens, max_total_tokens, max_turns, max_tool_calls, tool_output_tokens
     ):
         self.base, self.make_env = base, make_env
-        self.model, self.tokenizer = base.model, base.tokenizer
+        self.tokenizer = base.tokenizer
         self.max_new_tokens, self.max_total_tokens = max_new_tokens, max_total_tokens
         self.max_turns, self.max_tool_calls, self.tool_output_tokens = max_turns, max_tool_calls, tool_output_tokens
         self.raw = not base.format.use_template
@@ -112,9 +124,9 @@ class MultiTurnEngine:
     def __getattr__(self, name):  # everything else (sleep, top_p, ...) is the base engine's
         return getattr(self.base, name)
 
-    @torch.no_grad()
-    def generate(self, prompts: list[str], problems: list | None = None) -> RolloutBatch:
-        tok, model = self.tokenizer, self.model
+    def _start(self, prompts: list, problems: list | None) -> tuple[list[_Row], list[list[int]]]:
+        """A fresh environment per row, and the ids of each row's first prompt (the
+        environment's `start` may replace the task's, and may read the row's problem)."""
         rows = [_Row(env=self.make_env()) for _ in prompts]
         problems = problems if problems is not None else [None] * len(prompts)
         starts = [
@@ -122,26 +134,43 @@ class MultiTurnEngine:
             for r, p, q in zip(rows, prompts, problems)
         ]
         firsts = [p if s is None else Conversation(s) if isinstance(s, list) else s for p, s in zip(prompts, starts)]
-        prompt_ids = [tok(t, add_special_tokens=False).input_ids for t in self.base.format(firsts)]
-        device = next(model.parameters()).device
+        tok = self.tokenizer
+        return rows, [tok(t, add_special_tokens=False).input_ids for t in self.base.format(firsts)]
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else self.base.stop_ids[0]
+
+    @staticmethod
+    def _left_padded(prompt_ids: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         P = max(map(len, prompt_ids))
-        pad = tok.pad_token_id if tok.pad_token_id is not None else self.base.stop_ids[0]
         ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompt_ids], device=device)
         attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
-        was_training = model.training
-        model.eval()
-        routing = getattr(self.base, "routing", None) if self.sampler_logprobs else None
-        try:  # R3: the routes of every forward, tool tokens' included (each forward feeds every row one position)
-            with routing.recording_steps() if routing is not None else contextlib.nullcontext() as steps:
-                self._decode(rows, ids, attn, pad)
-        finally:
-            model.train(was_training)
-        self._finish(rows)
-        batch = self._batch(rows, ids, attn, pad)
-        if steps is not None:
-            B, T = batch.input_ids.shape
-            batch.engine_routes = routes_from_generate(steps, B, P, T)
-        return batch
+        return ids, attn
+
+    def _after_token(self, r: _Row, ev: list[str]) -> bool:
+        """The limits after token `r.ids[-1]` (`ev`: what it ended, `_turn_end`); True when the
+        row's environment must now answer its turn."""
+        if r.model_tokens >= self.max_new_tokens or len(r.ids) >= self.max_total_tokens:
+            r.done, r.truncated = True, ev != ["stop"]  # a stop on the last token allowed ends it
+            r.forced.clear()
+            self._close_turn(r)
+        elif ev:
+            self._close_turn(r)
+            c = r.counts
+            if c["turns"] >= self.max_turns or c["tool_calls"] >= self.max_tool_calls:
+                r.done, r.truncated = True, ev == ["call"]  # no more turns: a call left unanswered
+            else:
+                return True
+        return False
+
+    def _answer(self, rows: list[_Row], ended: list[int], pool) -> None:
+        """The environments of rows `ended` react to their last turns (in `pool`, several at once)."""
+        texts = [rows[i].turns[-1]["content"] for i in ended]
+        for i in ended:
+            rows[i].stepped = rows[i].counts["turns"]
+        for i, obs in zip(ended, pool.map(_react, [rows[i].env for i in ended], texts)):
+            self._after_turn(rows[i], obs)
 
     def _finish(self, rows: list[_Row]) -> None:
         """finish(turn) of the environments of rows a limit ended (those that define it)."""
@@ -154,6 +183,106 @@ class MultiTurnEngine:
             got = list(pool.map(lambda r, t: _call(r.env.finish, t), ended, unseen))
         for r, v in zip(ended, got):
             _add_reward(r, _reward(v))
+
+    def _text(self, r: _Row) -> str:
+        return self.tokenizer.decode(r.ids[r.turn_start :], skip_special_tokens=True)
+
+    def _turn_end(self, r: _Row, t: int, stops: set) -> list[str]:
+        """["stop"] or ["call"] when token `t` ended the model's turn, else []."""
+        if t in stops:
+            return ["stop"]
+        if self.raw and "`" in self.tokenizer.decode([t]) and PY_BLOCK.search(self._text(r)):
+            return ["call"]
+        return []
+
+    def _close_turn(self, r: _Row) -> None:
+        """Record the model's turn in progress (if any) as a finished one."""
+        if len(r.ids) > r.turn_start and not r.tool[-1]:
+            r.turns.append({"role": "model", "content": self._text(r)})
+            r.counts["turns"] += 1
+            r.turn_start = len(r.ids)
+
+    def _after_turn(self, r: _Row, obs: Observation) -> None:
+        """The environment's answer to the turn `r` just closed: the tool message queued, or the row done."""
+        _add_reward(r, None if obs is None else obs.reward)
+        if obs is None or obs.done or obs.text is None:
+            r.done, r.truncated, r.env_ended = True, False, True
+            return
+        c = r.counts
+        c["tool_calls"] += 1
+        c["tool_errors"] += int(obs.error)
+        c["tool_timeouts"] += int(obs.timeout)
+        end = "\n" if self.raw else ""  # the fixed wrapper closes on a line of its own
+        body = self.tokenizer(obs.text, add_special_tokens=False).input_ids
+        if len(body) > self.tool_output_tokens:
+            note = f"\n[output cut at {self.tool_output_tokens} tokens]{end}"
+            body = body[: self.tool_output_tokens] + self.tokenizer(note, add_special_tokens=False).input_ids
+        elif end and not obs.text.endswith(end):
+            body += self.tokenizer(end, add_special_tokens=False).input_ids
+        insert = self.wrap_ids[0] + body + self.wrap_ids[1]
+        r.turns.append({"role": "tool", "content": self.tokenizer.decode(body, skip_special_tokens=False)})
+        r.forced.extend(insert[: max(0, self.max_total_tokens - len(r.ids))])
+        if not r.forced:
+            r.done = r.truncated = True
+
+    def _batch(self, rows: list[_Row], ids, attn, pad: int, *, logprobs: bool, entropy: bool) -> RolloutBatch:
+        """The batch of finished `rows` after their prompts `ids` (left-padded, `attn`): the
+        sampler's log-probs (0 on tool tokens) and entropies where asked for."""
+        C = max(len(r.ids) for r in rows)
+        dev = ids.device
+
+        def grid(vals, fill):
+            return [v + [fill] * (C - len(v)) for v in vals]
+
+        resp = torch.tensor(grid([r.ids for r in rows], pad), device=dev)
+        real = torch.tensor(grid([[1] * len(r.ids) for r in rows], 0), device=dev)
+        batch = RolloutBatch(
+            input_ids=torch.cat([ids, resp], 1),
+            attention_mask=torch.cat([attn, real], 1),
+            response_mask=real.float(),
+            prompt_len=ids.shape[1],
+            completions=[
+                EnvCompletion("\n".join(t["content"] for t in r.turns if t["role"] == "model"), r.reward) for r in rows
+            ],
+            truncated=torch.tensor([r.truncated for r in rows]),
+            tool_mask=torch.tensor(grid([r.tool for r in rows], 0), device=dev).float(),
+            turns=[r.turns for r in rows],
+            tool_counts=[r.counts for r in rows],
+        )
+        if logprobs:
+            batch.engine_logp = torch.tensor(grid([r.logp for r in rows], 0.0), device=dev)
+        if entropy:
+            batch.engine_entropy = torch.tensor(grid([r.entropy for r in rows], 0.0), device=dev)
+        return batch
+
+
+class MultiTurnEngine(TurnTaking):
+    """Samples with an HFRolloutEngine's model, tokenizer, prompt format and stop ids, in turns."""
+
+    def __init__(self, base, make_env, **limits):
+        super().__init__(base, make_env, **limits)
+        self.model = base.model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], problems: list | None = None) -> RolloutBatch:
+        model = self.model
+        rows, prompt_ids = self._start(prompts, problems)
+        pad = self._pad_id()
+        ids, attn = self._left_padded(prompt_ids, pad, next(model.parameters()).device)
+        was_training = model.training
+        model.eval()
+        routing = getattr(self.base, "routing", None) if self.sampler_logprobs else None
+        try:  # R3: the routes of every forward, tool tokens' included (each forward feeds every row one position)
+            with routing.recording_steps() if routing is not None else contextlib.nullcontext() as steps:
+                self._decode(rows, ids, attn, pad)
+        finally:
+            model.train(was_training)
+        self._finish(rows)
+        batch = self._batch(rows, ids, attn, pad, logprobs=self.sampler_logprobs, entropy=self.sampler_logprobs)
+        if steps is not None:
+            B, T = batch.input_ids.shape
+            batch.engine_routes = routes_from_generate(steps, B, ids.shape[1], T)
+        return batch
 
     def _decode(self, rows: list[_Row], ids, attn, pad: int) -> None:
         model, temp, stops = self.model, self.base.temperature, set(self.base.stop_ids)
@@ -197,22 +326,9 @@ class MultiTurnEngine:
                         r.model_tokens += 1
                         ev = self._turn_end(r, t, stops)
                     col.append(t), real.append(1)
-                    if r.model_tokens >= self.max_new_tokens or len(r.ids) >= self.max_total_tokens:
-                        r.done, r.truncated = True, ev != ["stop"]  # a stop on the last token allowed ends it
-                        r.forced.clear()
-                        self._close_turn(r)
-                    elif ev:
-                        self._close_turn(r)
-                        c = r.counts
-                        if c["turns"] >= self.max_turns or c["tool_calls"] >= self.max_tool_calls:
-                            r.done, r.truncated = True, ev == ["call"]  # no more turns: a call left unanswered
-                        else:
-                            ended.append(i)
-                texts = [r.turns[-1]["content"] for r in (rows[i] for i in ended)]
-                for i in ended:
-                    rows[i].stepped = rows[i].counts["turns"]
-                for i, obs in zip(ended, pool.map(_react, [rows[i].env for i in ended], texts)):
-                    self._after_turn(rows[i], obs)
+                    if self._after_token(r, ev):
+                        ended.append(i)
+                self._answer(rows, ended, pool)
                 if all(r.done for r in rows):
                     return
                 dev = ids.device
@@ -221,74 +337,6 @@ class MultiTurnEngine:
                 mask = torch.cat([mask, real_t.unsqueeze(1).to(mask.dtype)], 1)
                 pos = next_pos.unsqueeze(1).clone()
                 next_pos = next_pos + real_t
-
-    def _text(self, r: _Row) -> str:
-        return self.tokenizer.decode(r.ids[r.turn_start :], skip_special_tokens=True)
-
-    def _turn_end(self, r: _Row, t: int, stops: set) -> list[str]:
-        """["stop"] or ["call"] when token `t` ended the model's turn, else []."""
-        if t in stops:
-            return ["stop"]
-        if self.raw and "`" in self.tokenizer.decode([t]) and PY_BLOCK.search(self._text(r)):
-            return ["call"]
-        return []
-
-    def _close_turn(self, r: _Row) -> None:
-        """Record the model's turn in progress (if any) as a finished one."""
-        if len(r.ids) > r.turn_start and not r.tool[-1]:
-            r.turns.append({"role": "model", "content": self._text(r)})
-            r.counts["turns"] += 1
-            r.turn_start = len(r.ids)
-
-    def _after_turn(self, r: _Row, obs: Observation) -> None:
-        """The environment's answer to the turn `r` just closed: the tool message queued, or the row done."""
-        _add_reward(r, None if obs is None else obs.reward)
-        if obs is None or obs.done or obs.text is None:
-            r.done, r.truncated, r.env_ended = True, False, True
-            return
-        c = r.counts
-        c["tool_calls"] += 1
-        c["tool_errors"] += int(obs.error)
-        c["tool_timeouts"] += int(obs.timeout)
-        end = "\n" if self.raw else ""  # the fixed wrapper closes on a line of its own
-        body = self.tokenizer(obs.text, add_special_tokens=False).input_ids
-        if len(body) > self.tool_output_tokens:
-            note = f"\n[output cut at {self.tool_output_tokens} tokens]{end}"
-            body = body[: self.tool_output_tokens] + self.tokenizer(note, add_special_tokens=False).input_ids
-        elif end and not obs.text.endswith(end):
-            body += self.tokenizer(end, add_special_tokens=False).input_ids
-        insert = self.wrap_ids[0] + body + self.wrap_ids[1]
-        r.turns.append({"role": "tool", "content": self.tokenizer.decode(body, skip_special_tokens=False)})
-        r.forced.extend(insert[: max(0, self.max_total_tokens - len(r.ids))])
-        if not r.forced:
-            r.done = r.truncated = True
-
-    def _batch(self, rows: list[_Row], ids, attn, pad: int) -> RolloutBatch:
-        C = max(len(r.ids) for r in rows)
-        dev = ids.device
-
-        def grid(vals, fill):
-            return [v + [fill] * (C - len(v)) for v in vals]
-
-        resp = torch.tensor(grid([r.ids for r in rows], pad), device=dev)
-        real = torch.tensor(grid([[1] * len(r.ids) for r in rows], 0), device=dev)
-        batch = RolloutBatch(
-            input_ids=torch.cat([ids, resp], 1),
-            attention_mask=torch.cat([attn, real], 1),
-            response_mask=real.float(),
-            prompt_len=ids.shape[1],
-            completions=[
-                EnvCompletion("\n".join(t["content"] for t in r.turns if t["role"] == "model"), r.reward) for r in rows
-            ],
-            truncated=torch.tensor([r.truncated for r in rows]),
-            tool_mask=torch.tensor(grid([r.tool for r in rows], 0), device=dev).float(),
-            turns=[r.turns for r in rows],
-            tool_counts=[r.counts for r in rows],
-        )
-        if self.sampler_logprobs:  # the base engine's, unless evaluation turned it off here
-            batch.engine_logp = torch.tensor(grid([r.logp for r in rows], 0.0), device=dev)
-            batch.engine_entropy = torch.tensor(grid([r.entropy for r in rows], 0.0), device=dev)
-        return batch
 
 
 def _add_reward(r: _Row, value: float | None) -> None:

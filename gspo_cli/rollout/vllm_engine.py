@@ -214,31 +214,12 @@ class VLLMRolloutEngine:
         """One sample per prompt. `temperature` overrides the engine's (0: greedy). A prompt is text
         or a conversation (`tasks.base.Conversation`): the engine gets the token ids of the same
         rendering as the hf engine's (`self.format`), and the batch holds exactly those ids."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self.sync_if_stale()
         tok = self.tokenizer
         prompt_ids = tok(self.format(prompts), add_special_tokens=False).input_ids
-        params = SamplingParams(
-            n=1,
-            temperature=self.temperature if temperature is None else temperature,
-            top_p=self.top_p,
-            top_k=0,
-            min_p=0.0,
-            repetition_penalty=1.0,
-            presence_penalty=0.0,
-            frequency_penalty=0.0,
-            max_tokens=self.max_new_tokens,
-            stop_token_ids=self.stop_ids,
-            logprobs=0,
-            detokenize=False,
-            min_tokens=0,
-            ignore_eos=False,
-            bad_words=None,
-            allowed_token_ids=None,
-            logit_bias=None,
-        )
+        params = self._params(self.temperature if temperature is None else temperature, self.max_new_tokens)
         # A tensor-parallel group runs in lock step on the same prompts: it samples all of its
         # members' prompts at once (in rank order, as one process would) and each keeps its rows.
         mine = slice(0, len(prompt_ids))
@@ -260,6 +241,43 @@ class VLLMRolloutEngine:
             moe_layers=self.moe_layers,
             num_experts=self.num_experts,
         )
+
+    def _params(self, temperature: float, max_tokens: int, stop_ids: list[int] | None = None):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=temperature,
+            top_p=self.top_p,
+            top_k=0,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            max_tokens=max_tokens,
+            stop_token_ids=self.stop_ids if stop_ids is None else stop_ids,
+            logprobs=0,
+            detokenize=False,
+            min_tokens=0,
+            ignore_eos=False,
+            bad_words=None,
+            allowed_token_ids=None,
+            logit_bias=None,
+        )
+
+    def sample_ids(
+        self, prompt_ids: list[list[int]], max_tokens: list[int], stop_ids: list[int], key: int = 0
+    ) -> list[tuple[list[int], list[float]]]:
+        """One continuation per row of token ids, at most `max_tokens[i]` tokens, up to and
+        including the first of `stop_ids`: (its token ids, each one's log-prob), exactly as the
+        engine sampled them (multi-turn rollouts, rollout/vllm_turns.py; the caller syncs the
+        weights first). `key` is unused here (the engine's seed makes runs repeatable)."""
+        from vllm.inputs import TokensPrompt
+
+        params = [self._params(self.temperature, m, stop_ids) for m in max_tokens]
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [_ids_and_logprobs(o.outputs[0]) for o in outs]
 
     @property
     def samples_with_rank0(self) -> bool:
@@ -374,6 +392,11 @@ def _to_batch(
         engine_logp=logp.to(device),
         engine_routes=routes,
     )
+
+
+def _ids_and_logprobs(completion) -> tuple[list[int], list[float]]:
+    ids = list(completion.token_ids)
+    return ids, [completion.logprobs[j][t].logprob for j, t in enumerate(ids)]
 
 
 def _group_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], slice]:

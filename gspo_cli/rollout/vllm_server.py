@@ -256,9 +256,7 @@ class VLLMServerRolloutEngine:
         # worker, seeded by step) repeats exactly.
         base = int(torch.randint(0, 2**31 - 1, ()))
         bodies = [self._request(ids, temp, (base, row)) for row, ids in enumerate(prompt_ids)]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(bodies)))) as pool:
-            answers = list(pool.map(lambda b: self.client.call("/inference/v1/generate", b), bodies))
-        completions = [_Completion.from_answer(a) for a in answers]
+        completions = [_Completion.from_answer(a) for a in self._post_all(bodies)]
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
         return _to_batch(
             prompt_ids,
@@ -271,7 +269,31 @@ class VLLMServerRolloutEngine:
             num_experts=self.num_experts,
         )
 
-    def _request(self, ids: list[int], temperature: float, key: tuple) -> dict:
+    def sample_ids(
+        self, prompt_ids: list[list[int]], max_tokens: list[int], stop_ids: list[int], key: int = 0
+    ) -> list[tuple[list[int], list[float]]]:
+        """One continuation per row of token ids, at most `max_tokens[i]` tokens, up to and
+        including the first of `stop_ids`: (its token ids, each one's log-prob), as the server
+        sampled them (multi-turn rollouts, rollout/vllm_turns.py; the caller syncs the weights
+        first). Row i's seed is drawn as `generate` draws it, from (`key`, i)."""
+        base = int(torch.randint(0, 2**31 - 1, ()))
+        bodies = [
+            self._request(ids, self.temperature, (base, key, row), max_tokens=m, stop_ids=stop_ids)
+            for row, (ids, m) in enumerate(zip(prompt_ids, max_tokens))
+        ]
+        answers = self._post_all(bodies)
+        return [
+            (c.token_ids, [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+            for c in map(_Completion.from_answer, answers)
+        ]
+
+    def _post_all(self, bodies: list[dict]) -> list[dict]:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(bodies)))) as pool:
+            return list(pool.map(lambda b: self.client.call("/inference/v1/generate", b), bodies))
+
+    def _request(
+        self, ids: list[int], temperature: float, key: tuple, max_tokens: int | None = None, stop_ids=None
+    ) -> dict:
         return {
             "token_ids": ids,
             "sampling_params": {
@@ -283,9 +305,9 @@ class VLLMServerRolloutEngine:
                 "repetition_penalty": 1.0,
                 "presence_penalty": 0.0,
                 "frequency_penalty": 0.0,
-                "max_tokens": self.max_new_tokens,
+                "max_tokens": self.max_new_tokens if max_tokens is None else max_tokens,
                 "min_tokens": 0,
-                "stop_token_ids": self.stop_ids,
+                "stop_token_ids": self.stop_ids if stop_ids is None else stop_ids,
                 "ignore_eos": False,
                 "logprobs": 0,
                 "detokenize": False,

@@ -85,10 +85,12 @@ class ExperimentSpec(_Strict):
                 "compiled graph (it breaks at the checkpoint wrapper), so compiling would cost without "
                 "paying; use one or the other"
             )
-        if self.task.environment and self.rollout.engine != "hf":
-            problems.append(
-                f"task.environment: multi-turn rollouts run on the hf engine only so far, not {self.rollout.engine}"
-            )
+        for i, arm in enumerate(self.arms):
+            if self.task.environment and arm.routing_replay == "r3" and self.rollout.engine != "hf":
+                problems.append(
+                    f"arms[{i}].routing_replay: r3 with task.environment needs the hf engine's routes "
+                    f"(multi-turn {self.rollout.engine} rollouts record none); use r2 or rollout.engine: hf"
+                )
         positions = self.model.builtin.max_positions
         if self.task.environment and self.model.name.startswith("builtin:") and self.rollout.total_tokens >= positions:
             problems.append(
