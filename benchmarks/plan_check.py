@@ -183,7 +183,7 @@ def worker(spec_file: str) -> None:
         ctx = step.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
     ctx.engine.generate = meter.wrap("rollout", ctx.engine.generate)
     step.old_policy = meter.wrap("pi_old", step.old_policy)  # as step.py imported it
-    step._update = meter.wrap("update", step._update)
+    step.update = meter.wrap("update", step.update)
     prompt_len = 0
     generate = ctx.engine.generate
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gspo_cli.plan import lora as plan_lora
+from gspo_cli.plan.cpu_process import add_cpu_process_terms
 from gspo_cli.plan.micro import forward_rows
 from gspo_cli.plan.reward_models import add_reward_models
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
@@ -439,6 +440,10 @@ def plan_memory(
 
     for phase in phases:
         phase.resident = frozenset(name for name, _ in resident)
+    if kind == "cpu" and not before:  # a CPU process's memory beyond its tensors (plan/cpu_process.py)
+        held = c if lora else FP32
+        kw = dict(held=held, compute=c, converted=ck != held, ck=ck, fsdp=fsdp, update_rows=wl.update_rows)
+        add_cpu_process_terms(phases, shape, **kw, tokens=wl.tokens, procs=procs_on_node)
     notes += add_reward_models(phases, spec, kind, procs_on_node)  # task.rewards[].model: their weights
     if spec.train.gradient_checkpointing is False and shape.layers > 8:
         notes.append("train.gradient_checkpointing is off: the update keeps every layer's activations")
