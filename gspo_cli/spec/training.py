@@ -106,6 +106,13 @@ class TrainConfig(_Strict):
     micro_batch_rows: int | None = Field(
         None, ge=1, description="per process: at most this many rows per micro-batch (see micro_batch_tokens)"
     )
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="padding-free forwards: each micro-batch's rows concatenated into one row with per-row "
+        "positions (transformers' packed-sequence path), log-probs and routes unpacked per row. auto: only "
+        "where measured faster than padding (not on CPU: benchmarks/README.md); on: wherever the attention "
+        "can; where it cannot, or with compile, padding, said in the run's setup line",
+    )
 
     @model_validator(mode="after")
     def _compile_whole_batches(self):
