@@ -7,10 +7,14 @@ attention cannot pack, padding, said in one setup line."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers import TINY
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
@@ -278,3 +282,55 @@ def test_a_bad_packing_value_is_one_line():
     with pytest.raises(SpecError) as info:
         spec_from_dict({**TINY, "train": {"packing": "yes"}})
     assert "packing" in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def _dist_update(tmp_path, world: int, train: dict):
+    """tests/dist/update_check.py's update (16 fixed rows, rank 0's responses shorter, pi_old
+    perturbed, router loss on) in `world` processes (DDP) with these `train` fields."""
+    task = make_task("arithmetic", TINY["task"]["params"])
+    source = resolve_model_source(ModelConfig(**TINY["model"]), task, log=lambda m: None)
+    raw = {
+        **TINY,
+        "output_dir": str(tmp_path / "out"),
+        "train": {"steps": 1, **train},
+        "model": {**TINY["model"], "router_aux_loss_coef": 0.5},
+        "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
+        "arms": [{"name": "a", "preset": "paper-grpo", "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2}],
+    }
+    name = f"{world}-" + "-".join(f"{k}{v}" for k, v in train.items())
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    out = tmp_path / f"{name}.pt"
+    script = str(Path(__file__).parent / "dist/update_check.py")
+    cmd = ([sys.executable] if world == 1 else TORCHRUN) + [script, str(spec), source, str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", ["on", "off"])
+def test_two_ddp_processes_packed_or_padded_update_like_one_padded(tmp_path, packing):
+    """2 gloo processes (DDP) in uneven micro-batches of 30 tokens (rank 0: 4, rank 1: 8),
+    packed or padded: the gradient and metrics (router loss included) of one process's unsplit,
+    padded update of the same 16 rows."""
+    one = _dist_update(tmp_path, 1, {"packing": "off"})
+    two = _dist_update(tmp_path, 2, {"packing": packing, "micro_batch_tokens": 30})
+    assert not one["packed"] and two["packed"] == (packing == "on")
+    assert two["metrics"]["perf/micro_batches"] == 6.0
+    a, b = one["grads"], two["grads"]
+    assert set(a) == set(b) and len(a) > 10
+    scale = max(g.abs().max().item() for g in a.values())
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert 0 < scale and diff <= 1e-5 * scale, (diff, scale)
+    m1, m2 = one["metrics"], two["metrics"]
+    assert 0 < m1["policy/clip_frac_token"] < 1 and m1["moe/aux_loss"] > 0
+    keys = {k for k in m1 if not k.startswith(("time/", "perf/"))}
+    assert keys == {k for k in m2 if not k.startswith(("time/", "perf/"))}
+    for key in keys:
+        assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
