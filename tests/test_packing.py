@@ -260,8 +260,13 @@ def test_the_batch_wide_forward_packed_records_the_padded_routes(bench):
 def test_the_setup_line_says_which_path_runs_and_falls_back_in_one_line():
     model = _qwen3_moe("sdpa")
     assert resolve_packing("off", model, "cpu", False) == (False, "forwards: padded rows (train.packing: off)")
-    packed, line = resolve_packing("auto", model, "cpu", False)  # not measured faster on CPU
-    assert not packed and "sdpa attention on cpu packs, but was not measured faster" in line
+    packed, line = resolve_packing("auto", model, "cpu", False)  # mixed on CPU: benchmarks/README.md
+    assert not packed and line == (
+        "forwards: padded rows (train.packing: auto; sdpa attention on cpu packs, but was not measured "
+        "faster there: benchmarks/README.md)"
+    )
+    eager = _qwen3_moe("eager")
+    assert not resolve_packing("auto", eager, "cuda", False)[0] and resolve_packing("on", eager, "cuda", False)[0]
     assert resolve_packing("on", model, "cpu", False) == (
         True,
         "forwards: packed rows, padding-free (sdpa attention on cpu, train.packing: on)",

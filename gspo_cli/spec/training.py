@@ -110,8 +110,8 @@ class TrainConfig(_Strict):
         "auto",
         description="padding-free forwards: each micro-batch's rows concatenated into one row with per-row "
         "positions (transformers' packed-sequence path), log-probs and routes unpacked per row. auto: only "
-        "where measured faster than padding (not on CPU: benchmarks/README.md); on: wherever the attention "
-        "can; where it cannot, or with compile, padding, said in the run's setup line",
+        "where measured faster than padding (nowhere yet: mixed on CPU, no GPU measured; benchmarks/README.md); "
+        "on: wherever the attention can; where it cannot, or with compile, padding, said in the run's setup line",
     )
 
     @model_validator(mode="after")
