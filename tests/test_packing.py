@@ -283,7 +283,9 @@ def test_the_setup_line_says_which_path_runs_and_falls_back_in_one_line():
     assert not packed and "has no packed-sequence path" in line and "\n" not in line
 
 
-def test_a_bad_packing_value_is_one_line():
+def test_bare_yaml_on_and_off_are_taken_as_meant_and_a_bad_value_is_one_line():
+    for text, want in (("on", "on"), ("off", "off"), ("auto", "auto")):
+        assert spec_from_dict({**TINY, "train": yaml.safe_load(f"packing: {text}")}).train.packing == want
     with pytest.raises(SpecError) as info:
         spec_from_dict({**TINY, "train": {"packing": "yes"}})
     assert "packing" in str(info.value) and len(str(info.value).splitlines()) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.spec.base import _Strict
 
@@ -113,6 +113,12 @@ class TrainConfig(_Strict):
         "where measured faster than padding (nowhere yet: mixed on CPU, no GPU measured; benchmarks/README.md); "
         "on: wherever the attention can; where it cannot, or with compile, padding, said in the run's setup line",
     )
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value):
+        """YAML 1.1 reads a bare `on` / `off` as true / false: take them as meant."""
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _compile_whole_batches(self):
