@@ -341,3 +341,28 @@ def test_two_ddp_processes_packed_or_padded_update_like_one_padded(tmp_path, pac
     assert keys == {k for k in m2 if not k.startswith(("time/", "perf/"))}
     for key in keys:
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_lora_wrapped_model_packs_and_gives_the_padded_gradient():
+    """PEFT wraps the transformers model (model.lora): it is still found, packs, and the adapters'
+    gradient is the padded one."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_qwen3_moe("sdpa"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)  # PEFT starts B at 0: give the adapters a gradient path both ways
+    assert resolve_packing("on", model, "cpu", False)[0]
+    batch = _batch([5, 2, 3], [8, 1, 4])
+    out = []
+    for packed in (False, True):
+        model.zero_grad(set_to_none=True)
+        logp = response_logprobs(model, batch, 1.0, packed=packed).logp
+        (logp * batch.response_mask).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        out.append((logp.detach(), grads))
+    m = batch.response_mask > 0
+    (pad, pad_g), (pack, pack_g) = out
+    assert torch.allclose(pack[m], pad[m], atol=1e-5) and float(pad_g.norm()) > 0
+    assert float((pack_g - pad_g).norm() / pad_g.norm()) < 1e-5
