@@ -56,6 +56,7 @@ class WorkerArgs:
     seed: int
     threads: int  # torch threads of the worker process
     micro_batch: tuple = (None, None)  # train.micro_batch_tokens, micro_batch_rows: its full forwards
+    packed: bool = False  # train.packing as the trainer resolved it: its full forwards packed
 
 
 class AsyncSampler:
@@ -251,6 +252,7 @@ class _WorkerSampler:
         self.temperature = args.rollout_cfg.temperature
         self.seed = args.seed
         self.micro_batch = args.micro_batch
+        self.packed = args.packed
         self.compute = lambda: compute_context(args.model_cfg.dtype, args.model_cfg.device)
 
     @torch.no_grad()
@@ -258,7 +260,9 @@ class _WorkerSampler:
         from gspo_cli.rollout.micro_batches import forward_logprobs
 
         def forward(**kw):  # one full forward of these weights, in micro-batches (train.micro_batch_*)
-            return forward_logprobs(self.model, batch, self.temperature, *self.micro_batch, routing=self.routing, **kw)
+            return forward_logprobs(
+                self.model, batch, self.temperature, *self.micro_batch, routing=self.routing, packed=self.packed, **kw
+            )
 
         for name, t in self.model.state_dict().items():
             t.copy_(shared[name])

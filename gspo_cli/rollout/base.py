@@ -147,7 +147,12 @@ LOGITS_CHUNK_BYTES = 1 << 26
 
 
 def response_logprobs(
-    model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False, chunk_bytes: int | None = None
+    model,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_bytes: int | None = None,
+    packed: bool = False,
 ) -> LogProbs:
     """Log-probabilities (and entropy) of the response tokens under `model`.
 
@@ -158,9 +163,14 @@ def response_logprobs(
     token's log-prob (and the entropy) and, when gradients are on, recomputed in the backward
     pass (activation checkpointing per chunk), so neither forward nor backward holds more
     than one chunk's logits. Values equal a whole-batch log-softmax (float rounding).
+
+    `packed` (train.packing, rollout/packing.py): the rows run as one padding-free row; the
+    results come back in the (B, C) layout (0 at padding), router logits as (B*T, E) per layer.
     """
     head = _output_head(model)
     P = batch.prompt_len
+    if packed:
+        return _logprobs_packed(model, head, batch, temperature, with_entropy, chunk_bytes)
     if head is None:  # a head we cannot wrap (or logits post-processed after it): the whole batch
         return _logprobs_whole(model, batch, temperature, with_entropy)
     ids_BC = batch.response_ids
@@ -230,6 +240,46 @@ def _token_logprobs(head_fn, h_NH, ids_N, temperature, with_entropy):
     if not with_entropy:
         return (logp_N,)
     return logp_N, -(logprobs_NV.exp() * logprobs_NV).sum(-1)
+
+
+def _logprobs_packed(model, head, batch: RolloutBatch, temperature, with_entropy, chunk_bytes) -> LogProbs:
+    """`response_logprobs` of the rows packed into one (rollout/packing.py): the head runs on
+    the hidden states that predict a real response token (M of them), in chunks as above."""
+    from gspo_cli.rollout.packing import Packing
+
+    packing = Packing.of(batch)
+    P = batch.prompt_len
+    keep = packing.keep_BT
+    predicts_BC = keep[:, P - 1 : -1] & keep[:, P:]  # a real response token and a real predictor
+    src_M = packing.index_BT()[:, P - 1 : -1][predicts_BC]
+    ids_M = batch.response_ids[predicts_BC]
+    k = 2 if with_entropy else 1
+    if head is None:
+        out = model(**packing.inputs(batch), use_cache=False)
+        res_Mk = torch.stack(_token_logprobs(lambda h: h, out.logits[0, src_M], ids_M, temperature, with_entropy), -1)
+    else:
+        rows = max(1, (chunk_bytes or LOGITS_CHUNK_BYTES) // (4 * head.out_features))
+        plain_forward = head.forward
+
+        def reduced_head(hidden_1NH: torch.Tensor) -> torch.Tensor:  # (1, M, k) for the logits
+            h_1MH = hidden_1NH[:, src_M.to(hidden_1NH.device)]
+            ids = ids_M.to(hidden_1NH.device)[None]
+            return torch.stack(_chunked_token_logprobs(plain_forward, h_1MH, ids, temperature, with_entropy, rows), -1)
+
+        head.forward = reduced_head
+        try:
+            out = model(**packing.inputs(batch), use_cache=False)
+        finally:
+            del head.forward
+        res_Mk = out.logits[0]
+    res_BCk = res_Mk.new_zeros(*predicts_BC.shape, k).index_put((predicts_BC.to(res_Mk.device),), res_Mk)
+    router = getattr(out, "router_logits", None)
+    return LogProbs(
+        logp=res_BCk[..., 0],
+        entropy=res_BCk[..., 1] if with_entropy else None,
+        aux_loss=getattr(out, "aux_loss", None),
+        router_logits=None if router is None else tuple(packing.rows_out(r) for r in router),
+    )
 
 
 def _logprobs_whole(model, batch: RolloutBatch, temperature: float, with_entropy: bool) -> LogProbs:

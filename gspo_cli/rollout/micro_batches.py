@@ -101,6 +101,7 @@ def forward_logprobs(
     with_entropy: bool = False,
     replay_BT=None,
     record: bool = False,
+    packed: bool = False,
 ):
     """(LogProbs, routes (L, B, T, k) or None) of a no-grad forward of `model` over `batch` in
     micro-batches of at most `max_tokens` tokens and `max_rows` rows (one forward without a
@@ -109,9 +110,11 @@ def forward_logprobs(
     torch.no_grad() and the compute context. Each micro-batch is trimmed to its own rows'
     columns, so a row's outputs are those of one forward of the whole batch; recorded routes at
     columns a micro-batch trimmed (that row's padding, which no loss reads and no real token
-    attends to) are experts 0..k-1."""
+    attends to) are experts 0..k-1. `packed`: each micro-batch runs as one padding-free row
+    (rollout/packing.py), the same outputs (padding columns' routes: experts 0..k-1 too)."""
     from gspo_cli.models.routing import routes_from_BT, routes_to_BT
     from gspo_cli.rollout.base import LogProbs, response_logprobs
+    from gspo_cli.rollout.packing import Packing
 
     B, T = batch.input_ids.shape
     if max_tokens is None and max_rows is None:
@@ -125,14 +128,17 @@ def forward_logprobs(
         single = len(parts) == 1  # the whole batch in one forward, untrimmed, as without a budget
         sub, lo, c = (batch, 0, batch.response_mask.shape[1]) if single else batch.rows(rows, False).trimmed()
         hi = batch.prompt_len + c
+        packing = Packing.of(sub) if packed else None
         if replay_BT is not None:
-            around = routing.replaying(routes_from_BT(replay_BT[:, rows, lo:hi]))
+            mb_BT = replay_BT if single else replay_BT[:, rows, lo:hi]
+            around = routing.replaying(packing.routes_in(mb_BT) if packed else routes_from_BT(mb_BT))
         else:
             around = routing.recording() if record else contextlib.nullcontext()
         with around as rec:
-            out = response_logprobs(model, sub, temperature, with_entropy=with_entropy)
+            out = response_logprobs(model, sub, temperature, with_entropy=with_entropy, packed=packed)
+        recorded = (packing.routes_out(rec.routes) if packed else rec.routes) if record else None
         if single:
-            return out, routes_to_BT(rec.routes, B, T) if record else None
+            return out, routes_to_BT(recorded, B, T) if record else None
         if j >= n_real:
             continue
         if logp_BC is None:
@@ -142,7 +148,7 @@ def forward_logprobs(
         if with_entropy:
             entropy_BC[rows.to(logp_BC.device), :c] = out.entropy[:, :c]
         if record:
-            mb = routes_to_BT(rec.routes, len(rows), hi - lo)
+            mb = routes_to_BT(recorded, len(rows), hi - lo)
             if routes_BT is None:
                 L, k = mb.shape[0], mb.shape[-1]
                 routes_BT = torch.arange(k, dtype=mb.dtype, device=mb.device).expand(L, B, T, k).clone()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.spec.base import _Strict
 
@@ -106,6 +106,19 @@ class TrainConfig(_Strict):
     micro_batch_rows: int | None = Field(
         None, ge=1, description="per process: at most this many rows per micro-batch (see micro_batch_tokens)"
     )
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="padding-free forwards: each micro-batch's rows concatenated into one row with per-row "
+        "positions (transformers' packed-sequence path), log-probs and routes unpacked per row. auto: only "
+        "where measured faster than padding (nowhere yet: mixed on CPU, no GPU measured; benchmarks/README.md); "
+        "on: wherever the attention can; where it cannot, or with compile, padding, said in the run's setup line",
+    )
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value):
+        """YAML 1.1 reads a bare `on` / `off` as true / false: take them as meant."""
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _compile_whole_batches(self):

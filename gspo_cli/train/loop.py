@@ -202,6 +202,7 @@ def _train_locked(
     params = lora.param_info(ctx.model, spec.model.lora, spec.model.dtype)  # run.json; LoRA: the setup line
     if params.get("lora"):
         reporter.log(f"[{name}] {param_line(params)}")
+    reporter.log(f"[{name}] {ctx.packing_line}")  # train.packing: which path the forwards take
     t_start = time.time()
     pending = None  # rollout.staleness 1: the batch the checkpoint pre-sampled for the next step
     if ckpt is not None:

@@ -30,4 +30,5 @@ def batch_logprobs(ctx, model, batch, *, with_entropy: bool = False, replay_BT=N
         with_entropy=with_entropy,
         replay_BT=replay_BT,
         record=record,
+        packed=ctx.packed,
     )

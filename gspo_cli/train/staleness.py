@@ -94,6 +94,7 @@ class StaleRollouts:
             seed=seed,
             threads=worker_threads,
             micro_batch=(ctx.spec.train.micro_batch_tokens, ctx.spec.train.micro_batch_rows),
+            packed=ctx.packed,
         )
         self.sampler = AsyncSampler(args, ctx.model.state_dict())  # the last thing that can fail
         torch.set_num_threads(trainer_threads)

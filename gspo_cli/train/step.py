@@ -27,6 +27,7 @@ from gspo_cli.models import compute_context, load_model, lora
 from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, with_environment
 from gspo_cli.rollout.base import check_due
+from gspo_cli.rollout.packing import resolve_packing
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
 from gspo_cli.tasks.judge import record_unparsable
@@ -70,6 +71,8 @@ class Ctx:
     # (FSDP: nothing, its MixedPrecisionPolicy gathers model.dtype copies of the shards).
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     compiled: CompiledUpdate | None = None  # train.compile: the update's compiled decoder
+    packed: bool = False  # train.packing resolved: every training forward runs its rows packed
+    packing_line: str = ""  # what the run's setup line says of it (rollout/packing.py)
 
 
 def setup(
@@ -104,6 +107,7 @@ def setup(
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     compiled = CompiledUpdate(model, spec.train.compile_bucket) if spec.train.compile else None
+    packed, packing_line = resolve_packing(spec.train.packing, model, spec.model.device, compiled is not None)
     ref_model = lora.AdaptersOff(model) if arm.kl_coef > 0 and lora.is_lora(model) else None  # LoRA: no copy
     if arm.kl_coef > 0 and ref_model is None:
         if sharded:  # sharded like the policy, from rank 0's read of the initial weights
@@ -149,6 +153,8 @@ def setup(
         train_model=train_model,
         compute=functools.partial(compute_context, spec.model.dtype, spec.model.device, sharded),
         compiled=compiled,
+        packed=packed,
+        packing_line=packing_line,
     )
 
 

@@ -35,6 +35,7 @@ from gspo_cli.errors import DivergedError
 from gspo_cli.models.aux_loss import load_balance_counts, router_aux_loss, router_aux_share
 from gspo_cli.models.routing import expert_change_frac, routes_from_BT
 from gspo_cli.rollout import RolloutBatch, response_logprobs
+from gspo_cli.rollout.packing import Packing
 from gspo_cli.train import micro
 from gspo_cli.train.compiled import compiled_context, unpad_routes
 from gspo_cli.train.stats import StepStats, record_logratio_var, record_update
@@ -192,12 +193,13 @@ def _micro(
     mb_routes = None if old_routes is None else old_routes[:, rows, lo:hi]
     # train.compile: the forward runs on the rows padded to a bucketed width (train/compiled.py)
     fwd, fwd_routes = (sub, mb_routes) if ctx.compiled is None else ctx.compiled.pad(sub, mb_routes)
+    packing = Packing.of(fwd) if ctx.packed else None  # train.packing: one padding-free row
     out: dict = {}
     # Backward inside the routing context: gradient checkpointing recomputes the forward
     # there, and a replayed forward must be replayed again.
-    with _routing(ctx, fwd_routes) as rec:
+    with _routing(ctx, fwd_routes, packing) as rec:
         with ctx.compute(), compiled_context(ctx.compiled):
-            new = response_logprobs(ctx.train_model or ctx.model, fwd, spec.rollout.temperature)
+            new = response_logprobs(ctx.train_model or ctx.model, fwd, spec.rollout.temperature, packed=ctx.packed)
         new.logp = new.logp[:, :c]
         if arm.off_policy_mask is not None:  # DeepSeek-V3.2: needs pi_theta, so per mini-batch
             keep_bc = off_policy_weights(arm.off_policy_mask, stats, batch, rows, new.logp, old_logp_bc, adv_B, m_bc)
@@ -238,7 +240,9 @@ def _micro(
         # on every rank, even a non-finite one: DDP's gradient all-reduce needs all
         (loss if scale == 1.0 else loss * scale).backward()
     out["loss"] = loss.detach()
-    routes_now = unpad_routes(rec.routes, len(rows), hi - lo) if rec is not None else None
+    routes_now = None
+    if rec is not None:
+        routes_now = packing.routes_out(rec.routes) if packing else unpad_routes(rec.routes, len(rows), hi - lo)
     # Statistics over the tokens the loss can move; the rest (dropped by a correction or filter)
     # are counted apart, so "clipped" and "dropped" stay distinguishable.
     kept_bc = (m_bc > 0) if w_bc is None else (m_bc > 0) & (w_bc != 0)
@@ -268,8 +272,9 @@ def _prepass(ctx, batch, rows, parts, n_real, old_logp_BC, adv_B, old_routes, ma
     for j, mb in enumerate(parts):
         sub, lo, c = batch.rows(mb, sampler=False).trimmed()
         mb_routes = None if old_routes is None else old_routes[:, mb, lo : batch.prompt_len + c]
-        with torch.no_grad(), _routing(ctx, mb_routes), ctx.compute():
-            new = response_logprobs(ctx.model, sub, spec.rollout.temperature)
+        packing = Packing.of(sub) if ctx.packed else None
+        with torch.no_grad(), _routing(ctx, mb_routes, packing), ctx.compute():
+            new = response_logprobs(ctx.model, sub, spec.rollout.temperature, packed=ctx.packed)
         if j >= n_real:
             continue
         logp_BC[mb, :c] = new.logp[:, :c].float()
@@ -325,16 +330,18 @@ def _denominator(ctx, mask_bc: torch.Tensor, split: bool = False) -> torch.Tenso
 
 
 @contextlib.contextmanager
-def _routing(ctx, old_routes):
+def _routing(ctx, old_routes, packing: Packing | None = None):
     """Around a mini-batch's forward and backward: with routing replay, `old_routes` (the
     mini-batch's (L, b, t, k), columns as its forward sees them) forced in
     every router (r2: pi_old's, r3: the rollout engine's; see old_policy.py); for any MoE, the
     experts the current routers choose themselves recorded (for volatility). Yields a Routes
-    holder (`.routes` set on exit), or None for a dense model."""
+    holder (`.routes` set on exit, in the forward's own layout: `packing`'s packed row when
+    given), or None for a dense model."""
     if ctx.routing is None:
         yield None
     elif ctx.arm.routing_replay != "off":
-        with ctx.routing.replaying(routes_from_BT(old_routes)) as rec:
+        routes_LNk = routes_from_BT(old_routes) if packing is None else packing.routes_in(old_routes)
+        with ctx.routing.replaying(routes_LNk) as rec:
             yield rec
     else:
         with ctx.routing.recording() as rec:

@@ -75,7 +75,7 @@ def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
         k: distributed.scalar(p.grad).detach().clone() for k, p in ctx.model.named_parameters() if p.grad is not None
     }
     if info.is_main:
-        torch.save({"grads": grads, "metrics": metrics}, out)
+        torch.save({"grads": grads, "metrics": metrics, "packed": ctx.packed}, out)
     distributed.leave_process_group(0, exit_now=True)
 
 
