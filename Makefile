@@ -112,6 +112,14 @@ zoo: setup
 	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
 	$(BIN)/gspo report results/zoo
 
+# `make tools`: multi-turn rollouts with a sandboxed Python tool (experiments/tools.yaml: GRPO,
+# GRPO+R2, GSPO x 3 seeds on 4-digit products the built-in model can only get with the tool);
+# resumable; writes results/tools/REPORT.md (tool metrics included).
+.PHONY: tools
+tools: setup
+	$(BIN)/gspo sweep experiments/tools.yaml --jobs 2
+	$(BIN)/gspo report results/tools
+
 reproduce: setup
 	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
 	$(BIN)/gspo report results/paper_moe
