@@ -121,6 +121,23 @@ lora-routers: setup
 	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 1
 	$(BIN)/gspo report results/lora_routers
 
+# `make tools`: multi-turn rollouts with a sandboxed Python tool (experiments/tools.yaml: GRPO,
+# GRPO+R2, GSPO x 3 seeds on 4-digit products the built-in model can only get with the tool);
+# resumable; then each run's last checkpoint is scored with the tool and without it (gspo eval,
+# --no-tools into RUN/eval_no_tools; runs already scored are skipped) and results/tools/REPORT.md
+# is written (tool metrics and the with/without table included).
+.PHONY: tools tools-evals
+tools: setup
+	$(BIN)/gspo sweep experiments/tools.yaml --jobs 2
+	$(MAKE) tools-evals
+	$(BIN)/gspo report results/tools
+
+tools-evals:
+	@for d in results/tools/*/seed*; do \
+	  [ -f $$d/eval_summary.json ] || $(BIN)/gspo eval $$d -q || exit 1; \
+	  [ -f $$d/eval_no_tools/eval_summary.json ] || $(BIN)/gspo eval $$d --no-tools -o $$d/eval_no_tools -q || exit 1; \
+	done
+
 reproduce: setup
 	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
 	$(BIN)/gspo report results/paper_moe

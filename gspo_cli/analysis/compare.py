@@ -118,11 +118,15 @@ _MEANS = {
     "entropy": ("policy/entropy", "entropy [nats]", "run"),
     "length": ("response/length_mean", "length [tok]", "run"),
     "grad_norm": ("policy/grad_norm", "grad norm", "run"),
-    "tool_calls": ("tools/tool_calls_mean", "tool calls", "run"),  # task.environment runs
+    "turns": ("tools/turns_mean", "turns", "run"),  # task.environment runs: per response
+    "tool_calls": ("tools/tool_calls_mean", "tool calls", "run"),
     "tool_errors": ("tools/tool_errors_mean", "tool errors", "run"),
+    "tool_timeouts": ("tools/tool_timeouts_mean", "tool time-outs", "run"),
     "env_tokens": ("tools/env_token_frac", "env tok", "run"),
     "step_time": ("time/step_s", "s/step", "run"),
 }
+# Shown by default only where a run logs them (task.environment), like every default column.
+TOOL_COLUMNS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "env_tokens")
 SPECIAL = ("steps", "wall", "eval", "eval_best", "eval_final", "threshold", "rewards")
 DEFAULT = (
     "steps",
@@ -141,6 +145,7 @@ DEFAULT = (
     "kl",
     "entropy",
     "length",
+    *TOOL_COLUMNS,
     "step_time",
     "wall",
 )

@@ -10,7 +10,7 @@ from gspo_cli.metrics import reward_key
 
 # The combined figure's panels when --metrics is not given: what a paper shows, where the runs
 # have it. Every figure with data still gets its own file.
-PANEL_FIGURES = ("reward", "eval", "clip", "expert_change", "engine_route_diff", "mismatch")
+PANEL_FIGURES = ("reward", "eval", "clip", "expert_change", "engine_route_diff", "mismatch", "tools")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,21 @@ FIGURES: dict[str, FigureSpec] = {
     "entropy": FigureSpec("policy/entropy", "Policy entropy", "entropy per token"),
     "length": FigureSpec("response/length_mean", "Response length", "mean length"),
     "grad_norm": FigureSpec("policy/grad_norm", "Gradient norm (before clipping)", "grad norm"),
+    # task.environment runs only (no other run logs tools/*): per response, and the share of
+    # the response the environment wrote, which no loss sees
+    "tools": FigureSpec(
+        "tools/tool_calls_mean",
+        "Tool use per response: calls (solid)",
+        "per response",
+        dashed=(
+            ("tools/turns_mean", "--", "model turns"),
+            ("tools/tool_errors_mean", ":", "tool errors"),
+            ("tools/tool_timeouts_mean", "-.", "tool time-outs"),
+        ),
+    ),
+    "env_tokens": FigureSpec(
+        "tools/env_token_frac", "Environment's share of the response tokens", "environment tokens"
+    ),
     # one figure per named reward (reward_figure), when the runs' specs list task.rewards
     "rewards": FigureSpec("rewards", "Train reward by function", "mean reward"),
 }

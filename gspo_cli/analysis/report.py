@@ -25,6 +25,7 @@ from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
 from gspo_cli.analysis.report_rewards import reward_lines
 from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
+from gspo_cli.analysis.report_tools import has_tools, tool_lines
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
 from gspo_cli.errors import SpecError
 
@@ -44,18 +45,8 @@ TABLE_METRICS = [
     "step_time",
     "wall",
 ]
-FIGURES = [
-    "reward",
-    "reward_time",
-    "rewards",
-    "eval",
-    "clip",
-    "expert_change",
-    "engine_route_diff",
-    "mismatch",
-    "logvar_length",
-    "logvar_minibatch",
-]
+FIGURES = ["reward", "reward_time", "rewards", "eval", "clip", "expert_change", "engine_route_diff", "mismatch"]
+FIGURES += ["logvar_length", "logvar_minibatch", "tools", "env_tokens"]  # tools: task.environment runs
 FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
 PAPER_EXPERT_CHANGE = 0.10
@@ -194,7 +185,8 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     comp = compare_runs(paths, metrics=TABLE_METRICS, last=last)
     roles = _roles(groups)
     fig_dir = out.parent / "figures"
-    written, _ = plot_runs(paths, out=fig_dir, metrics=FIGURES, smooth=smooth, panel=False, dpi=FIGURE_DPI)
+    figures = FIGURES if has_tools(runs) else [f for f in FIGURES if f not in ("tools", "env_tokens")]
+    written, _ = plot_runs(paths, out=fig_dir, metrics=figures, smooth=smooth, panel=False, dpi=FIGURE_DPI)
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     eval_col = next((c.id for c in comp.columns if c.id.startswith("eval_final:")), None)
     eval_label = next((c.label.removesuffix(" final") for c in comp.columns if c.id == eval_col), "held-out score")
@@ -222,6 +214,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += [""]
     lines += _ratio_lines(roles, comp)
     lines += diagnostic_lines(groups)
+    lines += tool_lines(paths, runs, last)  # [] without task.environment
     lines += ["## Findings", ""]
     # Without signal, or with arms that take the same gradient, 1-3 and 5 compare seed noise.
     untestable = findings_untestable(roles)
@@ -244,7 +237,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
         "```",
         f"gspo report {cmd_dir}                      # this file and figures/",
         f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
-        f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(FIGURES)}   # at 150 dpi, + panel",
+        f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(figures)}   # at 150 dpi, + panel",
         "```",
         "",
     ]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo_cli.errors import SpecError
-from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize
+from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize, tool_use
 from gspo_cli.eval.sets import cold_start_task
 from gspo_cli.eval.targets import Target, parse_rewards, resolve_run, resolve_target, resolve_task  # noqa: F401
 from gspo_cli.files import iter_lines
@@ -127,9 +127,15 @@ def evaluate_model(
     log(f"sampling {plural(len(problems), 'problem')} x {K} from {source} ({sampling.engine})")
     batch_size = sampling.batch_size or (None if sampling.engine == "vllm" else 64)
     seen = engine.format([p.prompt for p in problems])  # as the model sees them: eval rows keep them
+    counts: list[dict] = []  # per completion: turns, tool calls, errors, time-outs
     try:
         completions = sample_completions(
-            engine, problems, K, batch_size, progress=lambda done, total: log(f"  {done}/{total} completions")
+            engine,
+            problems,
+            K,
+            batch_size,
+            progress=lambda done, total: log(f"  {done}/{total} completions"),
+            counts=counts,
         )
     finally:
         close = getattr(engine, "close", None)  # a vLLM engine holds its memory until closed
@@ -149,6 +155,8 @@ def evaluate_model(
         },
         "engine": sampling.engine,
         **({"tools": spec.task.environment} if tools else {}),
+        # a run with an environment, with or without it (--no-tools: one turn, no calls)
+        **({"tool_use": tool_use(counts)} if spec and spec.task.environment else {}),
         **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {}),
         **({"cold_start": cold} if cold else {}),
     }

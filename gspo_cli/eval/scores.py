@@ -240,15 +240,27 @@ def evaluate_samples(task: Task, problems: list[Problem], completions: list[list
     return summarize(score_problems(task, problems, completions), judged=getattr(task, "judged", True))
 
 
+ONE_TURN = {"turns": 1, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0}  # a single-turn row's counts
+
+
+def tool_use(counts: list[dict]) -> dict[str, float]:
+    """Per-response means of the rows' tool counts, as training logs them (tools/<name>_mean)."""
+    n = max(len(counts), 1)
+    return {f"{k}_mean": round(sum(c.get(k, 0) for c in counts) / n, 4) for k in ONE_TURN}
+
+
 def sample_completions(
     engine,
     problems: list[Problem],
     samples: int,
     batch_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    counts: list[dict] | None = None,
 ) -> list[list[str]]:
     """`samples` completions per problem from `engine`, `batch_size` sequences per generate call
-    (all at once when None); `progress(done, total)` after each call."""
+    (all at once when None); `progress(done, total)` after each call. `counts`, when given, gets
+    each completion's tool counts (`RolloutBatch.tool_counts`; one turn and no calls for a
+    single-turn engine)."""
     import torch
 
     prompts = [p.prompt for p in problems for _ in range(samples)]
@@ -258,9 +270,13 @@ def sample_completions(
         for i in range(0, len(prompts), step):
             if getattr(engine, "takes_problems", False):  # multi-turn: environments may read the problem
                 rows = [p for p in problems for _ in range(samples)][i : i + step]
-                completions += engine.generate(prompts[i : i + step], problems=rows).completions
+                batch = engine.generate(prompts[i : i + step], problems=rows)
             else:
-                completions += engine.generate(prompts[i : i + step]).completions
+                batch = engine.generate(prompts[i : i + step])
+            completions += batch.completions
+            if counts is not None:
+                got = getattr(batch, "tool_counts", None)
+                counts += got if got is not None else [dict(ONE_TURN) for _ in batch.completions]
             if progress:
                 progress(len(completions), len(prompts))
     return [completions[i * samples : (i + 1) * samples] for i in range(len(problems))]
