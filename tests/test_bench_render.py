@@ -452,3 +452,17 @@ def test_trl_runoff_keeps_the_mode_with_the_lower_median_over_the_rounds():
         "TRL's run-off (both modes ran every round; the one with the lower median kept): "
         "TRL GRPOTrainer, torch_compile 1.000 s, TRL GRPOTrainer (2 threads, run-off) 0.800 s" in text
     )
+
+
+def test_comparisons_flag_picks_the_sides_it_needs():
+    from benchmarks.bench import _comparisons
+    from benchmarks.paired import sides_for
+
+    assert sides_for("c", True) == ["ours_vllm", "trl_vllm"]
+    assert sides_for("c", False) == []  # no vLLM virtualenv: (c) has no side to run
+    assert sides_for("ab", True) == ["ours", "trl", "ours_async"]
+    assert sides_for("abc", True) == ["ours", "trl", "ours_async", "ours_vllm", "trl_vllm"]
+    assert _comparisons("ca") == "ca"
+    for bad in ("", "d", "a,c"):
+        with pytest.raises(Exception, match="give some of the letters a, b, c"):
+            _comparisons(bad)

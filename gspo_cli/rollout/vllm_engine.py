@@ -347,22 +347,24 @@ def _to_batch(
     fit the batch or the model (`num_experts`)."""
     B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
     C = max(1, max(len(c.token_ids) for c in completions))
-    input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
-    attn = torch.zeros(B, P + C, dtype=torch.long)
-    logp = torch.zeros(B, C, dtype=torch.float32)
-    truncated = torch.zeros(B, dtype=torch.bool)
+    pad = tok.pad_token_id
+    rows_ids, rows_attn, rows_logp, truncated = [], [], [], []
     stops, texts, kept = set(stop_ids), [], []
-    for b, (ids, c) in enumerate(zip(prompt_ids, completions)):
+    for ids, c in zip(prompt_ids, completions):  # Python lists, one tensor each at the end
         resp = list(c.token_ids)  # ends with a stop id unless max_tokens stopped it
         first = next((j for j, t in enumerate(resp) if t in stops), None)
         resp = resp if first is None else resp[: first + 1]
-        input_ids[b, P - len(ids) : P] = torch.tensor(ids)
-        attn[b, P - len(ids) : P + len(resp)] = 1
-        input_ids[b, P : P + len(resp)] = torch.tensor(resp, dtype=torch.long)
-        logp[b, : len(resp)] = torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(resp)])
-        truncated[b] = first is None
+        left, right = P - len(ids), C - len(resp)
+        rows_ids.append([pad] * left + list(ids) + resp + [pad] * right)
+        rows_attn.append([0] * left + [1] * (len(ids) + len(resp)) + [0] * right)
+        rows_logp.append([c.logprobs[j][t].logprob for j, t in enumerate(resp)] + [0.0] * right)
+        truncated.append(first is None)
         texts.append(tok.decode(resp, skip_special_tokens=True))
         kept.append(len(resp))
+    input_ids = torch.tensor(rows_ids, dtype=torch.long)
+    attn = torch.tensor(rows_attn, dtype=torch.long)
+    logp = torch.tensor(rows_logp, dtype=torch.float32)
+    truncated = torch.tensor(truncated, dtype=torch.bool)
     routes = None
     if with_routes:
         prompt_routes = prompt_routes or [None] * B
