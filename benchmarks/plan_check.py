@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("load", "rollout", "pi_old", "update", "checkpoint")
 TAG = "PLAN_CHECK "
 
-# name, model (builtin size or local config), processes, sharding, gradient checkpointing
+# a batch of 64 rows in one mini-batch: the activation and logits terms dominate the update
+BIG = {"rollout": {"prompts_per_step": 16, "group_size": 4}, "arm": {"mini_batches": 1}}
+
 BUILTIN = {
     "hidden_size": 512,
     "num_layers": 8,
@@ -69,18 +71,28 @@ def local(kind: str, hidden: int, layers: int, vocab: int, **kw) -> dict:
     return cfg
 
 
+MOE_10M = local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)
+
+# name, model (builtin size or local config), processes, sharding, gradient checkpointing,
+# spec overrides (rollout / train fields, arm fields)
 CONFIGS = [
-    ("builtin-moe-110M", {"builtin": BUILTIN}, 1, "ddp", False),
-    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 1, "ddp", False),
-    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 2, "fsdp", False),
-    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 1, "ddp", False),
-    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 2, "fsdp", True),
-    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True),
-    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False),
+    ("builtin-moe-110M", {"builtin": BUILTIN}, 1, "ddp", False, {}),
+    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 1, "ddp", False, {}),
+    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 2, "fsdp", False, {}),
+    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 1, "ddp", False, {}),
+    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 2, "fsdp", True, {}),
+    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True, {}),
+    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False, {}),
+    # issue 41: one mini-batch of 64 rows, unsplit and in micro-batches of 256 tokens (about 3 rows)
+    ("moe-10M-64rows", {"local": MOE_10M}, 1, "ddp", False, BIG),
+    ("moe-10M-64rows-mb256", {"local": MOE_10M}, 1, "ddp", False, BIG | {"train": {"micro_batch_tokens": 256}}),
 ]
 
 
-def raw_spec(model: dict, sharding: str, checkpointing: bool, out: Path, model_dir: str | None) -> dict:
+def raw_spec(
+    model: dict, sharding: str, checkpointing: bool, out: Path, model_dir: str | None, extra: dict | None = None
+) -> dict:
+    extra = extra or {}
     m = (
         {"name": "builtin:tiny-moe", "builtin": model["builtin"], "cold_start": {"steps": 0}}
         if "builtin" in model
@@ -91,9 +103,15 @@ def raw_spec(model: dict, sharding: str, checkpointing: bool, out: Path, model_d
         "output_dir": str(out),
         "model": {**m, "sharding": sharding},
         "task": {"name": "arithmetic", "eval_size": 0},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 48, "chat_template": "none"},
-        "train": {"steps": 2, "checkpoint_every": 0, "gradient_checkpointing": checkpointing},
-        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+        "rollout": {
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "max_new_tokens": 48,
+            "chat_template": "none",
+            **extra.get("rollout", {}),
+        },
+        "train": {"steps": 2, "checkpoint_every": 0, "gradient_checkpointing": checkpointing, **extra.get("train", {})},
+        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2, **extra.get("arm", {})}],
     }
 
 
@@ -206,14 +224,14 @@ def worker(spec_file: str) -> None:
 # Orchestrating and rendering
 
 
-def measure(name: str, model: dict, world: int, sharding: str, ckpt: bool, work: Path) -> dict:
+def measure(name: str, model: dict, world: int, sharding: str, ckpt: bool, extra: dict, work: Path) -> dict:
     import yaml
 
     model_dir = None
     if "local" in model:
         model_dir = str(work / "model")
         write_local_model(model["local"], Path(model_dir))
-    raw = raw_spec(model, sharding, ckpt, work / "out", model_dir)
+    raw = raw_spec(model, sharding, ckpt, work / "out", model_dir, extra)
     spec_file = work / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(raw))
     launcher = (
@@ -295,11 +313,11 @@ def main() -> None:
         write(render(results, args.layout), results, args.out)
         return
     results = []
-    for name, model, world, sharding, ckpt in CONFIGS:
+    for name, model, world, sharding, ckpt, extra in CONFIGS:
         if args.only and args.only not in name:
             continue
         with tempfile.TemporaryDirectory() as tmp:  # the plan reads the model's config.json from it
-            got = measure(name, model, world, sharding, ckpt, Path(tmp))
+            got = measure(name, model, world, sharding, ckpt, extra, Path(tmp))
             ranks = got["ranks"]
             plan = plan_for(got["raw"], world, max(r["prompt_len"] for r in ranks))
         baseline = max(r["baseline_mb"] for r in ranks)
@@ -330,7 +348,7 @@ def write(text: str, results: list[dict], out: str) -> None:
 def replan(r: dict) -> dict:
     """The current plan for a saved measurement (its configuration found again by name,
     processes and checkpointing; a local model's config.json written to a scratch directory)."""
-    name, model, world, sharding, ckpt = next(
+    name, model, world, sharding, ckpt, extra = next(
         c for c in CONFIGS if c[0] == r["name"] and c[2] == r["world"] and c[4] == r["ckpt"]
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -338,7 +356,7 @@ def replan(r: dict) -> dict:
         if "local" in model:
             model_dir = tmp
             Path(tmp, "config.json").write_text(json.dumps(model["local"]))
-        raw = raw_spec(model, sharding, ckpt, Path(tmp) / "out", model_dir)
+        raw = raw_spec(model, sharding, ckpt, Path(tmp) / "out", model_dir, extra)
         return plan_for(raw, world, max(x["prompt_len"] for x in r["ranks"]))
 
 
