@@ -10,8 +10,8 @@ the kernel's high-water mark (VmHWM) after resetting it at the phase's start (wr
 /proc/self/clear_refs), the largest over the two steps and over ranks. The plan (layout
 "today", now called "before": the code before issue 25; the `sharded` column is the code as
 it is now and is printed beside it) is compared with the measured peak minus the worker's
-baseline (its RSS after imports and process-group start, before the model exists): the
-plan's CPU runtime allowance is a guess, the baseline is measured.
+baseline (its RSS after torch, transformers and process-group start, before the model and
+its code are loaded): the plan's CPU runtime allowance is a guess, the baseline is measured.
 """
 
 from __future__ import annotations
@@ -182,20 +182,24 @@ def worker(spec_file: str) -> None:
     import warnings
 
     from gspo_cli import distributed
-    from gspo_cli.models import resolve_model_source
-    from gspo_cli.runs import RunDir
     from gspo_cli.spec.loading import load_spec
     from gspo_cli.tasks import make_task
-    from gspo_cli.train import loop, step
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = load_spec(spec_file)
     info = distributed.setup(spec.model.device)
     task = make_task(spec.task.name, spec.task.params)
-    source = resolve_model_source(spec.model, task, log=lambda *a: None)
     gc.collect()
+    # Before the model code is imported: gspo_cli.models imports transformers' MoE integration
+    # (gspo_cli/models/experts.py, about 80 MB), which the plan counts as libraries loaded with
+    # the model (memory.CPU_LOAD_LIBRARIES); at 2026-12-04's measurements it came with the load.
     baseline = _rss_mb()
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.runs import RunDir
+    from gspo_cli.train import loop, step
+
+    source = resolve_model_source(spec.model, task, log=lambda *a: None)
     meter = PhaseMeter()
     with meter("load"):
         ctx = step.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
