@@ -10,8 +10,8 @@ the kernel's high-water mark (VmHWM) after resetting it at the phase's start (wr
 /proc/self/clear_refs), the largest over the two steps and over ranks. The plan (layout
 "today", now called "before": the code before issue 25; the `sharded` column is the code as
 it is now and is printed beside it) is compared with the measured peak minus the worker's
-baseline (its RSS after imports and process-group start, before the model exists): the
-plan's CPU runtime allowance is a guess, the baseline is measured.
+baseline (its RSS after torch, transformers and process-group start, before the model and
+its code are loaded): the plan's CPU runtime allowance is a guess, the baseline is measured.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("load", "rollout", "pi_old", "update", "checkpoint")
 TAG = "PLAN_CHECK "
 
-# name, model (builtin size or local config), processes, sharding, gradient checkpointing
+# a batch of 64 rows in one mini-batch: the activation and logits terms dominate the update
+BIG = {"rollout": {"prompts_per_step": 16, "group_size": 4}, "arm": {"mini_batches": 1}}
+
 BUILTIN = {
     "hidden_size": 512,
     "num_layers": 8,
@@ -69,18 +71,28 @@ def local(kind: str, hidden: int, layers: int, vocab: int, **kw) -> dict:
     return cfg
 
 
+MOE_10M = local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)
+
+# name, model (builtin size or local config), processes, sharding, gradient checkpointing,
+# spec overrides (rollout / train fields, arm fields)
 CONFIGS = [
-    ("builtin-moe-110M", {"builtin": BUILTIN}, 1, "ddp", False),
-    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 1, "ddp", False),
-    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 2, "fsdp", False),
-    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 1, "ddp", False),
-    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 2, "fsdp", True),
-    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True),
-    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False),
+    ("builtin-moe-110M", {"builtin": BUILTIN}, 1, "ddp", False, {}),
+    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 1, "ddp", False, {}),
+    ("moe-10M", {"local": local("qwen3_moe", 256, 4, 8000, experts=8, moe_intermediate=256)}, 2, "fsdp", False, {}),
+    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 1, "ddp", False, {}),
+    ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 2, "fsdp", True, {}),
+    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True, {}),
+    ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False, {}),
+    # issue 41: one mini-batch of 64 rows, unsplit and in micro-batches of 256 tokens (about 3 rows)
+    ("moe-10M-64rows", {"local": MOE_10M}, 1, "ddp", False, BIG),
+    ("moe-10M-64rows-mb256", {"local": MOE_10M}, 1, "ddp", False, BIG | {"train": {"micro_batch_tokens": 256}}),
 ]
 
 
-def raw_spec(model: dict, sharding: str, checkpointing: bool, out: Path, model_dir: str | None) -> dict:
+def raw_spec(
+    model: dict, sharding: str, checkpointing: bool, out: Path, model_dir: str | None, extra: dict | None = None
+) -> dict:
+    extra = extra or {}
     m = (
         {"name": "builtin:tiny-moe", "builtin": model["builtin"], "cold_start": {"steps": 0}}
         if "builtin" in model
@@ -91,9 +103,15 @@ def raw_spec(model: dict, sharding: str, checkpointing: bool, out: Path, model_d
         "output_dir": str(out),
         "model": {**m, "sharding": sharding},
         "task": {"name": "arithmetic", "eval_size": 0},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 48, "chat_template": "none"},
-        "train": {"steps": 2, "checkpoint_every": 0, "gradient_checkpointing": checkpointing},
-        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2}],
+        "rollout": {
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "max_new_tokens": 48,
+            "chat_template": "none",
+            **extra.get("rollout", {}),
+        },
+        "train": {"steps": 2, "checkpoint_every": 0, "gradient_checkpointing": checkpointing, **extra.get("train", {})},
+        "arms": [{"name": "gspo", "preset": "paper-gspo", "mini_batches": 2, **extra.get("arm", {})}],
     }
 
 
@@ -164,20 +182,24 @@ def worker(spec_file: str) -> None:
     import warnings
 
     from gspo_cli import distributed
-    from gspo_cli.models import resolve_model_source
-    from gspo_cli.runs import RunDir
     from gspo_cli.spec.loading import load_spec
     from gspo_cli.tasks import make_task
-    from gspo_cli.train import loop, step
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = load_spec(spec_file)
     info = distributed.setup(spec.model.device)
     task = make_task(spec.task.name, spec.task.params)
-    source = resolve_model_source(spec.model, task, log=lambda *a: None)
     gc.collect()
+    # Before the model code is imported: gspo_cli.models imports transformers' MoE integration
+    # (gspo_cli/models/experts.py, about 80 MB), which the plan counts as libraries loaded with
+    # the model (memory.CPU_LOAD_LIBRARIES); at 2026-12-04's measurements it came with the load.
     baseline = _rss_mb()
+    from gspo_cli.models import resolve_model_source
+    from gspo_cli.runs import RunDir
+    from gspo_cli.train import loop, step
+
+    source = resolve_model_source(spec.model, task, log=lambda *a: None)
     meter = PhaseMeter()
     with meter("load"):
         ctx = step.setup(spec, spec.arms[0], 0, task, source, dist_info=info)
@@ -206,14 +228,14 @@ def worker(spec_file: str) -> None:
 # Orchestrating and rendering
 
 
-def measure(name: str, model: dict, world: int, sharding: str, ckpt: bool, work: Path) -> dict:
+def measure(name: str, model: dict, world: int, sharding: str, ckpt: bool, extra: dict, work: Path) -> dict:
     import yaml
 
     model_dir = None
     if "local" in model:
         model_dir = str(work / "model")
         write_local_model(model["local"], Path(model_dir))
-    raw = raw_spec(model, sharding, ckpt, work / "out", model_dir)
+    raw = raw_spec(model, sharding, ckpt, work / "out", model_dir, extra)
     spec_file = work / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(raw))
     launcher = (
@@ -295,11 +317,11 @@ def main() -> None:
         write(render(results, args.layout), results, args.out)
         return
     results = []
-    for name, model, world, sharding, ckpt in CONFIGS:
+    for name, model, world, sharding, ckpt, extra in CONFIGS:
         if args.only and args.only not in name:
             continue
         with tempfile.TemporaryDirectory() as tmp:  # the plan reads the model's config.json from it
-            got = measure(name, model, world, sharding, ckpt, Path(tmp))
+            got = measure(name, model, world, sharding, ckpt, extra, Path(tmp))
             ranks = got["ranks"]
             plan = plan_for(got["raw"], world, max(r["prompt_len"] for r in ranks))
         baseline = max(r["baseline_mb"] for r in ranks)
@@ -330,7 +352,7 @@ def write(text: str, results: list[dict], out: str) -> None:
 def replan(r: dict) -> dict:
     """The current plan for a saved measurement (its configuration found again by name,
     processes and checkpointing; a local model's config.json written to a scratch directory)."""
-    name, model, world, sharding, ckpt = next(
+    name, model, world, sharding, ckpt, extra = next(
         c for c in CONFIGS if c[0] == r["name"] and c[2] == r["world"] and c[4] == r["ckpt"]
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -338,7 +360,7 @@ def replan(r: dict) -> dict:
         if "local" in model:
             model_dir = tmp
             Path(tmp, "config.json").write_text(json.dumps(model["local"]))
-        raw = raw_spec(model, sharding, ckpt, Path(tmp) / "out", model_dir)
+        raw = raw_spec(model, sharding, ckpt, Path(tmp) / "out", model_dir, extra)
         return plan_for(raw, world, max(x["prompt_len"] for x in r["ranks"]))
 
 

@@ -296,20 +296,23 @@ def test_bare_yaml_on_and_off_are_taken_as_meant_and_a_bad_value_is_one_line():
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def _dist_update(tmp_path, world: int, train: dict):
+def _dist_update(tmp_path, world: int, train: dict, sharding: str = "ddp", arm: dict | None = None):
     """tests/dist/update_check.py's update (16 fixed rows, rank 0's responses shorter, pi_old
-    perturbed, router loss on) in `world` processes (DDP) with these `train` fields."""
+    perturbed, router loss on) in `world` processes (`sharding`) with these `train` fields and
+    `arm` fields over paper-grpo's."""
     task = make_task("arithmetic", TINY["task"]["params"])
     source = resolve_model_source(ModelConfig(**TINY["model"]), task, log=lambda m: None)
     raw = {
         **TINY,
         "output_dir": str(tmp_path / "out"),
         "train": {"steps": 1, **train},
-        "model": {**TINY["model"], "router_aux_loss_coef": 0.5},
+        "model": {**TINY["model"], "router_aux_loss_coef": 0.5, "sharding": sharding},
         "rollout": {**TINY["rollout"], "prompts_per_step": 4, "group_size": 4},
-        "arms": [{"name": "a", "preset": "paper-grpo", "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2}],
+        "arms": [
+            {"name": "a", "preset": "paper-grpo", "mini_batches": 1, "clip_low": 0.2, "clip_high": 0.2, **(arm or {})}
+        ],
     }
-    name = f"{world}-" + "-".join(f"{k}{v}" for k, v in train.items())
+    name = f"{world}-{sharding}-" + "-".join(f"{k}{v}" for k, v in {**train, **(arm or {})}.items())
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump(raw))
     out = tmp_path / f"{name}.pt"
@@ -320,16 +323,9 @@ def _dist_update(tmp_path, world: int, train: dict):
     return torch.load(out)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("packing", ["on", "off"])
-def test_two_ddp_processes_packed_or_padded_update_like_one_padded(tmp_path, packing):
-    """2 gloo processes (DDP) in uneven micro-batches of 30 tokens (rank 0: 4, rank 1: 8),
-    packed or padded: the gradient and metrics (router loss included) of one process's unsplit,
-    padded update of the same 16 rows."""
-    one = _dist_update(tmp_path, 1, {"packing": "off"})
-    two = _dist_update(tmp_path, 2, {"packing": packing, "micro_batch_tokens": 30})
-    assert not one["packed"] and two["packed"] == (packing == "on")
-    assert two["metrics"]["perf/micro_batches"] == 6.0
+def _same_update(one: dict, two: dict) -> None:
+    """The gradient within 1e-5 of the largest (float reduction order only) and the metrics
+    (router loss included) of `one` equal `two`'s."""
     a, b = one["grads"], two["grads"]
     assert set(a) == set(b) and len(a) > 10
     scale = max(g.abs().max().item() for g in a.values())
@@ -341,6 +337,40 @@ def test_two_ddp_processes_packed_or_padded_update_like_one_padded(tmp_path, pac
     assert keys == {k for k in m2 if not k.startswith(("time/", "perf/"))}
     for key in keys:
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sharding", "packing"), [("ddp", "on"), ("ddp", "off"), ("fsdp", "on")], ids=["ddp-on", "ddp-off", "fsdp-on"]
+)
+def test_two_processes_packed_or_padded_update_like_one_padded(tmp_path, sharding, packing):
+    """2 gloo processes (DDP, or FSDP: a sharded model whose layers are gathered in every
+    packed forward) in uneven micro-batches of 30 tokens (rank 0: 4, rank 1: 8, so under FSDP
+    rank 0 runs 4 packed forwards of weight 0), packed or padded: the gradient and metrics
+    (router loss included) of one process's unsplit, padded update of the same 16 rows."""
+    one = _dist_update(tmp_path, 1, {"packing": "off"})
+    two = _dist_update(tmp_path, 2, {"packing": packing, "micro_batch_tokens": 30}, sharding)
+    assert not one["packed"] and two["packed"] == (packing == "on")
+    assert two["metrics"]["perf/micro_batches"] == 6.0
+    _same_update(one, two)
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_in_row_micro_batches_replaying_r2_update_like_one_unsplit(tmp_path):
+    """R2 under FSDP in micro-batches of at most 3 rows (8 rows a rank: 3 each), GSPO's
+    sequence-level loss, router loss on, packed: every micro-batch replays pi_old's routes
+    (every other position's experts shifted, so the replay moves the gradient) at its own rows'
+    packed positions, and the gradient and metrics equal one process's unsplit, padded R2
+    update of the same 16 rows."""
+    arm = {"preset": "paper-gspo", "routing_replay": "r2", "clip_low": 3e-4, "clip_high": 4e-4}
+    one = _dist_update(tmp_path, 1, {"packing": "off"}, arm=arm)
+    free = _dist_update(tmp_path, 1, {"packing": "off"}, arm={**arm, "routing_replay": "off"})
+    scale = max(g.abs().max().item() for g in one["grads"].values())
+    moved = max((one["grads"][k] - free["grads"][k]).abs().max().item() for k in one["grads"])
+    assert moved > 1e-2 * scale, (moved, scale)  # the shifted routes were replayed
+    two = _dist_update(tmp_path, 2, {"packing": "on", "micro_batch_rows": 3}, "fsdp", arm=arm)
+    assert two["packed"] and two["metrics"]["perf/micro_batches"] == 3.0
+    _same_update(one, two)
 
 
 def test_a_lora_wrapped_model_packs_and_gives_the_padded_gradient():

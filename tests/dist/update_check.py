@@ -4,9 +4,11 @@ Not a pytest module.
 
 The batch is built to make per-rank shortcuts visible: responses of uneven length (rank 0's
 half shorter than rank 1's), one empty response, and a pi_old perturbed so that ratios move
-away from 1 and some clip. Gradients, not parameters: Adam's first step is ~lr*sign(g), so
-parameters whose gradient is float noise around 0 would differ by 2*lr without anything
-being wrong.
+away from 1 and some clip. Under routing_replay r2, pi_old's routes are those of one padded
+forward of the whole batch, every other position's experts shifted by one (perturbed as
+pi_old is), the same on every world size. Gradients, not
+parameters: Adam's first step is ~lr*sign(g), so parameters whose gradient is float noise
+around 0 would differ by 2*lr without anything being wrong.
 
 usage: update_check.py SPEC_YAML MODEL_DIR OUT_PT [EMULATE_WORLD]
 
@@ -24,6 +26,7 @@ import gspo_cli.train.step as step_mod
 from gspo_cli import distributed
 from gspo_cli.rollout import RolloutBatch, response_logprobs
 from gspo_cli.rollout.base import LogProbs
+from gspo_cli.rollout.micro_batches import forward_logprobs
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score
@@ -65,8 +68,17 @@ def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
         full = response_logprobs(ctx.model, batch, with_entropy=True)
     wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float32)).reshape(full.logp.shape)
     old = LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
-    # pi_old is the perturbed policy, the same rows on every world size
-    step_mod.old_policy = lambda ctx, b: (old, None, False)
+    routes = None  # R2: the routes of one padded forward of the whole batch, each rank's rows
+    if spec.arms[0].routing_replay == "r2":
+        with torch.no_grad(), ctx.compute():
+            _, all_routes = forward_logprobs(ctx.model, batch, 1.0, None, None, routing=ctx.routing, record=True)
+        # every other position replays experts shifted by one, not those the router would pick
+        # anyway, so a replay that misses a position changes the gradient
+        shifted = (all_routes + 1) % ctx.model.config.num_experts
+        odd = (torch.arange(all_routes.shape[2]) % 2 == 1)[None, None, :, None]
+        routes = torch.where(odd, shifted, all_routes)[:, rows]
+    # pi_old is the perturbed policy, the same rows (and routes) on every world size
+    step_mod.old_policy = lambda ctx, b: (old, routes, False)
     scores = [Score(reward=rewards[i], correct=rewards[i] > 0) for i in rows.tolist()]
     assert len(scores) % G == 0
     metrics = step_mod.learn(ctx, batch.rows(rows), scores, step=1)
