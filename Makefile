@@ -113,12 +113,12 @@ zoo: setup
 	$(BIN)/gspo report results/zoo
 
 # `make lora-routers`: LoRA's router axis (issue 42), the quickstart's GRPO and GSPO arms with rank-8
-# adapters, routers frozen / lora / full x 3 seeds (experiments/lora_routers.yaml: a 16-step smoke
-# test, 18 runs one at a time, 19 min on the shared 2-core box, 2026-12-06); resumable; writes
-# results/lora_routers/REPORT.md.
+# adapters, routers frozen / lora / full x 3 seeds (experiments/lora_routers.yaml: 150 steps, 18
+# runs two at a time, 15 min on the idle 2-core box, 2026-12-06); resumable; writes
+# results/lora_routers/REPORT.md (its opening note is written by hand).
 .PHONY: lora-routers
 lora-routers: setup
-	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 1
+	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 2
 	$(BIN)/gspo report results/lora_routers
 
 # `make tools`: multi-turn rollouts with a sandboxed Python tool (experiments/tools.yaml: GRPO,
