@@ -19,20 +19,15 @@ so it is never left behind, even when the trainer is killed with SIGKILL.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import multiprocessing
 import queue
-import signal
-import sys
 import time
-import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gspo_cli.errors import RunError
+from gspo_cli.spawned import child_signals, requests_until_stop, starting_child
 
 # How often (s) a waiting side checks that the other is still alive.
 POLL_S = 0.5
@@ -76,7 +71,7 @@ class AsyncSampler:
             name="gspo-rollout-worker",
             daemon=True,  # belt and braces: multiprocessing also ends it at interpreter exit
         )
-        with _no_main_module(), _stop_signals_blocked():
+        with starting_child():
             self.proc.start()
         self.outstanding: int | None = None  # step of the request being sampled
 
@@ -154,67 +149,17 @@ class AsyncSampler:
         self.close()
 
 
-@contextlib.contextmanager
-def _no_main_module():
-    """While a spawned child is prepared: hide the parent's __main__. spawn re-imports it in
-    the child, which would run a user's script again if it lacks an `if __name__ ==
-    "__main__"` guard (and costs the CLI's imports); the worker needs nothing from it."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__, no __spec__
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-@contextlib.contextmanager
-def _stop_signals_blocked():
-    """While the worker starts: SIGINT/SIGTERM blocked (held pending, not lost) in this thread.
-    The child inherits the mask and unblocks only after ignoring them, so a Ctrl-C during its
-    seconds of imports cannot kill it (multiprocessing's resource tracker does the same)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 # ---------------------------------------------------------------------------------------
 # Worker process
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel sends SIGKILL to this process when its parent dies."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 def _worker_main(args: WorkerArgs, shared: dict, requests, results) -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    _die_with_parent()
+    child_signals()
     try:
         torch.set_num_threads(args.threads)
         sampler = _WorkerSampler(args)
         results.put(("ready",))
-        parent = multiprocessing.parent_process()
-        while True:
-            try:
-                msg = requests.get(timeout=POLL_S)
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():
-                    return
-                continue
-            if msg[0] == "stop":
-                return
+        for msg in requests_until_stop(requests, POLL_S):
             _, step, version, prompts, check = msg
             t = time.time()
             batch = sampler.sample(shared, step, prompts, check)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import inspect
 import itertools
 import multiprocessing
@@ -33,22 +32,19 @@ import numbers
 import os
 import pickle
 import queue
-import signal
-import sys
 import threading
 import time
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from gspo_cli.errors import RunError
+from gspo_cli.spawned import child_signals, requests_until_stop, starting_child
 
 MAX_WORKERS = 8  # the default's cap
 ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards)
 POLL_S = 0.1  # how often a waiting trainer checks time-outs and workers' health
 STOP_S = 2.0  # how long `close` lets workers stop before killing them
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def auto_workers(cpus: int, threads: int, omp_set: bool) -> int:
@@ -233,7 +229,7 @@ class RewardPool:
         proc = self._mp.Process(
             target=_worker_main, args=(i, requests, self.results), name=f"gspo-reward-{i}", daemon=True
         )
-        with _no_main_module(), _stop_signals_blocked():
+        with starting_child():
             proc.start()
         self.slots[i] = (proc, requests)
 
@@ -384,54 +380,16 @@ def running(workers: int, timeout_s: float) -> Iterator[RewardPool | None]:
             pool.close()
 
 
-@contextlib.contextmanager
-def _no_main_module():
-    """While a worker is spawned: the parent's __main__ hidden, so spawn does not import it again
-    in the child (a user's script without an `if __name__ == "__main__"` guard would run)."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
-@contextlib.contextmanager
-def _stop_signals_blocked():
-    """SIGINT/SIGTERM held pending while a worker starts: it inherits the mask and unblocks them
-    only once it ignores them, so a Ctrl-C during its imports cannot kill it."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 # ---------------------------------------------------------------------------------------
 # Worker process
 
 
 def _worker_main(slot: int, requests, results) -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    child_signals()
     from gspo_cli.tasks.rewards import load_source
 
     functions: dict[str, Callable] = {}
-    parent = multiprocessing.parent_process()
-    while True:
-        try:
-            msg = requests.get(timeout=0.5)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return
-            continue
-        if msg[0] == "stop":
-            return
+    for msg in requests_until_stop(requests, 0.5):
         _, call_id, source, kwargs, n = msg
         results.put(("start", slot, call_id, time.time()))
         fn = functions.get(source)
