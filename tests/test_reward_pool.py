@@ -223,7 +223,9 @@ def _build_tiny():
     return AutoModelForCausalLM.from_config(build_config("tiny-dense", size, tok)), tok
 
 
-def test_the_hf_engine_hands_over_rows_as_they_stop_as_the_batch_holds_them():
+def _handing_over(**engine_kw):
+    """(the batch, {row: (text, ids)} handed over to on_rows) of the tiny hf engine sampling 16
+    rows that stop at a digit 0-3 or EOS (seed 3); each row handed over at most once."""
     model, tok = _build_tiny()
     stops = [tok.convert_tokens_to_ids(c) for c in "0123"] + [tok.eos_token_id]
     seen = {}
@@ -233,11 +235,14 @@ def test_the_hf_engine_hands_over_rows_as_they_stop_as_the_batch_holds_them():
             assert i not in seen
             seen[i] = (t, x)
 
+    eng = HFRolloutEngine(model.eval(), tok, max_new_tokens=12, temperature=1.0, stop_ids=stops, **engine_kw)
+    torch.manual_seed(3)
+    return eng.generate(["1+2=?\n", "31+4=?\n"] * 8, on_rows=on_rows), seen
+
+
+def test_the_hf_engine_hands_over_rows_as_they_stop_as_the_batch_holds_them():
     for decode in ("compact", "generate"):
-        eng = HFRolloutEngine(model.eval(), tok, max_new_tokens=12, temperature=1.0, stop_ids=stops, decode=decode)
-        torch.manual_seed(3)
-        seen.clear()
-        b = eng.generate(["1+2=?\n", "31+4=?\n"] * 8, on_rows=on_rows)
+        b, seen = _handing_over(decode=decode)
         if decode == "generate":
             assert seen == {}  # all at once: scored when generate returns
             continue
@@ -365,18 +370,7 @@ def test_ctrl_c_leaves_no_worker_behind(data):
 
 def test_rows_handed_over_from_chunks_are_indices_into_the_whole_batch():
     """rollout.sample_rows: each chunk's stopped rows are numbered as the joined batch holds them."""
-    model, tok = _build_tiny()
-    stops = [tok.convert_tokens_to_ids(c) for c in "0123"] + [tok.eos_token_id]
-    seen = {}
-
-    def on_rows(rows, texts, ids):
-        for i, t, x in zip(rows, texts, ids):
-            assert i not in seen
-            seen[i] = (t, x)
-
-    eng = HFRolloutEngine(model.eval(), tok, max_new_tokens=12, temperature=1.0, stop_ids=stops, sample_rows=5)
-    torch.manual_seed(3)
-    b = eng.generate(["1+2=?\n", "31+4=?\n"] * 8, on_rows=on_rows)
+    b, seen = _handing_over(sample_rows=5)
     assert seen and max(seen) >= 5  # rows of later chunks were handed over too
     for i, (text, ids) in seen.items():
         assert (text, ids) == (b.completions[i], b.completion_ids[i])
