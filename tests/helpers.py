@@ -97,3 +97,39 @@ def rows_batch(lengths, truncated=None, C=None, engine_logp=None):
         truncated=torch.tensor(list(truncated) if truncated is not None else [False] * B),
         engine_logp=engine_logp,
     )
+
+
+def learn_capturing_grads(ctx, spec, batch, scores, state, *, ref=None, packed=False):
+    """One `train.step.learn` of `batch` (`scores`) under `spec`'s first arm, `ctx`'s model and
+    optimizer first reset to `state` ((model, optimizer) state dicts), `ref` the KL reference
+    when the arm has a KL term, `packed` the forwards' train.packing: (the flat gradient at each
+    optimizer step, the step's metrics)."""
+    import copy
+
+    import torch
+
+    from gspo_cli.algorithms import get_advantage_estimator, get_policy_loss
+    from gspo_cli.train.step import learn
+
+    model_state, opt_state = state
+    ctx.spec, ctx.arm, ctx.packed = spec, spec.arms[0], packed
+    ctx.loss_fn = get_policy_loss(ctx.arm.loss)
+    ctx.adv_fn = get_advantage_estimator(ctx.arm.advantage)
+    ctx.ref_model = ref if ctx.arm.kl_coef > 0 else None
+    ctx.model.config.output_router_logits = spec.model.router_aux_loss_coef > 0
+    ctx.model.load_state_dict(model_state)
+    ctx.optimizer.load_state_dict(opt_state)
+    ctx.shuffle = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)  # Clip-Cov draws its tokens from torch's generator
+    grads, step = [], ctx.optimizer.step
+
+    def capture(*a, **k):
+        grads.append(torch.cat([p.grad.reshape(-1) for p in ctx.model.parameters() if p.grad is not None]).clone())
+        return step(*a, **k)
+
+    ctx.optimizer.step = capture
+    try:
+        metrics = learn(ctx, copy.copy(batch), scores, 1)
+    finally:
+        ctx.optimizer.step, ctx.packed = step, False
+    return grads, metrics

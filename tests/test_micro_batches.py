@@ -18,15 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from helpers import TINY
+from helpers import TINY, learn_capturing_grads
 
-from gspo_cli.algorithms import (
-    AGGREGATIONS,
-    MISMATCH_CORRECTIONS,
-    POLICY_LOSSES,
-    get_advantage_estimator,
-    get_policy_loss,
-)
+from gspo_cli.algorithms import AGGREGATIONS, MISMATCH_CORRECTIONS, POLICY_LOSSES
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.rollout import make_engine
@@ -36,7 +30,7 @@ from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score
 from gspo_cli.train.micro import batch_logprobs, split_rows
-from gspo_cli.train.step import learn, setup
+from gspo_cli.train.step import setup
 from gspo_cli.train.update import route_token_mask
 from gspo_cli.train.watch import GapWarning
 
@@ -134,27 +128,7 @@ def _learn(bench, spec, ways: int | None = None, **train):
     ctx, batch, scores, ref, (model_state, opt_state) = bench
     train = {"micro_batch_rows": ROWS_FOR[ways]} if ways else train
     spec = spec.model_copy(update={"train": spec.train.model_copy(update=train)})
-    ctx.spec, ctx.arm = spec, spec.arms[0]
-    ctx.loss_fn = get_policy_loss(ctx.arm.loss)
-    ctx.adv_fn = get_advantage_estimator(ctx.arm.advantage)
-    ctx.ref_model = ref if ctx.arm.kl_coef > 0 else None
-    ctx.model.config.output_router_logits = spec.model.router_aux_loss_coef > 0
-    ctx.model.load_state_dict(model_state)
-    ctx.optimizer.load_state_dict(opt_state)
-    ctx.shuffle = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)  # Clip-Cov draws its tokens from torch's generator
-    grads, step = [], ctx.optimizer.step
-
-    def capture(*a, **k):
-        grads.append(torch.cat([p.grad.reshape(-1) for p in ctx.model.parameters() if p.grad is not None]).clone())
-        return step(*a, **k)
-
-    ctx.optimizer.step = capture
-    try:
-        metrics = learn(ctx, copy.copy(batch), scores, 1)
-    finally:
-        ctx.optimizer.step = step
-    return grads, metrics
+    return learn_capturing_grads(ctx, spec, batch, scores, (model_state, opt_state), ref=ref)
 
 
 def _same(metrics: dict) -> dict:

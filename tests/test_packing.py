@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import TINY
+from helpers import TINY, learn_capturing_grads
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
-from gspo_cli.algorithms import get_advantage_estimator, get_policy_loss
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.models.routing import RoutingController, routes_from_BT, routes_to_BT
@@ -29,7 +28,7 @@ from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score
 from gspo_cli.train.micro import batch_logprobs
-from gspo_cli.train.step import learn, setup
+from gspo_cli.train.step import setup
 from gspo_cli.train.update import route_token_mask
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -186,25 +185,8 @@ def bench():
 
 
 def _learn(bench, spec, packed: bool):
-    ctx, batch, scores, (model_state, opt_state) = bench
-    ctx.spec, ctx.arm, ctx.packed = spec, spec.arms[0], packed
-    ctx.loss_fn = get_policy_loss(ctx.arm.loss)
-    ctx.adv_fn = get_advantage_estimator(ctx.arm.advantage)
-    ctx.model.config.output_router_logits = spec.model.router_aux_loss_coef > 0
-    ctx.model.load_state_dict(model_state)
-    ctx.optimizer.load_state_dict(opt_state)
-    ctx.shuffle = torch.Generator().manual_seed(0)
-    grads, step = [], ctx.optimizer.step
-
-    def capture(*a, **k):
-        grads.append(torch.cat([p.grad.reshape(-1) for p in ctx.model.parameters() if p.grad is not None]).clone())
-        return step(*a, **k)
-
-    ctx.optimizer.step = capture
-    try:
-        metrics = learn(ctx, copy.copy(batch), scores, 1)
-    finally:
-        ctx.optimizer.step, ctx.packed = step, False
+    ctx, batch, scores, state = bench
+    grads, metrics = learn_capturing_grads(ctx, spec, batch, scores, state, packed=packed)
     return grads, {k: v for k, v in metrics.items() if not k.startswith(("time/", "perf/tokens_per_s", "perf/peak_"))}
 
 
