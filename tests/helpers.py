@@ -133,3 +133,31 @@ def learn_capturing_grads(ctx, spec, batch, scores, state, *, ref=None, packed=F
     finally:
         ctx.optimizer.step, ctx.packed = step, False
     return grads, metrics
+
+
+def models_in_float64(*models):
+    """Cast `models` to float64 in place (MoE experts to the eager implementation: torch's grouped
+    GEMM has no float64 kernel). See `in_float64` for why equality tests run in float64."""
+    for model in models:
+        model.double()
+        if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+            model.set_experts_implementation("eager")
+
+
+def in_float64(ctx, batch, *models):
+    """Cast `ctx`'s model, the other `models` and `batch`'s floating tensors to float64, in place.
+
+    Equality tests ("micro-batches change memory, not the update", "packed equals padded", "N
+    processes equal one") compare two computations that differ only in the order of their sums.
+    In float32 that order moves results by a few roundings, and how many depends on the CPU's
+    kernels, so a fixed float32 bound passes on one machine and fails on another. In float64
+    the same comparison holds to ~1e-12 everywhere, which is also the stronger claim."""
+    import dataclasses
+
+    import torch
+
+    models_in_float64(ctx.model, *models)
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        if torch.is_tensor(value) and value.is_floating_point():
+            setattr(batch, field.name, value.double())

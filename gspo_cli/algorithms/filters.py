@@ -16,6 +16,7 @@ import torch
 
 from .advantages import ZERO_VARIANCE_STD, _group_std, _grouped
 from .kl import LOG_RATIO_CLAMP
+from .precision import upcast
 
 TOKEN_FILTERS = ("entropy_top",)
 
@@ -37,7 +38,7 @@ def entropy_top_mask(entropy_BC: torch.Tensor, mask_BC: torch.Tensor, top: float
     if not 0 < top <= 1:
         raise ValueError(f"entropy_top must be in (0, 1], got {top}")
     keep_BC = mask_BC > 0
-    ent = entropy_BC.detach()[keep_BC].float()
+    ent = upcast(entropy_BC.detach()[keep_BC])
     n = ent.numel()
     if n == 0 or top >= 1:
         return keep_BC

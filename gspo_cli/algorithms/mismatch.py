@@ -50,6 +50,7 @@ from typing import NamedTuple
 import torch
 
 from .kl import LOG_RATIO_CLAMP
+from .precision import upcast
 
 
 class Correction(NamedTuple):
@@ -100,7 +101,7 @@ def _log_ratio(trainer_logp_BC, engine_logp_BC, mask_BC) -> tuple[torch.Tensor, 
             f"{tuple(engine_logp_BC.shape)}, mask {tuple(mask_BC.shape)}"
         )
     keep_BC = mask_BC > 0
-    diff_BC = trainer_logp_BC.detach().float() - engine_logp_BC.detach().float()
+    diff_BC = upcast(trainer_logp_BC.detach()) - upcast(engine_logp_BC.detach())
     return torch.where(keep_BC, diff_BC, torch.zeros_like(diff_BC)), keep_BC
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from gspo_cli import distributed
+from gspo_cli.algorithms.precision import upcast
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError
 
@@ -32,7 +33,7 @@ def load_balance_parts(router_logits, attention_mask: torch.Tensor, num_experts:
     prob_E = torch.zeros(num_experts, dtype=torch.float32, device=flat.device)
     rows = torch.zeros((), dtype=torch.float32, device=flat.device)
     for logits in router_logits:
-        probs = torch.softmax(logits.float(), dim=-1)
+        probs = torch.softmax(upcast(logits), dim=-1)
         chosen = probs.detach().topk(top_k, dim=-1).indices
         picks_E = picks_E + torch.zeros_like(picks_E).scatter_add_(0, chosen.reshape(-1), flat.repeat_interleave(top_k))
         prob_E = prob_E + (probs * flat.unsqueeze(-1)).sum(0)

@@ -28,6 +28,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from gspo_cli.algorithms.precision import upcast
+
 __all__ = [
     "UnsupportedRoutingError",
     "Routes",
@@ -59,7 +61,7 @@ class Routes:
 
 def _rescore(rule, logits, idx, scale):
     act, renorm = rule
-    probs = logits.float().softmax(-1) if act == "softmax" else logits.float().sigmoid()
+    probs = upcast(logits).softmax(-1) if act == "softmax" else upcast(logits).sigmoid()
     w = probs.gather(-1, idx)
     if renorm:
         w = w / w.sum(-1, keepdim=True).clamp_min(1e-20)

@@ -8,6 +8,8 @@ from typing import Protocol
 import torch
 import torch.utils.checkpoint
 
+from gspo_cli.algorithms.precision import upcast
+
 
 @dataclass
 class RolloutBatch:
@@ -235,7 +237,7 @@ def _chunked_token_logprobs(head_fn, h_BCH, ids_BC, temperature, with_entropy, r
 
 
 def _token_logprobs(head_fn, h_NH, ids_N, temperature, with_entropy):
-    logprobs_NV = torch.log_softmax(head_fn(h_NH).float() / temperature, dim=-1)
+    logprobs_NV = torch.log_softmax(upcast(head_fn(h_NH)) / temperature, dim=-1)
     logp_N = logprobs_NV.gather(-1, ids_N.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return (logp_N,)
@@ -288,7 +290,7 @@ def _logprobs_whole(model, batch: RolloutBatch, temperature: float, with_entropy
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
     )
     P = batch.prompt_len
-    logits = out.logits[:, P - 1 : -1].float() / temperature  # (B, C, V)
+    logits = upcast(out.logits[:, P - 1 : -1]) / temperature  # (B, C, V)
     logprobs = torch.log_softmax(logits, dim=-1)
     logp_BC = logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     ent_BC = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
@@ -303,7 +305,7 @@ def _logprobs_whole(model, batch: RolloutBatch, temperature: float, with_entropy
 def logprob_gaps(engine_logp_BC: torch.Tensor, trainer_logp_BC: torch.Tensor, mask_BC: torch.Tensor) -> torch.Tensor:
     """|engine - trainer| log-prob (nats, float32) of every response token, flat (N,): the
     sampler/trainer gap that biases every importance ratio before any update. Both (B, C)."""
-    return (engine_logp_BC.float() - trainer_logp_BC.float()).abs()[mask_BC > 0]
+    return (upcast(engine_logp_BC) - upcast(trainer_logp_BC)).abs()[mask_BC > 0]
 
 
 def logprob_mismatch(

@@ -33,6 +33,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from gspo_cli.algorithms.precision import upcast
+
 COMPACT_BELOW = 0.75  # gather the live rows when fewer than this share of the batch's rows are live
 
 
@@ -193,8 +195,9 @@ def sample(
     dev = ids.device
     out = ids.new_full((B, P + max_new_tokens), pad_id)
     out[:, :P] = ids
-    logp = torch.zeros(B, max_new_tokens, device=dev) if want_logprobs else None
-    ent = torch.zeros(B, max_new_tokens, device=dev) if want_logprobs else None
+    lp_dtype = torch.promote_types(model.dtype, torch.float32)  # float64 stays float64 (see upcast)
+    logp = torch.zeros(B, max_new_tokens, device=dev, dtype=lp_dtype) if want_logprobs else None
+    ent = torch.zeros(B, max_new_tokens, device=dev, dtype=lp_dtype) if want_logprobs else None
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
     cache = in_place_cache(model.config, P + max_new_tokens)
     extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
@@ -234,7 +237,7 @@ def sample(
             positions = positions + 1
             mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
             continue
-        scores = logits.float()
+        scores = upcast(logits)
         if temperature != 1.0:
             scores = scores / temperature
         lp = torch.log_softmax(scores, dim=-1)

@@ -7,6 +7,7 @@ import contextlib
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from gspo_cli.algorithms.precision import upcast
 from gspo_cli.models.prompts import raw_prompts, stop_token_ids
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch, concat_batches
@@ -199,7 +200,7 @@ class SamplerLogprobs(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:  # the previous step's token is input_ids' last column
             self._take(input_ids[:, -1])
-        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        logprobs = torch.log_softmax(upcast(scores) / self.temperature, dim=-1)
         self.entropy.append(-(logprobs.exp() * logprobs).sum(-1))
         self.pending = logprobs
         return scores

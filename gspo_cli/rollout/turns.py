@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gspo_cli.algorithms.precision import upcast
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
@@ -305,7 +306,7 @@ class MultiTurnEngine(TurnTaking):
                     **{cache_arg: cache},
                     **extra,
                 )
-                logprobs = torch.log_softmax(out.logits[:, -1].float() / temp, dim=-1)
+                logprobs = torch.log_softmax(upcast(out.logits[:, -1]) / temp, dim=-1)
                 draw = torch.multinomial(logprobs.exp(), 1).squeeze(-1).tolist()
                 col, real, ended = [], [], []
                 for i, r in enumerate(rows):

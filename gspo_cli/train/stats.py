@@ -18,6 +18,7 @@ import torch
 
 from gspo_cli import distributed
 from gspo_cli.algorithms import zero_variance_group_frac
+from gspo_cli.algorithms.precision import upcast
 from gspo_cli.distributed import DistInfo
 from gspo_cli.metrics import LOSS_STAT_KEYS, reward_key, reward_std_key
 from gspo_cli.rollout.base import logprob_gaps
@@ -136,7 +137,7 @@ def record_logratio_var(stats: StepStats, new_logp_BC, old_logp_BC, mask_BC, min
     response tokens of a mini-batch, by the mini-batch's index in the step (0: on-policy; later
     ones drift further) and by each response's length bucket. (B, C) tensors; `mask_BC` 1 on
     response tokens."""
-    logr_BC = (new_logp_BC.detach().float() - old_logp_BC.float()) * mask_BC
+    logr_BC = (upcast(new_logp_BC.detach()) - upcast(old_logp_BC)) * mask_BC
     on = mask_BC > 0
     stats.var(f"ratio/logvar_mb{minibatch}", logr_BC[on])
     keys = [logvar_length_key(int(n)) if n else None for n in mask_BC.sum(-1).tolist()]

@@ -277,7 +277,7 @@ def _prepass(ctx, batch, rows, parts, n_real, old_logp_BC, adv_B, old_routes, ma
             new = response_logprobs(ctx.model, sub, spec.rollout.temperature, packed=ctx.packed)
         if j >= n_real:
             continue
-        logp_BC[mb, :c] = new.logp[:, :c].float()
+        logp_BC[mb, :c] = new.logp[:, :c].to(logp_BC.dtype)
         if aux and new.router_logits is not None:
             p, r = load_balance_counts(new.router_logits, _routed_tokens(sub), ctx.model.config)
             picks_E, n_rows = picks_E + p, n_rows + r
