@@ -1,7 +1,8 @@
 """Micro-batches (train.micro_batch_tokens / micro_batch_rows): the packing of rows to a budget,
 and the update run in 1, 2, 3 or 7 micro-batches giving the unsplit gradient (in float64,
-within 1e-10 relative: see helpers.in_float64) and the same metrics, for every registered loss x aggregation, R2 and R3 replay, each
-mismatch correction, the KL penalty, the router load-balancing loss and the token filters."""
+within 1e-10 relative: see helpers.in_float64) and the same metrics, for every registered
+loss x aggregation, R2 and R3 replay, each mismatch correction, the KL penalty, the router
+load-balancing loss and the token filters."""
 
 from __future__ import annotations
 
