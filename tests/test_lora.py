@@ -512,12 +512,12 @@ def test_ddp_updates_the_adapters_like_one_process(tmp_path, base_dir):
     a, b = runs[1]["grads"], runs[2]["grads"]
     assert set(a) == set(b) and len(a) == 16 and all(".lora_" in k for k in a)  # the adapters alone
     scale = max(g.abs().max().item() for g in a.values())
-    assert scale > 0 and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5 * scale
+    assert scale > 0 and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-10 * scale  # float64
     m1, m2 = runs[1]["metrics"], runs[2]["metrics"]
     assert m1["policy/kl_ref_k3"] == 0.0  # B = 0: before its first update the policy is its reference
     for key, v in m1.items():
         if not key.startswith(("time/", "perf/")):
-            assert m2[key] == pytest.approx(v, rel=1e-4, abs=1e-6), key
+            assert m2[key] == pytest.approx(v, rel=1e-9, abs=1e-12), key
 
 
 def test_merged_parameters_are_the_merged_model(base_dir, tmp_path):

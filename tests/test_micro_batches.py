@@ -259,13 +259,13 @@ def test_two_processes_in_uneven_micro_batches_update_like_one_unsplit(tmp_path,
     assert set(a) == set(b) and len(a) > 10
     scale = max(g.abs().max().item() for g in a.values())
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
-    assert 0 < scale and diff <= 1e-5 * scale, (diff, scale)  # float reduction order only
+    assert 0 < scale and diff <= 1e-10 * scale, (diff, scale)  # float64: reduction order only (update_check.py)
     m1, m2 = one["metrics"], two["metrics"]
     assert 0 < m1["policy/clip_frac_token"] < 1 and m1["moe/aux_loss"] > 0
     keys = {k for k in m1 if not k.startswith(("time/", "perf/"))}
     assert keys == {k for k in m2 if not k.startswith(("time/", "perf/"))}
     for key in keys:
-        assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+        assert m2[key] == pytest.approx(m1[key], rel=1e-9, abs=1e-12), key
 
 
 @pytest.mark.parametrize("mode", ["record", "replay"])

@@ -158,10 +158,10 @@ class RoutingController:
         pref = getattr(mod, "norm_topk_prob", None)
         rules = sorted(_RULES, key=lambda r: r[1] != pref) if isinstance(pref, bool) else _RULES
         scale = float(getattr(mod, "routed_scaling_factor", 1.0) or 1.0)
-        tol = 1e-4 if scores.dtype == torch.float32 else 2e-2
+        tol = 1e-4 if scores.dtype in (torch.float32, torch.float64) else 2e-2
         for rule in rules:
             for s in dict.fromkeys((scale, 1.0)):
-                if torch.allclose(_rescore(rule, logits, idx.long(), s), scores.float(), atol=tol, rtol=tol):
+                if torch.allclose(_rescore(rule, logits, idx.long(), s), upcast(scores), atol=tol, rtol=tol):
                     return (rule[0], rule[1], s), logits.shape[-1]
         raise UnsupportedRoutingError(f"{name}: router {cls} scores are not a softmax/sigmoid top-k of its logits")
 

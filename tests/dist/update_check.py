@@ -14,6 +14,10 @@ usage: update_check.py SPEC_YAML MODEL_DIR OUT_PT [EMULATE_WORLD]
 
 EMULATE_WORLD (one process only): split mini-batches as that many processes would
 (train/minibatch.ddp_equivalent_rows), to compare multi-mini-batch updates.
+
+The model trains in float64 (`_float64_models`): the tests compare world sizes, which differ
+only in the order of their sums, and in float32 that order moves gradients by an amount that
+depends on the CPU's kernels (tests/helpers.in_float64).
 """
 
 import random
@@ -31,6 +35,34 @@ from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Score
 from gspo_cli.train.minibatch import ddp_equivalent_rows
+
+
+def _float64_models() -> None:
+    """Every model transformers builds or loads in this process comes out in float64 with eager
+    experts (torch's grouped GEMM has no float64 kernel), before DDP or FSDP wraps it; LoRA's
+    adapters stay float64 too."""
+    import transformers
+
+    from gspo_cli.models import lora
+
+    def float64(make):
+        def build(*args, **kwargs):
+            kwargs["dtype"] = torch.float64
+            if "experts_implementation" in kwargs:
+                kwargs["experts_implementation"] = "eager"
+            return make(*args, **kwargs)
+
+        return build
+
+    auto = transformers.AutoModelForCausalLM
+    auto.from_pretrained = float64(auto.from_pretrained)
+    auto.from_config = float64(auto.from_config)
+    inject = lora.apply_lora
+
+    def apply_lora(model, spec, name):
+        return inject(model, spec, name).double()
+
+    lora.apply_lora = apply_lora
 
 
 def fixed_batch(tok, task, n):
@@ -53,6 +85,7 @@ def fixed_batch(tok, task, n):
 
 def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     spec = spec_from_dict(yaml.safe_load(open(spec_yaml)))
+    _float64_models()
     info = distributed.setup()
     if int(emulate) > 1:
         world = int(emulate)
@@ -66,7 +99,8 @@ def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     rows = torch.arange(info.rank * n, (info.rank + 1) * n)
     with torch.no_grad(), ctx.compute():  # in model.dtype, as the step's own pi_old pass
         full = response_logprobs(ctx.model, batch, with_entropy=True)
-    wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float32)).reshape(full.logp.shape)
+    assert full.logp.dtype == torch.float64
+    wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float64)).reshape(full.logp.shape)
     old = LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
     routes = None  # R2: the routes of one padded forward of the whole batch, each rank's rows
     if spec.arms[0].routing_replay == "r2":
