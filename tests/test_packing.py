@@ -127,8 +127,9 @@ def test_a_qwen3_moe_from_config_packed_equals_padded(attn):
     transformers' eager attention takes its softmax in float32 whatever the model's dtype, so its
     comparison has a float32 floor: the same padded forward with sdpa's float64 softmax measures
     it (7.8e-8 relative in the gradient, 1.9e-8 in log-probs, on a 2-core x86 box; packed vs
-    padded: 7.5e-8 and 2.2e-8), and packed may differ from padded by at most 10x that. Its float32 softmax also turns a fully masked row (a left-padding
-    position) into NaN in float64, so its rows share one prompt length (sdpa's cover left padding)."""
+    padded: 7.5e-8 and 2.2e-8), and packed may differ from padded by at most 10x that. Its
+    float32 softmax also turns a fully masked row (a left-padding position) into NaN in float64,
+    so its rows share one prompt length (sdpa's cover left padding)."""
     model = _qwen3_moe(attn)
     routing = RoutingController(model)
     batch = _batch([5, 2, 3, 1] if attn == "sdpa" else [5, 5, 5, 5], [8, 1, 4, 2])
