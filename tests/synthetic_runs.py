@@ -123,3 +123,54 @@ def make_no_signal_experiment(root: Path, steps: int = 12) -> Path:
         ]
         write_run(root, arm, 0, recs, clip_high=4e-4 if arm == "gspo" else 0.27)
     return root / "exp"
+
+
+# --------------------------------------------------------------------------- known effects, for the statistics
+
+
+def simulate_problem_counts(
+    rng,
+    *,
+    experiments: int,
+    seeds: int,
+    problems: int,
+    samples: int,
+    delta: float,
+    sd_seed: float = 0.03,
+    sd_problem: float = 0.03,
+    sd_inter: float = 0.02,
+    sd_shared: float = 0.05,
+):
+    """Correct counts of a baseline and an arm evaluated on the same held-out problems, for
+    `experiments` independent experiments at once: arrays (E, S, P) of ints out of `samples`.
+
+    Baseline success probability of problem p at seed s: q_p + u_s (q_p uniform in [0.3, 0.7], a
+    problem's difficulty; u_s ~ N(0, sd_shared), what arms share at equal seed). The arm adds
+    delta + a_s + b_p + g_sp: a_s ~ N(0, sd_seed) its own training noise per seed, b_p ~ N(0,
+    sd_problem) how much more problem p favours it (mean 0 over the population of problems, so the
+    true difference is delta), g_sp ~ N(0, sd_inter). Counts are binomial. Probabilities are
+    clipped to [0, 1], which the default sizes reach with negligible probability.
+    """
+    import numpy as np
+
+    E, S, P = experiments, seeds, problems
+    q = rng.uniform(0.3, 0.7, (E, 1, P))
+    u = rng.normal(0, sd_shared, (E, S, 1))
+    base_p = np.clip(q + u, 0, 1)
+    arm_p = np.clip(
+        base_p
+        + delta
+        + rng.normal(0, sd_seed, (E, S, 1))
+        + rng.normal(0, sd_problem, (E, 1, P))
+        + rng.normal(0, sd_inter, (E, S, P)),
+        0,
+        1,
+    )
+    return rng.binomial(samples, arm_p), rng.binomial(samples, base_p)
+
+
+def simulate_seed_values(rng, *, experiments: int, seeds: int, delta: float, sd_diff: float, sd_base: float = 0.2):
+    """Per-seed numbers of a baseline and an arm, (E, S) each: baseline ~ N(0.5, sd_base) per seed
+    (widely spread, shared by the arm at equal seed), arm = baseline + delta + N(0, sd_diff)."""
+    base = 0.5 + rng.normal(0, sd_base, (experiments, seeds))
+    return base + delta + rng.normal(0, sd_diff, (experiments, seeds)), base
