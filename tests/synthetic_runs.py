@@ -174,3 +174,48 @@ def simulate_seed_values(rng, *, experiments: int, seeds: int, delta: float, sd_
     (widely spread, shared by the arm at equal seed), arm = baseline + delta + N(0, sd_diff)."""
     base = 0.5 + rng.normal(0, sd_base, (experiments, seeds))
     return base + delta + rng.normal(0, sd_diff, (experiments, seeds)), base
+
+
+def make_problem_experiment(
+    root: Path,
+    *,
+    arms: dict[str, float],
+    seeds: tuple[int, ...] = (0, 1, 2),
+    problems: int = 40,
+    samples: int = 4,
+    rng_seed: int = 0,
+    records: bool = True,
+    comparison: dict | None = None,
+    sd_seed: float = 0.03,
+    sd_problem: float = 0.03,
+    sd_shared: float = 0.05,
+) -> Path:
+    """root/exp/<arm>/seed<k> for each arm (name -> its true difference from 0; the baseline is the
+    arm given 0.0): the model of `simulate_problem_counts`, q_p + u_s shared by every arm at equal
+    seed, each arm adding its difference + a_s + b_p. One held-out evaluation at step 10 with
+    problem records in eval.jsonl ("problems": id, correct, reward); train reward = the held-out
+    score at every step. `records=False` writes the same scores without problem records (a run
+    from before they existed). Returns root/exp."""
+    import numpy as np
+
+    rng = np.random.default_rng(rng_seed)
+    S, P = len(seeds), problems
+    shared = rng.uniform(0.3, 0.7, (1, P)) + rng.normal(0, sd_shared, (S, 1))
+    ids = [f"p-{i}" for i in range(P)]
+    for name, delta in arms.items():
+        p = shared + delta
+        if delta != 0.0 or sd_seed or sd_problem:
+            p = p + rng.normal(0, sd_seed, (S, 1)) + rng.normal(0, sd_problem, (1, P))
+        counts = rng.binomial(samples, np.clip(p, 0, 1))
+        for k, seed in enumerate(seeds):
+            c = [int(x) for x in counts[k]]
+            score = float(np.mean(c) / samples)
+            ev = {"step": 10, "task": "arith", "n": P, "samples": samples, "scores": {f"avg@{samples}": score}}
+            if records:
+                ev["problems"] = {"id": ids, "correct": c, "reward": [round(x / samples, 4) for x in c]}
+            recs = [{"step": t, "reward/mean": score, "time/elapsed_s": 2.0 * t} for t in range(1, 11)]
+            d = write_run(root, name, seed, recs, evals=[ev])
+            if comparison is not None:
+                spec = yaml.safe_load((d / "spec.yaml").read_text())
+                (d / "spec.yaml").write_text(yaml.safe_dump({**spec, "comparison": comparison}))
+    return root / "exp"

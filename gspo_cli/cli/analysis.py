@@ -109,16 +109,47 @@ def compare(
     threshold: Annotated[
         Optional[float], typer.Option("--threshold", help="add steps and time to reach this train reward")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, markdown, csv or json")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="table, markdown, csv or json (csv with --baseline: the differences)")
+    ] = "table",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write to this file instead of stdout")] = None,
+    baseline: Annotated[
+        Optional[str],
+        typer.Option(
+            "--baseline",
+            "-b",
+            help="add each arm's difference from this arm (paired over seeds), with a verdict; default: the "
+            "spec's comparison.baseline; e.g. --baseline grpo",
+        ),
+    ] = None,
+    margin: Annotated[
+        Optional[float],
+        typer.Option(
+            "--margin",
+            help="equivalence margin: `equivalent` when the 90% CI lies inside ±M; default: the spec's "
+            "comparison.margin, else no equivalence verdict; e.g. --margin 0.02",
+        ),
+    ] = None,
+    pairs: Annotated[
+        bool,
+        typer.Option("--pairs", help="differences for every pair of arms (one Holm family), not only vs a baseline"),
+    ] = False,
+    robust: Annotated[
+        bool,
+        typer.Option("--robust", help="add probability of improvement and the interquartile mean (IQM) over seeds"),
+    ] = False,
 ) -> None:
     """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
 
     Reads run directories only (never a model); running or dead runs count with what is on disk.
 
-    Example: `gspo compare results/quickstart -f markdown`
+    With --baseline: a differences table (difference, CI, method, verdict better/worse/equivalent/not
+    resolved, Holm-adjusted p, seeds needed), paired over seeds, from problem records where runs have them.
+
+    Example: `gspo compare results/quickstart --baseline grpo --margin 0.02 -f markdown`
     """
     from gspo_cli.analysis import compare as cmp
+    from gspo_cli.analysis import differences as dif
 
     try:
         if fmt not in cmp.FORMATS:
@@ -126,6 +157,20 @@ def compare(
         result = cmp.compare_runs(
             paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold
         )
+        table = None
+        section = dif.spec_comparison(result.groups)
+        base = baseline or section.get("baseline")
+        if base is not None or pairs:
+            metric = section.get("metric")
+            table = dif.build_differences(
+                result.groups,
+                result.columns,
+                baseline=base,
+                margin=margin if margin is not None else section.get("margin"),
+                pairs=pairs,
+                metrics=[metric] if metric in {c.id for c in result.columns} else None,
+                robust=robust,
+            )
     except GspoError as err:
         _fail(err)
     if out is None and fmt == "table":
@@ -133,8 +178,12 @@ def compare(
         console.print(cmp.rich_table(result))
         for note in result.notes:
             console.print(note, style="dim", markup=False, highlight=False)
+        if table is not None:
+            console.print(dif.rich_table(table))
+            for note in table.notes:
+                console.print(note, style="dim", markup=False, highlight=False)
         return
-    text = cmp.render(result, fmt)
+    text = cmp.render(result, fmt) if table is None else dif.render_with_differences(result, table, fmt)
     if out is None:
         typer.echo(text, nl=False)
     else:

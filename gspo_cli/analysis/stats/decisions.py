@@ -75,17 +75,17 @@ class Difference:
             return ""
         est, parts = self.estimate, []
         if not est.has_interval:
-            return "needs at least 2 seeds per arm (paired: the same seeds in both)"
+            return "it needs a value from at least 2 seeds per arm (paired: the same seeds in both)"
         if self.seeds_needed is not None:
-            parts.append(f"about {self.seeds_needed} paired seeds per arm to find a difference of {est.delta:+.3g}")
+            parts.append(f"about {self.seeds_needed} paired seeds per arm would find a difference of {est.delta:+.3g}")
         elif math.isfinite(est.delta) and est.delta != 0:
             comp = est.components
-            limited = comp is not None and comp.problem > 0
-            parts.append(
-                "no number of seeds up to 1000 finds it" + (" on this held-out set (add problems)" if limited else "")
-            )
+            if comp is not None and comp.problem > 0:
+                parts.append(f"more seeds alone cannot resolve {est.delta:+.3g} on this held-out set: add problems")
+            else:
+                parts.append(f"a difference of {est.delta:+.3g} needs more than 1000 seeds")
         if self.seeds_equivalence is not None:
-            parts.append(f"about {self.seeds_equivalence} to show equivalence within ±{self.margin:g}")
+            parts.append(f"about {self.seeds_equivalence} would show equivalence within ±{self.margin:g}")
         if est.components is not None:
             parts.append(est.components.advice())
         return "; ".join(parts)

@@ -127,6 +127,8 @@ def seed_difference(arm: dict[int, float], base: dict[int, float]) -> Estimate:
         method = f"paired t, {len(common)} seeds" + (f" ({left} unpaired left out)" if left else "")
         d = np.array([a[s] - b[s] for s in common])
         return paired_t(d, method, len(a), len(b))
+    if not a or not b:
+        return welch(list(a.values()), list(b.values()), f"no values: {len(a)} vs {len(b)} seeds have one")
     why = "no seed in common" if not common else "1 seed in common"
     return welch(list(a.values()), list(b.values()), f"Welch, {len(a)} vs {len(b)} seeds ({why})")
 
