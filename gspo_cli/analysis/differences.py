@@ -87,7 +87,9 @@ def _per_seed(group: Group, value) -> dict[int, float]:
     return {r.seed: value(r) for r in group.runs}
 
 
-def _estimate(arm: Group, base: Group, column) -> Estimate:
+def estimate(arm: Group, base: Group, column) -> Estimate:
+    """arm - base on one compare column: from problem records for a held-out final score when every
+    run has them, else from the per-seed values (paired where the seeds pair)."""
     if column.id.startswith("eval_final:"):
         task = column.id.split(":", 1)[1]
         a = {r.seed: problem_records(r, task) for r in arm.runs}
@@ -134,7 +136,7 @@ def build_differences(
     items, raw = [], []
     for arm, base in couples:
         for m in wanted:
-            items.append((arm.name, base.name, m, metric_direction(m), _estimate(arm, base, cols[m])))
+            items.append((arm.name, base.name, m, metric_direction(m), estimate(arm, base, cols[m])))
             raw.append(([cols[m].value(r) for r in arm.runs], [cols[m].value(r) for r in base.runs]))
     rows = decide(items, margin=margin)
     if robust:
@@ -260,6 +262,7 @@ __all__ = [
     "COLUMNS",
     "DifferenceTable",
     "build_differences",
+    "estimate",
     "metric_direction",
     "problem_records",
     "render_with_differences",

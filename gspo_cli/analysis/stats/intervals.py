@@ -93,6 +93,8 @@ def paired_t(d: np.ndarray, method: str, n_arm: int, n_base: int) -> Estimate:
     if n == 0:
         return Estimate(math.nan, math.nan, math.nan, method, 0, n_arm, n_base)
     sd = float(np.std(d, ddof=1)) if n > 1 else math.nan
+    if sd <= 1e-12 * max(1.0, float(np.abs(d).max())):  # equal differences up to rounding: no spread
+        sd = 0.0
     return Estimate(float(d.mean()), sd / math.sqrt(n), n - 1, method, n, n_arm, n_base, sd_pairs=sd)
 
 
