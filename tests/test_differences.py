@@ -118,3 +118,17 @@ def test_spec_comparison_section_sets_baseline_and_margin(tmp_path):
 def test_user_mistakes_are_one_line(runs, args, message):
     res = runner.invoke(app, ["compare", str(runs), *args])
     assert res.exit_code == 2 and res.stderr.strip() == f"error: {message}"
+
+
+def test_plot_writes_the_differences_figure(runs, tmp_path):
+    res = runner.invoke(
+        app, ["plot", str(runs), "--baseline", "grpo", "--margin", "0.05", "--no-panel", "-o", str(tmp_path)]
+    )
+    assert res.exit_code == 0, res.output
+    fig = tmp_path / "differences.png"
+    assert str(fig) in res.stdout.splitlines() and fig.stat().st_size > 5000
+    plain = tmp_path / "plain"
+    assert runner.invoke(app, ["plot", str(runs), "--no-panel", "-o", str(plain)]).exit_code == 0
+    assert not (plain / "differences.png").exists()  # no baseline given, none in the spec
+    bad = runner.invoke(app, ["plot", str(runs), "--baseline", "nope", "-o", str(plain)])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --baseline: no arm 'nope'")

@@ -240,6 +240,19 @@ def plot(
             "--panel/--no-panel", help="also write the panel figure (panel.png, .svg or .pdf): the figures on one grid"
         ),
     ] = True,
+    baseline: Annotated[
+        Optional[str],
+        typer.Option(
+            "--baseline",
+            "-b",
+            help="also write differences.png: each arm's difference from this arm with its 95% CI, as `compare "
+            "--baseline` computes it (default: the spec's comparison.baseline); e.g. --baseline grpo",
+        ),
+    ] = None,
+    margin: Annotated[
+        Optional[float],
+        typer.Option("--margin", help="draw the ±M equivalence band on differences.png; e.g. --margin 0.02"),
+    ] = None,
 ) -> None:
     """Draw reward, held-out score, clip-fraction, expert-change and other curves from run
     directories, one file per figure plus the panel a paper shows.
@@ -264,6 +277,10 @@ def plot(
             group_by=group_by,
             panel=panel,
         )
+        from gspo_cli.analysis.differences_plot import write_differences_figure
+
+        diff = write_differences_figure(paths, baseline=baseline, margin=margin, out=out, fmt=fmt, group_by=group_by)
+        written += [diff] if diff is not None else []
     except GspoError as err:
         _fail(err)
     for name in skipped:
