@@ -186,6 +186,7 @@ def make_problem_experiment(
     rng_seed: int = 0,
     records: bool = True,
     comparison: dict | None = None,
+    arm_fields: dict | None = None,
     sd_seed: float = 0.03,
     sd_problem: float = 0.03,
     sd_shared: float = 0.05,
@@ -195,7 +196,8 @@ def make_problem_experiment(
     seed, each arm adding its difference + a_s + b_p. One held-out evaluation at step 10 with
     problem records in eval.jsonl ("problems": id, correct, reward); train reward = the held-out
     score at every step. `records=False` writes the same scores without problem records (a run
-    from before they existed). Returns root/exp."""
+    from before they existed). `comparison`: the spec's comparison section; `arm_fields`: spec
+    fields added to every arm (e.g. mini_batches). Returns root/exp."""
     import numpy as np
 
     rng = np.random.default_rng(rng_seed)
@@ -215,7 +217,7 @@ def make_problem_experiment(
                 ev["problems"] = {"id": ids, "correct": c, "reward": [round(x / samples, 4) for x in c]}
             recs = [{"step": t, "reward/mean": score, "time/elapsed_s": 2.0 * t} for t in range(1, 11)]
             d = write_run(root, name, seed, recs, evals=[ev])
-            if comparison is not None:
-                spec = yaml.safe_load((d / "spec.yaml").read_text())
-                (d / "spec.yaml").write_text(yaml.safe_dump({**spec, "comparison": comparison}))
+            spec = yaml.safe_load((d / "spec.yaml").read_text())
+            spec["arms"][0].update(arm_fields or {})
+            (d / "spec.yaml").write_text(yaml.safe_dump({**spec, **({"comparison": comparison} if comparison else {})}))
     return root / "exp"

@@ -132,3 +132,30 @@ def test_plot_writes_the_differences_figure(runs, tmp_path):
     assert not (plain / "differences.png").exists()  # no baseline given, none in the spec
     bad = runner.invoke(app, ["plot", str(runs), "--baseline", "nope", "-o", str(plain)])
     assert bad.exit_code == 2 and bad.stderr.startswith("error: --baseline: no arm 'nope'")
+
+
+def test_report_findings_use_problem_records_and_say_what_would_resolve(tmp_path):
+    """GSPO +0.25 on the held-out set (clear), the train reward equal to the held-out score: the
+    report's finding 1 is paired, from problem records for the held-out score, Holm over the
+    findings; a difference left unresolved says what would resolve it."""
+    from gspo_cli.analysis.report import write_report
+
+    exp = make_problem_experiment(
+        tmp_path / "a",
+        arms={"grpo": 0.0, "gspo": 0.25},
+        seeds=(0, 1, 2, 3),
+        problems=60,
+        arm_fields={"mini_batches": 4},
+    )
+    text = write_report(exp).read_text()
+    assert "**1. GSPO learns more per step than GRPO — holds.**" in text
+    assert "(significant; seeds t + problem bootstrap, 4 seeds x 60 problems, adj. p" in text
+    assert "Holm's step-down" in text
+    small = make_problem_experiment(
+        tmp_path / "b", arms={"grpo": 0.0, "gspo": 0.02}, problems=60, arm_fields={"mini_batches": 4}, rng_seed=3
+    )
+    text = write_report(small).read_text()
+    assert "**1. GSPO learns more per step than GRPO — not resolved.**" in text
+    # here the observed difference is +0.0014: more than 1000 seeds; and more seeds help most
+    assert "a difference of +0.00139 needs more than 1000 seeds" in text
+    assert "doubling shrinks the variance by: seeds 50%, samples per problem 25%, problems 25%; most: more seeds" in text
