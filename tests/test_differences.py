@@ -158,4 +158,6 @@ def test_report_findings_use_problem_records_and_say_what_would_resolve(tmp_path
     assert "**1. GSPO learns more per step than GRPO — not resolved.**" in text
     # here the observed difference is +0.0014: more than 1000 seeds; and more seeds help most
     assert "a difference of +0.00139 needs more than 1000 seeds" in text
-    assert "doubling shrinks the variance by: seeds 50%, samples per problem 25%, problems 25%; most: more seeds" in text
+    assert (
+        "doubling shrinks the variance by: seeds 50%, samples per problem 25%, problems 25%; most: more seeds" in text
+    )

@@ -132,11 +132,19 @@ def compare(
     ] = None,
     pairs: Annotated[
         bool,
-        typer.Option("--pairs", help="differences for every pair of arms (one Holm family), not only vs a baseline"),
+        typer.Option(
+            "--pairs",
+            help="differences for every pair of arms (one Holm family), not only vs a baseline; e.g. "
+            "gspo compare results/zoo --pairs",
+        ),
     ] = False,
     robust: Annotated[
         bool,
-        typer.Option("--robust", help="add probability of improvement and the interquartile mean (IQM) over seeds"),
+        typer.Option(
+            "--robust",
+            help="add probability of improvement and the interquartile mean (IQM) over seeds; e.g. "
+            "--baseline grpo --robust",
+        ),
     ] = False,
 ) -> None:
     """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
@@ -301,8 +309,9 @@ def report(
     smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
 ) -> None:
     """The GSPO paper's five findings checked on an experiment's runs: compare's table, plot's
-    figures, and per finding a difference of arm means with a 95% CI and a verdict, or "not
-    testable" and why (no reward signal, or arms that take the same gradient).
+    figures, and per finding the differences between arms (paired over seeds, Holm over every
+    difference in the findings, each unresolved one with what would resolve it) and a verdict, or
+    "not testable" and why (no reward signal, or arms that take the same gradient).
 
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """
