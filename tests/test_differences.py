@@ -161,3 +161,13 @@ def test_report_findings_use_problem_records_and_say_what_would_resolve(tmp_path
     assert (
         "doubling shrinks the variance by: seeds 50%, samples per problem 25%, problems 25%; most: more seeds" in text
     )
+
+
+def test_metrics_chosen_with_m_are_the_family(runs):
+    doc = _json(runs, "--baseline", "grpo", "-m", "reward,wall")
+    assert {(d["arm"], d["metric"]) for d in doc["differences"]} == {
+        (a, m) for a in ("gspo", "cispo") for m in ("reward", "wall")
+    }
+    assert {d["direction"] for d in doc["differences"] if d["metric"] == "wall"} == {"lower is better"}
+    default = _json(runs, "--baseline", "grpo")  # no -m: held-out final score and train reward
+    assert {d["metric"] for d in default["differences"]} == {"eval_final:arith", "reward"}

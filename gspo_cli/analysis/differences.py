@@ -108,6 +108,15 @@ def default_metrics(columns) -> list[str]:
     return [c.id for c in columns if c.id.startswith("eval_final:")] + [c.id for c in columns if c.id == "reward"]
 
 
+def family_metrics(columns, *, explicit: bool, spec_metric: str | None = None) -> list[str] | None:
+    """Which columns the differences cover: the spec's comparison.metric when it is a column shown;
+    every column shown but `steps` when --metrics chose them; else None (`default_metrics`)."""
+    ids = [c.id for c in columns]
+    if spec_metric in ids:
+        return [spec_metric]
+    return [i for i in ids if i != "steps"] if explicit else None
+
+
 def build_differences(
     groups: list[Group],
     columns,
@@ -263,6 +272,7 @@ __all__ = [
     "DifferenceTable",
     "build_differences",
     "estimate",
+    "family_metrics",
     "metric_direction",
     "problem_records",
     "render_with_differences",

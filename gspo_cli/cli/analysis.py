@@ -176,7 +176,7 @@ def compare(
                 baseline=base,
                 margin=margin if margin is not None else section.get("margin"),
                 pairs=pairs,
-                metrics=[metric] if metric in {c.id for c in result.columns} else None,
+                metrics=dif.family_metrics(result.columns, explicit=bool(metrics), spec_metric=metric),
                 robust=robust,
             )
     except GspoError as err:
