@@ -123,3 +123,101 @@ def make_no_signal_experiment(root: Path, steps: int = 12) -> Path:
         ]
         write_run(root, arm, 0, recs, clip_high=4e-4 if arm == "gspo" else 0.27)
     return root / "exp"
+
+
+# --------------------------------------------------------------------------- known effects, for the statistics
+
+
+def simulate_problem_counts(
+    rng,
+    *,
+    experiments: int,
+    seeds: int,
+    problems: int,
+    samples: int,
+    delta: float,
+    sd_seed: float = 0.03,
+    sd_problem: float = 0.03,
+    sd_inter: float = 0.02,
+    sd_shared: float = 0.05,
+):
+    """Correct counts of a baseline and an arm evaluated on the same held-out problems, for
+    `experiments` independent experiments at once: arrays (E, S, P) of ints out of `samples`.
+
+    Baseline success probability of problem p at seed s: q_p + u_s (q_p uniform in [0.3, 0.7], a
+    problem's difficulty; u_s ~ N(0, sd_shared), what arms share at equal seed). The arm adds
+    delta + a_s + b_p + g_sp: a_s ~ N(0, sd_seed) its own training noise per seed, b_p ~ N(0,
+    sd_problem) how much more problem p favours it (mean 0 over the population of problems, so the
+    true difference is delta), g_sp ~ N(0, sd_inter). Counts are binomial. Probabilities are
+    clipped to [0, 1], which the default sizes reach with negligible probability.
+    """
+    import numpy as np
+
+    E, S, P = experiments, seeds, problems
+    q = rng.uniform(0.3, 0.7, (E, 1, P))
+    u = rng.normal(0, sd_shared, (E, S, 1))
+    base_p = np.clip(q + u, 0, 1)
+    arm_p = np.clip(
+        base_p
+        + delta
+        + rng.normal(0, sd_seed, (E, S, 1))
+        + rng.normal(0, sd_problem, (E, 1, P))
+        + rng.normal(0, sd_inter, (E, S, P)),
+        0,
+        1,
+    )
+    return rng.binomial(samples, arm_p), rng.binomial(samples, base_p)
+
+
+def simulate_seed_values(rng, *, experiments: int, seeds: int, delta: float, sd_diff: float, sd_base: float = 0.2):
+    """Per-seed numbers of a baseline and an arm, (E, S) each: baseline ~ N(0.5, sd_base) per seed
+    (widely spread, shared by the arm at equal seed), arm = baseline + delta + N(0, sd_diff)."""
+    base = 0.5 + rng.normal(0, sd_base, (experiments, seeds))
+    return base + delta + rng.normal(0, sd_diff, (experiments, seeds)), base
+
+
+def make_problem_experiment(
+    root: Path,
+    *,
+    arms: dict[str, float],
+    seeds: tuple[int, ...] = (0, 1, 2),
+    problems: int = 40,
+    samples: int = 4,
+    rng_seed: int = 0,
+    records: bool = True,
+    comparison: dict | None = None,
+    arm_fields: dict | None = None,
+    sd_seed: float = 0.03,
+    sd_problem: float = 0.03,
+    sd_shared: float = 0.05,
+) -> Path:
+    """root/exp/<arm>/seed<k> for each arm (name -> its true difference from 0; the baseline is the
+    arm given 0.0): the model of `simulate_problem_counts`, q_p + u_s shared by every arm at equal
+    seed, each arm adding its difference + a_s + b_p. One held-out evaluation at step 10 with
+    problem records in eval.jsonl ("problems": id, correct, reward); train reward = the held-out
+    score at every step. `records=False` writes the same scores without problem records (a run
+    from before they existed). `comparison`: the spec's comparison section; `arm_fields`: spec
+    fields added to every arm (e.g. mini_batches). Returns root/exp."""
+    import numpy as np
+
+    rng = np.random.default_rng(rng_seed)
+    S, P = len(seeds), problems
+    shared = rng.uniform(0.3, 0.7, (1, P)) + rng.normal(0, sd_shared, (S, 1))
+    ids = [f"p-{i}" for i in range(P)]
+    for name, delta in arms.items():
+        p = shared + delta
+        if delta != 0.0 or sd_seed or sd_problem:
+            p = p + rng.normal(0, sd_seed, (S, 1)) + rng.normal(0, sd_problem, (1, P))
+        counts = rng.binomial(samples, np.clip(p, 0, 1))
+        for k, seed in enumerate(seeds):
+            c = [int(x) for x in counts[k]]
+            score = float(np.mean(c) / samples)
+            ev = {"step": 10, "task": "arith", "n": P, "samples": samples, "scores": {f"avg@{samples}": score}}
+            if records:
+                ev["problems"] = {"id": ids, "correct": c, "reward": [round(x / samples, 4) for x in c]}
+            recs = [{"step": t, "reward/mean": score, "time/elapsed_s": 2.0 * t} for t in range(1, 11)]
+            d = write_run(root, name, seed, recs, evals=[ev])
+            spec = yaml.safe_load((d / "spec.yaml").read_text())
+            spec["arms"][0].update(arm_fields or {})
+            (d / "spec.yaml").write_text(yaml.safe_dump({**spec, **({"comparison": comparison} if comparison else {})}))
+    return root / "exp"

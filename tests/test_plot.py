@@ -18,7 +18,7 @@ from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 
 runner = CliRunner()
-T2 = 4.303  # t_{0.975}, 2 degrees of freedom
+T2 = 4.302653  # t_{0.975}, 2 degrees of freedom
 STEPS = np.arange(1, 21)
 
 

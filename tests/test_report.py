@@ -1,17 +1,17 @@
-"""`gspo report`: Welch differences against hand-computed values, arm roles read from the
+"""`gspo report`: paired, Holm-corrected differences against hand-computed values, arm roles read from the
 spec, and verdicts on hand-written run directories with known per-seed rewards."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.report import arm_role, welch_diff, write_report
+from gspo_cli.analysis.compare import compare_runs
+from gspo_cli.analysis.report import arm_role, write_report
 from gspo_cli.analysis.report_collapse import Collapse, run_collapse
 from gspo_cli.analysis.rundata import group_runs, load_runs
 from gspo_cli.cli.app import app
@@ -99,24 +99,31 @@ def _experiment(
     return root / "paper"
 
 
-def test_welch_matches_hand_computed_values():
-    # equal variances: std 0.02 each, n 3 => se^2 = 2 * 0.0004 / 3, df = 4, t = 2.776
-    d = welch_diff([0.40, 0.42, 0.44], [0.20, 0.22, 0.24])
-    assert d.delta == pytest.approx(0.20)
-    assert d.ci95 == pytest.approx(2.776 * math.sqrt(2 * 0.0004 / 3), rel=1e-3)
-    assert d.significant == 1
-    # unequal: a = [1, 2, 3] (var 1), b = [0, 0, 0, 4] (var 4): se^2 = 1/3 + 1, df = (4/3)^2 /
-    # ((1/3)^2/2 + 1/3) = 4.57 -> 4
-    d = welch_diff([1, 2, 3], [0, 0, 0, 4])
-    assert d.delta == pytest.approx(1.0)
-    assert d.ci95 == pytest.approx(2.776 * math.sqrt(4 / 3), rel=1e-3)
-    assert d.significant == 0
-    assert welch_diff([0.1, 0.2], [0.5, 0.6]).significant == -1
-    # too few seeds: a point estimate, no interval, never significant
-    one = welch_diff([0.5], [0.1, 0.2])
-    assert one.delta == pytest.approx(0.35) and math.isnan(one.ci95) and one.significant == 0
-    assert math.isnan(welch_diff([], [0.1]).delta)
-    assert "not resolved" in welch_diff([1, 2, 3], [0, 0, 0, 4]).text()
+def test_finding_differences_are_paired_and_corrected(tmp_path):
+    """Per-seed rewards with a shared seed spread: grpo (0.20, 0.30, 0.40), gspo 0.05 above each
+    seed but one (0.25, 0.36, 0.44): paired d = (0.05, 0.06, 0.04), mean 0.05, sd 0.01, t(2)
+    4.3027 x 0.01 / sqrt(3) = 0.0248. Welch on the same numbers would not resolve it (its
+    interval spans about ±0.25)."""
+    from gspo_cli.analysis.report_differences import finding_family
+
+    exp = _experiment(tmp_path, {"grpo": (0.20, 0.30, 0.40), "gspo": (0.25, 0.36, 0.44)}, {"grpo": 0.001, "gspo": 0.1})
+    groups = {g.name: g for g in group_runs(load_runs([str(exp)]), "arm")}
+    cols = compare_runs([str(exp)], metrics=["reward"], last=10).columns
+    fam = finding_family(groups, [("gspo", "grpo", "reward"), ("x", "grpo", "reward")], {}, cols)
+    d = fam[("gspo", "grpo", "reward")]
+    assert d.delta == pytest.approx(0.05) and d.significant == 1
+    assert d.diff.method == "paired t, 3 seeds"
+    assert d.diff.ci95 == (pytest.approx(0.05 - 0.02484, abs=1e-4), pytest.approx(0.05 + 0.02484, abs=1e-4))
+    assert d.text().startswith("+0.050 [+0.025, +0.075] (significant; paired t, 3 seeds, adj. p 0.0")
+    assert fam[("x", "grpo", "reward")].text() == "n/a" and fam[("x", "grpo", "reward")].significant == 0
+    # two copies of the same difference in one family: Holm doubles its p (0.0088 -> 0.018)
+    two = finding_family(
+        groups,
+        [("gspo", "grpo", "reward"), ("gspo", "grpo", "reward/mean")],
+        {},
+        cols + [c for c in compare_runs([str(exp)], metrics=["reward/mean"], last=10).columns],
+    )
+    assert two[("gspo", "grpo", "reward")].diff.p_adjusted == pytest.approx(2 * d.diff.p_adjusted)
 
 
 def test_roles_come_from_the_spec_not_the_arm_name(tmp_path):
@@ -142,8 +149,8 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
     text = out.read_text()
     assert out == exp / "REPORT.md"
     assert "**1. GSPO learns more per step than GRPO — holds.**" in text
-    # the hand-computed difference and CI of finding 1 (see the Welch test)
-    assert f"+0.200 ± {2.776 * math.sqrt(2 * 0.0004 / 3):.3f} (significant)" in text
+    # finding 1: every seed of gspo is 0.2 above grpo's: paired, no spread, p 0
+    assert "final train reward +0.200 [+0.200, +0.200] (significant; paired t, 3 seeds, adj. p 0)" in text
     assert "clipping part holds" in text and "200x" in text
     assert "**3. GRPO needs routing replay on a MoE, GSPO does not — holds.**" in text
     # expert change: mean over roles of 0.004, 0.004, 0.002, 0.004 = 0.35%
@@ -215,15 +222,16 @@ def _logvar_experiment(root: Path, grpo_var: tuple[float, ...], other_var: float
 
 
 def test_ratio_diagnostic_tables_and_finding_5(tmp_path):
-    exp = _logvar_experiment(tmp_path, (1.0e-3, 1.2e-3, 1.4e-3), 1e-4)
+    exp = _logvar_experiment(tmp_path, (1.0e-3, 1.1e-3, 1.2e-3), 1e-4)
     text = write_report(exp).read_text()
-    # seed means: grpo 1.2e-3 (buckets 1.2e-3 and 3.6e-3), others 1.1e-4 / 3.3e-4
+    # seed means: grpo 1.1e-3 (buckets 1.1e-3 and 3.3e-3), others 1.1e-4 / 3.3e-4
     assert "| arm | length 1-16 | length 33-64 |" in text
-    assert "| grpo | 0.0012 | 0.0036 |" in text and "| gspo | 0.00011 | 0.00033 |" in text
-    assert "| grpo | 1e-10 | 0.0012 | 0.0012 | 0.0012 |" in text
+    assert "| grpo | 0.0011 | 0.0033 |" in text and "| gspo | 0.00011 | 0.00033 |" in text
+    assert "| grpo | 1e-10 | 0.0011 | 0.0011 | 0.0011 |" in text
     assert "**5. Without routing replay GRPO's token ratios are noisier and it trains less stably — holds.**" in text
-    # Welch: grpo (1.0, 1.2, 1.4)e-3 vs (1.0, 1.1, 1.2)e-4: delta 1.09e-3
-    assert "GRPO − GRPO+RR +0.00109 ±" in text
+    # paired: grpo (1.0, 1.1, 1.2)e-3 - (1.0, 1.1, 1.2)e-4 = (0.9, 0.99, 1.08)e-3, t = 19 on 2 df, raw p
+    # 0.0027; Holm over the 8 differences of the findings (6 of them exactly 0, p 1): 8 x 0.0027 = 0.022
+    assert "GRPO − GRPO+RR +0.00099 [" in text and "(significant; paired t, 3 seeds, adj. p 0.022)" in text
     assert "GRPO 3x, GRPO + routing replay 3x, GSPO 3x" in text
     assert "Finding 5 (without routing replay" in text
     for fig in ("logvar_length", "logvar_minibatch"):

@@ -60,6 +60,7 @@ class Comparison:
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)  # the runs behind the rows, for the differences
 
 
 # --------------------------------------------------------------------------- per-run values
@@ -278,7 +279,7 @@ def compare_runs(
         notes.append(silent)
     if (trained := params_note([(g.name, g.runs[0].info.get("params")) for g in groups])) is not None:
         notes.append(trained)
-    return Comparison(cols, rows, notes, settings)
+    return Comparison(cols, rows, notes, settings, groups)
 
 
 def _row(group: Group, cols: list[Column]) -> Row:

@@ -1,8 +1,9 @@
 """`gspo report`: the GSPO paper's findings (five), checked on an experiment's run directories.
 
 The report is built from the same numbers `gspo compare` prints and the same figures `gspo
-plot` draws; it adds, for each finding, a difference of means between two arms with a
-Welch 95% CI and a verdict by rules fixed in advance (RULES below, printed in the report).
+plot` draws; it adds, for each finding, differences between two arms from the statistics engine
+(paired over seeds, Holm over every difference in the findings: report_differences) and a
+verdict by rules fixed in advance (RULES below, printed in the report).
 Arms are recognised by their settings, not their names: GRPO is `loss: grpo` without routing
 replay, GRPO+RR the same with it (r2 or r3), GSPO `loss: gspo`, GSPO-token `loss: gspo_token`;
 an arm with a mismatch correction is none of the paper's arms (the paper has none): it is
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,12 @@ import numpy as np
 from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
 from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
-from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, stability_finding
+from gspo_cli.analysis.report_differences import FAMILY_RULE, finding_family
+from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
 from gspo_cli.analysis.report_rewards import reward_lines
 from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
 from gspo_cli.analysis.report_tools import has_tools, tool_lines
-from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, t975
+from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
 from gspo_cli.errors import SpecError
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
@@ -51,11 +52,12 @@ FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
 PAPER_EXPERT_CHANGE = 0.10
 
-RULES = """\
+RULES = (
+    """\
 Verdict rules (fixed before the runs; n = seeds per arm):
-- A difference between two arms is **significant** when the 95% Welch CI of the difference of
-  their seed means excludes 0. "Not resolved" means the CI includes 0: the point estimate is
-  given, but these seeds cannot tell the arms apart.
+"""
+    + FAMILY_RULE
+    + """\
 - Finding 1 (GSPO learns more per step than GRPO) holds if GSPO − GRPO is significantly > 0 for
   the final train reward or the final held-out score, and significantly < 0 for neither; it is
   reversed if GRPO is significantly better on one and GSPO on neither.
@@ -69,53 +71,7 @@ Verdict rules (fixed before the runs; n = seeds per arm):
   the mean expert change fraction (pi_old vs pi_theta, after each mini-batch, same tokens) is
   between 5% and 20%; otherwise the measured value is given against the paper's ~10%.
 """
-
-
-@dataclass(frozen=True)
-class Diff:
-    """mean(a) - mean(b) over seeds with a Welch 95% CI half-width (NaN when a side has < 2)."""
-
-    a: str
-    b: str
-    delta: float
-    ci95: float
-    n_a: int
-    n_b: int
-
-    @property
-    def significant(self) -> int:
-        """+1 / -1 when the CI lies above / below 0, 0 when it includes 0 (or is unknown)."""
-        if not (math.isfinite(self.delta) and math.isfinite(self.ci95)):
-            return 0
-        if self.delta - self.ci95 > 0:
-            return 1
-        if self.delta + self.ci95 < 0:
-            return -1
-        return 0
-
-    def text(self, fmt: str = "+.3f") -> str:
-        if not math.isfinite(self.delta):
-            return "n/a"
-        ci = f" ± {self.ci95:{fmt.lstrip('+')}}" if math.isfinite(self.ci95) else " (no CI)"
-        word = {1: "significant", -1: "significant", 0: "not resolved"}[self.significant]
-        return f"{self.delta:{fmt}}{ci} ({word})"
-
-
-def welch_diff(a: list[float], b: list[float], name_a: str = "a", name_b: str = "b") -> Diff:
-    """Difference of means with the Welch-Satterthwaite t interval (df rounded down)."""
-    x = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
-    y = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
-    if len(x) == 0 or len(y) == 0:
-        return Diff(name_a, name_b, math.nan, math.nan, len(x), len(y))
-    delta = float(x.mean() - y.mean())
-    if len(x) < 2 or len(y) < 2:
-        return Diff(name_a, name_b, delta, math.nan, len(x), len(y))
-    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se2 = va + vb
-    if se2 == 0:
-        return Diff(name_a, name_b, delta, 0.0, len(x), len(y))
-    df = se2**2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
-    return Diff(name_a, name_b, delta, t975(max(1, int(math.floor(df)))) * math.sqrt(se2), len(x), len(y))
+)
 
 
 def _paper_shaped(arm: dict) -> bool:
@@ -194,8 +150,13 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     def vals(role: str, col: str) -> list[float]:
         return _values(roles[role], comp, col) if role in roles else []
 
-    def diff(a: str, b: str, col: str) -> Diff:
-        return welch_diff(vals(a, col), vals(b, col), a, b)
+    keys = [("gspo", "grpo", "reward"), ("gspo", "grpo", "reward/mean"), ("grpo_rr", "grpo", "reward")]
+    keys += [("gspo", "grpo_rr", "reward"), ("grpo", "grpo_rr", "logvar"), ("grpo", "gspo", "logvar")]
+    keys += [("gspo", "grpo", eval_col), ("grpo_rr", "grpo", eval_col)] if eval_col else []
+    family = (
+        {} if findings_untestable(roles) else finding_family(roles, keys, {"logvar": offpolicy_logvar}, comp.columns)
+    )
+    diff = lambda a, b, col: family[(a, b, col)]  # noqa: E731
 
     exp = sorted({r.experiment for r in runs})
     seeds = sorted({r.seed for r in runs})
@@ -220,7 +181,9 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     untestable = findings_untestable(roles)
     lines += not_testable((1, 2, 3), untestable) if untestable else _findings(roles, diff, vals, eval_col, eval_label)
     lines += _expert_finding(roles, vals, runs)
-    lines += not_testable((5,), untestable) if untestable else stability_finding(roles, welch_diff)
+    lines += (
+        not_testable((5,), untestable) if untestable else stability_finding(roles, lambda a, b: diff(a, b, "logvar"))
+    )
     lines += ["", RULES + STABILITY_RULE]
     eval_task = eval_col.split(":", 1)[1] if eval_col else None
     lines += learning_lines(groups, eval_task, eval_label, last)
@@ -439,4 +402,4 @@ def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: in
     return out
 
 
-__all__ = ["Diff", "RULES", "arm_role", "build_report", "welch_diff", "write_report"]
+__all__ = ["RULES", "arm_role", "build_report", "write_report"]

@@ -91,15 +91,15 @@ def diagnostic_lines(groups: list[Group]) -> list[str]:
 
 
 def stability_finding(roles: dict[str, Group], diff_fn: Callable) -> list[str]:
-    """Finding 5 by STABILITY_RULE. `diff_fn(a_vals, b_vals, a, b)` is the report's Welch difference."""
+    """Finding 5 by STABILITY_RULE. `diff_fn(a, b)`: the report's difference of roles a - b in the
+    off-policy log-ratio variance (`report_differences.FindingDiff`)."""
     need = ("grpo", "grpo_rr", "gspo")
     if not all(r in roles for r in need):
         return ["**5.** not testable: needs GRPO, GRPO+RR and GSPO arms.", ""]
     vals = {role: [offpolicy_logvar(r) for r in roles[role].runs] for role in need}
     if not any(math.isfinite(v) for vs in vals.values() for v in vs):
         return ["**5.** not testable: no run logs `ratio/logvar_mb*` (runs from an older version).", ""]
-    d_rr = diff_fn(vals["grpo"], vals["grpo_rr"], "grpo", "grpo_rr")
-    d_gs = diff_fn(vals["grpo"], vals["gspo"], "grpo", "gspo")
+    d_rr, d_gs = diff_fn("grpo", "grpo_rr"), diff_fn("grpo", "gspo")
     bad = {"diverged", "failed"}
     div = {role: sum(r.status in bad for r in roles[role].runs) for role in need}
     holds = (d_rr.significant == 1 and d_gs.significant == 1) or (

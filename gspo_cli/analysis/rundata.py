@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from gspo_cli.analysis.stats import t975
 from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
 from gspo_cli.metrics import no_signal
@@ -246,52 +247,6 @@ def _sort_key(v: Any) -> tuple:
 
 
 # --------------------------------------------------------------------------- statistics
-
-# Two-sided 95% quantiles t_{0.975, df} for df = 1..30 (standard tables); beyond that the
-# Cornish-Fisher expansion around the normal quantile is accurate to 1e-3.
-_T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-_Z975 = 1.959964
-
-
-def t975(df: int) -> float:
-    """Upper 97.5% quantile of Student's t with `df` degrees of freedom; NaN for df < 1."""
-    if df < 1:
-        return math.nan
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def seed_stats(values: list[float] | np.ndarray) -> Stats:

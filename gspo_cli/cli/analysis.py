@@ -109,16 +109,55 @@ def compare(
     threshold: Annotated[
         Optional[float], typer.Option("--threshold", help="add steps and time to reach this train reward")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, markdown, csv or json")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="table, markdown, csv or json (csv with --baseline: the differences)")
+    ] = "table",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write to this file instead of stdout")] = None,
+    baseline: Annotated[
+        Optional[str],
+        typer.Option(
+            "--baseline",
+            "-b",
+            help="add each arm's difference from this arm (paired over seeds), with a verdict; default: the "
+            "spec's comparison.baseline; e.g. --baseline grpo",
+        ),
+    ] = None,
+    margin: Annotated[
+        Optional[float],
+        typer.Option(
+            "--margin",
+            help="equivalence margin: `equivalent` when the 90% CI lies inside ±M; default: the spec's "
+            "comparison.margin, else no equivalence verdict; e.g. --margin 0.02",
+        ),
+    ] = None,
+    pairs: Annotated[
+        bool,
+        typer.Option(
+            "--pairs",
+            help="differences for every pair of arms (one Holm family), not only vs a baseline; e.g. "
+            "gspo compare results/zoo --pairs",
+        ),
+    ] = False,
+    robust: Annotated[
+        bool,
+        typer.Option(
+            "--robust",
+            help="add probability of improvement and the interquartile mean (IQM) over seeds; e.g. "
+            "--baseline grpo --robust",
+        ),
+    ] = False,
 ) -> None:
     """Put runs side by side: one row per arm (or group), mean ± 95% CI over seeds.
 
     Reads run directories only (never a model); running or dead runs count with what is on disk.
 
-    Example: `gspo compare results/quickstart -f markdown`
+    With --baseline: a differences table (difference, CI, method, verdict better/worse/equivalent/not
+    resolved, Holm-adjusted p, seeds needed), paired over seeds, from problem records where runs have them.
+
+    Example: `gspo compare results/quickstart --baseline grpo --margin 0.02 -f markdown`
     """
     from gspo_cli.analysis import compare as cmp
+    from gspo_cli.analysis import differences as dif
 
     try:
         if fmt not in cmp.FORMATS:
@@ -126,6 +165,20 @@ def compare(
         result = cmp.compare_runs(
             paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold
         )
+        table = None
+        section = dif.spec_comparison(result.groups)
+        base = baseline or section.get("baseline")
+        if base is not None or pairs:
+            metric = section.get("metric")
+            table = dif.build_differences(
+                result.groups,
+                result.columns,
+                baseline=base,
+                margin=margin if margin is not None else section.get("margin"),
+                pairs=pairs,
+                metrics=dif.family_metrics(result.columns, explicit=bool(metrics), spec_metric=metric),
+                robust=robust,
+            )
     except GspoError as err:
         _fail(err)
     if out is None and fmt == "table":
@@ -133,8 +186,12 @@ def compare(
         console.print(cmp.rich_table(result))
         for note in result.notes:
             console.print(note, style="dim", markup=False, highlight=False)
+        if table is not None:
+            console.print(dif.rich_table(table))
+            for note in table.notes:
+                console.print(note, style="dim", markup=False, highlight=False)
         return
-    text = cmp.render(result, fmt)
+    text = cmp.render(result, fmt) if table is None else dif.render_with_differences(result, table, fmt)
     if out is None:
         typer.echo(text, nl=False)
     else:
@@ -191,6 +248,19 @@ def plot(
             "--panel/--no-panel", help="also write the panel figure (panel.png, .svg or .pdf): the figures on one grid"
         ),
     ] = True,
+    baseline: Annotated[
+        Optional[str],
+        typer.Option(
+            "--baseline",
+            "-b",
+            help="also write differences.png: each arm's difference from this arm with its 95% CI, as `compare "
+            "--baseline` computes it (default: the spec's comparison.baseline); e.g. --baseline grpo",
+        ),
+    ] = None,
+    margin: Annotated[
+        Optional[float],
+        typer.Option("--margin", help="draw the ±M equivalence band on differences.png; e.g. --margin 0.02"),
+    ] = None,
 ) -> None:
     """Draw reward, held-out score, clip-fraction, expert-change and other curves from run
     directories, one file per figure plus the panel a paper shows.
@@ -215,6 +285,10 @@ def plot(
             group_by=group_by,
             panel=panel,
         )
+        from gspo_cli.analysis.differences_plot import write_differences_figure
+
+        diff = write_differences_figure(paths, baseline=baseline, margin=margin, out=out, fmt=fmt, group_by=group_by)
+        written += [diff] if diff is not None else []
     except GspoError as err:
         _fail(err)
     for name in skipped:
@@ -235,8 +309,9 @@ def report(
     smooth: Annotated[float, typer.Option("--smooth", help="EMA weight for the training curves")] = 0.9,
 ) -> None:
     """The GSPO paper's five findings checked on an experiment's runs: compare's table, plot's
-    figures, and per finding a difference of arm means with a 95% CI and a verdict, or "not
-    testable" and why (no reward signal, or arms that take the same gradient).
+    figures, and per finding the differences between arms (paired over seeds, Holm over every
+    difference in the findings, each unresolved one with what would resolve it) and a verdict, or
+    "not testable" and why (no reward signal, or arms that take the same gradient).
 
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """

@@ -1,0 +1,83 @@
+"""The differences behind `gspo report`'s findings, as one family.
+
+Every difference a finding shows is computed by the statistics engine (`gspo_cli.analysis.stats`,
+through `differences.estimate`: paired over the seeds both arms have, Welch when none pair, the
+held-out score from problem records where the runs have them), and Holm's correction runs over all
+of them at once, so "significant" in the report means significant after the correction. Each one
+not resolved says what would resolve it (seeds needed, or what to add).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gspo_cli.analysis.compare import Column
+from gspo_cli.analysis.differences import estimate, metric_direction
+from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.stats import ALPHA, Difference, decide
+
+Key = tuple[str, str, str]  # (role a, role b, column id): the difference a - b
+
+
+@dataclass(frozen=True)
+class FindingDiff:
+    """One difference of a finding: a - b with its interval, adjusted p and verdict."""
+
+    diff: Difference | None  # None when a role is missing
+
+    @property
+    def delta(self) -> float:
+        return self.diff.delta if self.diff is not None else math.nan
+
+    @property
+    def significant(self) -> int:
+        """+1 / -1 when a - b is significantly above / below 0 after Holm, 0 otherwise."""
+        d = self.diff
+        if d is None or not (math.isfinite(d.p_adjusted) and d.p_adjusted < ALPHA) or d.delta == 0:
+            return 0
+        return 1 if d.delta > 0 else -1
+
+    def text(self, fmt: str = "+.3f") -> str:
+        d = self.diff
+        if d is None or not math.isfinite(d.delta):
+            return "n/a"
+        lo, hi = d.ci95
+        ci = f" [{lo:{fmt}}, {hi:{fmt}}]" if math.isfinite(lo) else " (no CI)"
+        p = f", adj. p {d.p_adjusted:.2g}" if math.isfinite(d.p_adjusted) else ""
+        if self.significant:
+            return f"{d.delta:{fmt}}{ci} (significant; {d.method}{p})"
+        why = d.resolution()
+        return f"{d.delta:{fmt}}{ci} (not resolved; {d.method}{p}" + (f"; {why}" if why else "") + ")"
+
+
+def finding_family(
+    roles: dict[str, Group], keys: list[Key], values: dict[str, Callable[[Run], float]], columns: list[Column]
+) -> dict[Key, FindingDiff]:
+    """The differences `keys` between roles, Holm over those whose roles exist. `values` maps a
+    key's third part to a per-run value when it is not one of compare's `columns` (e.g. the
+    off-policy log-ratio variance)."""
+    cols = {c.id: c for c in columns}
+    items, present = [], []
+    for a, b, col in keys:
+        if a not in roles or b not in roles or (col not in cols and col not in values):
+            continue
+        column = cols.get(col) or Column(col, col, "", values[col])
+        items.append((a, b, col, metric_direction(col), estimate(roles[a], roles[b], column)))
+        present.append((a, b, col))
+    out = {k: FindingDiff(d) for k, d in zip(present, decide(items))}
+    return {k: out.get(k, FindingDiff(None)) for k in keys}
+
+
+FAMILY_RULE = """\
+- Every difference below (arm − arm) is computed the same way: paired over the seeds both arms
+  have (the t interval on per-seed differences, n − 1 degrees of freedom), Welch's interval when
+  no seeds pair, and for the held-out score, where every run has problem records, seeds t +
+  problem bootstrap. It is **significant** when its p-value, adjusted by Holm's step-down over
+  every difference in the findings, is below 0.05. "Not resolved" gives the point estimate, the
+  95% interval, and what would resolve it (the seeds a paired design would need at the observed
+  difference and spread, with 80% power: a plan from a small pilot, not a promise).
+"""
+
+__all__ = ["FAMILY_RULE", "FindingDiff", "Key", "finding_family"]

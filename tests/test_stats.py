@@ -1,0 +1,114 @@
+"""The statistics engine on hand-computed values: intervals, Holm, TOST, verdicts, plans, IQM."""
+
+import math
+
+import numpy as np
+import pytest
+
+from gspo_cli.analysis.stats import (
+    Components,
+    ProblemScores,
+    decide,
+    holm,
+    iqm,
+    paired_t,
+    probability_of_improvement,
+    problem_difference,
+    seed_difference,
+    seeds_for_equivalence,
+    seeds_needed,
+    t975,
+    welch,
+)
+
+
+def test_t_quantiles_come_from_scipy():
+    assert t975(1) == pytest.approx(12.7062, abs=1e-4) and t975(2) == pytest.approx(4.3027, abs=1e-4)
+    assert t975(30) == pytest.approx(2.0423, abs=1e-4) and t975(2.5) == pytest.approx(3.5747, abs=1e-4)
+    assert math.isnan(t975(0))
+
+
+def test_paired_t_on_per_seed_differences():
+    est = seed_difference({0: 0.25, 1: 0.53, 2: 0.87}, {0: 0.20, 1: 0.50, 2: 0.80})
+    # d = 0.05, 0.03, 0.07: mean 0.05, sd 0.02, 95% half-width 4.3027 * 0.02 / sqrt(3) = 0.04968
+    assert est.method == "paired t, 3 seeds" and est.df == 2
+    assert est.delta == pytest.approx(0.05) and est.sd_pairs == pytest.approx(0.02)
+    lo, hi = est.ci()
+    assert (lo, hi) == (pytest.approx(0.05 - 0.049683, abs=1e-5), pytest.approx(0.05 + 0.049683, abs=1e-5))
+    assert est.p_value == pytest.approx(0.04941, abs=1e-5)  # t = 4.330 on 2 df
+
+
+def test_unpaired_seeds_fall_back_on_welch_and_say_so():
+    est = seed_difference({0: 0.40, 1: 0.42, 2: 0.44}, {3: 0.20, 4: 0.22, 5: 0.24})
+    assert est.method == "Welch, 3 vs 3 seeds (no seed in common)" and est.n_paired == 0
+    # equal variances (0.0004) and sizes: se = sqrt(2 * 0.0004 / 3), df = 4
+    assert est.se == pytest.approx(math.sqrt(0.0008 / 3)) and est.df == pytest.approx(4.0)
+    part = seed_difference({0: 0.4, 1: 0.5, 2: 0.6, 3: 0.7}, {0: 0.3, 1: 0.4, 2: 0.5})
+    assert part.method == "paired t, 3 seeds (1 unpaired left out)" and part.delta == pytest.approx(0.1)
+    assert math.isnan(welch([0.5], [0.1, 0.2]).se) and math.isnan(welch([], [0.1]).delta)
+
+
+def test_paired_resolves_what_welch_cannot():
+    """Per-seed baselines spread widely, the arm a constant shift above each: paired finds it."""
+    base = {0: 0.20, 1: 0.50, 2: 0.80}
+    arm = {0: 0.251, 1: 0.549, 2: 0.850}
+    paired = decide([("arm", "base", "score", 1, seed_difference(arm, base))])[0]
+    unpaired = decide([("arm", "base", "score", 1, welch(list(arm.values()), list(base.values())))])[0]
+    assert paired.verdict == "better" and paired.ci95[0] > 0
+    assert unpaired.verdict == "not resolved" and unpaired.ci95[0] < -0.5 < 0.6 < unpaired.ci95[1]
+
+
+def test_holm_step_down():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    out = holm([0.02, math.nan, 0.5])
+    assert out[0] == pytest.approx(0.04) and math.isnan(out[1]) and out[2] == pytest.approx(0.5)
+
+
+def test_verdicts_follow_the_metric_direction_and_the_margin():
+    est = paired_t(np.array([-0.05, -0.03, -0.07]), "paired t, 3 seeds", 3, 3)
+    kl = decide([("gspo", "grpo", "kl", -1, est)])[0]
+    assert kl.verdict == "better" and kl.p_adjusted == pytest.approx(0.04941, abs=1e-5)
+    assert decide([("gspo", "grpo", "reward", 1, est)])[0].verdict == "worse"
+    assert decide([("gspo", "grpo", "clip", 0, est)])[0].verdict == "lower"
+    # two arms: Holm doubles the p-value, 0.097 > 0.05
+    two = decide([("gspo", "grpo", "reward", 1, est), ("x", "grpo", "reward", 1, est)])
+    assert [d.verdict for d in two] == ["not resolved", "not resolved"] and two[0].seeds_needed == 4
+    tight = paired_t(np.array([0.001, -0.001, 0.002, 0.0, -0.002]), "paired t, 5 seeds", 5, 5)
+    eq = decide([("gspo", "grpo", "reward", 1, tight)], margin=0.01)[0]
+    assert eq.verdict == "equivalent" and -0.01 < tight.ci(0.90)[0] < tight.ci(0.90)[1] < 0.01
+    assert decide([("gspo", "grpo", "reward", 1, tight)])[0].verdict == "not resolved"  # no margin, no equivalence
+
+
+def test_seeds_needed_matches_the_paired_t_power_tables():
+    # Cohen's tables, paired t, two-sided 5%, 80% power: d = 1 -> 10 pairs, d = 0.5 -> 34
+    assert seeds_needed(1.0, 1.0) == 10 and seeds_needed(-0.5, 1.0) == 34
+    assert seeds_needed(0.0, 1.0) is None and seeds_needed(1e-4, 1.0) is None  # beyond 1000 seeds
+    assert seeds_for_equivalence(0.0, 1.0, 1.0) == 11 and seeds_for_equivalence(1.2, 1.0, 1.0) is None
+
+
+def test_probability_of_improvement_and_iqm():
+    assert probability_of_improvement([1, 2], [0, 3]) == 0.5
+    assert probability_of_improvement([1, 1], [1, 0]) == 0.75  # ties count one half
+    assert probability_of_improvement([1, 2], [0, 3], direction=-1) == 0.5
+    assert iqm([0, 1, 2, 3, 100]) == 2.0 and math.isnan(iqm([]))
+
+
+def test_components_say_what_helps():
+    comp = Components(seed=0.0, problem=0.0, resid=0.1, sampling=0.1, seeds=3, problems=50, samples=4)
+    assert comp.shares()["sampling"] == pytest.approx(1.0)
+    assert comp.variance(samples=8) == pytest.approx(comp.variance() / 2)
+    assert "most: more seeds" in comp.advice() or "most: more samples" in comp.advice()
+    seedy = Components(seed=0.01, problem=0.0, resid=0.001, sampling=0.001, seeds=3, problems=50, samples=4)
+    assert seedy.advice().endswith("most: more seeds") and seedy.shares()["seeds"] > 0.99
+
+
+def test_problem_records_align_by_id_and_are_reproducible():
+    rng = np.random.default_rng(0)
+    ids = tuple(f"p{i}" for i in range(30))
+    arm = {s: ProblemScores(ids, rng.binomial(4, 0.6, 30), 4) for s in range(3)}
+    base = {s: ProblemScores(ids[::-1], rng.binomial(4, 0.5, 30), 4) for s in range(4)}  # other order, 1 extra
+    a, b = problem_difference(arm, base), problem_difference(arm, base)
+    assert a == b and a.method == "seeds t + problem bootstrap, 3 seeds x 30 problems (1 unpaired seeds left out)"
+    want = np.mean([arm[s].score - base[s].score[::-1] for s in range(3)])
+    assert a.delta == pytest.approx(want) and a.components.samples == 4
+    assert problem_difference({0: arm[0]}, {0: base[0]}) is None  # one seed: seed-level methods instead
