@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gspo_cli.errors import redact
 from gspo_cli.train.reporting import PlainReporter, format_eval, format_step
 
 
@@ -40,7 +41,7 @@ class RichReporter(PlainReporter):
 
     def log(self, msg: str) -> None:
         if not self.quiet:
-            self.progress.console.print(msg, markup=False, highlight=False)
+            self.progress.console.print(redact(msg), markup=False, highlight=False)
 
     def run_started(self, name, total_steps):
         self.tasks[name] = self.progress.add_task("", total=total_steps, name=name, info="")

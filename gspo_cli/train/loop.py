@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
-from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
+from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError, redact
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.metrics import no_signal
 from gspo_cli.models import lora, resolve_model_source
@@ -141,7 +141,7 @@ def train_experiment(
                     )
                     reporter.log(f"[{arm.name}/seed{seed}] {status}: {err}")
                     path = run_path(spec.output_dir, spec.name, arm.name, seed)
-                    results.append(RunResult(arm.name, seed, str(path), status, {"error": str(err)}))
+                    results.append(RunResult(arm.name, seed, str(path), status, {"error": redact(str(err))}))
     return results
 
 

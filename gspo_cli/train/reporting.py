@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol
 
+from gspo_cli.errors import redact
 from gspo_cli.runs import plural
 
 
@@ -51,7 +52,7 @@ class PlainReporter:
 
     def log(self, msg: str) -> None:
         if not self.quiet:
-            print(msg, file=self.out, flush=True)
+            print(redact(msg), file=self.out, flush=True)
 
     def run_started(self, name: str, total_steps: int) -> None:
         self.log(f"[{name}] training {total_steps} steps")
