@@ -12,6 +12,7 @@ import math
 import socket
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,11 +59,13 @@ def train_experiment(
     seeds: list[int] | None = None,
     reporter: Reporter | None = None,
     force: bool = False,
+    setup_lines: Sequence[str] = (),
 ) -> list[RunResult]:
     """Train the selected arms x seeds one after another.
 
     A run that fails or diverges is recorded and the next one starts; a bad spec or model
-    (SpecError) or a stop signal (InterruptedRun) ends the whole call.
+    (SpecError) or a stop signal (InterruptedRun) ends the whole call. `setup_lines` (the reward
+    pool's) are said once the task, its data and its rewards are resolved: after their errors.
     """
     reporter = reporter or PlainReporter()
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
@@ -86,7 +89,7 @@ def train_experiment(
     )
     if not info.is_main:
         reporter = quiet_reporter()
-    for line in data_lines(data):
+    for line in [*setup_lines, *data_lines(data)]:
         reporter.log(line)
     # A run directory holding another spec's run (or one made with other code, model or data,
     # or files gspo did not write) is refused now, not after the cold start.
@@ -293,7 +296,7 @@ def _loop(
 ) -> dict:
     spec = ctx.spec
     steps = spec.train.steps
-    reporter.run_started(name, steps)
+    reporter.run_started(name, steps, start_step)
     # metrics.jsonl stays the truth; sinks are views, written by rank 0 like everything else
     sinks = make_sinks(list(spec.train.sinks) if ctx.dist.is_main else [], rd.path, spec.to_dict())
     # staleness 1: the worker process starts now, loading while step 0 evaluates
