@@ -119,6 +119,26 @@ def total_tensor(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return out.to(t.device)
 
 
+def gather_values(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Every rank's 1-D tensor `t` (lengths may differ, 0 included) concatenated in rank order,
+    the same on every rank, on `t`'s device; `t` itself without torchrun. Each rank holds all of
+    them: world size x the local size (a global quantile needs them all)."""
+    if not info.enabled:
+        return t
+    dev = comm_device()
+    size = torch.tensor([t.numel()], dtype=torch.int64, device=dev)
+    sizes = [torch.zeros_like(size) for _ in range(info.world_size)]
+    dist.all_gather(sizes, size)
+    counts = [int(s.item()) for s in sizes]
+    if max(counts) == 0:
+        return t
+    padded = torch.zeros(max(counts), dtype=t.dtype, device=dev)
+    padded[: t.numel()] = t.detach().reshape(-1).to(dev)
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:k] for p, k in zip(parts, counts)]).to(t.device)
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True on every rank when `flag` is true on any rank: a decision to stop, skip or
     diverge must be taken by all ranks together, or the others wait in the next collective."""

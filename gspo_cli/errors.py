@@ -1,5 +1,7 @@
 """Errors a user can cause. The CLI turns them into one line and an exit code; bugs still raise."""
 
+import re
+
 
 class GspoError(Exception):
     """A failure the user can act on; `exit_code` is what the CLI returns."""
@@ -51,3 +53,33 @@ def router_scale_problem(scale: float, model_name: str) -> str:
     """optimizer.router_lr_scale on a model without routers: refused at spec load for the
     built-in dense model (config.py), once built for hub and local ones (optim.py)."""
     return f"optimizer.router_lr_scale: {scale} needs an MoE model; {model_name} has no routers"
+
+
+# Secrets (a judge's API key) that no message or file may show, whole or in part: registered
+# when read, replaced by MASK wherever `redact` runs (run.json, the reporters, the CLI's error line).
+MASK = "***"
+PIECE = 8  # a run of text holding this many consecutive characters of a secret is masked whole
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Hide `value` in every message this process writes from now on (`redact`)."""
+    if value:
+        _SECRETS.add(value)
+
+
+def redact(text: str) -> str:
+    """`text` with every registered secret replaced by MASK, and every run of characters other
+    than spaces, quotes, brackets, commas and semicolons that holds PIECE or more consecutive
+    characters of one masked whole (a server quoting a key it cut or half-masked, a message cut
+    inside a key). Redact before cutting a message."""
+    for secret in _SECRETS:
+        if secret in text:
+            text = text.replace(secret, MASK)
+        pieces = {secret[i : i + PIECE] for i in range(len(secret) - PIECE + 1)}
+        if any(p in text for p in pieces):
+            text = _RUN.sub(lambda m, pieces=pieces: MASK if any(p in m[0] for p in pieces) else m[0], text)
+    return text
+
+
+_RUN = re.compile(r"[^\s\"'`<>(){}\[\],;]+")

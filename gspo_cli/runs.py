@@ -43,7 +43,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-from gspo_cli.errors import GspoError, SpecError
+from gspo_cli.errors import GspoError, SpecError, redact
 from gspo_cli.files import iter_lines, read_text
 
 # The behaviour version of the training code, recorded in run.json (`identity`). Bump it with
@@ -51,7 +51,7 @@ from gspo_cli.files import iter_lines, read_text
 # sampler, the cold start's recipe, a default): a completed run of another version is not
 # skipped and an unfinished one not resumed. The stored-spec check cannot tell, since it fills
 # an old spec.yaml with today's defaults.
-BEHAVIOUR_VERSION = 1
+BEHAVIOUR_VERSION = 2
 
 # What gspo writes in a run directory (see the layout above).
 RUN_FILES = (
@@ -240,6 +240,17 @@ def versions() -> dict[str, str]:
     return out
 
 
+def _redacted(value: Any) -> Any:
+    """`value` with `errors.redact` applied to every string in it (dicts and lists walked)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v) for v in value]
+    return value
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -269,7 +280,8 @@ class RunDir:
         return self.info().get("status")
 
     def update_info(self, **fields: Any) -> dict[str, Any]:
-        info = {**self.info(), **fields}
+        """Merge `fields` into run.json, every text in them redacted (`errors.redact`: no API key)."""
+        info = {**self.info(), **_redacted(fields)}
         write_json_atomic(self.info_file, info)
         return info
 

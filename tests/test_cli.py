@@ -39,7 +39,7 @@ def fake_train(monkeypatch):
     calls = []
     fake = types.ModuleType("gspo_cli.train.loop")
 
-    def train_experiment(spec, *, arms=None, seeds=None, reporter=None, force=False):
+    def train_experiment(spec, *, arms=None, seeds=None, reporter=None, force=False, setup_lines=()):
         calls.append({"spec": spec, "arms": arms, "seeds": seeds, "force": force})
         return []
 

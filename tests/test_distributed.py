@@ -190,6 +190,25 @@ def test_a_nan_on_one_rank_ends_the_run_on_both(tmp_path, source):
             assert ms == [] and "step 1: non-finite" in rd.info()["error"]
 
 
+def test_the_entropy_threshold_is_the_whole_batchs_on_two_processes(tmp_path):
+    """token_filter.entropy_top 0.55 on a planted batch (tests/dist/entropy_check.py): one process
+    keeps the 10 tokens of rows 2-3 and none of rows 0-1. Two processes, each with two rows, keep
+    the same; with a threshold per process they kept 4 of rank 0's 8 tokens and 5 of rank 1's 10."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, cmd in ((one, [sys.executable]), (two, TORCHRUN)):
+        out.mkdir()
+        res = subprocess.run(
+            cmd + [str(HERE / "dist/entropy_check.py"), str(out)], capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+    whole = json.loads((one / "kept0.json").read_text())
+    assert whole["rows"] == [0, 1, 2, 3]
+    assert whole["kept"] == [[0.0] * 5, [0.0] * 5, [1.0] * 5, [1.0] * 5]
+    split = [json.loads((two / f"kept{r}.json").read_text()) for r in (0, 1)]
+    assert [s["rows"] for s in split] == [[0, 1], [2, 3]]
+    assert split[0]["kept"] + split[1]["kept"] == whole["kept"]
+
+
 def test_torchrun_trains_writes_once_and_resumes_with_one_process(tmp_path, source):
     spec = spec_file(tmp_path, steps=4)
     rd = RunDir(tmp_path / "out/e2e/gspo/seed0")

@@ -19,12 +19,13 @@ from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
-from gspo_cli.errors import RunError, SpecError
+from gspo_cli.errors import RunError, SpecError, register_secret
 from gspo_cli.metrics import describe
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import RewardConfig
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.judge import record_unparsable
+from gspo_cli.train.reporting import PlainReporter
 from gspo_cli.train.stats import StepStats
 
 ROWS = [
@@ -193,6 +194,57 @@ def test_a_failure_ends_the_batch_without_scoring_row_by_row_again(data, stub, m
     assert "sk-secret-999" not in str(err.value) and len(bad.requests) == 1
 
 
+# A 66-character key as OpenAI issues them, and its 401 answer, which quotes the key whole.
+KEY66 = "sk-proj-" + "Q7vR2mXc9LkP4tWz8NbY3hJd6FsGa1Ue5KoTi0BnCq" + "Vy2xZr7WpMeH4sD9"
+assert len(KEY66) == 66
+
+
+def openai_401(key: str, at: int) -> dict:
+    """A 401 body quoting `key` whose one JSON line has the key at column `at` (padded before it)."""
+    message = (
+        f"Incorrect API key provided: {key}. You can find your API key at https://platform.openai.com/account/api-keys."
+    )
+    body = {"id": "", "error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}}
+    body["id"] = "x" * (at - json.dumps(body).index(key))
+    assert json.dumps(body).index(key) == at
+    return body
+
+
+def key_pieces(text: str, key: str = KEY66) -> list[str]:
+    """Every run of 8 consecutive characters of `key` that `text` shows."""
+    return sorted({key[i : i + 8] for i in range(len(key) - 7)} & {text[i : i + 8] for i in range(len(text) - 7)})
+
+
+def test_a_401_quoting_the_key_shows_no_piece_of_it_wherever_the_line_is_cut(data, stub, monkeypatch):
+    """The error line is cut at 200 characters: a key quoted at column 172 was cut before it was
+    masked, and its first 28 characters showed."""
+    monkeypatch.setenv("JUDGE_KEY_66", KEY66)
+    said = []
+    for at in (64, 150, 172, 190, 260):
+        bad = stub(lambda n, body, at=at: (401, openai_401(KEY66, at), 0.0, {}))
+        with pytest.raises(RunError, match="HTTP 401: ") as err:
+            score(judged(data, bad.url, api_key_env="JUDGE_KEY_66"), ["x"])
+        said.append(str(err.value))
+        assert key_pieces(said[-1]) == [], at
+    assert "Incorrect API key provided: ***. You can find" in said[0]  # the rest of the answer still shown
+    # the key quoted cut or masked by the server: no run of 8 of its characters is shown either
+    cut = stub(lambda n, body: (401, {"error": f"bad key {KEY66[:20]}****{KEY66[-4:]}"}, 0.0, {}))
+    with pytest.raises(RunError) as err:
+        score(judged(data, cut.url, api_key_env="JUDGE_KEY_66"), ["x"])
+    assert key_pieces(str(err.value)) == [] and 'HTTP 401: {"error": "bad key ***"}' in str(err.value)
+
+
+def test_a_registered_key_is_masked_in_run_json_and_progress_lines(tmp_path, capsys):
+    register_secret(KEY66)
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.update_info(status="failed", error=f"RuntimeError: token {KEY66[:30]}", traceback=[f"x = '{KEY66}'"])
+    PlainReporter().log(f"[a/seed0] failed: {KEY66[5:45]} is wrong")
+    written = rd.info_file.read_text() + capsys.readouterr().out
+    assert key_pieces(written) == [] and rd.info()["error"] == "RuntimeError: token ***"
+    assert "[a/seed0] failed: *** is wrong" in written
+
+
 def test_garbage_answers_give_unparsable_and_are_counted(data, stub):
     answers = ["no idea", "", None, "Score: 5", "Score: 1e999", "Score: five"]
     s = stub(ok(lambda n, body: answers[int(body["messages"][-1]["content"].split("\n")[1][3:])]))
@@ -340,3 +392,23 @@ def test_gspo_train_with_a_judge_logs_unparsable_and_never_writes_the_key(data, 
     written = [p for p in out.rglob("*") if p.is_file()]
     assert len(written) > 5 and not [p for p in written if secret.encode() in p.read_bytes()]
     assert secret not in res.output and "GSPO_JUDGE_KEY" in (rd.path / "spec.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_gspo_train_against_a_401_quoting_the_key_shows_no_piece_of_it(data, stub, monkeypatch):
+    """The judge answers 401 quoting the 66-character key where the error line is cut: the run
+    fails in one line, and neither the output (plain and --json) nor any file shows 8 of its characters."""
+    s = stub(lambda n, body: (401, openai_401(KEY66, 172), 0.0, {}))
+    monkeypatch.setenv("GSPO_JUDGE_KEY", KEY66)
+    out = data / "out"
+    spec = spec_file(data, s.url, api_key_env="GSPO_JUDGE_KEY")
+    res = CliRunner().invoke(app, ["train", str(spec), "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "HTTP 401: " in res.output and "Traceback" not in res.output
+    rd = RunDir(out / "judged/gspo/seed0")
+    info = rd.info()
+    assert info["status"] == "failed" and info["error"].startswith(f"judge grader ({s.url}/chat/completions): HTTP 401")
+    as_json = CliRunner().invoke(app, ["train", str(spec), "-o", str(out), "--json", "--force"])
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)[0]["summary"]["error"] == rd.info()["error"]
+    written = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    assert key_pieces(res.output) == key_pieces(as_json.output) == key_pieces(written) == []

@@ -433,3 +433,49 @@ def test_the_table_fits_100_columns(tmp_path, columns):
         assert res.stdout.rstrip() in (ROOT / "docs" / "scaling" / "plan.md").read_text()
     res = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "100"})
     assert "issue 25" not in res.stdout
+
+
+def test_a_cpu_plan_that_does_not_fit_names_its_largest_term_and_remedy_in_100_columns():
+    """The quickstart at 256 prompts on a 1 GB host: every line within 100 columns (the
+    micro-batch line and the warnings were 126 and ~110), the host's 600 MB runtime shown with the
+    terms, warnings per process as the table's column is, naming the largest single term (not
+    the sum 'device memory of 1 process') and, for rollout, rollout.sample_rows; 256 rows sampled
+    at once then fit."""
+    args = ["plan", str(ROOT / "experiments" / "quickstart.yaml"), "--host-memory", "1GB"]
+    args += ["--set", "rollout.prompts_per_step=256"]
+    res = runner.invoke(app, args, env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    lines = (res.stdout + res.stderr).splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    out = " ".join(res.stdout.split())
+    assert "phase per process fits per host fits" in out
+    assert (
+        "per host, every phase: runtime (1 process) 600 MB + device memory of 1 process (the per-process column)" in out
+    )
+    warned = " ".join(res.stderr.split()).split("warning: ")[1:]
+    assert [w.split(":")[1].strip() for w in warned] == ["rollout", "pi_old", "update"]
+    assert warned[0].startswith(
+        "does not fit: rollout: 1.2 GB per host exceeds 1.0 GB (largest term: runtime (1 process), 600 MB)"
+    )
+    assert "its own part shrinks with rollout.sample_rows (rows sampled at once; now 2048 per process)" in warned[0]
+    assert "(largest term: activations (512 rows x 48 tokens x 4 layers), 1.4 GB)" in warned[2]
+    assert "train.micro_batch_tokens" in warned[2] and "device memory of" not in res.stderr
+    fixed = runner.invoke(app, [*args, "--set", "rollout.sample_rows=256"])
+    assert fixed.exit_code == 0 and "does not fit: rollout" not in fixed.stderr
+
+
+def test_a_gpu_plan_warns_per_gpu_as_its_table_says(tmp_path):
+    args = ["plan", str(ROOT / "experiments" / "gpu_qwen3_moe.yaml"), "--gpus", "8", "--config", str(QWEN3_30B)]
+    res = runner.invoke(app, [*args, "--gpu-memory", "40GB", "--host-memory", "100GB"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    warned = " ".join(res.stderr.split())
+    assert "per device" not in warned and "phase per GPU fits" in " ".join(res.stdout.split())
+    assert "rollout: 72.6 GB per GPU exceeds 40.0 GB (largest term: AdamW moments, fp32 (1/8), 30.5 GB)" in warned
+    assert (
+        "load: 151.0 GB per host exceeds 100.0 GB (largest term: rank 0: checkpoint pages read (bfloat16), 61.1 GB)"
+        in warned
+    )
+    assert "now 16 per process" in warned  # rollout.sample_rows 16 of the 64 rows per process
+    host = " ".join(res.stdout.split()).split("per host, every phase: ")[1]
+    assert host.startswith("runtime (8 processes) 32.0 GB; load adds rank 0: checkpoint pages read (bfloat16) 61.1 GB")
+    assert max(map(len, (res.stdout + res.stderr).splitlines())) <= 100

@@ -165,6 +165,18 @@ def test_cli_plain_json_and_errors(run_dir):
     assert res.exit_code == 2 and "no samples at step 3" in res.output
 
 
+@pytest.mark.parametrize("columns", [60, 160])
+def test_piped_panels_take_their_width_from_columns(tmp_path, columns):
+    """Piped (not a terminal), the panels were 120 columns whatever COLUMNS said."""
+    d = tmp_path / "exp" / "gspo" / "seed0"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"status": "completed"}))
+    (d / "samples.jsonl").write_text(json.dumps(_rec(1, 0, 1.0, 0.5, completion="word " * 80)) + "\n")
+    res = runner.invoke(app, ["samples", str(d)], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    assert max(map(len, res.output.splitlines())) == columns
+
+
 def test_cut_texts_say_so_in_both_views(tmp_path):
     d = tmp_path / "run"
     d.mkdir()

@@ -174,6 +174,64 @@ def test_a_chat_model_gets_the_tool_message_its_template_writes():
     assert [t["role"] for t in batch.turns[0]] == ["model", "tool", "model"] and not batch.truncated[0]
 
 
+# Qwen2.5's ChatML as its tokenizer renders tool results: consecutive tool messages share one
+# user turn, each in <tool_response> tags; every turn ends "<|im_end|>\n".
+CHATML = (
+    "{%- for message in messages %}"
+    "{%- if message.role in ['system', 'user', 'assistant'] %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_chatml_model_sees_exactly_what_its_template_renders_around_a_tool_message():
+    """The model's turn ends at <|im_end|>; the template then writes "\\n" before the tool
+    message's turn. The ids a two-turn rollout ends with are the template's rendering of the
+    same conversation (then the model's last turn), token for token: the "\\n" after
+    <|im_end|> was missing."""
+    from gspo_cli.models.prompts import PromptFormat
+
+    tok = _tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token, tok.chat_template = "<|im_end|>", CHATML
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    call = "```python\nprint(6*7)\n```"
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, call) + [end] + _ids(tok, "It is 42.")]),
+        tok,
+        max_new_tokens=200,
+        temperature=1.0,
+        stop_ids=[end],
+        prompt_format=PromptFormat().formatter(tok),
+    )
+    env = resolve_environment("python", {"timeout_s": 1.0})
+    engine = MultiTurnEngine(
+        base, env, max_new_tokens=200, max_total_tokens=400, max_turns=4, max_tool_calls=3, tool_output_tokens=32
+    )
+    assert engine.wrap == (
+        "\n<|im_start|>user\n<tool_response>\n",
+        "\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    )
+    batch = engine.generate(["What is 6*7?"])
+    n = batch.prompt_len + int(batch.response_mask[0].sum())
+    got = batch.input_ids[0, :n][batch.attention_mask[0, :n] > 0].tolist()
+    assert batch.turns[0][1]["content"] == "42\n"
+    messages = [
+        {"role": "user", "content": "What is 6*7?"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": batch.turns[0][1]["content"]},  # the observation as it came ("42\\n")
+    ]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "<|im_end|>\n<|im_start|>user\n<tool_response>" in rendered
+    assert got == _ids(tok, rendered + "It is 42.<|im_end|>")
+
+
 class Rewarding:
     """Rewards by the prompt: "A" 0.5 on its first turn, then done with 0.25; "B" 1.0 on every
     turn, never done (a limit ends it: finish() gets the turn step did not see, and gives 2.0

@@ -13,7 +13,7 @@ import yaml
 from helpers import rows_batch
 from typer.testing import CliRunner
 
-from gspo_cli.algorithms import get_mismatch_correction, grpo_loss
+from gspo_cli.algorithms import entropy_top_mask, get_mismatch_correction, grpo_loss
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
@@ -78,6 +78,24 @@ def test_entropy_filter_weights_only_the_top_tokens():
     entropy = torch.tensor([[0.1, 0.2], [0.3, 0.9]])
     weights, loss_mask = token_weights(arm, StepStats(), None, torch.zeros(2, 2), entropy, batch())
     assert weights.tolist() == [[0.0, 0.0], [0.0, 1.0]] and loss_mask.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_entropy_filter_takes_its_threshold_over_every_process():
+    """`gather` stands for the other process (distributed.gather_values): it holds 4 tokens of
+    entropy 5, so the top half of the 8 is all of its tokens and none of this one's (a threshold
+    of this process's 4 alone kept 2). A process without trained tokens gathers too."""
+    other = torch.full((4,), 5.0)
+    seen = []
+
+    def gather(local):
+        seen.append(local.numel())
+        return torch.cat([local, other])
+
+    entropy, mask = torch.tensor([[0.1, 0.2], [0.3, 0.9]]), torch.ones(2, 2)
+    assert entropy_top_mask(entropy, mask, 0.5).sum() == 2
+    assert entropy_top_mask(entropy, mask, 0.5, gather).sum() == 0
+    assert entropy_top_mask(entropy, torch.zeros(2, 2), 0.5, gather).sum() == 0
+    assert seen == [4, 0]
 
 
 # ----------------------------------------------------------------------------- spec

@@ -11,6 +11,7 @@ filter whether it also leaves the aggregation's count.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -21,7 +22,12 @@ from .precision import upcast
 TOKEN_FILTERS = ("entropy_top",)
 
 
-def entropy_top_mask(entropy_BC: torch.Tensor, mask_BC: torch.Tensor, top: float) -> torch.Tensor:
+def entropy_top_mask(
+    entropy_BC: torch.Tensor,
+    mask_BC: torch.Tensor,
+    top: float,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """80/20 rule (arXiv:2506.01939, "Beyond the 80/20 Rule"; TRL ``top_entropy_quantile``):
     keep only the tokens of ``mask_BC`` whose entropy is at or above the (1 - top) quantile of
     their entropies, so only the ``top`` share of highest-entropy "forking" tokens carries
@@ -33,14 +39,23 @@ def entropy_top_mask(entropy_BC: torch.Tensor, mask_BC: torch.Tensor, top: float
     The threshold is torch.quantile's (linear interpolation), found by selection
     (``kthvalue``) instead: keeping ``entropy >= quantile`` keeps exactly the entropies at or
     above the ceil((1 - top)(n - 1))-th smallest (0-based), and ``torch.quantile`` refuses more
-    than 2^24 values (a DAPO-sized batch per process). The threshold is this call's, so under
-    torchrun each process's share of the batch has its own."""
+    than 2^24 values (a DAPO-sized batch per process).
+
+    ``gather``: every process's masked entropies (1-D) -> all of them concatenated, the same on
+    every process (``distributed.gather_values``; None: this process's batch is the whole). The
+    threshold is taken over the gathered entropies, as TRL does, so the kept tokens do not depend
+    on how the batch is split over processes. Every process calls it (a process without trained
+    tokens too)."""
     if not 0 < top <= 1:
         raise ValueError(f"entropy_top must be in (0, 1], got {top}")
     keep_BC = mask_BC > 0
+    if top >= 1:
+        return keep_BC
     ent = upcast(entropy_BC.detach()[keep_BC])
+    if gather is not None:
+        ent = gather(ent)
     n = ent.numel()
-    if n == 0 or top >= 1:
+    if n == 0:
         return keep_BC
     # 1e-9: (1 - top)(n - 1) lands a hair above an integer in float64 for some top and n
     rank = math.ceil((1.0 - top) * (n - 1) - 1e-9)

@@ -7,13 +7,13 @@ import sys
 import typer
 from rich.console import Console
 
-from gspo_cli.errors import GspoError
+from gspo_cli.errors import GspoError, redact
 
 err_console = Console(stderr=True)
 
 
 def _fail(err: GspoError) -> None:
-    for i, line in enumerate(str(err).splitlines() or [type(err).__name__]):
+    for i, line in enumerate(redact(str(err)).splitlines() or [type(err).__name__]):
         # soft_wrap: never break a problem over two lines (Rich wraps at 80 columns off a terminal).
         err_console.print(("error: " if i == 0 else "       ") + line, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(err.exit_code)

@@ -99,16 +99,33 @@ def plan(
         typer.echo(json.dumps({**out, "largest_micro_batch_tokens": fit}, indent=2))
         return
     _render(sharded, shape, spec, prompt_tokens)
+    width = _width()
     if fit is not None:
         T = prompt_tokens + spec.rollout.max_new_tokens
         typer.echo(
-            f"largest train.micro_batch_tokens that fits: {fit} ({fit // T} rows of {T} tokens per forward"
-            + (", the whole local batch: no budget needed)" if fit // T >= spec.rollout.batch_size // hw.world else ")")
+            _wrap(
+                f"largest train.micro_batch_tokens that fits: {fit} ({fit // T} rows of {T} tokens per forward"
+                + (
+                    ", the whole local batch: no budget needed)"
+                    if fit // T >= spec.rollout.batch_size // hw.world
+                    else ")"
+                ),
+                width,
+            )
         )
-    for w in warnings + sharded.notes:
-        err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
-    for line in sharded.problems():
-        err_console.print(f"warning: does not fit: {line}", markup=False, highlight=False, soft_wrap=True)
+    problems = [f"does not fit: {line}" for line in sharded.problems(_remedies(spec, hw))]
+    for w in warnings + sharded.notes + problems:
+        err_console.print(_wrap(f"warning: {w}", width), markup=False, highlight=False, soft_wrap=True)
+
+
+def _remedies(spec, hw) -> dict[str, str]:
+    """Per phase, the spec field that shrinks what the phase adds (said when it does not fit)."""
+    out = {p: "its own part shrinks with train.micro_batch_tokens (rows per forward)" for p in ("pi_old", "update")}
+    if spec.rollout.engine == "hf":
+        rows = max(1, spec.rollout.batch_size // hw.world)
+        now = min(spec.rollout.sample_rows or rows, rows)
+        out["rollout"] = f"its own part shrinks with rollout.sample_rows (rows sampled at once; now {now} per process)"
+    return out
 
 
 NBSP = "\u00a0"
@@ -120,7 +137,10 @@ def _width() -> int:
 
 
 def _wrap(text: str, width: int, indent: str = "  ") -> str:
-    return textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    """`text` filled to `width`, a size never split from its unit ("1.4 GB")."""
+    text = re.sub(r"(\d) ([KMGT]?B)\b", "\\1" + NBSP + "\\2", text)
+    filled = textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return filled.replace(NBSP, " ")
 
 
 def _table(header: list[str], rows: list[list[str]], width: int) -> list[str]:
@@ -177,6 +197,29 @@ def _render(plan, shape, spec, prompt_tokens: int) -> None:
         # a size never splits from its unit (textwrap breaks at ASCII whitespace only)
         terms = "; ".join(f"{name} {gb(b).replace(' ', NBSP)}" for name, b in ph.device if b)
         typer.echo(_wrap(f"{ph.name}: {terms}", width).replace(NBSP, " "))
+    typer.echo(_wrap(_host_terms(plan), width).replace(NBSP, " "))
+
+
+def _host_terms(plan) -> str:
+    """The per-host column's terms: those every phase has (the processes' runtime; a CPU run's
+    per-process figures), then what each phase adds."""
+    from gspo_cli.plan.fit import HOST_SHARE
+    from gspo_cli.plan.memory import gb
+
+    def size(b: int) -> str:
+        return gb(b).replace(" ", NBSP)
+
+    common = [t for t in plan.phases[0].host if all(t in ph.host for ph in plan.phases)]
+    parts = [f"{name} {size(b)}" for name, b in common]
+    share = next((n for n, _ in plan.phases[0].host if n.startswith(HOST_SHARE)), None)
+    if share:  # model.device cpu: the host holds its processes, each the per-process column's figure
+        parts.append(f"{share} (the per-process column{' x their count' if not share.endswith(' 1 process') else ''})")
+    own = []
+    for ph in plan.phases:
+        extra = [f"{n} {size(b)}" for n, b in ph.host if (n, b) not in common and not n.startswith(HOST_SHARE)]
+        if extra:
+            own.append(f"{ph.name} adds {'; '.join(extra)}")
+    return f"per host, every phase: {' + '.join(parts)}" + (f"; {'; '.join(own)}" if own else "")
 
 
 def _as_dict(plans, shape, spec, prompt_tokens: int, warnings: list[str]) -> dict:

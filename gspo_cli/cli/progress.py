@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gspo_cli.train.reporting import PlainReporter, format_eval, format_step
+from gspo_cli.errors import redact
+from gspo_cli.train.reporting import PlainReporter, format_eval, format_step, training_line
 
 
 class RichReporter(PlainReporter):
@@ -40,10 +41,12 @@ class RichReporter(PlainReporter):
 
     def log(self, msg: str) -> None:
         if not self.quiet:
-            self.progress.console.print(msg, markup=False, highlight=False)
+            self.progress.console.print(redact(msg), markup=False, highlight=False)
 
-    def run_started(self, name, total_steps):
-        self.tasks[name] = self.progress.add_task("", total=total_steps, name=name, info="")
+    def run_started(self, name, total_steps, done=0):
+        self.tasks[name] = self.progress.add_task("", total=total_steps, completed=done, name=name, info="")
+        if done:  # a resumed run: the bar starts where it left off, and says so above the bars
+            self.log(f"[{name}] {training_line(total_steps, done)}")
 
     def step_done(self, name, m):
         self.progress.update(self.tasks[name], completed=m["step"], info=format_step(m))

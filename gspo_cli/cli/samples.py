@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -64,6 +65,15 @@ def _print_plain(chosen: list[dict]) -> None:
         typer.echo("")
 
 
+def _width() -> int | None:
+    """The panels' width: COLUMNS when set (a pipe or a job log included), else the terminal's,
+    else (piped) 120."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if sys.stdout.isatty() else 120
+
+
 def _print_rich(chosen: list[dict]) -> None:
     from rich.console import Group
     from rich.panel import Panel
@@ -72,7 +82,7 @@ def _print_rich(chosen: list[dict]) -> None:
 
     from gspo_cli.analysis.samples import cut_note, reward_parts, sections, title, verdict
 
-    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    console = Console(soft_wrap=False, width=_width())
     for r in chosen:
         good = bool(r.get("correct"))
         body = Group(

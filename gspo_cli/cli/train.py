@@ -121,10 +121,12 @@ def train(
         reporter = make_reporter(quiet=quiet, to_stderr=as_json)
         workers, pool_line = reward_pool.planned(spec.task, torch.get_num_threads())
         with reporter:
-            if pool_line:
-                reporter.log(pool_line)
             with reward_pool.running(workers, spec.task.reward_timeout_s):  # stopped on every way out
-                results = train_experiment(spec, arms=arm, seeds=seed, reporter=reporter, force=force)
+                # the pool's line comes once the rewards resolve: a misspelled one's error first
+                lines = [pool_line] if pool_line else []
+                results = train_experiment(
+                    spec, arms=arm, seeds=seed, reporter=reporter, force=force, setup_lines=lines
+                )
     except InterruptedRun as err:  # a clean stop the user asked for: said plainly, not as an error
         _stopped(str(err), err.exit_code)
     except GspoError as err:

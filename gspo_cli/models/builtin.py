@@ -39,6 +39,8 @@ RECIPE_VERSION = "2"
 # therefore always trains with this many threads, whatever the cores or OMP_NUM_THREADS
 # (2 threads also run on one core); 2 is what the documented figures were measured with.
 COLD_START_THREADS = 2
+# A long cold start (minutes on a loaded 2-core box) says how far it is at least this often.
+PROGRESS_S = 30.0
 
 
 def build_numerics() -> dict:
@@ -251,6 +253,7 @@ def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
     eos = tok.eos_token
     final_loss = None
     log(f"cold start: {kind}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, {cold.steps} steps")
+    t0 = last = time.monotonic()
     for step in range(cold.steps):
         lr = cold.lr * 0.5 * (1 + math.cos(math.pi * step / max(cold.steps, 1)))
         for g in opt.param_groups:
@@ -263,10 +266,20 @@ def _build_and_cold_start(kind, size, cold: ColdStartConfig, task: Task, log):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         final_loss = out.loss.item()
-        if (step + 1) % max(1, cold.steps // 5) == 0 or step == cold.steps - 1:
-            log(f"cold start step {step + 1}/{cold.steps}: loss {out.loss.item():.3f}")
+        # a fifth of the steps, or PROGRESS_S without a line (a long cold start on a loaded box)
+        now = time.monotonic()
+        if (step + 1) % max(1, cold.steps // 5) == 0 or step == cold.steps - 1 or now - last >= PROGRESS_S:
+            last, done = now, step + 1
+            left = "" if done == cold.steps else f", about {_minutes((now - t0) / done * (cold.steps - done))} left"
+            log(f"cold start step {done}/{cold.steps}: loss {final_loss:.3f} ({_minutes(now - t0)} so far{left})")
     model.eval()
     return model, tok, final_loss
+
+
+def _minutes(seconds: float) -> str:
+    """A duration as people read it: "42 s", "3 min 05 s"."""
+    s = round(seconds)
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
 
 
 def cold_start_data(task: Task) -> dict:

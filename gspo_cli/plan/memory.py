@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from gspo_cli.plan import fit
 from gspo_cli.plan import lora as plan_lora
 from gspo_cli.plan.cpu_process import add_cpu_process_terms
 from gspo_cli.plan.micro import forward_rows
@@ -115,22 +116,9 @@ class Plan:
         host = None if hw.host_bytes is None else phase.host_total <= hw.host_bytes
         return dev, host
 
-    def problems(self) -> list[str]:
-        """One line per phase that does not fit, naming its dominating term."""
-        out = []
-        for p in self.phases:
-            dev, host = self.fits(p)
-            if dev is False:
-                out.append(
-                    f"{p.name}: {gb(p.device_total)} per device exceeds {gb(self.hardware.gpu_bytes)} "
-                    f"(largest term: {p.dominant()})"
-                )
-            if host is False:
-                out.append(
-                    f"{p.name}: {gb(p.host_total)} per host exceeds {gb(self.hardware.host_bytes)} "
-                    f"(largest term: {p.dominant('host')})"
-                )
-        return out
+    def problems(self, remedies: dict[str, str] | None = None) -> list[str]:
+        """One line per phase that does not fit, naming its largest term (plan/fit.py)."""
+        return fit.problems(self, remedies)
 
 
 @dataclass(frozen=True)

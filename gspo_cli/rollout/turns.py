@@ -7,9 +7,9 @@ format) a closed ```python block. The row's environment (tasks/environments.py) 
 turn's text; its observation, cut to `rollout.tool_output_tokens` (saying so), is tokenised on
 its own and fed to the model as forced tokens, inside a fixed wrapper (raw prompts:
 "\\n```output\\n" ... "```\\n", the observation ending in a newline) or the chat template's
-tool message (the template's text around a tool message, rendered once); then the model
-continues. One KV cache serves every turn:
-rows advance one position per forward, sampling or reading their queued tool tokens, so each
+tool message (the template's text after the turn's stop token, around a tool message and up to
+the next assistant header, rendered once); then the model continues. One KV cache serves every
+turn: rows advance one position per forward, sampling or reading their queued tool tokens, so each
 row's ids are exactly what the model sampled plus the tool output's own ids, never a
 re-tokenisation of earlier turns (token-in-token-out).
 
@@ -52,6 +52,7 @@ from gspo_cli.tasks.environments import (
 )
 
 _SLOT = "\u2063TOOL_OUTPUT\u2063"  # stands for the observation while the template is rendered
+_TURN = "\u2063MODEL_TURN\u2063"  # and this for the model's turn before it
 
 
 @dataclass
@@ -118,8 +119,9 @@ class TurnTaking:
         self.max_new_tokens, self.max_total_tokens = max_new_tokens, max_total_tokens
         self.max_turns, self.max_tool_calls, self.tool_output_tokens = max_turns, max_tool_calls, tool_output_tokens
         self.raw = not base.format.use_template
-        self.wrap = RAW_WRAP if self.raw else tool_message_wrap(base.format)
         tok = self.tokenizer
+        stops = [tok.decode([i], skip_special_tokens=False) for i in base.stop_ids]
+        self.wrap = RAW_WRAP if self.raw else tool_message_wrap(base.format, stops)
         self.wrap_ids = [tok(w, add_special_tokens=False).input_ids for w in self.wrap]
 
     def __getattr__(self, name):  # everything else (sleep, top_p, ...) is the base engine's
@@ -368,12 +370,14 @@ def _react(env, text: str) -> Observation:
     return as_observation(_call(env.step, text), "task.environment")
 
 
-def tool_message_wrap(fmt) -> tuple[str, str]:
+def tool_message_wrap(fmt, stop_texts: list[str] = ()) -> tuple[str, str]:
     """(before, after) the observation in the chat template's tool message, with the next
     assistant header after it: the text a template adds after a model turn that ended at its
-    stop id. SpecError when the template renders earlier turns differently once a tool message
-    follows (the wrap would not be a suffix)."""
-    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    stop id. The model's turn ends with the stop token itself (`stop_texts`: the stop ids'
+    texts), so what the template writes after that token (ChatML's newline after <|im_end|>)
+    opens `before`. SpecError when the template renders earlier turns differently once a tool
+    message follows (the wrap would not be a suffix)."""
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _TURN}]
     kw = fmt.template_kwargs
     apply = fmt.tokenizer.apply_chat_template
     try:
@@ -383,7 +387,15 @@ def tool_message_wrap(fmt) -> tuple[str, str]:
         raise SpecError(
             f"task.environment: the chat template cannot render a tool message ({type(err).__name__}: {err})"
         ) from None
-    if not after.startswith(before) or after.count(_SLOT) != 1:
+    if not after.startswith(before) or after.count(_SLOT) != 1 or before.count(_TURN) != 1:
         raise SpecError("task.environment: the chat template renders earlier turns differently after a tool message")
     pre, post = after[len(before) :].split(_SLOT)
-    return pre, post
+    return _after_stop(before.split(_TURN)[1], stop_texts) + pre, post
+
+
+def _after_stop(tail: str, stop_texts) -> str:
+    """What the template writes after a model turn's stop token: `tail` (its text after the
+    turn's content) past the longest stop text it starts with; all of it when it starts with
+    none (the template ends a turn without the token the model stops at)."""
+    stop = max((t for t in stop_texts if t and tail.startswith(t)), key=len, default="")
+    return tail[len(stop) :]

@@ -40,7 +40,7 @@ class TokenFilterConfig(_Strict):
         gt=0,
         le=1,
         description="80/20 rule: only this share of highest-entropy tokens (pi_old's entropy, over the "
-        "rollout batch) carries gradient; paper 0.2",
+        "rollout batch of all processes) carries gradient; paper 0.2",
     )
 
 

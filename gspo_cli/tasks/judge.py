@@ -15,7 +15,10 @@ a number; an answer without one (or with no finite number there) gives `unparsab
 reward skips the row) and is counted per step (`judge/<name>/unparsable_frac`).
 
 The API key is read from the environment variable `api_key_env` when the judge is built and kept
-in memory only: sent as `Authorization: Bearer`, never stored, logged or quoted in an error.
+in memory only: sent as `Authorization: Bearer`, never stored, logged or quoted in an error. It
+is registered with `errors.register_secret`, so a server's answer quoting it (or a piece of it)
+is masked before any message is cut, and run.json, the progress lines and the CLI's error line
+mask it too.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from gspo_cli.errors import RunError, SpecError
+from gspo_cli.errors import RunError, SpecError, redact, register_secret
 from gspo_cli.metrics import judge_unparsable_key
 
 FIXED = ("prompt", "completion")  # the template's placeholders besides the dataset's columns
@@ -108,6 +111,8 @@ class Judge:
         self.endpoint = cfg.url.rstrip("/") + "/chat/completions"
         self.pattern = re.compile(cfg.pattern)
         self._key = key
+        if key:
+            register_secret(key)  # masked in every message and file this process writes
         self._tls = None  # the TLS context every batch's client shares
         self.unparsable: dict[int, list[int]] = {}
 
@@ -199,7 +204,7 @@ class Judge:
                         hint = (
                             " (is `url` the API's base, e.g. http://127.0.0.1:8000/v1?)" if r.status_code == 404 else ""
                         )
-                        raise self._error(text, f"HTTP {r.status_code}{hint}: {_first_line(r.text)[:200]}")
+                        raise self._error(text, f"HTTP {r.status_code}{hint}: {_first_line(redact(r.text))[:200]}")
                     else:
                         return self._content(r, text)
             if attempt < cfg.max_retries:
@@ -214,8 +219,10 @@ class Judge:
         return content if isinstance(content, str) else ""  # null content (a reasoning model's): unparsable
 
     def _error(self, text: str, what: str) -> RunError:
-        message = f"judge {self.name} ({self.endpoint}): {what}, for the row whose prompt starts {text[:40]!r}"
-        return RunError(message.replace(self._key, "***") if self._key else message)
+        # `what` was redacted before it was cut (a cut key is no longer found whole); this again
+        return RunError(
+            redact(f"judge {self.name} ({self.endpoint}): {what}, for the row whose prompt starts {text[:40]!r}")
+        )
 
 
 def as_text(x: Any) -> str:

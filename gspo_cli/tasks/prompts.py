@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import warnings
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,15 +61,18 @@ class PromptsTask(Task):
 def load_prompt_problems(source: str, *, split: str = "train") -> list[Problem]:
     """One problem per row with a `prompt`: a string (standard), or a list of {"role", "content"}
     messages (conversational, kept as a `Conversation`); the row's other columns kept for the
-    reward functions (meta `columns`). SpecError when the source cannot be read, a message is
-    malformed, or no row has a prompt (naming the columns found)."""
+    reward functions (meta `columns`). A row whose prompt is missing, null, empty or of another
+    type is dropped, and the drops are said in one warning (how many of how many rows, and why).
+    SpecError when the source cannot be read, a message is malformed, or no row has a prompt
+    (naming the columns found)."""
     rows = load_records(source, split=split)
-    problems = []
+    problems, dropped = [], {}
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
         if isinstance(prompt, list):
             prompt = _conversation(prompt, f"task.params.source: {source}: row {i}")
         if not isinstance(prompt, str) or not prompt:
+            dropped.setdefault(_why_dropped(row), []).append(i)
             continue
         columns = {k: v for k, v in row.items() if k != "prompt"}
         reference = next((row[c] for c in REFERENCE_COLUMNS if isinstance(row.get(c), str)), None)
@@ -88,7 +92,24 @@ def load_prompt_problems(source: str, *, split: str = "train") -> list[Problem]:
         raise SpecError(
             f"task.params.source: {source}: no row with a `prompt` string ({len(rows)} rows); columns found: {found}"
         )
+    if dropped:
+        n = sum(len(rows_) for rows_ in dropped.values())
+        why = ", ".join(f"{len(rows_)} {what} (first: row {rows_[0]})" for what, rows_ in dropped.items())
+        warnings.warn(f"task.params.source: {source}: dropped {n} of {len(rows)} rows: {why}", stacklevel=2)
     return problems
+
+
+def _why_dropped(row: dict) -> str:
+    """Why `row` has no usable prompt, as the drop warning counts it."""
+    if "prompt" not in row:
+        return "without a `prompt` column"
+    prompt = row["prompt"]
+    if prompt is None:
+        return "whose `prompt` is null"
+    if prompt == "":
+        return "whose `prompt` is empty"
+    kind = {bool: "true/false", int: "a number", float: "a number", dict: "an object"}.get(type(prompt), "not text")
+    return f"whose `prompt` is {kind}, not a string or a list of messages"
 
 
 def _conversation(messages: list, where: str) -> Conversation:

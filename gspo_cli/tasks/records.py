@@ -3,7 +3,8 @@
 
 Every task with real data reads its rows here, so each format is handled (and fails with
 one clear line naming the file) in one place. Rows come back as plain dicts with their
-keys lower-cased, so `Problem` / `problem` / `PROBLEM` are one column.
+keys lower-cased, so `Problem` / `problem` / `PROBLEM` are one column; a row holding two of
+them is refused (one would silently replace the other).
 """
 
 from __future__ import annotations
@@ -47,7 +48,23 @@ def load_records(source: str, *, split: str = "train", field: str = "task.params
             raise SpecError(
                 f"{field}: {source}: unknown format {suffix or '(no suffix)'}; expected .jsonl, .json or .parquet"
             )
-    return [{str(k).lower(): _plain(v) for k, v in row.items()} for row in rows]
+    return [_lower_cased(row, i, source, field) for i, row in enumerate(rows)]
+
+
+def _lower_cased(row: dict, i: int, source: str, field: str) -> dict[str, Any]:
+    """`row` with its keys lower-cased and its values plain. SpecError naming both columns when
+    two differ only in case (`Solution` would silently replace `solution`)."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        name = str(k).lower()
+        if name in out:
+            first = next(str(o) for o in row if str(o).lower() == name)
+            raise SpecError(
+                f"{field}: {source}: columns {first!r} and {str(k)!r} differ only in case (row {i}); column names "
+                "are read in lower case, so one would replace the other: rename or drop one"
+            )
+        out[name] = _plain(v)
+    return out
 
 
 def columns_of(rows: list[dict[str, Any]]) -> list[str]:

@@ -12,12 +12,13 @@ import math
 import socket
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
-from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError
+from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError, redact
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.metrics import no_signal
 from gspo_cli.models import lora, resolve_model_source
@@ -58,11 +59,13 @@ def train_experiment(
     seeds: list[int] | None = None,
     reporter: Reporter | None = None,
     force: bool = False,
+    setup_lines: Sequence[str] = (),
 ) -> list[RunResult]:
     """Train the selected arms x seeds one after another.
 
     A run that fails or diverges is recorded and the next one starts; a bad spec or model
-    (SpecError) or a stop signal (InterruptedRun) ends the whole call.
+    (SpecError) or a stop signal (InterruptedRun) ends the whole call. `setup_lines` (the reward
+    pool's) are said once the task, its data and its rewards are resolved: after their errors.
     """
     reporter = reporter or PlainReporter()
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
@@ -86,7 +89,7 @@ def train_experiment(
     )
     if not info.is_main:
         reporter = quiet_reporter()
-    for line in data_lines(data):
+    for line in [*setup_lines, *data_lines(data)]:
         reporter.log(line)
     # A run directory holding another spec's run (or one made with other code, model or data,
     # or files gspo did not write) is refused now, not after the cold start.
@@ -141,7 +144,7 @@ def train_experiment(
                     )
                     reporter.log(f"[{arm.name}/seed{seed}] {status}: {err}")
                     path = run_path(spec.output_dir, spec.name, arm.name, seed)
-                    results.append(RunResult(arm.name, seed, str(path), status, {"error": str(err)}))
+                    results.append(RunResult(arm.name, seed, str(path), status, {"error": redact(str(err))}))
     return results
 
 
@@ -293,7 +296,7 @@ def _loop(
 ) -> dict:
     spec = ctx.spec
     steps = spec.train.steps
-    reporter.run_started(name, steps)
+    reporter.run_started(name, steps, start_step)
     # metrics.jsonl stays the truth; sinks are views, written by rank 0 like everything else
     sinks = make_sinks(list(spec.train.sinks) if ctx.dist.is_main else [], rd.path, spec.to_dict())
     # staleness 1: the worker process starts now, loading while step 0 evaluates

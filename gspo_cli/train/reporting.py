@@ -6,12 +6,13 @@ from __future__ import annotations
 import sys
 from typing import Protocol
 
+from gspo_cli.errors import redact
 from gspo_cli.runs import plural
 
 
 class Reporter(Protocol):
     def log(self, msg: str) -> None: ...
-    def run_started(self, name: str, total_steps: int) -> None: ...
+    def run_started(self, name: str, total_steps: int, done: int = 0) -> None: ...
     def step_done(self, name: str, metrics: dict) -> None: ...
     def eval_done(self, name: str, record: dict) -> None: ...
     def run_finished(self, name: str, status: str, summary: dict) -> None: ...
@@ -36,6 +37,17 @@ def format_eval(record: dict) -> str:
     return f"eval {record.get('set', record['task'])} at step {record['step']} ({n}): {scores}"
 
 
+def training_line(total_steps: int, done: int = 0) -> str:
+    """What a run is about to train: its steps, or (resumed after `done` steps) the rest of them."""
+    if not done:
+        return f"training {plural(total_steps, 'step')}"
+    left = total_steps - done
+    if left <= 0:
+        return f"all {total_steps} steps trained before; finishing the run"
+    which = f"step {total_steps}" if left == 1 else f"steps {done + 1}-{total_steps}"
+    return f"training {plural(left, 'more step')} ({which} of {total_steps})"
+
+
 class PlainReporter:
     """One line per step on `stream` (stdout by default); `quiet` prints nothing at all."""
 
@@ -51,10 +63,10 @@ class PlainReporter:
 
     def log(self, msg: str) -> None:
         if not self.quiet:
-            print(msg, file=self.out, flush=True)
+            print(redact(msg), file=self.out, flush=True)
 
-    def run_started(self, name: str, total_steps: int) -> None:
-        self.log(f"[{name}] training {total_steps} steps")
+    def run_started(self, name: str, total_steps: int, done: int = 0) -> None:
+        self.log(f"[{name}] {training_line(total_steps, done)}")
 
     def step_done(self, name: str, m: dict) -> None:
         self.log(f"[{name}] step {m['step']}  {format_step(m)}")

@@ -225,7 +225,7 @@ def learn(
     bad = not bool(torch.isfinite(old_logp[mask_BC > 0]).all())
     if distributed.any_rank(bad, ctx.dist):  # every rank stops here, not only the one that saw it
         raise DivergedError(f"step {step}: non-finite log-probs under the current policy")
-    weights_BC, loss_mask_BC = token_weights(ctx.arm, stats, correct, old_logp, old.entropy, batch)
+    weights_BC, loss_mask_BC = token_weights(ctx.arm, stats, correct, old_logp, old.entropy, batch, ctx.dist)
     t3 = time.time()
 
     # 4. Updates: every epoch, every mini-batch; all but the very first are off-policy.

@@ -5,8 +5,10 @@ pi_theta: step._update applies it per mini-batch (`off_policy_weights`)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
+from gspo_cli import distributed
 from gspo_cli.algorithms import correction_stats, entropy_top_mask, off_policy_sequence_mask
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import MISMATCH_STAT_KEYS
@@ -15,12 +17,15 @@ from gspo_cli.spec import ArmConfig
 from gspo_cli.train.stats import StepStats
 
 
-def token_weights(arm: ArmConfig, stats: StepStats, correct, old_logp_BC, entropy_BC, batch: RolloutBatch):
+def token_weights(
+    arm: ArmConfig, stats: StepStats, correct, old_logp_BC, entropy_BC, batch: RolloutBatch, dist_info=None
+):
     """(weights_BC or None, loss_mask_BC), both (B, C): the per-token loss factor (mismatch
     correction x 80/20 entropy filter; 0 drops a token from the gradient and the statistics)
     and the mask the loss aggregates over: the response mask without the tokens that leave
     the loss's count (a mask correction's rejections under `mismatch.rejected: drop`,
-    truncated responses under `overlong.filter`)."""
+    truncated responses under `overlong.filter`). `dist_info` (a DistInfo; None: one process):
+    the 80/20 threshold is taken over every process's trained tokens."""
     mask_BC = batch.model_mask  # the model's tokens (multi-turn: tool output never trains)
     weights_BC, loss_mask_BC = None, mask_BC
     if correct is not None:
@@ -34,7 +39,8 @@ def token_weights(arm: ArmConfig, stats: StepStats, correct, old_logp_BC, entrop
         # The share is of the tokens the loss trains: a truncated response under the overlong
         # filter or a rejected token (drop or zero) neither sets the threshold nor is kept.
         trained_BC = loss_mask_BC if weights_BC is None else loss_mask_BC * (weights_BC != 0)
-        keep_BC = entropy_top_mask(entropy_BC, trained_BC, arm.token_filter.entropy_top).to(mask_BC.dtype)
+        gather = partial(distributed.gather_values, info=dist_info) if dist_info is not None else None
+        keep_BC = entropy_top_mask(entropy_BC, trained_BC, arm.token_filter.entropy_top, gather).to(mask_BC.dtype)
         weights_BC = keep_BC if weights_BC is None else weights_BC * keep_BC
     return weights_BC, loss_mask_BC
 
