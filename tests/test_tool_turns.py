@@ -4,6 +4,7 @@ back as forced tokens, and the model continues. Token-in-token-out: the ids are 
 sampled, plus the tool output's own, even where decoding and re-encoding would merge them."""
 
 import socket
+import threading
 import time
 
 import pytest
@@ -298,3 +299,55 @@ def test_a_finish_that_returns_no_number_is_one_line():
     )
     with pytest.raises(SpecError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
         engine.generate(["Q"])
+
+
+class Blocking:
+    """An environment whose `method` never returns (a dead server, a deadlock)."""
+
+    method = "step"
+
+    def start(self, prompt):
+        if self.method == "start":
+            time.sleep(10**6)
+        return None
+
+    def step(self, turn):
+        time.sleep(10**6)
+
+
+def _blocking_engine(method, **kw):
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "6*7")] * 2), tok, max_new_tokens=20, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    env = type("Env", (Blocking,), {"method": method})
+    limits = dict(max_new_tokens=20, max_total_tokens=40, max_turns=2, max_tool_calls=1, tool_output_tokens=8)
+    return MultiTurnEngine(base, env, **limits, **kw)
+
+
+@pytest.mark.parametrize("method", ["start", "step"])
+def test_an_environment_that_never_returns_ends_the_run_at_its_time_out(method):
+    from gspo_cli.errors import RunError
+
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        _blocking_engine(method, timeout_s=0.5).generate(["6*7=?", "2+2=?"])
+    assert time.monotonic() - t0 < 5
+    assert str(err.value) == (
+        f"task.environment: {method}() did not return within 0.5 s (task.environment_timeout_s) for the rollout "
+        "whose prompt starts '6*7=?'; the call was abandoned and the run stopped"
+    )
+
+
+def test_a_stop_signal_abandons_a_blocked_environment_after_the_grace(monkeypatch):
+    from gspo_cli.errors import InterruptedRun
+    from gspo_cli.rollout import env_calls
+    from gspo_cli.train.watch import StopFlag
+
+    monkeypatch.setattr(env_calls, "STOP_GRACE_S", 0.5)
+    stop = StopFlag()
+    threading.Timer(0.3, stop.set, ["SIGTERM"]).start()  # a signal while step() blocks
+    t0 = time.monotonic()
+    with pytest.raises(InterruptedRun, match=r"^stopped by SIGTERM: the environment's step\(\) was still running"):
+        _blocking_engine("step", stop=stop).generate(["6*7=?"])  # the default time-out: 120 s
+    assert 0.8 <= time.monotonic() - t0 < 5  # the grace after the signal, not the time-out

@@ -198,7 +198,8 @@ def _train_locked(
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
     ckpt = Path(ckpt_path) if ckpt_path else None
-    ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info)
+    stop = stop if stop is not None else StopFlag()
+    ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info, stop=stop)
     params = lora.param_info(ctx.model, spec.model.lora, spec.model.dtype)  # run.json; LoRA: the setup line
     if params.get("lora"):
         reporter.log(f"[{name}] {param_line(params)}")
@@ -247,7 +248,6 @@ def _train_locked(
         rd.update_info(status=status, ended_at=now_iso(), wall_s=round(prior_wall + time.time() - t_start, 2), **fields)
 
     try:
-        stop = stop if stop is not None else StopFlag()
         summary = _loop(ctx, rd, name, reporter, start_step, stop, sets[0], source=source, seed=seed, pending=pending)
     except InterruptedRun:
         finish("interrupted")
