@@ -308,10 +308,10 @@ class Stuck:
 '''
 
 
-def _stuck_run(tmp_path, **task):
-    """`gspo train` of a spec whose environment blocks in step(), started in a subprocess."""
+def _stuck_run(tmp_path, source=STUCK, **task):
+    """`gspo train` of a spec whose environment (`source`'s Stuck: blocks in step()), started in a subprocess."""
     f = tmp_path / "stuck.py"
-    f.write_text(STUCK)
+    f.write_text(source)
     marker = tmp_path / "blocked"
     env = {"environment": f"{f}:Stuck", "environment_params": {"marker": str(marker)}, **task}
     raw = {**TINY, "output_dir": str(tmp_path / "runs"), "task": {**TINY["task"], **env}}
@@ -374,3 +374,13 @@ def test_a_second_ctrl_c_stops_a_run_whose_environment_blocks_at_once(tmp_path):
     assert time.monotonic() - t0 < 10
     assert "interrupted by a second Ctrl-C" in err and "Traceback" not in out + err
     assert json.loads(run_json.read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_an_environment_returning_a_wrong_type_mid_run_fails_the_run_in_one_line(tmp_path):
+    proc, marker, run_json = _stuck_run(tmp_path, STUCK.replace("time.sleep(10**6)", 'return ("obs", False, "abc")'))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out + err  # a run failure, not a spec error (2)
+    assert "Traceback" not in out + err
+    line = "task.environment: step() returned a reward str 'abc', not a number or None"
+    assert line in out and json.loads(run_json.read_text())["error"] == line

@@ -17,7 +17,7 @@ from gspo_cli.rollout.hf import HFRolloutEngine
 from gspo_cli.rollout.turns import RAW_WRAP, MultiTurnEngine
 from gspo_cli.tasks import sandbox
 from gspo_cli.tasks.base import character_vocabulary
-from gspo_cli.tasks.environments import resolve_environment
+from gspo_cli.tasks.environments import Observation, resolve_environment
 from gspo_cli.tasks.sandbox import detect_isolation
 
 
@@ -278,7 +278,7 @@ def test_tool_code_cannot_open_a_network_connection(level):
 
 
 def test_a_finish_that_returns_no_number_is_one_line():
-    from gspo_cli.errors import SpecError
+    from gspo_cli.errors import RunError
 
     class Bad:
         def start(self, prompt):
@@ -297,7 +297,7 @@ def test_a_finish_that_returns_no_number_is_one_line():
     engine = MultiTurnEngine(
         base, Bad, max_new_tokens=50, max_total_tokens=100, max_turns=1, max_tool_calls=1, tool_output_tokens=8
     )
-    with pytest.raises(SpecError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
+    with pytest.raises(RunError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
         engine.generate(["Q"])
 
 
@@ -351,3 +351,34 @@ def test_a_stop_signal_abandons_a_blocked_environment_after_the_grace(monkeypatc
     with pytest.raises(InterruptedRun, match=r"^stopped by SIGTERM: the environment's step\(\) was still running"):
         _blocking_engine("step", stop=stop).generate(["6*7=?"])  # the default time-out: 120 s
     assert 0.8 <= time.monotonic() - t0 < 5  # the grace after the signal, not the time-out
+
+
+BAD_RETURNS = {
+    "step": lambda self, turn: ("obs", False, "abc"),
+    "observation": lambda self, turn: Observation(text=123),
+    "start": lambda self, prompt: 12345,
+}
+
+
+@pytest.mark.parametrize(
+    "bad, line",
+    [
+        ("step", "step() returned a reward str 'abc', not a number or None"),
+        ("observation", "step() returned an observation of type int 123, not a string or None"),
+        ("start", "start() returned int 12345; it returns None (the task's prompt), a string, or a list of"),
+    ],
+)
+def test_an_environment_returning_the_wrong_types_fails_the_run_in_one_line(bad, line):
+    from gspo_cli.errors import RunError
+
+    methods = {"start": lambda self, prompt: None, "step": lambda self, turn: ("ok", True, 1.0)}
+    methods["start" if bad == "start" else "step"] = BAD_RETURNS[bad]
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "6*7")]), tok, max_new_tokens=20, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    limits = dict(max_new_tokens=20, max_total_tokens=40, max_turns=2, max_tool_calls=1, tool_output_tokens=8)
+    engine = MultiTurnEngine(base, type("Wrong", (), methods), **limits)
+    with pytest.raises(RunError) as err:  # the run fails (exit 1): the spec was fine
+        engine.generate(["6*7=?"])
+    assert str(err.value).startswith(f"task.environment: {line}") and "\n" not in str(err.value)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError, SpecError
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.decode import _accepts, in_place_cache
@@ -49,6 +49,8 @@ from gspo_cli.tasks.environments import (
     EnvCompletion,
     Observation,
     as_observation,
+    as_reward,
+    as_start,
     resolve_environment,
     takes_problem,
 )
@@ -361,20 +363,18 @@ def _add_reward(r: _Row, value: float | None) -> None:
 
 
 def _reward(value) -> float | None:
-    """finish()'s return value as a reward; SpecError for what is no number."""
-    if value is None:
-        return None
+    """finish()'s return value as a reward; RunError (the run fails, one line) for what is no number."""
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise SpecError(f"task.environment: finish() returned {type(value).__name__}, not a number or None") from None
+        return as_reward(value)
+    except TypeError:
+        raise RunError(f"task.environment: finish() returned {type(value).__name__}, not a number or None") from None
 
 
 def _start_call(env, prompt, problem):
     """The call of `env.start` for one rollout (with its problem when start takes one)."""
     if takes_problem(env):
-        return lambda: env.start(prompt, problem=problem)
-    return lambda: env.start(prompt)
+        return lambda: as_start(env.start(prompt, problem=problem), "task.environment")
+    return lambda: as_start(env.start(prompt), "task.environment")
 
 
 def _step_call(env, text: str):

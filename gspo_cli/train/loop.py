@@ -21,7 +21,7 @@ from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, 
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.metrics import no_signal
 from gspo_cli.models import lora, resolve_model_source
-from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
+from gspo_cli.models.builtin import check_prompt_lengths, cold_start_info, cold_start_line, share_across_nodes
 from gspo_cli.params import param_line
 from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
@@ -72,6 +72,11 @@ def train_experiment(
     # Evaluation sets read and their problems removed from training before any model exists:
     # a bad set costs nothing, and the cold start below never sees an evaluation problem.
     eval_sets, data = plan_data(spec, task)
+    if spec.model.name.startswith("builtin:"):  # a prompt past its positions: one line now, not a failed allocation
+        positions = spec.model.builtin.max_positions
+        check_prompt_lengths(task.train_pool or [], "task.params.source", positions, spec.rollout.max_new_tokens)
+        for s in eval_sets:
+            check_prompt_lengths(s.problems, f"evaluation set {s.name} ({s.source})", positions, s.max_tokens)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
     lora.check_spec(spec, info.world_size)  # peft installed, and no combination LoRA cannot run
