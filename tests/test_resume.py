@@ -218,3 +218,27 @@ def test_resume_from_a_run_dir_under_a_relative_output_dir(tmp_path, monkeypatch
     same = CliRunner().invoke(app, ["train", f"{rel}/spec.yaml", "-o", str(tmp_path / "w/relruns"), "--json"])
     assert same.exit_code == 0 and "already completed" in same.stderr
     assert rd.info()["resumes"] == 1
+
+
+@pytest.mark.parametrize("quiet", [["--quiet"], []])
+def test_the_final_table_shows_a_failed_runs_step_reward_and_reason(tmp_path, monkeypatch, quiet):
+    import gspo_cli.train.loop as train_mod
+    from gspo_cli.errors import RunError
+
+    real = train_mod.train_step
+
+    def failing(ctx, step):
+        if step == 2:
+            raise RunError("reward judge: the server stopped answering")
+        return real(ctx, step)
+
+    monkeypatch.setattr(train_mod, "train_step", failing)
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump({**RAW, "output_dir": str(tmp_path / "o")}))
+    res = CliRunner().invoke(app, ["train", str(spec_file), *quiet])
+    assert res.exit_code == 1, res.output
+    reward = RunDir(tmp_path / "o/e2e/grpo_rr/seed0").metrics()[-1]["reward/mean"]
+    row = next(ln for ln in res.stdout.splitlines() if "│ failed" in ln)
+    cells = [c.strip() for c in row.split("│")[1:7]]
+    assert cells[:4] == ["grpo_rr", "0", "failed", "1/4"] and cells[5] == str(round(reward, 4))
+    assert res.stdout.splitlines()[-1] == "grpo_rr/seed0 failed: reward judge: the server stopped answering"
