@@ -382,3 +382,30 @@ def test_an_environment_returning_the_wrong_types_fails_the_run_in_one_line(bad,
     with pytest.raises(RunError) as err:  # the run fails (exit 1): the spec was fine
         engine.generate(["6*7=?"])
     assert str(err.value).startswith(f"task.environment: {line}") and "\n" not in str(err.value)
+
+
+def test_an_environment_that_raises_fails_the_run_without_waiting_for_a_blocked_one():
+    from gspo_cli.errors import RunError
+
+    class RaisesOrBlocks:
+        def start(self, prompt):
+            self.prompt = prompt
+            return None
+
+        def step(self, turn):
+            if self.prompt.startswith("2"):
+                time.sleep(10**6)
+            raise ValueError("no such tool\n" + "x" * 10_000)
+
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "6*7")] * 2), tok, max_new_tokens=20, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    limits = dict(max_new_tokens=20, max_total_tokens=40, max_turns=2, max_tool_calls=1, tool_output_tokens=8)
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        MultiTurnEngine(base, RaisesOrBlocks, **limits).generate(["2+2=?", "6*7=?"])
+    assert time.monotonic() - t0 < 5  # not the 120 s time-out of the blocked call
+    assert str(err.value) == (
+        "task.environment: step() raised ValueError: no such tool (the rollout whose prompt starts '6*7=?')"
+    )

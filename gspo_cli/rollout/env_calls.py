@@ -80,13 +80,13 @@ class EnvironmentCalls:
             threading.Thread(target=work, name="gspo-environment", daemon=True).start()
         try:
             with cond:
-                while not all(finished):
+                # A call that raised fails the run now, not once a blocked one times out.
+                while not all(finished) and not any(e is not None for e in errors):
                     cond.wait(POLL_S)
                     self._check(method, started, finished, prompts)
-        except BaseException:
+        finally:
             with cond:
                 state["abandoned"] = True  # calls not yet begun never begin
-            raise
         for i, err in enumerate(errors):
             if isinstance(err, GspoError):  # our own checks of what the call returned: as they are
                 raise err
