@@ -236,7 +236,7 @@ def test_signal_from_a_named_reward_counts_the_rows_it_applies_to():
     scores = scores_of(acc, [100.0, 100.0, None, 100.0, 300.0, None, None, 200.0])
     arm = spec.arms[0]
     assert signal(arm, 10, rows_batch([2] * 8), scores, 4).tolist() == [False, True]
-    by_verdict = spec_of(dynamic_sampling={"max_rounds": 1}).arms[0]
+    by_verdict = spec_of([{**TWO[0], "correct": True}, TWO[1]], dynamic_sampling={"max_rounds": 1}).arms[0]
     assert signal(by_verdict, 10, rows_batch([2] * 8), scores, 4).tolist() == [False, True]
     by_acc = spec_of(dynamic_sampling={"max_rounds": 1, "metric": "reward:acc"}).arms[0]
     assert signal(by_acc, 10, rows_batch([2] * 8), scores_of([1.0, 0.0, None, None], [1.0] * 4), 4).tolist() == [True]
@@ -293,6 +293,13 @@ def test_dynamic_sampling_by_a_named_reward_samples_again_until_it_differs():
         ([], {"dynamic_sampling": {"metric": "reward:acc"}}, "no reward named 'acc' (the task has no task.rewards)"),
         (
             TWO,
+            {"preset": "dapo"},  # dynamic sampling by `correct`, the default, with no reward deciding it
+            "arms[0].dynamic_sampling.metric: correct needs a reward of task.rewards marked correct: true, and none "
+            "is (every group would lack signal): mark the one that decides correctness, or set metric: reward "
+            "(their weighted sum) or reward:<name> (one of acc, length)",
+        ),
+        (
+            TWO,
             {"dynamic_sampling": {"metric": "reward:"}},
             "expected correct, reward, shaped or reward:<name> (a task.rewards name); got 'reward:'",
         ),
@@ -310,6 +317,10 @@ def test_the_spec_accepts_two_rewards_and_a_named_signal():
     assert spec.arms[0].multi_reward == "normalize_then_sum"
     assert spec.arms[0].dynamic_sampling.metric == "reward:length"
     assert spec_of(rewards=[]).arms[0].dynamic_sampling.metric == "correct"
+    # By `correct` once a reward decides it, or with the task's own verdict (no task.rewards)
+    judged = [{**TWO[0], "correct": True}, TWO[1]]
+    assert spec_of(rewards=judged, preset="dapo").arms[0].dynamic_sampling.max_rounds > 0
+    assert spec_of(rewards=[], preset="dapo").arms[0].dynamic_sampling.metric == "correct"
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -185,3 +185,60 @@ def test_spec_written_by_an_older_version_still_resumes(tmp_path):
     old["optimizer"]["lr"] = 1e-2
     assert not same_spec(yaml.safe_dump(old), spec)
     assert not same_spec("arms: [", spec)
+
+
+def test_resume_from_a_run_dir_under_a_relative_output_dir(tmp_path, monkeypatch):
+    """spec.yaml keeps output_dir as written (relative); --resume gives the run's directory, found
+    from wherever the command runs: a completed run is skipped, an interrupted one resumes."""
+    monkeypatch.chdir(tmp_path)
+    raw = {**RAW, "train": {"steps": 2, "checkpoint_every": 1}, "output_dir": "w/relruns"}
+    spec = spec_from_dict(raw)
+    task = make_task(spec.task.name, spec.task.params)
+    source = resolve_model_source(spec.model, task, log=lambda m: None)
+    rel = "w/relruns/e2e/grpo_rr/seed0"
+    with pytest.raises(InterruptedRun):
+        train_run(spec, spec.arms[0], 0, task, source, reporter=quiet_reporter(), stop=TripAfter(RunDir(rel), 1))
+    assert yaml.safe_load(open(f"{rel}/spec.yaml"))["output_dir"] == "w/relruns"
+    res = CliRunner().invoke(app, ["train", "--resume", rel, "--json"])
+    assert res.exit_code == 0, res.output
+    rd = RunDir(tmp_path / rel)
+    assert json.loads(res.stdout)[0]["status"] == "completed" and rd.info()["resumes"] == 1
+    assert len(rd.metrics()) == 2
+    # Completed: skipped, whether the run directory is given relatively, absolutely or from elsewhere.
+    for where, run_dir in (
+        (tmp_path, rel),
+        (tmp_path, str(tmp_path / rel)),
+        (tmp_path / "w", "relruns/e2e/grpo_rr/seed0"),
+    ):
+        monkeypatch.chdir(where)
+        again = CliRunner().invoke(app, ["train", "--resume", run_dir, "--json"])
+        assert again.exit_code == 0, again.output
+        assert "already completed" in again.stderr and json.loads(again.stdout)[0]["status"] == "completed"
+    monkeypatch.chdir(tmp_path)
+    same = CliRunner().invoke(app, ["train", f"{rel}/spec.yaml", "-o", str(tmp_path / "w/relruns"), "--json"])
+    assert same.exit_code == 0 and "already completed" in same.stderr
+    assert rd.info()["resumes"] == 1
+
+
+@pytest.mark.parametrize("quiet", [["--quiet"], []])
+def test_the_final_table_shows_a_failed_runs_step_reward_and_reason(tmp_path, monkeypatch, quiet):
+    import gspo_cli.train.loop as train_mod
+    from gspo_cli.errors import RunError
+
+    real = train_mod.train_step
+
+    def failing(ctx, step):
+        if step == 2:
+            raise RunError("reward judge: the server stopped answering")
+        return real(ctx, step)
+
+    monkeypatch.setattr(train_mod, "train_step", failing)
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump({**RAW, "output_dir": str(tmp_path / "o")}))
+    res = CliRunner().invoke(app, ["train", str(spec_file), *quiet])
+    assert res.exit_code == 1, res.output
+    reward = RunDir(tmp_path / "o/e2e/grpo_rr/seed0").metrics()[-1]["reward/mean"]
+    row = next(ln for ln in res.stdout.splitlines() if "│ failed" in ln)
+    cells = [c.strip() for c in row.split("│")[1:7]]
+    assert cells[:4] == ["grpo_rr", "0", "failed", "1/4"] and cells[5] == str(round(reward, 4))
+    assert res.stdout.splitlines()[-1] == "grpo_rr/seed0 failed: reward judge: the server stopped answering"

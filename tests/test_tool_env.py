@@ -2,8 +2,11 @@
 any model is built when they do not define the protocol; the spec refuses what multi-turn
 rollouts do not support yet; a training step runs with one on the built-in model."""
 
+import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -284,3 +287,100 @@ def test_gspo_compare_shows_the_tool_metrics(tmp_path):
     m = json.loads(res.stdout)["groups"][0]["metrics"]
     assert m["tool_calls"]["mean"] == pytest.approx((1.5 + 3.0) / 2)  # seed means 1.5 and 3
     assert m["tool_errors"]["mean"] == pytest.approx(0.25) and m["env_tokens"]["mean"] == pytest.approx(0.05)
+
+
+STUCK = '''
+import time
+
+
+class Stuck:
+    """Marks a file, then never returns from step() (a dead server, a deadlock)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def start(self, prompt):
+        return None
+
+    def step(self, turn):
+        open(self.marker, "a").close()
+        time.sleep(10**6)
+'''
+
+
+def _stuck_run(tmp_path, source=STUCK, **task):
+    """`gspo train` of a spec whose environment (`source`'s Stuck: blocks in step()), started in a subprocess."""
+    f = tmp_path / "stuck.py"
+    f.write_text(source)
+    marker = tmp_path / "blocked"
+    env = {"environment": f"{f}:Stuck", "environment_params": {"marker": str(marker)}, **task}
+    raw = {**TINY, "output_dir": str(tmp_path / "runs"), "task": {**TINY["task"], **env}}
+    raw["rollout"] = {**TINY["rollout"], "max_new_tokens": 24}
+    raw["arms"] = [a for a in TINY["arms"] if a["name"] == "gspo"]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, marker, tmp_path / "runs/e2e/gspo/seed0/run.json"
+
+
+def _wait_for(marker, proc, limit_s=240):
+    deadline = time.monotonic() + limit_s
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()
+    time.sleep(0.3)  # the trainer is now waiting on the blocked call
+
+
+@pytest.mark.slow
+def test_an_environment_that_sleeps_forever_is_ended_by_its_time_out(tmp_path):
+    proc, marker, run_json = _stuck_run(tmp_path, environment_timeout_s=2)
+    _wait_for(marker, proc)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - t0 < 30  # 2 s and the way out
+    said = out + err  # the run's line (stdout) and the summary
+    assert "step() did not return within 2 s (task.environment_timeout_s)" in said and "Traceback" not in said
+    info = json.loads(run_json.read_text())
+    assert info["status"] == "failed" and "did not return within 2 s" in info["error"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_whose_environment_blocks_within_the_grace(tmp_path):
+    from gspo_cli.rollout.env_calls import STOP_GRACE_S
+
+    proc, marker, run_json = _stuck_run(tmp_path)  # the default time-out, 120 s, never reached
+    _wait_for(marker, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4, err
+    assert time.monotonic() - t0 < STOP_GRACE_S + 10
+    assert "stopped by SIGTERM: the environment's step() was still running" in err and "Traceback" not in out + err
+    assert json.loads(run_json.read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_a_run_whose_environment_blocks_at_once(tmp_path):
+    proc, marker, run_json = _stuck_run(tmp_path)
+    _wait_for(marker, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - t0 < 10
+    assert "interrupted by a second Ctrl-C" in err and "Traceback" not in out + err
+    assert json.loads(run_json.read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_an_environment_returning_a_wrong_type_mid_run_fails_the_run_in_one_line(tmp_path):
+    proc, marker, run_json = _stuck_run(tmp_path, STUCK.replace("time.sleep(10**6)", 'return ("obs", False, "abc")'))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out + err  # a run failure, not a spec error (2)
+    assert "Traceback" not in out + err
+    line = "task.environment: step() returned a reward str 'abc', not a number or None"
+    assert line in out and json.loads(run_json.read_text())["error"] == line

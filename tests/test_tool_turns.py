@@ -4,6 +4,7 @@ back as forced tokens, and the model continues. Token-in-token-out: the ids are 
 sampled, plus the tool output's own, even where decoding and re-encoding would merge them."""
 
 import socket
+import threading
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from gspo_cli.rollout.hf import HFRolloutEngine
 from gspo_cli.rollout.turns import RAW_WRAP, MultiTurnEngine
 from gspo_cli.tasks import sandbox
 from gspo_cli.tasks.base import character_vocabulary
-from gspo_cli.tasks.environments import resolve_environment
+from gspo_cli.tasks.environments import Observation, resolve_environment
 from gspo_cli.tasks.sandbox import detect_isolation
 
 
@@ -335,7 +336,7 @@ def test_tool_code_cannot_open_a_network_connection(level):
 
 
 def test_a_finish_that_returns_no_number_is_one_line():
-    from gspo_cli.errors import SpecError
+    from gspo_cli.errors import RunError
 
     class Bad:
         def start(self, prompt):
@@ -354,5 +355,115 @@ def test_a_finish_that_returns_no_number_is_one_line():
     engine = MultiTurnEngine(
         base, Bad, max_new_tokens=50, max_total_tokens=100, max_turns=1, max_tool_calls=1, tool_output_tokens=8
     )
-    with pytest.raises(SpecError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
+    with pytest.raises(RunError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
         engine.generate(["Q"])
+
+
+class Blocking:
+    """An environment whose `method` never returns (a dead server, a deadlock)."""
+
+    method = "step"
+
+    def start(self, prompt):
+        if self.method == "start":
+            time.sleep(10**6)
+        return None
+
+    def step(self, turn):
+        time.sleep(10**6)
+
+
+def _blocking_engine(method, **kw):
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "6*7")] * 2), tok, max_new_tokens=20, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    env = type("Env", (Blocking,), {"method": method})
+    limits = dict(max_new_tokens=20, max_total_tokens=40, max_turns=2, max_tool_calls=1, tool_output_tokens=8)
+    return MultiTurnEngine(base, env, **limits, **kw)
+
+
+@pytest.mark.parametrize("method", ["start", "step"])
+def test_an_environment_that_never_returns_ends_the_run_at_its_time_out(method):
+    from gspo_cli.errors import RunError
+
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        _blocking_engine(method, timeout_s=0.5).generate(["6*7=?", "2+2=?"])
+    assert time.monotonic() - t0 < 5
+    assert str(err.value) == (
+        f"task.environment: {method}() did not return within 0.5 s (task.environment_timeout_s) for the rollout "
+        "whose prompt starts '6*7=?'; the call was abandoned and the run stopped"
+    )
+
+
+def test_a_stop_signal_abandons_a_blocked_environment_after_the_grace(monkeypatch):
+    from gspo_cli.errors import InterruptedRun
+    from gspo_cli.rollout import env_calls
+    from gspo_cli.train.watch import StopFlag
+
+    monkeypatch.setattr(env_calls, "STOP_GRACE_S", 0.5)
+    stop = StopFlag()
+    threading.Timer(0.3, stop.set, ["SIGTERM"]).start()  # a signal while step() blocks
+    t0 = time.monotonic()
+    with pytest.raises(InterruptedRun, match=r"^stopped by SIGTERM: the environment's step\(\) was still running"):
+        _blocking_engine("step", stop=stop).generate(["6*7=?"])  # the default time-out: 120 s
+    assert 0.8 <= time.monotonic() - t0 < 5  # the grace after the signal, not the time-out
+
+
+BAD_RETURNS = {
+    "step": lambda self, turn: ("obs", False, "abc"),
+    "observation": lambda self, turn: Observation(text=123),
+    "start": lambda self, prompt: 12345,
+}
+
+
+@pytest.mark.parametrize(
+    "bad, line",
+    [
+        ("step", "step() returned a reward str 'abc', not a number or None"),
+        ("observation", "step() returned an observation of type int 123, not a string or None"),
+        ("start", "start() returned int 12345; it returns None (the task's prompt), a string, or a list of"),
+    ],
+)
+def test_an_environment_returning_the_wrong_types_fails_the_run_in_one_line(bad, line):
+    from gspo_cli.errors import RunError
+
+    methods = {"start": lambda self, prompt: None, "step": lambda self, turn: ("ok", True, 1.0)}
+    methods["start" if bad == "start" else "step"] = BAD_RETURNS[bad]
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "6*7")]), tok, max_new_tokens=20, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    limits = dict(max_new_tokens=20, max_total_tokens=40, max_turns=2, max_tool_calls=1, tool_output_tokens=8)
+    engine = MultiTurnEngine(base, type("Wrong", (), methods), **limits)
+    with pytest.raises(RunError) as err:  # the run fails (exit 1): the spec was fine
+        engine.generate(["6*7=?"])
+    assert str(err.value).startswith(f"task.environment: {line}") and "\n" not in str(err.value)
+
+
+def test_an_environment_that_raises_fails_the_run_without_waiting_for_a_blocked_one():
+    from gspo_cli.errors import RunError
+
+    class RaisesOrBlocks:
+        def start(self, prompt):
+            self.prompt = prompt
+            return None
+
+        def step(self, turn):
+            if self.prompt.startswith("2"):
+                time.sleep(10**6)
+            raise ValueError("no such tool\n" + "x" * 10_000)
+
+    tok = _tokenizer()
+    base = HFRolloutEngine(
+        Scripted(tok, [_ids(tok, "6*7")] * 2), tok, max_new_tokens=20, temperature=1.0, stop_ids=[tok.eos_token_id]
+    )
+    limits = dict(max_new_tokens=20, max_total_tokens=40, max_turns=2, max_tool_calls=1, tool_output_tokens=8)
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        MultiTurnEngine(base, RaisesOrBlocks, **limits).generate(["2+2=?", "6*7=?"])
+    assert time.monotonic() - t0 < 5  # not the 120 s time-out of the blocked call
+    assert str(err.value) == (
+        "task.environment: step() raised ValueError: no such tool (the rollout whose prompt starts '6*7=?')"
+    )

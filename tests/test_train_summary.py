@@ -64,3 +64,27 @@ def test_the_summary_names_the_set_in_each_cell_when_runs_differ(capsys):
     render_summary(runs)
     out = capsys.readouterr().out
     assert "eval first" in out and "aime avg@4 0.100" in out and "lcb avg@4 0.400" in out
+
+
+def test_the_summary_shows_a_failed_runs_step_rewards_and_reason(tmp_path, capsys):
+    """As `gspo list` does: the step it reached and its rewards from its run directory, and the
+    one-line reason below the table (with --quiet the only place it is said)."""
+    run = tmp_path / "e2e/gspo/seed0"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "failed", "step": 2, "total_steps": 5}))
+    recs = [{"step": t, "reward/mean": r, "time/elapsed_s": 1.5 * t} for t, r in ((1, 0.25), (2, 0.5))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in recs))
+    error = "task.environment: step() did not return within 2 s (task.environment_timeout_s)"
+    done = {"steps": 5, "reward_first": 0.1, "reward_last": 0.9, "train_s": 7.0}
+    runs = [
+        SimpleNamespace(arm="gspo", seed=0, status="failed", path=str(run), summary={"error": error}),
+        SimpleNamespace(arm="gspo", seed=1, status="completed", path=str(tmp_path / "s1"), summary=done),
+    ]
+    render_summary(runs)
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if "failed" in ln and "│" in ln)
+    assert [c.strip() for c in row.split("│")[1:8]] == ["gspo", "0", "failed", "2/5", "0.25", "0.5", ""]
+    assert "│ 3.0 " in row
+    done_row = next(ln for ln in out.splitlines() if "completed" in ln)
+    assert [c.strip() for c in done_row.split("│")[3:7]] == ["completed", "5/5", "0.1", "0.9"]
+    assert out.splitlines()[-1] == f"gspo/seed0 failed: {error}"

@@ -84,19 +84,53 @@ def _eval_cell(summary: dict, key: str, named: bool) -> str:
     return f"{summary.get('eval_set') or ''} {name} {text}".strip() if named else text
 
 
+def _on_disk(r) -> dict:
+    """A run that did not complete, as `gspo list` shows it: the step it reached and the rewards of
+    its first and last logged steps, read from its run directory ({} when there is none)."""
+    from gspo_cli.errors import GspoError
+    from gspo_cli.runs import RunDir
+
+    rd = RunDir(r.path)
+    try:
+        info, metrics = rd.info(), rd.metrics()
+    except GspoError:  # an unreadable run.json or metrics.jsonl: the table stays as it was
+        return {}
+    rewards = [v for m in metrics if isinstance(v := m.get("reward/mean"), (int, float))]
+    elapsed = metrics[-1].get("time/elapsed_s") if metrics else None
+    return {
+        "step": info.get("step", len(metrics)),
+        "total_steps": info.get("total_steps"),
+        **({"reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4)} if rewards else {}),
+        **({"train_s": round(elapsed, 1)} if isinstance(elapsed, (int, float)) else {}),
+    }
+
+
+def _step_cell(s: dict) -> str:
+    if "step" in s:
+        return f"{s['step']}/{s['total_steps']}" if s.get("total_steps") else str(s["step"])
+    return f"{s['steps']}/{s['steps']}" if "steps" in s else ""
+
+
 def render_summary(results) -> None:
+    """The final table of `gspo train`, then one line per run that failed or diverged saying why
+    (with --quiet, the only place it is said)."""
     table = Table(title="runs")
     head = _eval_head(results)
     named = head == "eval"  # several sets or score keys: each cell says which
-    for col in ("arm", "seed", "status", "reward first", "reward last", f"{head} first", f"{head} last", "train s"):
+    for col in ("arm", "seed", "status", "step", "reward first", "reward last", f"{head} first", f"{head} last"):
         table.add_column(col)
+    table.add_column("train s")
     table.add_column("path", overflow="fold")  # a long path wraps, never cut with "…"
+    reasons = []
     for r in results:
-        s = r.summary
+        s = r.summary if r.status == "completed" else {**_on_disk(r), **r.summary}
+        if s.get("error"):
+            reasons.append(f"{r.arm}/seed{r.seed} {r.status}: {str(s['error']).strip().splitlines()[0]}")
         table.add_row(
             r.arm,
             str(r.seed),
             r.status,
+            _step_cell(s),
             str(s.get("reward_first", "")),
             str(s.get("reward_last", "")),
             _eval_cell(s, "eval_first", named),
@@ -104,4 +138,7 @@ def render_summary(results) -> None:
             str(s.get("train_s", "")),
             r.path,
         )
-    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+    console = Console(width=200 if not sys.stdout.isatty() else None)
+    console.print(table)
+    for line in reasons:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -346,6 +346,21 @@ def _init_routers(model) -> None:
                 module.weight.normal_(0.0, std)
 
 
+def check_prompt_lengths(problems: list, where: str, positions: int, new_tokens: int) -> None:
+    """SpecError (one line, before any model is built) when a prompt of `problems` leaves fewer
+    than `new_tokens` of the built-in model's `positions` for the response. Its tokenizer reads
+    one character as one token, so a prompt's length in characters is its length in tokens (a
+    chat-formatted prompt's text adds a few more)."""
+    room = positions - new_tokens
+    for p in problems:
+        if len(p.prompt) > room:
+            raise SpecError(
+                f"{where}: the prompt of problem {p.id!r} is {len(p.prompt):,} characters long; the built-in model "
+                f"reads {positions} positions (model.builtin.max_positions), {new_tokens} of them for the response "
+                f"(rollout.max_new_tokens), so prompts of at most {room} fit: shorten or drop that row"
+            )
+
+
 def _sft_batch(tok, prompts: list[str], targets: list[str]):
     """Right-padded (B, T) ids with labels -100 on prompt and padding, and on the tool output
     of a solution that calls tools (`split_tool_output`: the model never learns to write it)."""

@@ -19,6 +19,9 @@ model and tool tokens together (both cut the row: `truncated`); `max_turns` mode
 mid-call is `truncated`). The batch's `tool_mask` marks the tool tokens: no loss, ratio or
 statistic counts them (RolloutBatch.model_mask).
 
+Every call of an environment (start, step, finish) is bounded by `task.environment_timeout_s` and
+watched for stop signals (rollout/env_calls.py): a blocking environment never hangs the run.
+
 The environment's rewards (step's, and finish's when a limit ended the rollout) are summed
 per row and handed on with the completion (`EnvCompletion.env_reward`: the reward `env`).
 `generate(prompts, problems)`: an environment whose `start` takes `problem` gets the row's.
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +42,7 @@ from gspo_cli.errors import RunError, SpecError
 from gspo_cli.models.routing import routes_from_generate
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.rollout.decode import _accepts, in_place_cache
+from gspo_cli.rollout.env_calls import EnvironmentCalls
 from gspo_cli.tasks.base import Conversation
 from gspo_cli.tasks.environments import (
     PY_BLOCK,
@@ -47,6 +50,8 @@ from gspo_cli.tasks.environments import (
     EnvCompletion,
     Observation,
     as_observation,
+    as_reward,
+    as_start,
     resolve_environment,
     takes_problem,
 )
@@ -58,6 +63,7 @@ _TURN = "\u2063MODEL_TURN\u2063"  # and this for the model's turn before it
 @dataclass
 class _Row:
     env: object
+    prompt: object = ""  # the task's prompt (messages name the rollout by it)
     ids: list[int] = field(default_factory=list)  # response ids so far (model and tool)
     tool: list[int] = field(default_factory=list)  # 1 where ids[j] is the environment's
     logp: list[float] = field(default_factory=list)
@@ -76,9 +82,11 @@ class _Row:
     env_ended: bool = False  # the environment ended the rollout (else a limit did: finish())
 
 
-def with_environment(engine, spec):
+def with_environment(engine, spec, stop=None):
     """`engine`, or, when `spec.task.environment` names one, a multi-turn engine around it: the
-    hf engine's MultiTurnEngine, or the vLLM engines' VLLMTurnEngine (rollout/vllm_turns.py)."""
+    hf engine's MultiTurnEngine, or the vLLM engines' VLLMTurnEngine (rollout/vllm_turns.py).
+    `stop`: the training loop's StopFlag, which environment calls still running after a stop
+    signal give way to (rollout/env_calls.py); None outside training."""
     name = spec.task.environment
     if not name:
         return engine
@@ -100,6 +108,8 @@ def with_environment(engine, spec):
         max_turns=r.max_turns,
         max_tool_calls=r.max_tool_calls,
         tool_output_tokens=r.tool_output_tokens,
+        timeout_s=spec.task.environment_timeout_s,
+        stop=stop,
     )
 
 
@@ -112,9 +122,20 @@ class TurnTaking:
     takes_problems = True  # generate(prompts, problems): environments may read the row's problem
 
     def __init__(
-        self, base, make_env, *, max_new_tokens, max_total_tokens, max_turns, max_tool_calls, tool_output_tokens
+        self,
+        base,
+        make_env,
+        *,
+        max_new_tokens,
+        max_total_tokens,
+        max_turns,
+        max_tool_calls,
+        tool_output_tokens,
+        timeout_s: float = 120.0,
+        stop=None,
     ):
         self.base, self.make_env = base, make_env
+        self.calls = EnvironmentCalls(timeout_s, stop)  # every call of the environments, bounded
         self.tokenizer = base.tokenizer
         self.max_new_tokens, self.max_total_tokens = max_new_tokens, max_total_tokens
         self.max_turns, self.max_tool_calls, self.tool_output_tokens = max_turns, max_tool_calls, tool_output_tokens
@@ -130,12 +151,14 @@ class TurnTaking:
     def _start(self, prompts: list, problems: list | None) -> tuple[list[_Row], list[list[int]]]:
         """A fresh environment per row, and the ids of each row's first prompt (the
         environment's `start` may replace the task's, and may read the row's problem)."""
-        rows = [_Row(env=self.make_env()) for _ in prompts]
+        rows = [_Row(env=self.make_env(), prompt=p) for p in prompts]
         problems = problems if problems is not None else [None] * len(prompts)
-        starts = [
-            _call(r.env.start, p, problem=q) if takes_problem(r.env) else _call(r.env.start, p)
-            for r, p, q in zip(rows, prompts, problems)
-        ]
+        starts = self.calls.run(
+            "start()",
+            [_start_call(r.env, p, q) for r, p, q in zip(rows, prompts, problems)],
+            prompts,
+            one_at_a_time=True,  # in row order, as ever: an environment may draw from a shared generator
+        )
         firsts = [p if s is None else Conversation(s) if isinstance(s, list) else s for p, s in zip(prompts, starts)]
         tok = self.tokenizer
         return rows, [tok(t, add_special_tokens=False).input_ids for t in self.base.format(firsts)]
@@ -167,12 +190,12 @@ class TurnTaking:
                 return True
         return False
 
-    def _answer(self, rows: list[_Row], ended: list[int], pool) -> None:
-        """The environments of rows `ended` react to their last turns (in `pool`, several at once)."""
-        texts = [rows[i].turns[-1]["content"] for i in ended]
+    def _answer(self, rows: list[_Row], ended: list[int]) -> None:
+        """The environments of rows `ended` react to their last turns (several at once)."""
         for i in ended:
             rows[i].stepped = rows[i].counts["turns"]
-        for i, obs in zip(ended, pool.map(_react, [rows[i].env for i in ended], texts)):
+        calls = [_step_call(rows[i].env, rows[i].turns[-1]["content"]) for i in ended]
+        for i, obs in zip(ended, self.calls.run("step()", calls, [rows[i].prompt for i in ended])):
             self._after_turn(rows[i], obs)
 
     def _finish(self, rows: list[_Row]) -> None:
@@ -182,8 +205,9 @@ class TurnTaking:
             r.turns[-1]["content"] if r.counts["turns"] > r.stepped and r.turns[-1]["role"] == "model" else None
             for r in ended
         ]
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            got = list(pool.map(lambda r, t: _call(r.env.finish, t), ended, unseen))
+        got = self.calls.run(
+            "finish()", [_finish_call(r.env, t) for r, t in zip(ended, unseen)], [r.prompt for r in ended]
+        )
         for r, v in zip(ended, got):
             _add_reward(r, _reward(v))
 
@@ -298,48 +322,42 @@ class MultiTurnEngine(TurnTaking):
         mask = attn.clone()
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         inputs, next_pos = ids, mask.sum(-1)
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            while True:
-                out = model(
-                    input_ids=inputs,
-                    attention_mask=mask,
-                    position_ids=pos,
-                    use_cache=True,
-                    **{cache_arg: cache},
-                    **extra,
-                )
-                logprobs = torch.log_softmax(upcast(out.logits[:, -1]) / temp, dim=-1)
-                draw = torch.multinomial(logprobs.exp(), 1).squeeze(-1).tolist()
-                col, real, ended = [], [], []
-                for i, r in enumerate(rows):
-                    if r.done:
-                        col.append(pad), real.append(0)
-                        continue
-                    ev = []
-                    if r.forced:
-                        t = r.forced.popleft()
-                        r.ids.append(t), r.tool.append(1), r.logp.append(0.0), r.entropy.append(0.0)
-                        if not r.forced:
-                            r.turn_start = len(r.ids)
-                    else:
-                        t = draw[i]
-                        lp = logprobs[i]
-                        r.ids.append(t), r.tool.append(0), r.logp.append(float(lp[t]))
-                        r.entropy.append(float(-(lp.exp() * lp).sum()))
-                        r.model_tokens += 1
-                        ev = self._turn_end(r, t, stops)
-                    col.append(t), real.append(1)
-                    if self._after_token(r, ev):
-                        ended.append(i)
-                self._answer(rows, ended, pool)
-                if all(r.done for r in rows):
-                    return
-                dev = ids.device
-                real_t = torch.tensor(real, device=dev)
-                inputs = torch.tensor(col, device=dev).unsqueeze(1)
-                mask = torch.cat([mask, real_t.unsqueeze(1).to(mask.dtype)], 1)
-                pos = next_pos.unsqueeze(1).clone()
-                next_pos = next_pos + real_t
+        while True:
+            out = model(
+                input_ids=inputs, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_arg: cache}, **extra
+            )
+            logprobs = torch.log_softmax(upcast(out.logits[:, -1]) / temp, dim=-1)
+            draw = torch.multinomial(logprobs.exp(), 1).squeeze(-1).tolist()
+            col, real, ended = [], [], []
+            for i, r in enumerate(rows):
+                if r.done:
+                    col.append(pad), real.append(0)
+                    continue
+                ev = []
+                if r.forced:
+                    t = r.forced.popleft()
+                    r.ids.append(t), r.tool.append(1), r.logp.append(0.0), r.entropy.append(0.0)
+                    if not r.forced:
+                        r.turn_start = len(r.ids)
+                else:
+                    t = draw[i]
+                    lp = logprobs[i]
+                    r.ids.append(t), r.tool.append(0), r.logp.append(float(lp[t]))
+                    r.entropy.append(float(-(lp.exp() * lp).sum()))
+                    r.model_tokens += 1
+                    ev = self._turn_end(r, t, stops)
+                col.append(t), real.append(1)
+                if self._after_token(r, ev):
+                    ended.append(i)
+            self._answer(rows, ended)
+            if all(r.done for r in rows):
+                return
+            dev = ids.device
+            real_t = torch.tensor(real, device=dev)
+            inputs = torch.tensor(col, device=dev).unsqueeze(1)
+            mask = torch.cat([mask, real_t.unsqueeze(1).to(mask.dtype)], 1)
+            pos = next_pos.unsqueeze(1).clone()
+            next_pos = next_pos + real_t
 
 
 def _add_reward(r: _Row, value: float | None) -> None:
@@ -348,26 +366,26 @@ def _add_reward(r: _Row, value: float | None) -> None:
 
 
 def _reward(value) -> float | None:
-    """finish()'s return value as a reward; SpecError for what is no number."""
-    if value is None:
-        return None
+    """finish()'s return value as a reward; RunError (the run fails, one line) for what is no number."""
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise SpecError(f"task.environment: finish() returned {type(value).__name__}, not a number or None") from None
+        return as_reward(value)
+    except TypeError:
+        raise RunError(f"task.environment: finish() returned {type(value).__name__}, not a number or None") from None
 
 
-def _call(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001 - the user's environment: one line, naming it
-        raise RunError(
-            f"task.environment: {getattr(fn, '__name__', 'start')}() raised {type(err).__name__}: {err}"
-        ) from None
+def _start_call(env, prompt, problem):
+    """The call of `env.start` for one rollout (with its problem when start takes one)."""
+    if takes_problem(env):
+        return lambda: as_start(env.start(prompt, problem=problem), "task.environment")
+    return lambda: as_start(env.start(prompt), "task.environment")
 
 
-def _react(env, text: str) -> Observation:
-    return as_observation(_call(env.step, text), "task.environment")
+def _step_call(env, text: str):
+    return lambda: as_observation(env.step(text), "task.environment")
+
+
+def _finish_call(env, text: str | None):
+    return lambda: env.finish(text)
 
 
 def tool_message_wrap(fmt, stop_texts: list[str] = ()) -> tuple[str, str]:

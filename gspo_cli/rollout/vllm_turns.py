@@ -13,7 +13,8 @@ a backtick token that closes a ```python block; a backtick that closes none (the
 fence, code) ends only the round, and the next round continues the same turn from there. A
 sample cut where a rule ends it is distributed exactly as one sampled under that rule, so
 both engines sample the same process. The environments of rows whose turn ended then answer
-(in a thread pool), their tool messages are appended, and the next round starts.
+(several at once, each call bounded by task.environment_timeout_s), their tool messages are
+appended, and the next round starts.
 
 The batch holds the engine's log-probs of the model's tokens (0 on tool tokens, like every
 padding; `rollout/logprob_diff_*` compares them with the trainer's on the model's tokens). No
@@ -23,8 +24,6 @@ and rows take different numbers of rounds).
 """
 
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -51,18 +50,16 @@ class VLLMTurnEngine(TurnTaking):
         rows, prompt_ids = self._start(prompts, problems)
         stops = set(base.stop_ids)
         rounds = 0
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            while live := [i for i, r in enumerate(rows) if not r.done]:
-                budgets = [
-                    min(self.max_new_tokens - rows[i].model_tokens, self.max_total_tokens - len(rows[i].ids))
-                    for i in live
-                ]
-                outs = base.sample_ids([prompt_ids[i] + rows[i].ids for i in live], budgets, self.round_stops, rounds)
-                rounds += 1
-                ended = [i for i, (ids, logps) in zip(live, outs) if self._take(rows[i], ids, logps, stops)]
-                self._answer(rows, ended, pool)
-                for i in ended:
-                    self._feed(rows[i])
+        while live := [i for i, r in enumerate(rows) if not r.done]:
+            budgets = [
+                min(self.max_new_tokens - rows[i].model_tokens, self.max_total_tokens - len(rows[i].ids)) for i in live
+            ]
+            outs = base.sample_ids([prompt_ids[i] + rows[i].ids for i in live], budgets, self.round_stops, rounds)
+            rounds += 1
+            ended = [i for i, (ids, logps) in zip(live, outs) if self._take(rows[i], ids, logps, stops)]
+            self._answer(rows, ended)
+            for i in ended:
+                self._feed(rows[i])
         model = getattr(base, "model", None)
         device = next(model.parameters()).device if model is not None else torch.device("cpu")
         pad = self._pad_id()

@@ -147,9 +147,12 @@ class ArmConfig(_Strict):
         return _check_dir_name(v, "arm names")
 
 
-def reward_problems(i: int, arm: ArmConfig, rewards: list[str]) -> list[str]:
-    """One line per setting of arm `i` that names or needs task.rewards (their names: `rewards`)
-    and cannot have them: multi_reward normalize_then_sum, dynamic_sampling.metric reward:<name>."""
+def reward_problems(i: int, arm: ArmConfig, rewards: list[str], judged: bool = False) -> list[str]:
+    """One line per setting of arm `i` that names or needs task.rewards (their names: `rewards`;
+    `judged`: one is marked `correct: true`) and cannot have them: multi_reward normalize_then_sum,
+    dynamic_sampling.metric reward:<name>, and dynamic sampling by `correct` when task.rewards
+    replace the task's verdict and none decides correctness (every row would be incorrect, so no
+    group would ever have signal)."""
     problems = []
     where = f"arms[{i}]"
     if arm.multi_reward == "normalize_then_sum":
@@ -170,6 +173,12 @@ def reward_problems(i: int, arm: ArmConfig, rewards: list[str]) -> list[str]:
         if name not in rewards:
             known = f"task.rewards names: {', '.join(rewards)}" if rewards else "the task has no task.rewards"
             problems.append(f"{where}.dynamic_sampling.metric: no reward named {name!r} ({known})")
+    if arm.dynamic_sampling.max_rounds and metric == "correct" and rewards and not judged:
+        problems.append(
+            f"{where}.dynamic_sampling.metric: correct needs a reward of task.rewards marked correct: true, and "
+            f"none is (every group would lack signal): mark the one that decides correctness, or set metric: "
+            f"reward (their weighted sum) or reward:<name> (one of {', '.join(rewards)})"
+        )
     return problems
 
 

@@ -71,7 +71,8 @@ class ExperimentSpec(_Strict):
                     f"({self.rollout.prompts_per_step} prompts x {self.rollout.group_size} = {b})"
                 )
             problems += _engine_problems(i, arm, self.rollout)
-            problems += reward_problems(i, arm, [r.label for r in self.task.rewards])
+            rewards = self.task.rewards
+            problems += reward_problems(i, arm, [r.label for r in rewards], any(r.correct for r in rewards))
         if self.optimizer.router_lr_scale != 1.0 and self.model.name == "builtin:tiny-dense":
             problems.append(router_scale_problem(self.optimizer.router_lr_scale, self.model.name))  # hub: once built
         if self.train.compile and self.model.sharding == "fsdp":

@@ -261,7 +261,12 @@ def spec_differences(stored_text: str, spec: ExperimentSpec) -> list[str]:
     `path: stored -> new` item per differing leaf field in spec order; [] when it is the same
     spec. The stored text is resolved with today's defaults first, so a field added in a later
     gspo-cli version (at its default) is no difference. Text that is no longer a valid spec
-    gives one item saying so."""
+    gives one item saying so.
+
+    `output_dir` is not compared: it says where the run directory was, as written (a relative
+    one against the directory training ran from), and the run directory is found through the
+    new spec's own output_dir. So `results` and the same directory given absolutely, or from
+    another working directory, or a results tree moved elsewhere, are the same run."""
     own = dump_spec(spec)
     if stored_text == own:
         return []
@@ -272,7 +277,7 @@ def spec_differences(stored_text: str, spec: ExperimentSpec) -> list[str]:
     except (SpecError, yaml.YAMLError) as err:
         first = (str(err).strip().splitlines() or ["invalid"])[0]
         return [f"the stored spec.yaml is not a valid spec today ({first})"]
-    return _leaf_differences(stored.to_dict(), spec.to_dict(), "")
+    return _leaf_differences({**stored.to_dict(), "output_dir": spec.output_dir}, spec.to_dict(), "")
 
 
 def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:

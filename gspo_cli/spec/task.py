@@ -272,6 +272,11 @@ class TaskConfig(_Strict):
     environment_params: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of the environment, e.g. timeout_s: 2"
     )
+    environment_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="seconds one call of the environment (start, step, finish) may take before the run ends",
+    )
     reward_workers: int | None = Field(
         None,
         ge=0,

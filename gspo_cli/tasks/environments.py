@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError, SpecError
 from gspo_cli.tasks.sandbox import run_program
 
 PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)  # a closed tool call of the built-in format
@@ -102,12 +102,62 @@ def takes_problem(env) -> bool:
 
 
 def as_observation(out: Any, where: str) -> Observation:
-    """`step`'s return value as an Observation; RunError-free: a wrong shape is a SpecError naming `where`."""
+    """`step`'s return value as an Observation. What is not (str | None, done, number | None) or
+    an Observation of those types fails the run (RunError, one line naming `where` and the part):
+    the environment broke mid-run, the spec was fine."""
     if isinstance(out, Observation):
+        text, done, reward = out.text, out.done, out.reward
+    elif isinstance(out, tuple) and len(out) == 3:
+        text, done, reward = out
+    else:
+        raise RunError(f"{where}: step() returned {_kind(out)}, not (observation, done, reward)")
+    if text is not None and not isinstance(text, str):
+        raise RunError(f"{where}: step() returned an observation of type {_kind(text)}, not a string or None")
+    try:
+        reward = as_reward(reward)
+    except TypeError:
+        raise RunError(f"{where}: step() returned a reward {_kind(reward)}, not a number or None") from None
+    if isinstance(out, Observation):
+        return out if reward == out.reward else Observation(text, out.done, reward, out.error, out.timeout)
+    return Observation(text, bool(done), reward)
+
+
+def as_reward(value: Any) -> float | None:
+    """An environment's reward as a float (None stays None); TypeError for what is no real number
+    (a string, even "1.5", is not one)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        raise TypeError(type(value).__name__)
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(type(value).__name__) from None
+
+
+def as_start(out: Any, where: str) -> str | list[dict] | None:
+    """`start`'s return value: None, a string, or a list of {"role", "content"} messages with
+    string values; anything else fails the run (RunError, one line naming `where`)."""
+    if out is None or isinstance(out, str):
         return out
-    if isinstance(out, tuple) and len(out) == 3 and (out[0] is None or isinstance(out[0], str)):
-        return Observation(out[0], bool(out[1]), None if out[2] is None else float(out[2]))
-    raise SpecError(f"{where}: step() returned {type(out).__name__}, not (observation, done, reward)")
+    if (
+        isinstance(out, list)
+        and out
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in out
+        )
+    ):
+        return out
+    raise RunError(
+        f"{where}: start() returned {_kind(out)}; it returns None (the task's prompt), a string, or a list "
+        'of {"role", "content"} messages'
+    )
+
+
+def _kind(value: Any) -> str:
+    """A value as messages name it: its type, and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
 
 
 def last_python_block(text: str) -> str | None:

@@ -157,6 +157,7 @@ def _finish(tmp: Path, final: Path, model, tokenizer, dtype: str | None, state: 
         _set_config_dtype(tmp / "config.json", dtype)
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
+    follow_umask(tmp)
     if (tmp / SHARDED_DIR).is_dir():
         fsync_dir(tmp / SHARDED_DIR)
     fsync_dir(tmp)
@@ -170,6 +171,30 @@ def _set_config_dtype(config_json: Path, dtype: str) -> None:
     config = json.loads(config_json.read_text())
     config["dtype"] = dtype
     config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def follow_umask(directory: Path) -> None:
+    """Give every file under `directory` the mode a new file gets under this process's umask
+    (0644 under umask 022). safetensors writes its files owner-only (0600), which a vLLM server
+    or a colleague running as another user cannot read, while the other files follow the umask."""
+    mode = 0o666 & ~_umask()
+    for f in Path(directory).rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, mode)
+
+
+def _umask() -> int:
+    """The process's umask, from /proc where it says (reading it there changes nothing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back at once
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(path: Path) -> None:
@@ -189,7 +214,9 @@ def fsync_dir(path: Path) -> None:
 
 def replace_dir(tmp: Path, out: Path) -> None:
     """Make the finished directory `tmp` (fsynced here) the directory `out`: the old `out`, if
-    any, moved aside first and removed only once `tmp` has taken its name."""
+    any, moved aside first and removed only once `tmp` has taken its name. Its files follow the
+    umask (`follow_umask`)."""
+    follow_umask(tmp)
     fsync_dir(tmp)
     old = out.parent / f".old-{out.name}"
     shutil.rmtree(old, ignore_errors=True)

@@ -22,7 +22,7 @@ from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, 
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.metrics import no_signal
 from gspo_cli.models import lora, resolve_model_source
-from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
+from gspo_cli.models.builtin import check_prompt_lengths, cold_start_info, cold_start_line, share_across_nodes
 from gspo_cli.params import param_line
 from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
@@ -75,6 +75,11 @@ def train_experiment(
     # Evaluation sets read and their problems removed from training before any model exists:
     # a bad set costs nothing, and the cold start below never sees an evaluation problem.
     eval_sets, data = plan_data(spec, task)
+    if spec.model.name.startswith("builtin:"):  # a prompt past its positions: one line now, not a failed allocation
+        positions = spec.model.builtin.max_positions
+        check_prompt_lengths(task.train_pool or [], "task.params.source", positions, spec.rollout.max_new_tokens)
+        for s in eval_sets:
+            check_prompt_lengths(s.problems, f"evaluation set {s.name} ({s.source})", positions, s.max_tokens)
     info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
     check_supported(spec, info.world_size)
     lora.check_spec(spec, info.world_size)  # peft installed, and no combination LoRA cannot run
@@ -201,7 +206,8 @@ def _train_locked(
         reporter.log(f"[{name}] already completed in {rd.path}; skipping (use --force to rerun)")
         return RunResult(arm.name, seed, str(rd.path), "completed", rd.info().get("summary", {}))
     ckpt = Path(ckpt_path) if ckpt_path else None
-    ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info)
+    stop = stop if stop is not None else StopFlag()
+    ctx = setup(spec, arm, seed, task, source, weights=weights_to_load(ckpt), dist_info=info, stop=stop)
     params = lora.param_info(ctx.model, spec.model.lora, spec.model.dtype)  # run.json; LoRA: the setup line
     if params.get("lora"):
         reporter.log(f"[{name}] {param_line(params)}")
@@ -250,7 +256,6 @@ def _train_locked(
         rd.update_info(status=status, ended_at=now_iso(), wall_s=round(prior_wall + time.time() - t_start, 2), **fields)
 
     try:
-        stop = stop if stop is not None else StopFlag()
         summary = _loop(ctx, rd, name, reporter, start_step, stop, sets[0], source=source, seed=seed, pending=pending)
     except InterruptedRun:
         finish("interrupted")

@@ -83,9 +83,11 @@ def setup(
     source: str,
     weights: str | None = None,
     dist_info: DistInfo = DistInfo(),
+    stop=None,
 ) -> Ctx:
     """Resolve everything a step needs. `weights` (a checkpoint) replaces the initial
-    weights when resuming; the KL reference is always the initial model `source`.
+    weights when resuming; the KL reference is always the initial model `source`. `stop`: the
+    loop's StopFlag, which a blocking environment's calls give way to (rollout/env_calls.py).
     Under torchrun each rank samples with its own seed; rank 0's is the single-process one."""
     torch.manual_seed(distributed.rank_seed(seed, dist_info.rank))
     sharded = dist_info.enabled and spec.model.sharding == "fsdp"
@@ -139,7 +141,7 @@ def setup(
         arm=arm,
         task=task,
         model=model,
-        engine=with_environment(engine, spec),  # task.environment: multi-turn (rollout/turns.py)
+        engine=with_environment(engine, spec, stop),  # task.environment: multi-turn (rollout/turns.py)
         optimizer=optimizer,
         scheduler=scheduler,
         loss_fn=get_policy_loss(arm.loss),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 
 from gspo_cli.errors import DivergedError, HardInterrupt
 from gspo_cli.train.reporting import Reporter
@@ -34,12 +35,16 @@ def stop_on_signals():
 
 
 class StopFlag:
-    """Set by a signal handler; the loop checks it between steps and stops cleanly."""
+    """Set by a signal handler; the loop checks it between steps and stops cleanly. `since`:
+    time.monotonic() of the first signal (environment calls give way STOP_GRACE_S after it)."""
 
     def __init__(self):
         self.signal_name: str | None = None
+        self.since: float | None = None
 
     def set(self, signal_name: str) -> None:
+        if self.signal_name is None:
+            self.since = time.monotonic()
         self.signal_name = signal_name
 
     def __bool__(self) -> bool:
