@@ -51,7 +51,7 @@ from gspo_cli.files import iter_lines, read_text
 # sampler, the cold start's recipe, a default): a completed run of another version is not
 # skipped and an unfinished one not resumed. The stored-spec check cannot tell, since it fills
 # an old spec.yaml with today's defaults.
-BEHAVIOUR_VERSION = 1
+BEHAVIOUR_VERSION = 2
 
 # What gspo writes in a run directory (see the layout above).
 RUN_FILES = (

@@ -9,7 +9,7 @@ unchanged:
 
 one value per completion, `columns` every other dataset column by name (one value per row).
 A value is a number or None ("does not apply to this row"). The reward RL optimises is the
-weighted sum over the rewards that apply (TRL's nansum); a row no reward applies to gets 0.
+weighted sum over the rewards that apply (TRL's nansum); a row none applies to gets 0 (advantage 0).
 """
 
 from __future__ import annotations
