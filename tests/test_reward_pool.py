@@ -64,6 +64,14 @@ async def slow_async(completions, **kwargs):
         await asyncio.sleep(0.2)
     return [float(len(c)) for c in completions]
 
+def slow_once(completions, **kwargs):
+    # the first call ever (seed 0's first step) outlasts the time-out; every later one is quick
+    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_once.done")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(3600)
+    return [float(ord(c[0])) if c else 0.0 for c in completions]
+
 def exits(completions, trainer_state, **kwargs):
     if trainer_state.global_step == 2:
         os._exit(3)
@@ -334,6 +342,30 @@ def test_staleness_one_scores_the_next_batch_in_the_pool(data):
     run = RunDir(data / "out/e2e/gspo/seed0")
     assert run.status() == "completed" and [m["step"] for m in run.metrics()] == [1, 2]
     assert all(m["reward/first_char"] >= 10 for m in run.metrics())  # ord() of a character: scored
+    assert worker_pids() == []
+
+
+@pytest.mark.slow
+def test_workers_restarted_by_a_staleness_one_scoring_thread_outlive_it(data):
+    """Seed 0's reward times out once: every worker is stopped, and seed 1's first scoring thread
+    starts fresh ones. Those must not die when that thread ends (the kernel's parent-death signal
+    follows the thread that started a process): seed 1 trains its three steps."""
+    spec = _spec(
+        data,
+        "slow_once",
+        rollout={"staleness": 1},
+        train={"steps": 3},
+        task={"reward_timeout_s": 3, "eval_size": 0},  # no evaluation: only scoring threads call the pool
+    )
+    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "seeds": [0, 1]}))
+    res = CliRunner().invoke(app, ["train", str(spec), "-o", str(data / "out")])
+    assert res.exit_code == 1, res.output
+    assert "reward slow_once took more than 3 s (task.reward_timeout_s)" in " ".join(res.output.split())
+    assert "worker process died" not in res.output
+    assert RunDir(data / "out/e2e/gspo/seed0").status() == "failed"
+    run = RunDir(data / "out/e2e/gspo/seed1")
+    assert run.status() == "completed" and [m["step"] for m in run.metrics()] == [1, 2, 3]
+    assert all(m["reward/slow_once"] >= 10 for m in run.metrics())  # ord() of a character: scored
     assert worker_pids() == []
 
 

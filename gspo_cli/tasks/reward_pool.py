@@ -10,8 +10,9 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   worker with the fewest rows outstanding, and reads answers from one result queue;
 - ends a call that runs longer than `timeout_s` (`task.reward_timeout_s`, counted from when
   the worker starts it) with a RunError naming the reward and the chunk's first row, after
-  killing every worker (they are started again on the next call); a worker that dies
-  (segfault, os._exit) is a RunError too: one line, never a hang;
+  killing every worker (they are started again on the next call, from the pool's own starter
+  thread whatever thread makes the call, so that they outlive a staleness-1 scoring thread);
+  a worker that dies (segfault, os._exit) is a RunError too: one line, never a hang;
 - stops the workers on `close()` (`running` does that at the end of `gspo train`, Ctrl-C
   included). Workers ignore SIGINT/SIGTERM (the trainer decides when they stop) and die with
   the trainer (PR_SET_PDEATHSIG), so none is left behind.
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gspo_cli.errors import RunError
-from gspo_cli.spawned import child_signals, requests_until_stop, starting_child
+from gspo_cli.spawned import Starter, child_signals, requests_until_stop
 
 MAX_WORKERS = 8  # the default's cap
 ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards)
@@ -221,6 +222,7 @@ class RewardPool:
         self._ids = itertools.count()
         self._lock = threading.RLock()  # the trainer and a staleness-1 scoring thread share the pool
         self.closed = False
+        self._starter = Starter("gspo-reward-starter")  # workers restarted from a scoring thread outlive it
         for i in range(workers):
             self._start(i)
 
@@ -229,8 +231,7 @@ class RewardPool:
         proc = self._mp.Process(
             target=_worker_main, args=(i, requests, self.results), name=f"gspo-reward-{i}", daemon=True
         )
-        with starting_child():
-            proc.start()
+        self._starter.start(proc)
         self.slots[i] = (proc, requests)
 
     def pids(self) -> list[int]:
@@ -344,6 +345,7 @@ class RewardPool:
             for slot in live:
                 _stop(slot, grace_s=0)
             self.slots = [None] * self.size
+            self._starter.close()
             self.results.cancel_join_thread()
             self.results.close()
 
