@@ -72,6 +72,21 @@ def slow_once(completions, **kwargs):
         time.sleep(3600)
     return [float(ord(c[0])) if c else 0.0 for c in completions]
 
+def rank(completions, **kwargs):
+    # looks across its call, as a batch-wide reward does: each completion's rank by length
+    order = sorted(range(len(completions)), key=lambda i: (len(completions[i]), completions[i]))
+    out = [0.0] * len(completions)
+    for r, i in enumerate(order):
+        out[i] = float(r)
+    return out
+
+def pair(completions, **kwargs):
+    return [1.0, 0.0]
+
+async def call_size(completions, **kwargs):
+    await asyncio.sleep(0)
+    return [float(len(completions))] * len(completions)
+
 def exits(completions, trainer_state, **kwargs):
     if trainer_state.global_step == 2:
         os._exit(3)
@@ -127,6 +142,7 @@ def test_pool_scores_equal_in_process_scores_in_order(data):
     with running(3, 60) as pool:
         assert len(pool.pids()) == 3
         got = task.score_rollout(rows, completions, ids, step=3)
+    with running(3, 60, chunks=True):
         # rows handed over out of order as they are sampled, the rest at the end
         scoring = task.scoring(rows, 3)
         scoring.add([30, 2, 5], [completions[i] for i in (30, 2, 5)], [ids[i] for i in (30, 2, 5)])
@@ -150,10 +166,10 @@ def test_pool_scores_equal_in_process_scores_in_order(data):
     assert want[1].components == {"first_char": float(ord("x"))}
 
 
-def test_four_workers_score_a_sleeping_reward_in_under_half_the_serial_time(data):
+def test_four_workers_score_a_sleeping_reward_in_chunks_in_under_half_the_serial_time(data):
     task = task_of(data, "sleepy")
     rows, completions = rows_of(task, 64)
-    with running(4, 60):
+    with running(4, 60, chunks=True):
         task.score_rollout(rows[:4], completions[:4])  # the workers have imported the file
         t = time.time()
         scores = task.score_rollout(rows, completions)
@@ -193,18 +209,52 @@ def test_a_raising_reward_keeps_the_one_line_message_naming_the_row(data):
     assert str(inline.value) == str(pooled.value) == want
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_async_rewards_run_their_rows_concurrently(data, workers):
+def test_async_rewards_in_chunks_run_their_rows_concurrently(data):
     task = task_of(data, "slow_async")
     rows, completions = rows_of(task, 32)
-    with running(workers, 60):
-        if workers:
-            task.score_rollout(rows[:1], completions[:1])  # the worker has started
+    with running(1, 60, chunks=True):
+        task.score_rollout(rows[:1], completions[:1])  # the worker has started
         t = time.time()
         scores = task.score_rollout(rows, completions)
         took = time.time() - t
     assert [s.reward for s in scores] == [float(len(c)) for c in completions]
     assert took < 32 * 0.2 / 4, took  # serial: 6.4 s; concurrent: ~0.2 s
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_reward_is_called_once_on_the_whole_batch_as_trl_calls_it(data, workers):
+    """A reward that looks across its call (a rank by length) gives in the pool what it gives in
+    the trainer, and an async def reward is awaited once with every row (TRL's convention)."""
+    task = task_of(data, "rank", "call_size")
+    rows, completions = rows_of(task, 16)
+    sent = []
+    with running(workers, 60) as pool:
+        if pool is not None:
+            submit = pool.submit
+            pool.submit = lambda *a: sent.append((a[0], a[4])) or submit(*a)  # (reward, rows)
+        scores = task.score_rollout(rows, completions)
+    assert sorted(sent) == ([("call_size", 16), ("rank", 16)] if workers else [])
+    by_length = sorted(range(16), key=lambda i: (len(completions[i]), completions[i]))
+    assert [s.components["rank"] for s in scores] == [float(by_length.index(i)) for i in range(16)]
+    assert [s.components["call_size"] for s in scores] == [16.0] * 16
+
+
+def test_every_call_s_count_is_checked_against_its_own_rows(data):
+    """A reward that always returns [1.0, 0.0]: one line naming the rows of the call that got it
+    wrong, in the trainer, in the pool, and in chunks whose counts would add up to the batch's."""
+    task = task_of(data, "pair")
+    rows, completions = rows_of(task, 4)
+    with pytest.raises(RunError) as inline:
+        task.score_rollout(rows, completions)
+    with running(2, 60), pytest.raises(RunError) as pooled:
+        task.score_rollout(rows, completions)
+    want = "reward pair returned 2 values for the 4 completions it was called on"
+    assert str(inline.value) == str(pooled.value) == want
+    with running(1, 60, chunks=True), pytest.raises(RunError) as chunked:
+        scoring = task.scoring(rows, 0)
+        scoring.add([0], completions[:1], [[1]])  # a call on row 0, then one on rows 1-3: 2 + 2 values
+        scoring.finish(completions, [[1]] * 4)
+    assert str(chunked.value) == "reward pair returned 2 values for the 1 completions it was called on"
 
 
 def test_workers_stop_with_the_pool_and_ignore_ctrl_c(data):
@@ -275,8 +325,8 @@ class _Streaming:
         return SimpleNamespace(completions=texts, completion_ids=ids)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_step_hands_rows_to_the_pool_while_it_samples(data, workers):
+@pytest.mark.parametrize("workers, chunks", [(0, False), (2, False), (2, True)])
+def test_a_step_hands_rows_to_the_pool_while_it_samples_in_chunks(data, workers, chunks):
     ctx = SimpleNamespace(
         spec=SimpleNamespace(rollout=SimpleNamespace(group_size=2, prompts_per_step=3)),
         task=task_of(data, "first_char"),
@@ -287,16 +337,18 @@ def test_a_step_hands_rows_to_the_pool_while_it_samples(data, workers):
     )
     times = {"time/rollout_s": 0.0, "time/score_s": 0.0}
     sent = []
-    with running(workers, 60) as pool:
+    with running(workers, 60, chunks) as pool:
         if pool is not None:
             submit = pool.submit
             pool.submit = lambda *a: sent.append((a[2], a[4])) or submit(*a)  # (first prompt, rows)
         problems, batch, scores = sample_and_score(ctx, 1, times)
         if pool is not None:
             assert pool.calls == {}  # every call answered and forgotten
-            # rows 1 and 0 while sampling (one call), then rows 2-5 in two chunks, one per worker
+        if chunks:  # rows 1 and 0 while sampling (one call), then rows 2-5 in two chunks, one per worker
             assert sent == [(problems[0].prompt, 2), (problems[1].prompt, 2), (problems[2].prompt, 2)]
-    assert (ctx.engine.on_rows is not None) == bool(workers)  # rows are handed over only to a pool
+        elif workers:  # one call on the whole batch once it is sampled
+            assert sent == [(problems[0].prompt, 6)]
+    assert (ctx.engine.on_rows is not None) == chunks  # rows are handed over only to a pool in chunks mode
     assert len(problems) == 3 and [s.reward for s in scores] == [float(ord(str(i))) for i in range(6)]
     assert times["time/score_s"] > 0
 

@@ -189,7 +189,7 @@ def test_zero_dimensional_tensors_are_numbers(data):
     "name, message",
     [
         ("boom", "reward boom raised on the row whose prompt starts 'Second: 3+3?': ValueError: cannot judge this one"),
-        ("short", "reward short returned 1 values for 3 completions"),
+        ("short", "reward short returned 1 values for the 3 completions it was called on"),
         ("words", "reward words returned 'yes' (str), not a finite number or None, for the row whose prompt starts"),
         ("infinite", "reward infinite returned inf (float), not a finite number or None, for the row whose prompt"),
     ],

@@ -123,7 +123,8 @@ def train(
         with reporter:
             if pool_line:
                 reporter.log(pool_line)
-            with reward_pool.running(workers, spec.task.reward_timeout_s):  # stopped on every way out
+            chunks = spec.task.reward_calls == "chunks"
+            with reward_pool.running(workers, spec.task.reward_timeout_s, chunks):  # stopped on every way out
                 results = train_experiment(spec, arms=arm, seeds=seed, reporter=reporter, force=force)
     except InterruptedRun as err:  # a clean stop the user asked for: said plainly, not as an error
         _stopped(str(err), err.exit_code)

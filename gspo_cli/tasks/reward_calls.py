@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -43,12 +43,14 @@ def row_columns(problem: Problem) -> dict[str, Any]:
 
 
 class Scoring:
-    """The scores of one batch of rows of `task` (a RewardedTask: its `rewards`, `encode`). With
-    a reward pool running (`reward_pool.active()`), rows handed to `add` as they are sampled go
-    to the pool's workers at once (pooled rewards: user and plugin functions); `finish` sends
-    the rows not sent yet in contiguous chunks, one per worker, runs the other rewards in the
-    trainer meanwhile, and joins the answers in row order. Without a pool, every reward runs in
-    the trainer, in `finish`."""
+    """The scores of one batch of rows of `task` (a RewardedTask: its `rewards`, `encode`).
+
+    Each reward is called once on the whole batch, as TRL calls it: user and plugin functions
+    in a worker of the reward pool when one runs (`reward_pool.active()`), the others in the
+    trainer meanwhile, all in `finish`. With a pool in `chunks` mode (task.reward_calls: chunks)
+    rows handed to `add` as they are sampled go to the pool's workers at once, `finish` sends the
+    rest in contiguous chunks, one per worker, and the answers are joined in row order. Each
+    call's answer is checked against that call's own rows."""
 
     def __init__(self, task, problems, step: int):
         self.task, self.problems, self.step = task, list(problems), step
@@ -59,12 +61,12 @@ class Scoring:
 
     @property
     def wants_rows(self) -> bool:
-        """Whether rows handed over before the batch is complete are scored early (a pool runs)."""
-        return bool(self.pooled)
+        """Whether rows handed over before the batch is complete are scored early (a pool in chunks mode)."""
+        return bool(self.pooled) and self.pool.chunks
 
     def add(self, rows, completions, completion_ids) -> None:
-        """Rows `rows` (indices into the problems) were sampled: send them to the pool now."""
-        if not self.pooled or not rows:
+        """Rows `rows` (indices into the problems) were sampled: send them to the pool now (chunks mode)."""
+        if not self.wants_rows or not rows:
             return
         rows, completions, ids = list(rows), list(completions), [_ids(x) for x in completion_ids]
         for i, c, t in zip(rows, completions, ids):
@@ -101,8 +103,8 @@ class Scoring:
             self.sent, self.calls = {}, []
         rest = [i for i in range(n) if i not in self.sent]
         if self.pooled and rest:
-            k = min(self.pool.size, len(rest))
-            for j in range(k):  # contiguous chunks, one per worker
+            k = min(self.pool.size, len(rest)) if self.pool.chunks else 1
+            for j in range(k):  # contiguous chunks, one per worker (or the whole batch)
                 rows = rest[j * len(rest) // k : (j + 1) * len(rest) // k]
                 self._submit(rows, [completions[i] for i in rows], [completion_ids[i] for i in rows])
         texts = [_text(p) for p in problems]  # what error messages quote
@@ -120,24 +122,17 @@ class Scoring:
             scores.append(Score(reward=float(total), correct=correct, components=applied, rewarded=bool(applied)))
         return scores
 
-    def _collected(self, r: Reward, n: int, texts: list[str]) -> Any:
-        """Reward r's answers from the pool, in row order (its calls read in order of their first row)."""
+    def _collected(self, r: Reward, n: int, texts: list[str]) -> list:
+        """Reward r's answers from the pool, in row order (its calls read in order of their first
+        row), each call's checked against its own rows."""
         values: list = [None] * n
-        counts = []
         for _, rows, call in sorted((c for c in self.calls if c[0] is r), key=lambda c: c[1][0]):
             try:
                 got = self.pool.result(call)
             except reward_pool.RewardRaised as err:
                 raise RunError(_raised_message(r.name, texts[rows[err.row]], err.text)) from None
-            try:
-                got = list(got)
-            except TypeError:
-                return got  # not a list: `_checked` says so
-            counts.append(len(got))
-            for i, v in zip(rows, got):
+            for i, v in zip(rows, _as_list(r.name, got, len(rows))):
                 values[i] = v
-        if sum(counts) != n:
-            return [None] * sum(counts)  # `_checked`: returned m values for n completions
         return values
 
 
@@ -210,17 +205,29 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
     return 0
 
 
+def _as_list(name: str, got: Any, n: int) -> list:
+    """What one call of reward `name` on n rows returned, as a list of n values; RunError when it
+    is not a list (a dict, a string, a number) or holds another count than the call's rows."""
+    if isinstance(got, (Mapping, str, bytes)) or isinstance(got, reward_pool.Opaque):
+        raise RunError(f"reward {name} returned {_type_name(got)}, not a list of {n} numbers")
+    try:
+        got = list(got)
+    except TypeError:
+        raise RunError(f"reward {name} returned {_type_name(got)}, not a list of {n} numbers") from None
+    if len(got) != n:
+        raise RunError(f"reward {name} returned {len(got)} values for the {n} completions it was called on")
+    return got
+
+
+def _type_name(got: Any) -> str:
+    return got.type_name if isinstance(got, reward_pool.Opaque) else type(got).__name__
+
+
 def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:
     """`got` as one float or None per completion (NaN read as None, as TRL's nansum does; 0-d
     tensors and arrays read as their number); RunError naming the reward and the first bad row
     otherwise (an infinite value included)."""
-    n = len(prompts)
-    try:
-        got = list(got)
-    except TypeError:
-        raise RunError(f"reward {name} returned {type(got).__name__}, not a list of {n} numbers") from None
-    if len(got) != n:
-        raise RunError(f"reward {name} returned {len(got)} values for {n} completions")
+    got = _as_list(name, got, len(prompts))
     out: list[float | None] = []
     for i, v in enumerate(got):
         if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):

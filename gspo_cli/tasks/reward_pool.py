@@ -6,8 +6,9 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
 - starts `workers` processes with multiprocessing's spawn context (never fork: torch has
   started threads by then); each imports the user's file or module itself, by the reward's
   `source` (a function from a file path cannot be pickled by reference), once, on first use;
-- sends each call (one reward on a contiguous chunk of rows, TRL's keyword arguments) to the
-  worker with the fewest rows outstanding, and reads answers from one result queue;
+- sends each call (one reward on a step's rows, or with `chunks` on a contiguous chunk of them,
+  TRL's keyword arguments) to the worker with the fewest rows outstanding, and reads answers
+  from one result queue;
 - ends a call that runs longer than `timeout_s` (`task.reward_timeout_s`, counted from when
   the worker starts it) with a RunError naming the reward and the chunk's first row, after
   killing every worker (they are started again on the next call, from the pool's own starter
@@ -17,9 +18,9 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   included). Workers ignore SIGINT/SIGTERM (the trainer decides when they stop) and die with
   the trainer (PR_SET_PDEATHSIG), so none is left behind.
 
-`async def` rewards (`call_rows`) are called once per row, the rows of one call gathered
-concurrently on one event loop, in whichever process runs the reward (a worker, or the
-trainer when `reward_workers` is 0), at most ASYNC_CONCURRENCY rows at a time.
+`async def` rewards (`call_rows`) are awaited once per call, as TRL awaits them; with `chunks`
+(`task.reward_calls: chunks`) once per row instead, the rows of one call gathered concurrently
+on the worker's event loop, at most ASYNC_CONCURRENCY rows at a time.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pickle
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -93,12 +94,13 @@ def is_async(fn: Callable) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(vars(type(fn)).get("__call__"))
 
 
-def call_rows(fn: Callable, kwargs: dict[str, Any], n: int) -> Any:
-    """`fn(**kwargs)` on n rows (TRL's keyword arguments: lists of n values, and trainer_state);
-    an `async def` fn once per row, the n calls gathered on one event loop, their answers joined."""
+def call_rows(fn: Callable, kwargs: dict[str, Any], n: int, per_row: bool = False) -> Any:
+    """`fn(**kwargs)` on n rows (TRL's keyword arguments: lists of n values, and trainer_state),
+    an `async def` fn awaited on an event loop of its own; with `per_row` an `async def` fn once
+    per row, the n calls gathered on one event loop, their answers joined."""
     if not is_async(fn):
         return fn(**kwargs)
-    coro = _gathered(fn, kwargs, n)
+    coro = _gathered(fn, kwargs, n) if per_row else fn(**kwargs)
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # no loop in this thread: the usual case
@@ -152,10 +154,10 @@ def failing_row(fn: Callable, kwargs: dict[str, Any], n: int) -> int:
 
 
 class Opaque:
-    """A value a worker cannot send back (not picklable): its repr, for the error message."""
+    """A value a worker cannot send back (not picklable): its repr and type, for the error message."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, value: Any):
+        self.text, self.type_name = repr(value), type(value).__name__
 
     def __repr__(self) -> str:
         return self.text
@@ -163,16 +165,19 @@ class Opaque:
 
 def _portable(got: Any) -> Any:
     """What a function returned, as the trainer can receive it: 0-d tensors and arrays as their
-    number, numbers and None as they are, anything else as itself if it pickles (else Opaque)."""
+    number, numbers and None as they are, anything else as itself if it pickles (else Opaque).
+    A mapping or a string is sent whole (the trainer refuses it), never as its keys or letters."""
+    if isinstance(got, (Mapping, str, bytes)):
+        return got if _pickles(got) else Opaque(got)
     try:
         items = list(got)
     except TypeError:
-        return got if _pickles(got) else Opaque(repr(got))
+        return got if _pickles(got) else Opaque(got)
     out = []
     for v in items:
         if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
             v = v.item()
-        out.append(v if v is None or isinstance(v, numbers.Real) or _pickles(v) else Opaque(repr(v)))
+        out.append(v if v is None or isinstance(v, numbers.Real) or _pickles(v) else Opaque(v))
     return out
 
 
@@ -211,10 +216,11 @@ class _Call:
 class RewardPool:
     """`workers` spawned processes running reward functions; see the module docstring."""
 
-    def __init__(self, workers: int, timeout_s: float):
+    def __init__(self, workers: int, timeout_s: float, chunks: bool = False):
         if workers < 1:
             raise ValueError("a RewardPool has at least one worker")
         self.size, self.timeout_s = workers, timeout_s
+        self.chunks = chunks  # task.reward_calls: chunks (rows streamed in chunks, async rewards per row)
         self._mp = multiprocessing.get_context("spawn")
         self.results = self._mp.Queue()
         self.slots: list[tuple[Any, Any] | None] = [None] * workers
@@ -252,7 +258,7 @@ class RewardPool:
                 self._start(slot)
             call_id = next(self._ids)
             self.calls[call_id] = _Call(slot, reward, prompt, rows)
-            self.slots[slot][1].put(("call", call_id, source, kwargs, rows))
+            self.slots[slot][1].put(("call", call_id, source, kwargs, rows, self.chunks))
             return call_id
 
     def result(self, call_id: int) -> Any:
@@ -369,10 +375,11 @@ def active() -> RewardPool | None:
 
 
 @contextlib.contextmanager
-def running(workers: int, timeout_s: float) -> Iterator[RewardPool | None]:
-    """A pool of `workers` processes (none for 0) that reward scoring uses until the block ends."""
+def running(workers: int, timeout_s: float, chunks: bool = False) -> Iterator[RewardPool | None]:
+    """A pool of `workers` processes (none for 0) that reward scoring uses until the block ends;
+    `chunks`: rows are sent in chunks as they are sampled (task.reward_calls: chunks)."""
     global _active
-    pool = RewardPool(workers, timeout_s) if workers > 0 else None
+    pool = RewardPool(workers, timeout_s, chunks) if workers > 0 else None
     _active = pool
     try:
         yield pool
@@ -392,13 +399,13 @@ def _worker_main(slot: int, requests, results) -> None:
 
     functions: dict[str, Callable] = {}
     for msg in requests_until_stop(requests, 0.5):
-        _, call_id, source, kwargs, n = msg
+        _, call_id, source, kwargs, n, per_row = msg
         results.put(("start", slot, call_id, time.time()))
         fn = functions.get(source)
         try:
             if fn is None:
                 fn = functions[source] = load_source(source)
-            results.put(("ok", slot, call_id, _portable(call_rows(fn, kwargs, n))))
+            results.put(("ok", slot, call_id, _portable(call_rows(fn, kwargs, n, per_row))))
         except Exception as err:  # noqa: BLE001 - the user's function: one line back to the trainer
             row = failing_row(fn, kwargs, n) if fn is not None else 0
             results.put(("error", slot, call_id, row, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"))
