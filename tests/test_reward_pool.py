@@ -4,6 +4,7 @@ crashes, async rewards, and scoring overlapped with sampling (issue 40)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -36,7 +37,7 @@ from gspo_cli.train.scored_rollout import sample_and_score
 ROOT = Path(__file__).resolve().parents[1]
 
 REWARDS = '''
-import asyncio, os, time
+import asyncio, os, sys, time
 
 def shape(completions, completion_ids, prompts, kind, trainer_state, **kwargs):
     # deterministic per row: lengths, a column and the step, in distinct digits
@@ -86,6 +87,27 @@ def pair(completions, **kwargs):
 async def call_size(completions, **kwargs):
     await asyncio.sleep(0)
     return [float(len(completions))] * len(completions)
+
+def as_dict(completions, **kwargs):
+    return {5 + i: 1.0 for i in range(len(completions))}
+
+def huge(completions, **kwargs):
+    return [10**400 for _ in completions]
+
+def overflowing(completions, **kwargs):
+    return [1e308 for _ in completions]
+
+def bye(completions, **kwargs):
+    sys.exit(3)
+
+def shouting(completions, **kwargs):
+    raise ValueError("x" * 5_000_000)
+
+def late_boom(completions, prompts, **kwargs):
+    time.sleep(1.2)  # over half of the 2 s time-out: finding the row alone would outlast it
+    if any(p.startswith("Row 1:") for p in prompts):
+        raise ValueError("row one is bad")
+    return [0.0] * len(completions)
 
 def exits(completions, trainer_state, **kwargs):
     if trainer_state.global_step == 2:
@@ -196,6 +218,49 @@ def test_a_hung_reward_times_out_in_one_line_and_its_worker_is_killed(data):
         task = task_of(data, "first_char")
         assert [s.reward for s in task.score_rollout(rows, ["a", "b"])] == [97.0, 98.0]
     assert worker_pids() == []
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("as_dict", "reward as_dict returned dict, not a list of 4 numbers"),
+        (
+            "huge",
+            "reward huge returned a number too large for a float (int), not a finite number or None, for the row "
+            "whose prompt starts 'Row 0: 0+1?'",
+        ),
+        ("overflowing", "the weighted rewards of the row whose prompt starts 'Row 0: 0+1?' sum to inf"),
+        (
+            "bye",
+            "reward bye raised on the row whose prompt starts 'Row 0: 0+1?': SystemExit: the function called "
+            "sys.exit(3)",
+        ),
+        ("shouting", "reward shouting raised on the row whose prompt starts 'Row 0: 0+1?': ValueError: xxxxx"),
+    ],
+)
+def test_odd_values_and_exits_end_in_one_bounded_line_in_the_pool_and_the_trainer(data, name, message):
+    task = task_of(data, name, "first_char") if name == "overflowing" else task_of(data, name)
+    if name == "overflowing":  # 1e308 weighted twice: beyond a float
+        task.rewards[0] = dataclasses.replace(task.rewards[0], weight=2.0)
+    rows, completions = rows_of(task, 4)
+    with pytest.raises(RunError) as inline:
+        task.score_rollout(rows, completions)
+    with running(2, 60), pytest.raises(RunError) as pooled:
+        task.score_rollout(rows, completions)
+    assert str(inline.value) == str(pooled.value)
+    assert str(inline.value).startswith(message), str(inline.value)[:300]
+    assert "\n" not in str(inline.value) and len(str(inline.value)) < 500
+
+
+def test_a_reward_raising_late_reports_its_exception_not_a_time_out(data):
+    task = task_of(data, "late_boom")
+    rows, completions = rows_of(task, 2)
+    with running(1, 2.0), pytest.raises(RunError) as err:
+        task.score_rollout(rows, completions)
+    assert str(err.value) == (
+        "reward late_boom raised on 2 row(s), the first whose prompt starts 'Row 0: 0+1?' (the row not found "
+        "within task.reward_timeout_s): ValueError: row one is bad"
+    )
 
 
 def test_a_raising_reward_keeps_the_one_line_message_naming_the_row(data):
@@ -385,6 +450,19 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_its_checkpoint_intact(data)
     assert run.status() == "failed" and (run.checkpoints / "step_000001").is_dir()
     assert [m["step"] for m in run.metrics()] == [1]
     assert worker_pids() == []
+
+
+@pytest.mark.slow
+def test_sys_exit_in_a_reward_in_the_trainer_fails_the_run_in_one_line(data):
+    spec = _spec(data, "bye", task={"reward_workers": 0}, train={"steps": 1})
+    res = CliRunner().invoke(app, ["train", str(spec), "-o", str(data / "out")])
+    assert res.exit_code == 1, res.output
+    want = "reward bye raised on the row whose prompt starts"
+    assert want in res.output and "Traceback" not in res.output
+    run = RunDir(data / "out/e2e/gspo/seed0")
+    assert run.status() == "failed"
+    error = json.loads((run.path / "run.json").read_text())["error"]
+    assert error.startswith(want) and error.endswith("SystemExit: the function called sys.exit(3)")
 
 
 def test_staleness_one_scores_the_next_batch_in_the_pool(data):

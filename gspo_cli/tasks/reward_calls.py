@@ -117,6 +117,11 @@ class Scoring:
         for i in range(n):
             applied = {r.name: v[i] for r, v in zip(self.task.rewards, values) if v[i] is not None}
             total = sum(r.weight * applied[r.name] for r in self.task.rewards if r.name in applied)
+            if not math.isfinite(total):
+                raise RunError(
+                    f"the weighted rewards of the row whose prompt starts {texts[i][:40]!r} sum to {total} "
+                    f"(beyond a float's range): {applied}"
+                )
             judge = next((applied.get(r.name) for r in self.task.rewards if r.correct), None)
             correct = judge is not None and judge >= 1
             scores.append(Score(reward=float(total), correct=correct, components=applied, rewarded=bool(applied)))
@@ -162,10 +167,9 @@ def _called(r: Reward, args, texts: list[str]) -> Any:
         return _call(r, *args)
     except GspoError:
         raise  # a judge's or reward model's own error: one line naming it and the row already
-    except Exception as err:  # noqa: BLE001 - the user's function: one line, no traceback
+    except reward_pool.RAISED as err:  # the user's function: one line, no traceback (sys.exit too)
         row = _failing_row(r, *args)
-        message = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-        raise RunError(_raised_message(r.name, texts[row], message)) from None
+        raise RunError(_raised_message(r.name, texts[row], reward_pool.error_line(err))) from None
 
 
 def _ids(ids: Any) -> Any:
@@ -200,7 +204,7 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
                 one,
                 state,
             )
-        except Exception:  # noqa: BLE001 - found it
+        except reward_pool.RAISED:
             return i
     return 0
 
@@ -234,11 +238,29 @@ def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:
             v = v.item()  # a 0-d tensor or array, as torch.tensor(...) in TRL reads it
         if v is None:
             out.append(None)
-        elif isinstance(v, numbers.Real) and not math.isinf(v):
-            out.append(None if math.isnan(float(v)) else float(v))
-        else:
-            raise RunError(
-                f"reward {name} returned {v!r} ({type(v).__name__}), not a finite number or None, for the row whose "
-                f"prompt starts {prompts[i][:40]!r}"
-            )
+            continue
+        what = f"{_shown(v)} ({_type_name(v)})"
+        if isinstance(v, numbers.Real):
+            try:
+                f = float(v)
+            except OverflowError:  # an int or a fraction beyond a float's range
+                f, what = math.inf, f"a number too large for a float ({_type_name(v)})"
+            if not math.isinf(f):
+                out.append(None if math.isnan(f) else f)
+                continue
+        raise RunError(
+            f"reward {name} returned {what}, not a finite number or None, for the row whose "
+            f"prompt starts {prompts[i][:40]!r}"
+        )
     return out
+
+
+def _shown(v: Any) -> str:
+    """v's repr for an error line: at most 60 characters (a huge int or text is never printed whole)."""
+    if isinstance(v, int) and v.bit_length() > 160:
+        return f"an int of {v.bit_length()} bits"
+    try:
+        text = repr(v)
+    except Exception:  # noqa: BLE001 - a value whose repr fails: its type says enough
+        return "a value"
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -46,6 +46,7 @@ from gspo_cli.spawned import Starter, child_signals, requests_until_stop
 MAX_WORKERS = 8  # the default's cap
 ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards)
 POLL_S = 0.1  # how often a waiting trainer checks time-outs and workers' health
+MESSAGE_CHARS = 300  # the most of an exception's message that a reward's error line quotes
 STOP_S = 2.0  # how long `close` lets workers stop before killing them
 
 
@@ -148,9 +149,25 @@ def failing_row(fn: Callable, kwargs: dict[str, Any], n: int) -> int:
     for i in range(n):
         try:
             call_rows(fn, row_slice(kwargs, [i]), 1)
-        except Exception:  # noqa: BLE001 - found it
+        except RAISED:
             return i
     return 0
+
+
+# What a reward function may raise that ends its run in one line: sys.exit() included, which
+# would otherwise end the trainer (or its worker) without a word.
+RAISED = (Exception, SystemExit)
+
+
+def error_line(err: BaseException) -> str:
+    """`Type: the first line of its message`, the message cut to MESSAGE_CHARS characters."""
+    if isinstance(err, SystemExit):
+        return f"SystemExit: the function called sys.exit({err.code!r})"[: MESSAGE_CHARS + 40]
+    head = str(err)[: MESSAGE_CHARS + 1]  # a message of megabytes is never split whole
+    first = (head.splitlines() or [""])[0]
+    if len(first) > MESSAGE_CHARS:
+        first = first[:MESSAGE_CHARS] + " [cut]"
+    return f"{type(err).__name__}: {first}"
 
 
 class Opaque:
@@ -210,7 +227,8 @@ class _Call:
     started: float | None = None
     done: bool = False
     value: Any = None
-    error: tuple[int, str] | None = None
+    error: tuple[int, str] | None = None  # (row, error line) once the failing row is known
+    raised: str | None = None  # the error line, sent before the worker looks for the row
 
 
 class RewardPool:
@@ -304,8 +322,10 @@ class RewardPool:
                     call.started = msg[3]
                 elif msg[0] == "ok":
                     call.done, call.value = True, msg[3]
-                else:
-                    call.done, call.error = True, (msg[3], msg[4])
+                elif msg[0] == "raised":
+                    call.raised = msg[3]
+                else:  # "row": the row it raised on
+                    call.done, call.error = True, (msg[3], call.raised)
 
     def _check(self) -> None:
         now = time.time()
@@ -316,6 +336,11 @@ class RewardPool:
             where = f"on {call.rows} row(s), the first whose prompt starts {call.prompt[:40]!r}"
             if call.started is not None and now - call.started > self.timeout_s:
                 self._reset()
+                if call.raised is not None:  # it raised; finding the row on its own took the rest of the time
+                    raise RunError(
+                        f"reward {call.reward} raised {where} (the row not found within task.reward_timeout_s): "
+                        f"{call.raised}"
+                    )
                 raise RunError(
                     f"reward {call.reward} took more than {self.timeout_s:g} s (task.reward_timeout_s) {where}; "
                     "its worker was stopped"
@@ -406,6 +431,6 @@ def _worker_main(slot: int, requests, results) -> None:
             if fn is None:
                 fn = functions[source] = load_source(source)
             results.put(("ok", slot, call_id, _portable(call_rows(fn, kwargs, n, per_row))))
-        except Exception as err:  # noqa: BLE001 - the user's function: one line back to the trainer
-            row = failing_row(fn, kwargs, n) if fn is not None else 0
-            results.put(("error", slot, call_id, row, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"))
+        except RAISED as err:  # the user's function: one line back to the trainer, then the row
+            results.put(("raised", slot, call_id, error_line(err)))  # kept if the row search times out
+            results.put(("row", slot, call_id, failing_row(fn, kwargs, n) if fn is not None else 0))
