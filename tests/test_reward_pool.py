@@ -37,7 +37,7 @@ from gspo_cli.train.scored_rollout import sample_and_score
 ROOT = Path(__file__).resolve().parents[1]
 
 REWARDS = '''
-import asyncio, os, sys, time
+import asyncio, os, subprocess, sys, time
 
 def shape(completions, completion_ids, prompts, kind, trainer_state, **kwargs):
     # deterministic per row: lengths, a column and the step, in distinct digits
@@ -108,6 +108,14 @@ def late_boom(completions, prompts, **kwargs):
     if any(p.startswith("Row 1:") for p in prompts):
         raise ValueError("row one is bad")
     return [0.0] * len(completions)
+
+def starts_sleep(completions, **kwargs):
+    subprocess.Popen(["sleep", "7771"])  # never waited for
+    return [1.0] * len(completions)
+
+def runs_sleep(completions, **kwargs):
+    subprocess.run(["sleep", "7772"])  # outlasts the call's time-out
+    return [1.0] * len(completions)
 
 def exits(completions, trainer_state, **kwargs):
     if trainer_state.global_step == 2:
@@ -261,6 +269,37 @@ def test_a_reward_raising_late_reports_its_exception_not_a_time_out(data):
         "reward late_boom raised on 2 row(s), the first whose prompt starts 'Row 0: 0+1?' (the row not found "
         "within task.reward_timeout_s): ValueError: row one is bad"
     )
+
+
+def sleeps(arg: str) -> list[int]:
+    """Live `sleep ARG` processes on this machine (zombies and ones gone while listed skipped)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["cmdline"] == ["sleep", arg] and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p.pid)
+    return out
+
+
+def test_processes_a_reward_starts_end_with_its_worker(data):
+    """A reward that leaves a `sleep` running at each call: none is left once the pool stops; a
+    reward whose `subprocess.run` outlasts the time-out: its child ends with the killed worker."""
+    task = task_of(data, "starts_sleep")
+    rows, completions = rows_of(task, 4)
+    with running(2, 60):
+        for _ in range(3):
+            assert [s.reward for s in task.score_rollout(rows, completions)] == [1.0] * 4
+        assert len(sleeps("7771")) >= 3  # at least one per call, running while the pool runs
+    deadline = time.time() + 5
+    while sleeps("7771") and time.time() < deadline:
+        time.sleep(0.1)
+    assert sleeps("7771") == []
+    task = task_of(data, "runs_sleep")
+    with running(1, 2.0), pytest.raises(RunError, match="reward runs_sleep took more than 2 s"):
+        task.score_rollout(rows, completions)
+    deadline = time.time() + 5
+    while sleeps("7772") and time.time() < deadline:
+        time.sleep(0.1)
+    assert sleeps("7772") == []
 
 
 def test_a_raising_reward_keeps_the_one_line_message_naming_the_row(data):

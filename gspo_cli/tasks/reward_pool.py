@@ -16,7 +16,12 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   a worker that dies (segfault, os._exit) is a RunError too: one line, never a hang;
 - stops the workers on `close()` (`running` does that at the end of `gspo train`, Ctrl-C
   included). Workers ignore SIGINT/SIGTERM (the trainer decides when they stop) and die with
-  the trainer (PR_SET_PDEATHSIG), so none is left behind.
+  the trainer (PR_SET_PDEATHSIG), so none is left behind;
+- ends what a reward started: each worker leads a session (and process group) of its own, and
+  whenever a worker is stopped or killed its whole group is killed with it, so a `sleep` a
+  reward left running, or the child of a `subprocess.run` that a time-out interrupted, ends
+  too. (If the trainer itself is killed with SIGKILL, the kernel kills the workers, but what
+  they started outlives them.)
 
 `async def` rewards (`call_rows`) are awaited once per call, as TRL awaits them; with `chunks`
 (`task.reward_calls: chunks`) once per row instead, the rows of one call gathered concurrently
@@ -34,6 +39,7 @@ import numbers
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -387,6 +393,10 @@ def _stop(slot, grace_s: float) -> None:
     if proc.is_alive():
         proc.kill()  # workers ignore SIGTERM
         proc.join(timeout=10)
+    # What the reward started: the worker's process group (its id is the worker's pid, and it
+    # stays reserved while any member lives, so no other group can have taken it).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
     requests.cancel_join_thread()
     requests.close()
 
@@ -420,6 +430,7 @@ def running(workers: int, timeout_s: float, chunks: bool = False) -> Iterator[Re
 
 def _worker_main(slot: int, requests, results) -> None:
     child_signals()
+    os.setsid()  # a session and process group of its own: the trainer kills it whole (`_stop`)
     from gspo_cli.tasks.rewards import load_source
 
     functions: dict[str, Callable] = {}
