@@ -117,6 +117,13 @@ def runs_sleep(completions, **kwargs):
     subprocess.run(["sleep", "7772"])  # outlasts the call's time-out
     return [1.0] * len(completions)
 
+def chatty(completions, **kwargs):
+    print("chatty says hello")
+    sys.stdout.flush()
+    os.write(1, b"chatty writes to fd 1\\n")
+    subprocess.run(["echo", "chatty runs echo"], check=True)
+    return [1.0] * len(completions)
+
 def exits(completions, trainer_state, **kwargs):
     if trainer_state.global_step == 2:
         os._exit(3)
@@ -300,6 +307,39 @@ def test_processes_a_reward_starts_end_with_its_worker(data):
     while sleeps("7772") and time.time() < deadline:
         time.sleep(0.1)
     assert sleeps("7772") == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_what_a_reward_prints_goes_to_stderr_never_stdout(data, workers, capfd):
+    """`gspo train --json` prints its summary on stdout: a reward's print, its writes to file
+    descriptor 1 and a program it runs go to stderr, in the pool and in the trainer."""
+    task = task_of(data, "chatty")
+    rows, completions = rows_of(task, 3)
+    with running(workers, 60):
+        print("before")
+        assert [s.reward for s in task.score_rollout(rows, completions)] == [1.0] * 3
+        print("after")
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n"
+    for line in ("chatty says hello", "chatty writes to fd 1", "chatty runs echo"):
+        assert line in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_json_on_stdout_stays_json_with_a_printing_reward(data, workers):
+    spec = _spec(data, "chatty", task={"reward_workers": workers}, train={"steps": 1})
+    res = subprocess.run(
+        [sys.executable, "-m", "gspo_cli", "train", str(spec), "-o", str(data / "out"), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["status"] for r in json.loads(res.stdout)] == ["completed"]
+    assert "chatty says hello" in res.stderr and "chatty runs echo" in res.stderr
 
 
 def test_a_raising_reward_keeps_the_one_line_message_naming_the_row(data):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gspo_cli.errors import GspoError, RunError
-from gspo_cli.tasks import reward_pool
+from gspo_cli.tasks import reward_pool, user_rewards
 from gspo_cli.tasks.base import Conversation, Problem, Score
 
 
@@ -167,9 +167,9 @@ def _called(r: Reward, args, texts: list[str]) -> Any:
         return _call(r, *args)
     except GspoError:
         raise  # a judge's or reward model's own error: one line naming it and the row already
-    except reward_pool.RAISED as err:  # the user's function: one line, no traceback (sys.exit too)
+    except user_rewards.RAISED as err:  # the user's function: one line, no traceback (sys.exit too)
         row = _failing_row(r, *args)
-        raise RunError(_raised_message(r.name, texts[row], reward_pool.error_line(err))) from None
+        raise RunError(_raised_message(r.name, texts[row], user_rewards.error_line(err))) from None
 
 
 def _ids(ids: Any) -> Any:
@@ -186,7 +186,8 @@ def _call(r: Reward, problems, completions, completion_ids, prompts, columns, st
     if r.shipped:  # our own verifiers read the completion's text
         return r.call(problems, [c[0]["content"] if isinstance(c, list) else c for c in completions])
     kwargs = _user_kwargs(completions, completion_ids, prompts, columns, state)
-    return reward_pool.call_rows(r.call, kwargs, len(completions))
+    with user_rewards.output_to_stderr():  # the trainer's stdout is its own (`--json`)
+        return user_rewards.call_rows(r.call, kwargs, len(completions))
 
 
 def _failing_row(r: Reward, problems, completions, completion_ids, prompts, columns, state) -> int:
@@ -204,7 +205,7 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
                 one,
                 state,
             )
-        except reward_pool.RAISED:
+        except user_rewards.RAISED:
             return i
     return 0
 
@@ -212,7 +213,7 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
 def _as_list(name: str, got: Any, n: int) -> list:
     """What one call of reward `name` on n rows returned, as a list of n values; RunError when it
     is not a list (a dict, a string, a number) or holds another count than the call's rows."""
-    if isinstance(got, (Mapping, str, bytes)) or isinstance(got, reward_pool.Opaque):
+    if isinstance(got, (Mapping, str, bytes)) or isinstance(got, user_rewards.Opaque):
         raise RunError(f"reward {name} returned {_type_name(got)}, not a list of {n} numbers")
     try:
         got = list(got)
@@ -224,7 +225,7 @@ def _as_list(name: str, got: Any, n: int) -> list:
 
 
 def _type_name(got: Any) -> str:
-    return got.type_name if isinstance(got, reward_pool.Opaque) else type(got).__name__
+    return got.type_name if isinstance(got, user_rewards.Opaque) else type(got).__name__
 
 
 def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:

@@ -10,7 +10,7 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   TRL's keyword arguments) to the worker with the fewest rows outstanding, and reads answers
   from one result queue;
 - ends a call that runs longer than `timeout_s` (`task.reward_timeout_s`, counted from when
-  the worker starts it) with a RunError naming the reward and the chunk's first row, after
+  the worker starts it) with a RunError naming the reward and the call's first row, after
   killing every worker (they are started again on the next call, from the pool's own starter
   thread whatever thread makes the call, so that they outlive a staleness-1 scoring thread);
   a worker that dies (segfault, os._exit) is a RunError too: one line, never a hang;
@@ -22,37 +22,35 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   reward left running, or the child of a `subprocess.run` that a time-out interrupted, ends
   too. (If the trainer itself is killed with SIGKILL, the kernel kills the workers, but what
   they started outlives them.)
+- keeps the trainer's standard output for its own (`gspo train --json` prints its summary
+  there): a worker's file descriptor 1 is its standard error, and a reward called in the
+  trainer writes there too while it runs (`user_rewards.output_to_stderr`).
 
-`async def` rewards (`call_rows`) are awaited once per call, as TRL awaits them; with `chunks`
-(`task.reward_calls: chunks`) once per row instead, the rows of one call gathered concurrently
-on the worker's event loop, at most ASYNC_CONCURRENCY rows at a time.
+How one call runs in a worker (TRL's keyword arguments, `async def` functions, errors as one
+line, what a worker sends back) is `tasks/user_rewards.py`, shared with rewards called in the
+trainer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import itertools
 import multiprocessing
-import numbers
 import os
-import pickle
 import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from gspo_cli.errors import RunError
 from gspo_cli.spawned import Starter, child_signals, requests_until_stop
+from gspo_cli.tasks.user_rewards import RAISED, call_rows, error_line, failing_row, portable
 
 MAX_WORKERS = 8  # the default's cap
-ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards)
 POLL_S = 0.1  # how often a waiting trainer checks time-outs and workers' health
-MESSAGE_CHARS = 300  # the most of an exception's message that a reward's error line quotes
 STOP_S = 2.0  # how long `close` lets workers stop before killing them
 
 
@@ -90,126 +88,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-# ---------------------------------------------------------------------------------------
-# Calling a reward function (in a worker, or in the trainer)
-
-
-def is_async(fn: Callable) -> bool:
-    """An `async def` function (or an object whose __call__ is one)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(vars(type(fn)).get("__call__"))
-
-
-def call_rows(fn: Callable, kwargs: dict[str, Any], n: int, per_row: bool = False) -> Any:
-    """`fn(**kwargs)` on n rows (TRL's keyword arguments: lists of n values, and trainer_state),
-    an `async def` fn awaited on an event loop of its own; with `per_row` an `async def` fn once
-    per row, the n calls gathered on one event loop, their answers joined."""
-    if not is_async(fn):
-        return fn(**kwargs)
-    coro = _gathered(fn, kwargs, n) if per_row else fn(**kwargs)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # no loop in this thread: the usual case
-        return asyncio.run(coro)
-    out: dict[str, Any] = {}  # a loop runs here already (a notebook): use a thread of our own
-
-    def run() -> None:
-        try:
-            out["value"] = asyncio.run(coro)
-        except BaseException as err:  # noqa: BLE001 - raised again below
-            out["error"] = err
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
-def row_slice(kwargs: dict[str, Any], rows: list[int]) -> dict[str, Any]:
-    """The keyword arguments of `rows` only (lists sliced; trainer_state kept)."""
-    return {k: [v[i] for i in rows] if isinstance(v, list) else v for k, v in kwargs.items()}
-
-
-async def _gathered(fn: Callable, kwargs: dict[str, Any], n: int) -> Any:
-    gate = asyncio.Semaphore(ASYNC_CONCURRENCY)
-
-    async def one(i: int):
-        async with gate:
-            return await fn(**row_slice(kwargs, [i]))
-
-    answers = await asyncio.gather(*(one(i) for i in range(n)))
-    values: list = []
-    for got in answers:
-        try:
-            values.extend(list(got))
-        except TypeError:  # not a list: what the caller's check reports
-            return got
-    return values
-
-
-def failing_row(fn: Callable, kwargs: dict[str, Any], n: int) -> int:
-    """The first row on which `fn` raises when called on that row alone (0 when none does)."""
-    for i in range(n):
-        try:
-            call_rows(fn, row_slice(kwargs, [i]), 1)
-        except RAISED:
-            return i
-    return 0
-
-
-# What a reward function may raise that ends its run in one line: sys.exit() included, which
-# would otherwise end the trainer (or its worker) without a word.
-RAISED = (Exception, SystemExit)
-
-
-def error_line(err: BaseException) -> str:
-    """`Type: the first line of its message`, the message cut to MESSAGE_CHARS characters."""
-    if isinstance(err, SystemExit):
-        return f"SystemExit: the function called sys.exit({err.code!r})"[: MESSAGE_CHARS + 40]
-    head = str(err)[: MESSAGE_CHARS + 1]  # a message of megabytes is never split whole
-    first = (head.splitlines() or [""])[0]
-    if len(first) > MESSAGE_CHARS:
-        first = first[:MESSAGE_CHARS] + " [cut]"
-    return f"{type(err).__name__}: {first}"
-
-
-class Opaque:
-    """A value a worker cannot send back (not picklable): its repr and type, for the error message."""
-
-    def __init__(self, value: Any):
-        self.text, self.type_name = repr(value), type(value).__name__
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _portable(got: Any) -> Any:
-    """What a function returned, as the trainer can receive it: 0-d tensors and arrays as their
-    number, numbers and None as they are, anything else as itself if it pickles (else Opaque).
-    A mapping or a string is sent whole (the trainer refuses it), never as its keys or letters."""
-    if isinstance(got, (Mapping, str, bytes)):
-        return got if _pickles(got) else Opaque(got)
-    try:
-        items = list(got)
-    except TypeError:
-        return got if _pickles(got) else Opaque(got)
-    out = []
-    for v in items:
-        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
-            v = v.item()
-        out.append(v if v is None or isinstance(v, numbers.Real) or _pickles(v) else Opaque(v))
-    return out
-
-
-def _pickles(v: Any) -> bool:
-    try:
-        pickle.dumps(v)
-    except Exception:  # noqa: BLE001 - any failure: not sendable
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -431,6 +309,7 @@ def running(workers: int, timeout_s: float, chunks: bool = False) -> Iterator[Re
 def _worker_main(slot: int, requests, results) -> None:
     child_signals()
     os.setsid()  # a session and process group of its own: the trainer kills it whole (`_stop`)
+    os.dup2(2, 1)  # what a reward prints (or a program it runs) never reaches the trainer's stdout
     from gspo_cli.tasks.rewards import load_source
 
     functions: dict[str, Callable] = {}
@@ -441,7 +320,7 @@ def _worker_main(slot: int, requests, results) -> None:
         try:
             if fn is None:
                 fn = functions[source] = load_source(source)
-            results.put(("ok", slot, call_id, _portable(call_rows(fn, kwargs, n, per_row))))
+            results.put(("ok", slot, call_id, portable(call_rows(fn, kwargs, n, per_row))))
         except RAISED as err:  # the user's function: one line back to the trainer, then the row
             results.put(("raised", slot, call_id, error_line(err)))  # kept if the row search times out
             results.put(("row", slot, call_id, failing_row(fn, kwargs, n) if fn is not None else 0))
