@@ -1,5 +1,5 @@
 """A slow reward's cost to an RL step: scored serially in the trainer against the reward pool
-(`task.reward_workers`) with scoring overlapped with sampling (issue 40).
+(`task.reward_workers`, `task.reward_calls: chunks`) with scoring overlapped with sampling (issue 40).
 
 The test suite's tiny model and task (`--model quickstart`: the quickstart's), 16 prompts x
 8 samples = 128 rows per step (up to 48 new tokens), scored by a reward file's function that
@@ -123,7 +123,7 @@ def main(argv=None) -> None:
         "pool": _ctx(f"{tmp}/rewards.py:sleepy", steps, a.max_new, a.model),
     }
     ctxs["pool-batch"].engine.streams_rows = False  # this engine's rows go to the pool at the end only
-    pool = RewardPool(a.workers, 300)
+    pool = RewardPool(a.workers, 300, chunks=True)  # task.reward_calls: chunks
     try:
         pools = {"instant": None, "serial": None, "pool-batch": pool, "pool": pool}
         for s in SIDES:  # warm-up: step 1 (the pool's workers import the reward file)

@@ -16,7 +16,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "reward/accuracy": ("share of responses the verifier judged correct", "fraction"),
     "reward/zero_var_group_frac": ("share of groups whose rewards are all equal (no signal)", "fraction"),
     "reward/no_reward_frac": (
-        "task.rewards: share of responses no reward function applied to (all returned None; reward 0)",
+        "task.rewards: share of responses no reward function applied to (all returned None; reward 0, advantage 0)",
         "fraction",
     ),
     "response/length_mean": ("mean response length (multi-turn: the model's own tokens)", "tokens"),

@@ -9,7 +9,11 @@ reward workers never load it.
   kill it; the child inherits the mask and unblocks only after ignoring them (the trainer
   decides when to stop, then stops its children), as multiprocessing's resource tracker does.
 - Dying with the parent: on Linux the kernel sends the child SIGKILL when its parent dies
-  (PR_SET_PDEATHSIG); elsewhere the request loop notices within one poll.
+  (PR_SET_PDEATHSIG); elsewhere the request loop notices within one poll. The kernel's "parent"
+  is the thread that started the child, not the process: a child started from a thread that
+  ends (a staleness-1 scoring thread) would be killed with it, so a parent that may start
+  children from such threads starts them through a `Starter`, one thread that lives as long as
+  the children's owner.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import multiprocessing
 import queue
 import signal
 import sys
+import threading
 import types
 from collections.abc import Iterator
 
@@ -63,3 +68,37 @@ def requests_until_stop(requests, poll_s: float) -> Iterator[tuple]:
         if msg[0] == "stop":
             return
         yield msg
+
+
+class Starter:
+    """Starts processes from one thread of its own (see the module docstring: the children die
+    with the thread that started them), with `starting_child` around each start. `close` ends
+    the thread; processes started before stay as they are."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def start(self, proc) -> None:
+        """`proc.start()` in the starter's thread; returns once it has started (raises what it raised)."""
+        done, out = threading.Event(), {}
+        self._jobs.put((proc, done, out))
+        done.wait()
+        if "error" in out:
+            raise out["error"]
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            proc, done, out = job
+            try:
+                with starting_child():
+                    proc.start()
+            except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+                out["error"] = err
+            finally:
+                done.set()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()

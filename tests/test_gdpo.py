@@ -191,7 +191,7 @@ def test_the_default_is_todays_advantage_bit_for_bit():
     spec = spec_of(overlong={"buffer_frac": 0.5}, max_new_tokens=10)
     assert spec.arms[0].multi_reward == "sum_then_normalize"
     batch = rows_batch([3, 10, 8, 6, 2, 2, 9, 7])
-    scores = scores_of(ACC, LENGTH)
+    scores = scores_of(ACC, [1.0 if n is None else n for n in LENGTH])  # a reward applies to every row
     rewards_B = shaped_rewards(spec.arms[0], 10, batch, scores)
     before = torch.tensor([s.reward for s in scores]) + overlong_penalty(batch.response_mask.sum(-1), 10, 5, 1.0)
     assert torch.equal(rewards_B, before)
@@ -200,6 +200,32 @@ def test_the_default_is_todays_advantage_bit_for_bit():
     assert torch.equal(
         advantages(ctx_of(mean_only), batch, rewards_B, scores), mean_only_advantages(rewards_B, 4, eps=1e-6)
     )
+
+
+def test_a_row_no_reward_applies_to_gets_zero_and_stays_out_of_its_group_by_default():
+    """A reward returning [2, 0, 2, None] (TRL leaves the None row out of the group): mean 4/3 and
+    unbiased std sqrt(((2/3)^2 + (4/3)^2 + (2/3)^2) / 2) = sqrt(4/3) over the three scored rows,
+    so (2/3, -4/3, 2/3) / sqrt(4/3) = (0.577, -1.155, 0.577), and 0 for the None row. The second
+    group is scored everywhere: the estimator's own advantages."""
+    spec = spec_of()
+    assert spec.arms[0].multi_reward == "sum_then_normalize"
+    scores = scores_of([2.0, 0.0, 2.0, None, 1.0, 0.0, 0.0, 3.0], [None] * 8)
+    assert [s.reward for s in scores[:4]] == [2.0, 0.0, 2.0, 0.0] and not scores[3].rewarded
+    batch = rows_batch([3] * 8)
+    rewards_B = shaped_rewards(spec.arms[0], 10, batch, scores)
+    got = advantages(ctx_of(spec), batch, rewards_B, scores)
+    r = math.sqrt(4 / 3)
+    assert got[:4].tolist() == pytest.approx([2 / 3 / r, -4 / 3 / r, 2 / 3 / r, 0.0], abs=1e-5)
+    assert got[:4].tolist() == pytest.approx([0.577, -1.155, 0.577, 0.0], abs=1e-3)
+    assert got[3].item() == 0.0
+    assert torch.equal(got[4:], grpo_advantages(rewards_B[4:], 4, eps=1e-6))
+    mean_only = spec_of(advantage="mean_only")
+    got = advantages(ctx_of(mean_only), batch, rewards_B, scores)
+    assert got[:4].tolist() == pytest.approx([2 / 3, -4 / 3, 2 / 3, 0.0], abs=1e-6)
+    # one scored row left in a group: nothing to compare it with
+    scores = scores_of([None, 5.0, None, None, 1.0, 0.0, 0.0, 3.0], [None] * 8)
+    got = advantages(ctx_of(spec), batch, shaped_rewards(spec.arms[0], 10, batch, scores), scores)
+    assert got[:4].tolist() == [0.0] * 4
 
 
 def test_the_step_reads_each_reward_its_weight_and_the_overlong_penalty():

@@ -189,7 +189,7 @@ def test_zero_dimensional_tensors_are_numbers(data):
     "name, message",
     [
         ("boom", "reward boom raised on the row whose prompt starts 'Second: 3+3?': ValueError: cannot judge this one"),
-        ("short", "reward short returned 1 values for 3 completions"),
+        ("short", "reward short returned 1 values for the 3 completions it was called on"),
         ("words", "reward words returned 'yes' (str), not a finite number or None, for the row whose prompt starts"),
         ("infinite", "reward infinite returned inf (float), not a finite number or None, for the row whose prompt"),
     ],
@@ -240,6 +240,11 @@ def test_spec_refuses_bad_reward_lists_at_load():
         )
     assert "task.rewards[0].name: 'a/b' cannot name a metric" in problems([{"function": "m:x", "name": "a/b"}])
     assert "task.rewards[0].nme: unknown key (did you mean 'name'?)" in problems([{"function": "m:x", "nme": "z"}])
+    with pytest.raises(
+        SpecError, match="task.reward_calls: chunks sends rows to the reward_workers; reward_workers is 0"
+    ):
+        task = {"name": "prompts", "rewards": [{"function": "m:x"}], "reward_workers": 0, "reward_calls": "chunks"}
+        spec_from_dict({"name": "x", "task": task, "arms": [{"name": "a"}]})
 
 
 def test_a_reward_file_is_stored_absolute_and_its_change_named(tmp_path, monkeypatch):

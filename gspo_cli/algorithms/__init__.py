@@ -5,6 +5,7 @@ mismatch corrections. Importing this package registers every loss."""
 from . import losses_cov, losses_gated, losses_sequence  # noqa: F401  (register their losses)
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    advantages_of_scored,
     get_advantage_estimator,
     grpo_advantages,
     mean_only_advantages,
@@ -59,6 +60,7 @@ __all__ = [
     "MISMATCH_LEVELS",
     "POLICY_LOSSES",
     "TOKEN_FILTERS",
+    "advantages_of_scored",
     "aggregate",
     "aggregation_count",
     "cispo_loss",

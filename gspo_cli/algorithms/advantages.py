@@ -91,6 +91,26 @@ def mean_only_advantages(rewards_B: torch.Tensor, group_size: int, *, eps: float
     return torch.where(flat_Q1, torch.zeros_like(adv_QG), adv_QG).reshape(-1)
 
 
+def advantages_of_scored(
+    adv_fn: AdvantageFn, rewards_B: torch.Tensor, scored_B: torch.Tensor, group_size: int, *, eps: float = 1e-6
+) -> torch.Tensor:
+    """(B,) ``adv_fn``'s advantages with the rows ``scored_B`` marks False (no reward function
+    applied to them) left out: within each group the scored rows form a group of their own (its
+    mean and std are theirs), and an unscored row gets exactly 0, as TRL does. Every row scored:
+    ``adv_fn(rewards_B, group_size)`` unchanged. ``scored_B``: (B,) bool."""
+    if bool(scored_B.all()):
+        return adv_fn(rewards_B, group_size, eps=eps)
+    rewards_QG = _grouped(rewards_B, group_size)
+    scored_QG = scored_B.reshape(rewards_QG.shape)
+    adv_QG = torch.zeros_like(rewards_QG)
+    for q in range(rewards_QG.shape[0]):
+        keep_G = scored_QG[q]
+        n = int(keep_G.sum())
+        if n:  # a lone scored row has nothing to compare with: the estimators give it 0
+            adv_QG[q, keep_G] = adv_fn(rewards_QG[q, keep_G], n, eps=eps).to(adv_QG.dtype)
+    return adv_QG.reshape(-1)
+
+
 def zero_variance_group_frac(rewards_B: torch.Tensor, group_size: int) -> float:
     """Share of groups whose rewards are all equal (same tolerance as ``grpo``)."""
     groups_QG = _grouped(rewards_B, group_size)

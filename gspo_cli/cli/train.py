@@ -121,7 +121,8 @@ def train(
         reporter = make_reporter(quiet=quiet, to_stderr=as_json)
         workers, pool_line = reward_pool.planned(spec.task, torch.get_num_threads())
         with reporter:
-            with reward_pool.running(workers, spec.task.reward_timeout_s):  # stopped on every way out
+            chunks = spec.task.reward_calls == "chunks"
+            with reward_pool.running(workers, spec.task.reward_timeout_s, chunks):  # stopped on every way out
                 # the pool's line comes once the rewards resolve: a misspelled one's error first
                 lines = [pool_line] if pool_line else []
                 results = train_experiment(

@@ -286,6 +286,13 @@ class TaskConfig(_Strict):
     reward_timeout_s: float = Field(
         300.0, gt=0, description="seconds one reward call may take on one batch of rows before the run ends"
     )
+    reward_calls: Literal["batch", "chunks"] = Field(
+        "batch",
+        description="how FILE.py/module reward functions are called: batch: once per reward on each step's "
+        "rows (per process), as TRL calls them; chunks: on chunks of rows sent to the reward_workers as they "
+        "are sampled (a slow reward overlaps sampling and spreads over the workers, but a function that "
+        "looks across rows sees its chunk, and an async def function is called once per row)",
+    )
 
     @model_validator(mode="after")
     def _check(self):
@@ -306,6 +313,8 @@ class TaskConfig(_Strict):
         for i, r in enumerate(self.rewards):
             if r.function == "env" and not self.environment:
                 problems.append(f"rewards[{i}].function: env is the environment's reward; no task.environment is set")
+        if self.reward_calls == "chunks" and self.reward_workers == 0:
+            problems.append("reward_calls: chunks sends rows to the reward_workers; reward_workers is 0")
         if self.environment == "code_feedback" and self.name != "code":
             problems.append(f"environment: code_feedback runs code problems' tests; task.name is {self.name}, not code")
         if problems:

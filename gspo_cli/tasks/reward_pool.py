@@ -6,32 +6,39 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
 - starts `workers` processes with multiprocessing's spawn context (never fork: torch has
   started threads by then); each imports the user's file or module itself, by the reward's
   `source` (a function from a file path cannot be pickled by reference), once, on first use;
-- sends each call (one reward on a contiguous chunk of rows, TRL's keyword arguments) to the
-  worker with the fewest rows outstanding, and reads answers from one result queue;
+- sends each call (one reward on a step's rows, or with `chunks` on a contiguous chunk of them,
+  TRL's keyword arguments) to the worker with the fewest rows outstanding, and reads answers
+  from one result queue;
 - ends a call that runs longer than `timeout_s` (`task.reward_timeout_s`, counted from when
-  the worker starts it) with a RunError naming the reward and the chunk's first row, after
-  killing every worker (they are started again on the next call); a worker that dies
-  (segfault, os._exit) is a RunError too: one line, never a hang;
+  the worker starts it) with a RunError naming the reward and the call's first row, after
+  killing every worker (they are started again on the next call, from the pool's own starter
+  thread whatever thread makes the call, so that they outlive a staleness-1 scoring thread);
+  a worker that dies (segfault, os._exit) is a RunError too: one line, never a hang;
 - stops the workers on `close()` (`running` does that at the end of `gspo train`, Ctrl-C
   included). Workers ignore SIGINT/SIGTERM (the trainer decides when they stop) and die with
-  the trainer (PR_SET_PDEATHSIG), so none is left behind.
+  the trainer (PR_SET_PDEATHSIG), so none is left behind;
+- ends what a reward started: each worker leads a session (and process group) of its own, and
+  whenever a worker is stopped or killed its whole group is killed with it, so a `sleep` a
+  reward left running, or the child of a `subprocess.run` that a time-out interrupted, ends
+  too. (If the trainer itself is killed with SIGKILL, the kernel kills the workers, but what
+  they started outlives them.)
+- keeps the trainer's standard output for its own (`gspo train --json` prints its summary
+  there): a worker's file descriptor 1 is its standard error, and a reward called in the
+  trainer writes there too while it runs (`user_rewards.output_to_stderr`).
 
-`async def` rewards (`call_rows`) are called once per row, the rows of one call gathered
-concurrently on one event loop, in whichever process runs the reward (a worker, or the
-trainer when `reward_workers` is 0), at most ASYNC_CONCURRENCY rows at a time.
+How one call runs in a worker (TRL's keyword arguments, `async def` functions, errors as one
+line, what a worker sends back) is `tasks/user_rewards.py`, shared with rewards called in the
+trainer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import itertools
 import multiprocessing
-import numbers
 import os
-import pickle
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -39,10 +46,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gspo_cli.errors import RunError
-from gspo_cli.spawned import child_signals, requests_until_stop, starting_child
+from gspo_cli.spawned import Starter, child_signals, requests_until_stop
+from gspo_cli.tasks.user_rewards import RAISED, call_rows, error_line, failing_row, portable
 
 MAX_WORKERS = 8  # the default's cap
-ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards)
 POLL_S = 0.1  # how often a waiting trainer checks time-outs and workers' health
 STOP_S = 2.0  # how long `close` lets workers stop before killing them
 
@@ -84,106 +91,6 @@ def usable_cpus() -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# Calling a reward function (in a worker, or in the trainer)
-
-
-def is_async(fn: Callable) -> bool:
-    """An `async def` function (or an object whose __call__ is one)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(vars(type(fn)).get("__call__"))
-
-
-def call_rows(fn: Callable, kwargs: dict[str, Any], n: int) -> Any:
-    """`fn(**kwargs)` on n rows (TRL's keyword arguments: lists of n values, and trainer_state);
-    an `async def` fn once per row, the n calls gathered on one event loop, their answers joined."""
-    if not is_async(fn):
-        return fn(**kwargs)
-    coro = _gathered(fn, kwargs, n)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # no loop in this thread: the usual case
-        return asyncio.run(coro)
-    out: dict[str, Any] = {}  # a loop runs here already (a notebook): use a thread of our own
-
-    def run() -> None:
-        try:
-            out["value"] = asyncio.run(coro)
-        except BaseException as err:  # noqa: BLE001 - raised again below
-            out["error"] = err
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
-def row_slice(kwargs: dict[str, Any], rows: list[int]) -> dict[str, Any]:
-    """The keyword arguments of `rows` only (lists sliced; trainer_state kept)."""
-    return {k: [v[i] for i in rows] if isinstance(v, list) else v for k, v in kwargs.items()}
-
-
-async def _gathered(fn: Callable, kwargs: dict[str, Any], n: int) -> Any:
-    gate = asyncio.Semaphore(ASYNC_CONCURRENCY)
-
-    async def one(i: int):
-        async with gate:
-            return await fn(**row_slice(kwargs, [i]))
-
-    answers = await asyncio.gather(*(one(i) for i in range(n)))
-    values: list = []
-    for got in answers:
-        try:
-            values.extend(list(got))
-        except TypeError:  # not a list: what the caller's check reports
-            return got
-    return values
-
-
-def failing_row(fn: Callable, kwargs: dict[str, Any], n: int) -> int:
-    """The first row on which `fn` raises when called on that row alone (0 when none does)."""
-    for i in range(n):
-        try:
-            call_rows(fn, row_slice(kwargs, [i]), 1)
-        except Exception:  # noqa: BLE001 - found it
-            return i
-    return 0
-
-
-class Opaque:
-    """A value a worker cannot send back (not picklable): its repr, for the error message."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _portable(got: Any) -> Any:
-    """What a function returned, as the trainer can receive it: 0-d tensors and arrays as their
-    number, numbers and None as they are, anything else as itself if it pickles (else Opaque)."""
-    try:
-        items = list(got)
-    except TypeError:
-        return got if _pickles(got) else Opaque(repr(got))
-    out = []
-    for v in items:
-        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
-            v = v.item()
-        out.append(v if v is None or isinstance(v, numbers.Real) or _pickles(v) else Opaque(repr(v)))
-    return out
-
-
-def _pickles(v: Any) -> bool:
-    try:
-        pickle.dumps(v)
-    except Exception:  # noqa: BLE001 - any failure: not sendable
-        return False
-    return True
-
-
-# ---------------------------------------------------------------------------------------
 # The pool (trainer side)
 
 
@@ -204,16 +111,18 @@ class _Call:
     started: float | None = None
     done: bool = False
     value: Any = None
-    error: tuple[int, str] | None = None
+    error: tuple[int, str] | None = None  # (row, error line) once the failing row is known
+    raised: str | None = None  # the error line, sent before the worker looks for the row
 
 
 class RewardPool:
     """`workers` spawned processes running reward functions; see the module docstring."""
 
-    def __init__(self, workers: int, timeout_s: float):
+    def __init__(self, workers: int, timeout_s: float, chunks: bool = False):
         if workers < 1:
             raise ValueError("a RewardPool has at least one worker")
         self.size, self.timeout_s = workers, timeout_s
+        self.chunks = chunks  # task.reward_calls: chunks (rows streamed in chunks, async rewards per row)
         self._mp = multiprocessing.get_context("spawn")
         self.results = self._mp.Queue()
         self.slots: list[tuple[Any, Any] | None] = [None] * workers
@@ -221,6 +130,7 @@ class RewardPool:
         self._ids = itertools.count()
         self._lock = threading.RLock()  # the trainer and a staleness-1 scoring thread share the pool
         self.closed = False
+        self._starter = Starter("gspo-reward-starter")  # workers restarted from a scoring thread outlive it
         for i in range(workers):
             self._start(i)
 
@@ -229,8 +139,7 @@ class RewardPool:
         proc = self._mp.Process(
             target=_worker_main, args=(i, requests, self.results), name=f"gspo-reward-{i}", daemon=True
         )
-        with starting_child():
-            proc.start()
+        self._starter.start(proc)
         self.slots[i] = (proc, requests)
 
     def pids(self) -> list[int]:
@@ -251,7 +160,7 @@ class RewardPool:
                 self._start(slot)
             call_id = next(self._ids)
             self.calls[call_id] = _Call(slot, reward, prompt, rows)
-            self.slots[slot][1].put(("call", call_id, source, kwargs, rows))
+            self.slots[slot][1].put(("call", call_id, source, kwargs, rows, self.chunks))
             return call_id
 
     def result(self, call_id: int) -> Any:
@@ -297,8 +206,10 @@ class RewardPool:
                     call.started = msg[3]
                 elif msg[0] == "ok":
                     call.done, call.value = True, msg[3]
-                else:
-                    call.done, call.error = True, (msg[3], msg[4])
+                elif msg[0] == "raised":
+                    call.raised = msg[3]
+                else:  # "row": the row it raised on
+                    call.done, call.error = True, (msg[3], call.raised)
 
     def _check(self) -> None:
         now = time.time()
@@ -309,6 +220,11 @@ class RewardPool:
             where = f"on {call.rows} row(s), the first whose prompt starts {call.prompt[:40]!r}"
             if call.started is not None and now - call.started > self.timeout_s:
                 self._reset()
+                if call.raised is not None:  # it raised; finding the row on its own took the rest of the time
+                    raise RunError(
+                        f"reward {call.reward} raised {where} (the row not found within task.reward_timeout_s): "
+                        f"{call.raised}"
+                    )
                 raise RunError(
                     f"reward {call.reward} took more than {self.timeout_s:g} s (task.reward_timeout_s) {where}; "
                     "its worker was stopped"
@@ -344,6 +260,7 @@ class RewardPool:
             for slot in live:
                 _stop(slot, grace_s=0)
             self.slots = [None] * self.size
+            self._starter.close()
             self.results.cancel_join_thread()
             self.results.close()
 
@@ -354,6 +271,10 @@ def _stop(slot, grace_s: float) -> None:
     if proc.is_alive():
         proc.kill()  # workers ignore SIGTERM
         proc.join(timeout=10)
+    # What the reward started: the worker's process group (its id is the worker's pid, and it
+    # stays reserved while any member lives, so no other group can have taken it).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
     requests.cancel_join_thread()
     requests.close()
 
@@ -367,10 +288,11 @@ def active() -> RewardPool | None:
 
 
 @contextlib.contextmanager
-def running(workers: int, timeout_s: float) -> Iterator[RewardPool | None]:
-    """A pool of `workers` processes (none for 0) that reward scoring uses until the block ends."""
+def running(workers: int, timeout_s: float, chunks: bool = False) -> Iterator[RewardPool | None]:
+    """A pool of `workers` processes (none for 0) that reward scoring uses until the block ends;
+    `chunks`: rows are sent in chunks as they are sampled (task.reward_calls: chunks)."""
     global _active
-    pool = RewardPool(workers, timeout_s) if workers > 0 else None
+    pool = RewardPool(workers, timeout_s, chunks) if workers > 0 else None
     _active = pool
     try:
         yield pool
@@ -386,17 +308,19 @@ def running(workers: int, timeout_s: float) -> Iterator[RewardPool | None]:
 
 def _worker_main(slot: int, requests, results) -> None:
     child_signals()
+    os.setsid()  # a session and process group of its own: the trainer kills it whole (`_stop`)
+    os.dup2(2, 1)  # what a reward prints (or a program it runs) never reaches the trainer's stdout
     from gspo_cli.tasks.rewards import load_source
 
     functions: dict[str, Callable] = {}
     for msg in requests_until_stop(requests, 0.5):
-        _, call_id, source, kwargs, n = msg
+        _, call_id, source, kwargs, n, per_row = msg
         results.put(("start", slot, call_id, time.time()))
         fn = functions.get(source)
         try:
             if fn is None:
                 fn = functions[source] = load_source(source)
-            results.put(("ok", slot, call_id, _portable(call_rows(fn, kwargs, n))))
-        except Exception as err:  # noqa: BLE001 - the user's function: one line back to the trainer
-            row = failing_row(fn, kwargs, n) if fn is not None else 0
-            results.put(("error", slot, call_id, row, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"))
+            results.put(("ok", slot, call_id, portable(call_rows(fn, kwargs, n, per_row))))
+        except RAISED as err:  # the user's function: one line back to the trainer, then the row
+            results.put(("raised", slot, call_id, error_line(err)))  # kept if the row search times out
+            results.put(("row", slot, call_id, failing_row(fn, kwargs, n) if fn is not None else 0))

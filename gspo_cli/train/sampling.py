@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from gspo_cli import distributed
-from gspo_cli.algorithms import overlong_penalty, signal_groups
+from gspo_cli.algorithms import advantages_of_scored, overlong_penalty, signal_groups
 from gspo_cli.algorithms.multi_reward import normalize_then_sum, signal_groups_where_applies
 from gspo_cli.rollout import RolloutBatch
 from gspo_cli.rollout.base import concat_batches
@@ -40,12 +40,14 @@ def reward_values(scores: list, name: str) -> torch.Tensor:
 
 def advantages(ctx, batch: RolloutBatch, rewards_B: torch.Tensor, scores: list) -> torch.Tensor:
     """(B,) the arm's advantages, on the host. multi_reward sum_then_normalize: the estimator on
-    `rewards_B` (shaped_rewards); normalize_then_sum: each of task.rewards normalised in its
+    `rewards_B` (shaped_rewards), rows no reward function applied to left out of their group and
+    given 0 (`advantages_of_scored`, as TRL); normalize_then_sum: each of task.rewards normalised in its
     group, weighted, summed with the group-centred overlong penalty, over the batch's std
     (multi_reward.normalize_then_sum; under torchrun the std is the global batch's)."""
     arm, G = ctx.arm, ctx.spec.rollout.group_size
     if arm.multi_reward == "sum_then_normalize":
-        return ctx.adv_fn(rewards_B, G, eps=arm.adv_eps)
+        scored_B = torch.tensor([s.rewarded is not False for s in scores])  # None: the task's own verifier
+        return advantages_of_scored(ctx.adv_fn, rewards_B, scored_B, G, eps=arm.adv_eps)
     rewards = ctx.spec.task.rewards
     values_KB = torch.stack([reward_values(scores, r.label) for r in rewards])
     return normalize_then_sum(

@@ -1,8 +1,9 @@
 """A step's rollout and its scores, scoring overlapped with sampling where the engine allows.
 
-With a reward pool (tasks/reward_pool.py) the rows go to its workers as they are sampled: the
-hf engine's compact decode loop hands over each row when it stops (`generate(..., on_rows=)`),
-so the pool scores early rows while the longest ones still decode; the rows left at the end
+With a reward pool in chunks mode (tasks/reward_pool.py; task.reward_calls: chunks) the rows go
+to its workers as they are sampled: the hf engine's compact decode loop hands over each row
+when it stops (`generate(..., on_rows=)`), so the pool scores early rows while the longest
+ones still decode; the rows left at the end
 (those that ran to max_new_tokens, or all of them with `rollout.decode: generate` and the vLLM
 engines, whose generate returns the batch at once) are sent when generation returns.
 `time/score_s` is what scoring adds after generation: the wait for the pool's last answers
