@@ -171,4 +171,4 @@ def max_gap(a, b) -> float:
     if isinstance(a, dict):
         assert a.keys() == b.keys(), a.keys() ^ b.keys()
         return max((max_gap(a[k], b[k]) for k in a), default=0.0)
-    return float((a.double() - b.double()).abs().max()) if torch.is_tensor(a) and a.numel() else 0.0
+    return float((a.detach().double() - b.detach().double()).abs().max()) if torch.is_tensor(a) and a.numel() else 0.0
