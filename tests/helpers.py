@@ -161,3 +161,14 @@ def in_float64(ctx, batch, *models):
         value = getattr(batch, field.name)
         if torch.is_tensor(value) and value.is_floating_point():
             setattr(batch, field.name, value.double())
+
+
+def max_gap(a, b) -> float:
+    """The largest |a - b| (in float64) between two tensors, or two dicts of tensors with the same
+    keys: the measure the float32 floors of equality tests use (see `in_float64`)."""
+    import torch
+
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), a.keys() ^ b.keys()
+        return max((max_gap(a[k], b[k]) for k in a), default=0.0)
+    return float((a.detach().double() - b.detach().double()).abs().max()) if torch.is_tensor(a) and a.numel() else 0.0

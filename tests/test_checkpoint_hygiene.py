@@ -244,7 +244,7 @@ def test_no_dropout_in_policy_forwards(base_dir, tmp_path):
     for model in (ctx.model.train(), ctx.ref_model):
         train_mode = model(ids).logits
         assert torch.equal(train_mode, model(ids).logits)
-        assert torch.allclose(train_mode, model.eval()(ids).logits, atol=1e-6)
+        assert torch.equal(train_mode, model.eval()(ids).logits)  # the same kernels, the same arguments
 
 
 @pytest.mark.slow

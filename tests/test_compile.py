@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY
+from helpers import TINY, max_gap, models_in_float64
 
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
@@ -81,8 +81,11 @@ def _ctx(tmp_path, arm: str, **train):
 @pytest.mark.slow
 def test_compiled_update_equals_eager_with_routing_replay(tmp_path, monkeypatch):
     """R2 arm, one width (bucket 64 > every width here): the compiled forward's log-probs equal
-    eager's to 1e-5 under replay (and the routers' own choices agree), and a training step gives
-    the same losses, clip fractions, expert changes and weights as the eager step."""
+    eager's under replay (and the routers' own choices agree), and a training step gives the same
+    losses, clip fractions, expert changes and weights as the eager step. Compiled code runs in
+    float32 (that is the point), so every bound is 10x a floor measured here: the eager
+    computation in float32 against the same one in float64 (metrics also within one unit of the
+    6 significant digits a step reports)."""
     import torch._inductor.config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "ind"))
@@ -91,14 +94,19 @@ def test_compiled_update_equals_eager_with_routing_replay(tmp_path, monkeypatch)
     step_c = train_step(ctx, 1)
     ref = _ctx(tmp_path / "e", "grpo_rr")  # setup seeds torch: the same batch as ctx's step
     step_e = train_step(ref, 1)
+    f64 = _ctx(tmp_path / "x", "grpo_rr")
+    models_in_float64(f64.model)
+    step_x = train_step(f64, 1)
     assert ctx.compiled is not None and ref.compiled is None
     assert ctx.compiled.widths == {64}
     keys = [k for k in step_e if k.startswith(("policy/", "ratio/", "moe/", "reward/"))]
     assert "moe/expert_change_frac" in keys and "policy/loss" in keys
     for k in keys:
-        assert step_c[k] == pytest.approx(step_e[k], rel=1e-4, abs=1e-5), k
-    for k, v in ref.model.state_dict().items():
-        assert torch.allclose(ctx.model.state_dict()[k], v, atol=1e-5), k
+        bound = 10 * abs(step_e[k] - step_x[k]) + 1e-5 * abs(step_e[k])
+        assert abs(step_c[k] - step_e[k]) <= bound, (k, step_c[k], step_e[k], step_x[k])
+    floor = max_gap(ref.model.state_dict(), f64.model.state_dict())
+    gap = max_gap(ctx.model.state_dict(), ref.model.state_dict())
+    assert 0 < floor < 1e-4 and gap <= 10 * floor, (gap, floor)
 
     # The log-probs themselves, on one padded mini-batch, replaying routes taken from an eager pass.
     batch = ctx.engine.generate(["1+2=", "3+4=", "2+2=", "4+1="] * 2)
@@ -111,7 +119,12 @@ def test_compiled_update_equals_eager_with_routing_replay(tmp_path, monkeypatch)
     with ctx.routing.replaying(fwd_routes.reshape(L, b * Tp, k)) as nat, ctx.compiled.active():
         compiled = response_logprobs(ctx.model, fwd).logp[:, : sub.response_mask.shape[1]]
     mask = sub.response_mask > 0
-    assert (compiled - eager)[mask].abs().max() < 1e-5
+    models_in_float64(ref.model)  # the floor: the same eager forward, these weights, in float64
+    ref.model.load_state_dict(ctx.model.state_dict())
+    with ref.routing.replaying(rec.routes), torch.no_grad():
+        exact = response_logprobs(ref.model, sub).logp
+    floor, gap = max_gap(eager[mask], exact[mask]), max_gap(compiled[mask], eager[mask])
+    assert 0 < floor < 1e-5 and gap <= 10 * floor, (gap, floor)
     assert torch.equal(unpad_routes(nat.routes, 8, sub.input_ids.shape[1]), rec.routes)
 
 
@@ -140,8 +153,12 @@ with ctl.recording() as routes, cu.active():
 logp.sum().backward()
 c = {k: v for g in ("inductor", "aot_autograd") for k, v in counters[g].items() if "cache" in k}
 same_routes = torch.equal(routes.routes.reshape(1, 2, 16, 2)[:, :, :12], eager_routes.routes.reshape(1, 2, 12, 2))
+exact = tf.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager", dtype=torch.float64)
+exact.load_state_dict(model.state_dict())
+with torch.no_grad():
+    floor = (eager.double() - response_logprobs(exact, batch).logp).abs().max().item()
 print(json.dumps({"counters": c, "logp": logp.tolist(), "cache": str(cu.cache_dir),
-    "gap": (logp - eager).abs().max().item(), "same_routes": same_routes}))
+    "gap": (logp - eager).abs().max().item(), "floor": floor, "same_routes": same_routes}))
 """
 
 
@@ -150,7 +167,7 @@ def test_a_second_process_loads_the_compiled_update_from_disk(tmp_path):
     """Two fresh processes with one GSPO_CACHE_DIR: the first compiles (cache misses, entries
     written under <cache>/torch-compile), the second finds every graph on disk (hits, no miss)
     and computes the same log-probs. The compiled forward records the routes eager takes and
-    gives eager's log-probs (1e-5)."""
+    gives eager's log-probs, within 10x float32's floor (eager in float32 against float64)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR")}
     env.update(GSPO_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO), TORCHINDUCTOR_COMPILE_THREADS="1")
 
@@ -164,7 +181,8 @@ def test_a_second_process_loads_the_compiled_update_from_disk(tmp_path):
     assert first["counters"].get("fxgraph_cache_miss", 0) >= 2  # forward and backward compiled
     assert first["counters"].get("autograd_cache_miss", 0) == 1
     assert any((tmp_path / "torch-compile" / "fxgraph").rglob("*"))
-    assert first["gap"] < 1e-5 and first["same_routes"]  # route recording under compile: eager's routes
+    assert 0 < first["floor"] < 1e-5 and first["gap"] <= 10 * first["floor"], (first["gap"], first["floor"])
+    assert first["same_routes"]  # route recording under compile: eager's routes
     second = run()
     assert second["counters"].get("fxgraph_cache_miss", 0) == 0
     assert second["counters"].get("autograd_cache_miss", 0) == 0

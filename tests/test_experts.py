@@ -1,14 +1,18 @@
 """Fused MoE experts (`model.experts_implementation`: `grouped_mm`, transformers' grouped-GEMM
 experts, and `gspo_grouped_mm`, the same with index_select gathers) compute what the loop over
 experts (`eager`) computes: forward, backward, routes, routing replay and the expert-change
-metric, in float32; all load the same checkpoints; ours equals grouped_mm bit for bit."""
+metric, in float32; all load the same checkpoints; ours equals grouped_mm bit for bit.
+
+The grouped GEMM has no float64 kernel, so float32 is the point here: each comparison measures
+its floor, the loop in float32 against the same loop in float64, and the two float32 paths may
+differ by at most 4x it (each is about one floor from the float64 result)."""
 
 import copy
 
 import pytest
 import torch
 import transformers as tf
-from helpers import TINY
+from helpers import TINY, max_gap, models_in_float64
 
 from gspo_cli.models import experts, load_model, resolve_model_source
 from gspo_cli.models.routing import RoutingController, expert_change_frac
@@ -77,20 +81,27 @@ def _fwd_bwd(model, ctl, seed, replay=None):
     return logits.detach(), grads, rec.routes
 
 
-def _close(a, b, what):
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), f"{what}: {k} differs by {(a[k] - b[k]).abs().max()}"
+def _within_floor(loop, fused, exact, what):
+    """`fused` (float32) differs from `loop` (float32) by at most 4x the loop's own float32 floor,
+    its gap to `exact` (the loop in float64); tensors or dicts of them."""
+    floor, gap = max_gap(loop, exact), max_gap(fused, loop)
+    assert 0 < floor < 1e-4, (what, floor)  # float32's rounding: nonzero, and small
+    assert gap <= 4 * floor, (what, gap, floor)
 
 
 @pytest.mark.parametrize("impl", FUSED)
 def test_grouped_experts_equal_the_loop_forward_backward_routes_replay(impl):
     loop, fused = _pair(impl)
-    c_loop, c_fused = RoutingController(loop), RoutingController(fused)
+    exact = copy.deepcopy(loop)
+    models_in_float64(exact)
+    c_loop, c_fused, c_exact = RoutingController(loop), RoutingController(fused), RoutingController(exact)
     l1, g1, r1 = _fwd_bwd(loop, c_loop, seed=1)
     l2, g2, r2 = _fwd_bwd(fused, c_fused, seed=1)
-    assert (l1 - l2).abs().max() < 1e-5
+    lx, gx, rx = _fwd_bwd(exact, c_exact, seed=1)
+    assert lx.dtype == torch.float64 and torch.equal(rx, r1)
+    _within_floor(l1, l2, lx, "logits")
     assert len(g1) == len(g2) == len(list(loop.parameters())) and any(".experts." in k for k in g1)
-    _close(g1, g2, "gradient")
+    _within_floor(g1, g2, gx, "gradient")
     assert torch.equal(r1, r2) and r1.shape == (2, 30, K)
     assert len(r1.unique()) > E // 2  # several experts in use: the comparison covers the grouping
 
@@ -98,8 +109,9 @@ def test_grouped_experts_equal_the_loop_forward_backward_routes_replay(impl):
     forced = _fwd_bwd(loop, c_loop, seed=2)[2]
     l1, g1, own1 = _fwd_bwd(loop, c_loop, seed=1, replay=forced)
     l2, g2, own2 = _fwd_bwd(fused, c_fused, seed=1, replay=forced)
-    assert (l1 - l2).abs().max() < 1e-5
-    _close(g1, g2, "gradient under replay")
+    lx, gx, _ = _fwd_bwd(exact, c_exact, seed=1, replay=forced)
+    _within_floor(l1, l2, lx, "logits under replay")
+    _within_floor(g1, g2, gx, "gradient under replay")
     assert torch.equal(own1, own2)
     assert torch.equal(own1[0], r1[0])  # the first layer's own choices: unreplayed ones (later layers see replay)
     frac = expert_change_frac(forced, own1)
@@ -121,9 +133,12 @@ def test_one_checkpoint_loads_either_way(tmp_path):
     sd_loop, sd_fused = models["eager"].state_dict(), models["grouped_mm"].state_dict()
     assert {k: v.shape for k, v in sd_loop.items()} == {k: v.shape for k, v in sd_fused.items()}
     assert all(torch.equal(sd_loop[k], sd_fused[k]) for k in sd_loop)
+    exact = copy.deepcopy(models["eager"])
+    models_in_float64(exact)
     with torch.no_grad():
-        a, b, c = (models[i](**_inputs(3)).logits for i in ("eager", *FUSED))
-    assert (a - b).abs().max() < 1e-5 and torch.equal(b, c)
+        a, b, c, x = (m(**_inputs(3)).logits for m in (*(models[i] for i in ("eager", *FUSED)), exact))
+    _within_floor(a, b, x, "logits")
+    assert torch.equal(b, c)
 
 
 def _char_tokenizer():
@@ -136,29 +151,32 @@ def _char_tokenizer():
 @pytest.mark.parametrize("arm", ["grpo", "grpo_rr"])
 def test_a_training_step_is_the_same_with_either_experts(tmp_path, arm):
     """One step of the trainer on the built-in tiny MoE (route recording, or R2 replay) with
-    each implementation: the same losses, clip fractions, expert-change metric and weights."""
+    each implementation: the same losses, clip fractions, expert-change metric and weights, within
+    4x the float32 floor that the same step with eager experts in float64 measures (metrics also
+    within one unit of the 6 significant digits the step reports)."""
     out = {}
-    for impl in ("eager", *FUSED):
+    for impl in ("eager", "float64", *FUSED):
         raw = {
             **TINY,
             "output_dir": str(tmp_path / impl),
-            "model": {**TINY["model"], "experts_implementation": impl},
+            "model": {**TINY["model"], "experts_implementation": "eager" if impl == "float64" else impl},
             "arms": [a for a in TINY["arms"] if a["name"] == arm],
         }
         spec = spec_from_dict(raw)
         task = make_task(spec.task.name, spec.task.params)
         ctx = setup(spec, spec.arms[0], 0, task, resolve_model_source(spec.model, task, log=lambda m: None))
-        assert ctx.model.config._experts_implementation == impl
+        if impl == "float64":
+            models_in_float64(ctx.model)
+        assert ctx.model.config._experts_implementation == ("eager" if impl == "float64" else impl)
         out[impl] = (train_step(ctx, 1), ctx.model.state_dict())
-    (m1, w1) = out["eager"]
+    (m1, w1), (mx, wx) = out["eager"], out["float64"]
     keys = [k for k in m1 if k.startswith(("policy/", "ratio/", "moe/", "reward/"))]
     assert "moe/expert_change_frac" in keys
     for impl in FUSED:
         m2, w2 = out[impl]
         for k in keys:
-            assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), (impl, k)
-        for k in w1:
-            assert torch.allclose(w1[k], w2[k], atol=1e-5), (impl, k)
+            assert abs(m2[k] - m1[k]) <= 4 * abs(m1[k] - mx[k]) + 1e-5 * abs(m1[k]), (impl, k, m1[k], m2[k], mx[k])
+        _within_floor(w1, w2, wx, f"{impl} weights")
     # ours and transformers' grouped_mm: the same step to the last bit
     (m2, w2), (m3, w3) = out["grouped_mm"], out["gspo_grouped_mm"]
     assert all(m2[k] == m3[k] for k in keys)

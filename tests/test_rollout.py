@@ -1,7 +1,10 @@
 """The sampler must be the policy: no hidden top-k/top-p, left padding handled exactly."""
 
+import copy
+
 import pytest
 import torch
+from helpers import models_in_float64
 from transformers import AutoModelForCausalLM
 
 from gspo_cli.models.builtin import build_config, build_tokenizer
@@ -68,11 +71,14 @@ def test_response_mask_stops_after_first_eos(tiny):
 
 
 def test_logprobs_do_not_depend_on_left_padding(tiny):
-    """Batched (left-padded) log-probs equal those of each sequence run alone."""
+    """Batched (left-padded) log-probs equal those of each sequence run alone (in float64:
+    helpers.in_float64)."""
     model, tok = tiny
     eng = HFRolloutEngine(model, tok, max_new_tokens=6, temperature=0.7)
     torch.manual_seed(3)
     b = eng.generate(["1+2=?\n", "123+456-7=?\n"])
+    model = copy.deepcopy(model)
+    models_in_float64(model)
     batched = response_logprobs(model, b, temperature=0.7).logp
     for i in range(2):
         keep = b.attention_mask[i, : b.prompt_len].bool()
@@ -88,7 +94,8 @@ def test_logprobs_do_not_depend_on_left_padding(tiny):
         )
         alone = response_logprobs(model, single, temperature=0.7).logp
         m = b.response_mask[i].bool()
-        torch.testing.assert_close(batched[i][m], alone[0][m], atol=1e-5, rtol=1e-5)
+        assert alone.dtype == torch.float64
+        torch.testing.assert_close(batched[i][m], alone[0][m], atol=1e-10, rtol=0)
 
 
 def test_tokenizer_round_trips_text():
@@ -200,11 +207,13 @@ def test_sampler_logprobs_and_routes_for_a_vocabulary_over_the_former_budget():
 
 def test_chunked_logprobs_equal_the_whole_batch_values_and_gradients(tiny_moe):
     """Log-probs and entropy from the head run in chunks (here 3 positions each, a remainder
-    too) equal those of whole-batch logits to 1e-6 in float32, and so do the gradients of a
-    loss of both; no forward builds (B, T, V) logits."""
+    too) equal those of whole-batch logits to 1e-10 in float64 (helpers.in_float64), and so do
+    the gradients of a loss of both; no forward builds (B, T, V) logits."""
     from gspo_cli.rollout.base import _logprobs_whole
 
     model, tok, _ = tiny_moe
+    model = copy.deepcopy(model)
+    models_in_float64(model)
     b = _hand_batch(tok, ["123+456=?\n", "1+2=?\n", "5=?\n"], [9, 3, 7], C=9)
     V = model.get_output_embeddings().out_features
     grads, vals = [], []
@@ -220,10 +229,10 @@ def test_chunked_logprobs_equal_the_whole_batch_values_and_gradients(tiny_moe):
         grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
     mask = b.response_mask > 0
     for whole, chunked in zip(*vals):
-        assert (whole - chunked).abs()[mask].max() < 1e-6
+        assert whole.dtype == torch.float64 and (whole - chunked).abs()[mask].max() < 1e-10
     assert set(grads[0]) == set(grads[1]) and len(grads[0]) > 10
     scale = max(g.abs().max().item() for g in grads[0].values())
-    assert max((grads[0][k] - grads[1][k]).abs().max().item() for k in grads[0]) < 1e-6 * max(scale, 1.0)
+    assert scale > 0 and max((grads[0][k] - grads[1][k]).abs().max().item() for k in grads[0]) < 1e-10 * scale
     # the head is the model's own again afterwards, and a plain forward still gives (B, T, V)
     assert "forward" not in vars(model.get_output_embeddings())
     with torch.no_grad():
@@ -262,10 +271,14 @@ def _hand_batch(tok, prompts: list[str], resp_lens: list[int], C: int) -> Rollou
 
 def test_trimmed_minibatch_keeps_logprobs_and_routes(tiny_moe):
     """A mini-batch's forward runs only over the columns its rows use: the same log-probs
-    (float32 rounding) and experts as the full-width forward, on every response token."""
-    from gspo_cli.models.routing import routes_to_BT
+    (in float64, to 1e-10: helpers.in_float64) and experts as the full-width forward, on every
+    response token."""
+    from gspo_cli.models.routing import RoutingController, routes_to_BT
 
-    model, tok, routing = tiny_moe
+    model, tok, _ = tiny_moe
+    model = copy.deepcopy(model)
+    models_in_float64(model)
+    routing = RoutingController(model)
     b = _hand_batch(tok, ["123+456=?\n", "1+2=?\n", "5=?\n", "31+4=?\n"], [12, 3, 7, 5], C=12)
     P = b.prompt_len
     assert P == 10
@@ -281,8 +294,9 @@ def test_trimmed_minibatch_keeps_logprobs_and_routes(tiny_moe):
         small = response_logprobs(model, cut, with_entropy=True)
     mask = cut.response_mask > 0
     assert mask.sum() == 8
-    assert (full.logp[:, :c] - small.logp).abs()[mask].max() < 1e-5
-    assert (full.entropy[:, :c] - small.entropy).abs()[mask].max() < 1e-5
+    assert small.logp.dtype == torch.float64
+    assert (full.logp[:, :c] - small.logp).abs()[mask].max() < 1e-10
+    assert (full.entropy[:, :c] - small.entropy).abs()[mask].max() < 1e-10
     full_routes = routes_to_BT(full_rec.routes, 2, P + 12)[:, :, lo : P + c]
     cut_routes = routes_to_BT(cut_rec.routes, 2, P - lo + c)
     real = cut.attention_mask.bool()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers as tf
+from helpers import max_gap, models_in_float64
 
 from gspo_cli.models.routing import (
     RoutingController,
@@ -58,6 +61,21 @@ def _ids(b=B, t=T, seed=1):
     return torch.randint(3, V, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
+def _float32_floor(model, ids):
+    """float32's rounding of `model`'s forward of `ids`: the largest gap between its logits and
+    those of the same model in float64. A replayed forward recomputes the routing weights (in
+    float32; transformers' routers take their softmax in float32 even in a float64 model, so a
+    float64 comparison would have this floor too) and may differ from the recorded one by at
+    most 10x it."""
+    exact = copy.deepcopy(model)
+    models_in_float64(exact)
+    RoutingController(exact)  # float64 routers probe too
+    with torch.no_grad():
+        floor = max_gap(model(ids).logits, exact(ids).logits)
+    assert 0 < floor < 1e-5, floor
+    return floor
+
+
 pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
@@ -101,7 +119,7 @@ def test_replay_reproduces_recorded_forward(model):
         with ctl.replaying(rec.routes), ctl.recording() as rec2:
             got = model(ids).logits
     assert torch.equal(rec2.routes, rec.routes)
-    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    assert max_gap(got, ref) <= 10 * _float32_floor(model, ids)
 
 
 def _perturb_and_check(model, ctl, ids):
@@ -168,7 +186,7 @@ def test_replay_on_row_subset(model):
     assert sub.shape == (L, 2 * T, K)
     with torch.no_grad(), ctl.replaying(sub):
         got = model(ids[rows]).logits
-    torch.testing.assert_close(got, full[rows], atol=1e-5, rtol=1e-5)
+    assert max_gap(got, full[rows]) <= 10 * _float32_floor(model, ids)
     with pytest.raises(ValueError, match="B\\*T"):
         routes_to_BT(rec.routes, 3, T)
 
@@ -242,7 +260,7 @@ def test_other_architectures_round_trip(name):
             ref = model(ids).logits
         with ctl.replaying(rec.routes):
             got = model(ids).logits
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert max_gap(got, ref) <= 10 * _float32_floor(model, ids)
     _perturb_and_check(model, ctl, ids)
 
 

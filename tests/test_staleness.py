@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 import yaml
-from helpers import TINY, tiny_model_dir
+from helpers import TINY, max_gap, models_in_float64, tiny_model_dir
 from safetensors.torch import load_file
 
 from gspo_cli.errors import InterruptedRun, RunError, SpecError
@@ -198,11 +198,16 @@ def test_pi_old_is_the_stale_sampling_policy(tmp_path, monkeypatch):
             return response_logprobs(model, batch, spec.rollout.temperature).logp
 
     stale_logp, current_logp = forward(w0), forward(w1)
-    assert (batch.engine_logp - stale_logp).abs()[mask].max().item() < 1e-5
-    assert (batch.check_logp - stale_logp).abs()[mask].max().item() < 1e-5
+    # The worker samples with its own float32 model: the floor is the same forward in float64,
+    # and the worker's log-probs (sampled, and its check forward) are within 10x of it.
+    models_in_float64(model)
+    floor = max_gap(stale_logp[mask], forward(w0)[mask])
+    assert 0 < floor < 1e-5, floor
+    assert max_gap(batch.engine_logp[mask], stale_logp[mask]) <= 10 * floor
+    assert max_gap(batch.check_logp[mask], stale_logp[mask]) <= 10 * floor
     # The update between them moved these log-probs well beyond that tolerance.
     assert (batch.engine_logp - current_logp).abs()[mask].max().item() > 1e-3
-    assert m2["rollout/logprob_diff_max"] < 1e-5
+    assert m2["rollout/logprob_diff_max"] <= 10 * floor
     assert worker_children() == []
 
 

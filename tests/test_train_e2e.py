@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import yaml
-from helpers import TINY
+from helpers import TINY, models_in_float64
 from safetensors.torch import load_file
 
 from gspo_cli.runs import RunDir
@@ -168,10 +168,21 @@ def test_cli_train_end_to_end(tmp_path):
 
 def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
     """rollout.sampler_logprobs (default) and a separate old-log-prob pass train the same run:
-    same samples and rewards, ratios and losses equal to float rounding, one forward fewer
-    per step; with routing replay too."""
+    same samples and rewards, ratios and losses equal (the runs in float64: helpers.in_float64),
+    one forward fewer per step; with routing replay too."""
     import gspo_cli.rollout.base as base_mod
+    import gspo_cli.train.step as step_mod
     import gspo_cli.train.update as update_mod
+
+    load, loaded = step_mod.load_model, []
+
+    def load_in_float64(*args, **kwargs):
+        lm = load(*args, **kwargs)
+        models_in_float64(lm.model)
+        loaded.append(lm.model.dtype)
+        return lm
+
+    monkeypatch.setattr(step_mod, "load_model", load_in_float64)
 
     calls = []
     real = base_mod.response_logprobs
@@ -195,12 +206,13 @@ def test_sampler_logprobs_match_a_separate_pass(tmp_path, monkeypatch):
         forwards[flag] = len(calls)
     # 2 arms x 1 step x (2 mini-batch forwards + the old-log-prob pass unless from the sampler)
     assert forwards == {True: 4, False: 6}
+    assert loaded == [torch.float64] * 4  # 2 arms x 2 runs
     for arm in ("grpo_rr", "gspo"):
         fast, slow = runs[True][arm], runs[False][arm]
         assert fast["reward/mean"] == slow["reward/mean"]
         assert fast["response/length_mean"] == slow["response/length_mean"]
         for key in ("policy/loss", "policy/ratio_mean", "policy/entropy"):
-            assert fast[key] == pytest.approx(slow[key], rel=1e-3, abs=1e-5), (arm, key)
+            assert fast[key] == pytest.approx(slow[key], rel=1e-9, abs=1e-12), (arm, key)
     assert "moe/expert_change_frac" in runs[True]["grpo_rr"]
 
 

@@ -161,7 +161,8 @@ class RoutingController:
         tol = 1e-4 if scores.dtype in (torch.float32, torch.float64) else 2e-2
         for rule in rules:
             for s in dict.fromkeys((scale, 1.0)):
-                if torch.allclose(_rescore(rule, logits, idx.long(), s), upcast(scores), atol=tol, rtol=tol):
+                rescored = _rescore(rule, logits, idx.long(), s)  # float64 logits, float32 scores: compare in float64
+                if torch.allclose(rescored, upcast(scores).to(rescored.dtype), atol=tol, rtol=tol):
                     return (rule[0], rule[1], s), logits.shape[-1]
         raise UnsupportedRoutingError(f"{name}: router {cls} scores are not a softmax/sigmoid top-k of its logits")
 

@@ -206,6 +206,8 @@ class RewardModel:
         """Logit 0 of each sequence, `batch_size` at a time (longest first), right-padded."""
         import torch
 
+        from gspo_cli.algorithms.precision import upcast
+
         pad = self.model.config.get_text_config().pad_token_id
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         scores: list[float] = [0.0] * len(ids)
@@ -220,7 +222,7 @@ class RewardModel:
                     input_ids[j, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
                     mask[j, : len(ids[i])] = 1
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))
-                for j, v in zip(rows, out.logits[:, 0].float().tolist()):
+                for j, v in zip(rows, upcast(out.logits[:, 0]).tolist()):
                     scores[j] = v
         return scores
 
