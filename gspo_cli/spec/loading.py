@@ -272,7 +272,9 @@ def spec_differences(stored_text: str, spec: ExperimentSpec) -> list[str]:
     except (SpecError, yaml.YAMLError) as err:
         first = (str(err).strip().splitlines() or ["invalid"])[0]
         return [f"the stored spec.yaml is not a valid spec today ({first})"]
-    return _leaf_differences(stored.to_dict(), spec.to_dict(), "")
+    # The comparison is analysis, not training: changing it leaves the runs what they were.
+    old, new = ({k: v for k, v in d.items() if k != "comparison"} for d in (stored.to_dict(), spec.to_dict()))
+    return _leaf_differences(old, new, "")
 
 
 def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:
