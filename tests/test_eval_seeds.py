@@ -148,3 +148,52 @@ def test_arms_at_equal_seed_share_step0_evaluation_and_training_problems(tmp_pat
     for rd in (grpo, gspo):
         assert [e["step"] for e in rd.evals()] == [0, 1, 2, 3]
         assert all(len(e["problems"]["id"]) == 4 for e in rd.evals())
+
+
+def test_vllm_on_a_gpu_seeds_each_evaluation_row_and_training_rows_not(monkeypatch):
+    """The vllm engine's request seeds, with a stand-in for vllm (not installed here): inside
+    `fixed_draws` every row gets its own seed, counted on across generate calls; outside, none."""
+    import sys
+    import types
+
+    from gspo_cli.eval.seeding import fixed_draws
+    from gspo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    fake = types.ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+    class Sampled(Exception):
+        pass
+
+    seen = []
+
+    def generate(prompts, params, use_tqdm):
+        seen.append([p.seed for p in params] if isinstance(params, list) else params.seed)
+        raise Sampled
+
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
+    engine.__dict__.update(
+        sync_if_stale=lambda: None,
+        tokenizer=lambda texts, add_special_tokens: types.SimpleNamespace(input_ids=[[1]] * len(texts)),
+        format=lambda prompts: prompts,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=4,
+        stop_ids=[0],
+        tp=1,
+        shares_world=False,
+        together=False,
+        llm=types.SimpleNamespace(generate=generate),
+        takes_request_seeds=True,
+        _request_seed=None,
+    )
+    for rows in (["a", "b"], ["c"]):
+        with pytest.raises(Sampled), fixed_draws(engine, 100):
+            engine.generate(rows)
+    with pytest.raises(Sampled):
+        engine.generate(["d"])
+    assert seen == [[100, 101], [100], None]  # each evaluation from its seed on; training rows unseeded
