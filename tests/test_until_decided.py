@@ -118,6 +118,7 @@ def test_a_clear_difference_stops_early_and_a_rerun_resumes_to_the_same_verdict(
     assert [lk["verdict"] for lk in out["looks"]] == ["continue"] * (n - 3) + ["better"]
     assert out["looks"][-1]["delta"] == pytest.approx(0.05 + sum(NOISE[:n]) / n)
     assert sorted(trained) == sorted((a, s) for a in ("grpo", "gspo") for s in range(n))  # only the two arms
+    assert len(out["runs"]) == 2 * n and all(r["status"] == "completed" for r in out["runs"])
     assert json.loads((tmp_path / "exp" / "until_decided.json").read_text())["verdict"] == "better"
     trained.clear()
     again = json.loads(until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo").stdout)

@@ -26,14 +26,14 @@ def until_decided(
     spec = load_spec(spec_path, overrides)
     if spec.sweep is not None:
         raise SpecError("--until-decided: decides the comparison of two arms; drop the spec's sweep: section")
-    records: list[dict] = []
+    records: dict[str, dict] = {}  # by run path: each run's latest record (trained, or skipped as completed)
 
     def train(seeds: list[int]) -> None:
         c = spec.comparison
         runs = sw.plan(spec_path, [*overrides, f"seeds={json.dumps(seeds)}"])
         runs = [r for r in runs if r.base_arm in (c.baseline, c.arm)]
         done = sw.run_plan(runs, jobs=jobs, force=False, log=log)
-        records.extend(r for r in done if not any(o["path"] == r["path"] for o in records))
+        records.update({r["path"]: r for r in done})
         code = _exit_code([r["status"] for r in done])
         if code == 1 or any(r["exit"] == 4 for r in done):
             raise RunError("--until-decided: a run of this round did not complete; rerun the same command to resume")
@@ -41,7 +41,7 @@ def until_decided(
     decision = decide_until(spec, max_seeds, round_seeds, train, log)
     path = write_decision(spec, decision)
     if as_json:
-        typer.echo(json.dumps({**decision.to_dict(), "runs": records, "file": str(path)}))
+        typer.echo(json.dumps({**decision.to_dict(), "runs": list(records.values()), "file": str(path)}))
         return
     _print_table(
         ["seeds", "difference", "95% repeated CI", "verdict"],
