@@ -101,3 +101,11 @@ def test_looks_stop_at_the_first_decision_and_say_continue_before_the_last(desig
     assert [(lk.n, lk.verdict) for lk in undecided] == [(3, "continue")]
     last = sequential_looks(np.random.default_rng(0).normal(0, 1, 10), design)
     assert last[-1].n == 10 and last[-1].verdict == "not resolved"
+
+
+def test_seeds_that_agree_exactly_decide_nothing(design):
+    # coarse scores on few problems: both arms score the same at every seed, or differ by exactly one step
+    for same in ([0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]):
+        verdict, _ = verdicts(np.array([same + same[:1] * (10 - len(same))]), design, margin=0.5)
+        assert verdict[0] == "not resolved"
+        assert sequential_looks(same, design, margin=0.5)[-1].verdict == "continue"

@@ -132,7 +132,9 @@ def verdicts(diffs_EN: np.ndarray, design: Design, margin: float | None = None) 
     baseline, higher = better, at least `design.looks[-1]` columns) and the look (index into
     `design.looks`) at which it was reached: the first look whose 95% repeated interval excludes
     0 (`better`/`worse`) or whose 90% one lies inside +-`margin` (`equivalent`), else
-    `not resolved` at the last look. Vectorised over experiments."""
+    `not resolved` at the last look. Differences without any spread (all equal: coarse scores
+    on few problems) decide nothing, since their interval of width 0 claims a precision that a
+    few seeds cannot have. Vectorised over experiments."""
     d = np.asarray(diffs_EN, dtype=float)
     E = d.shape[0]
     verdict = np.full(E, "not resolved", dtype=object)
@@ -148,7 +150,7 @@ def verdicts(diffs_EN: np.ndarray, design: Design, margin: float | None = None) 
             w = design.critical_eq[k] * se
             decided["equivalent"] = (mean - w > -margin) & (mean + w < margin) & ~(lo > 0) & ~(hi < 0)
         for name, hit in decided.items():
-            now = open_ & hit
+            now = open_ & hit & (se > 0)  # seeds that agree exactly tell nothing of the spread: no decision
             verdict[now], at[now] = name, k
             open_ &= ~now
     return verdict, at
