@@ -164,3 +164,12 @@ def test_round_seeds_and_mistakes(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "no comparison section" in res.output
     res = CliRunner().invoke(app, ["sweep", str(spec), "--max-seeds", "4"])
     assert res.exit_code == 2 and "go with --until-decided" in res.output
+
+
+def test_the_table_and_summary_without_a_margin(tmp_path, monkeypatch):
+    fake_training(monkeypatch, tmp_path, shift=0.0)
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(tmp_path, baseline="grpo", arm="gspo")))
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--max-seeds", "4", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "gspo vs grpo: not resolved at 4 seeds on avg@4 (higher is better)" in res.stdout

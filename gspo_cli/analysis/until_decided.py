@@ -60,7 +60,7 @@ class Decision:
         what = {
             "better": f"{self.arm} is better than {self.baseline}",
             "worse": f"{self.arm} is worse than {self.baseline}",
-            "equivalent": f"{self.arm} and {self.baseline} are equivalent within +-{self.margin:g}",
+            "equivalent": f"{self.arm} and {self.baseline} are equivalent within +-{self.margin or 0:g}",
             "not resolved": f"{self.arm} vs {self.baseline}: not resolved at {self.max_seeds} seeds",
             "continue": f"{self.arm} vs {self.baseline}: undecided so far",
         }[last.verdict]
