@@ -3,7 +3,13 @@
     results/<experiment>/<arm>/seed<k>/
         spec.yaml        resolved spec of exactly this run (one arm, one seed)
         metrics.jsonl    one JSON object per step, append-only, flushed each step
-        eval.jsonl       one JSON object per evaluation
+        eval.jsonl       one JSON object per evaluation set and evaluation step: step, task, set
+                         (named sets), n, samples (K), scores, time_s, and problems, one
+                         record per held-out problem as three lists in the order evaluated:
+                         {"id": [...], "correct": [correct samples of K, int], "reward":
+                         [mean reward over its K samples, 4 decimals]} (runs of behaviour
+                         version 1 have no problems key). Each evaluation samples from draws
+                         fixed by (run seed, step, set) (gspo_cli.eval.seeding)
         samples.jsonl    a few rollouts of every train.log_samples_every-th step (and step 1),
                          one JSON object each, append-only, flushed with the step's metrics:
                          step, arm, seed, group, index, prompt (decoded prompt tokens, chat

@@ -552,8 +552,8 @@ def test_yaml_merge_keys_still_work(tmp_path):
         "arms:\n  - {<<: *c, name: a}\n  - {<<: *c, name: b}\n"
     )
     path = write(tmp_path, text)
-    # `common` itself is not a spec key: reported as unknown, after the merge worked
-    with pytest.raises(SpecError, match=r"^common: unknown key$"):
+    # `common` itself is not a spec key: reported as unknown (the nearest key as a hint), after the merge worked
+    with pytest.raises(SpecError, match=r"^common: unknown key \(did you mean 'comparison'\?\)$"):
         load_spec(path)
     raw = yaml.safe_load(text)
     del raw["common"]

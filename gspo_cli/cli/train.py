@@ -168,17 +168,48 @@ def sweep(
     force: Annotated[bool, typer.Option("--force", help="rerun completed runs")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final summary")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary on stdout; logs go to stderr")] = False,
+    until_decided: Annotated[
+        bool,
+        typer.Option(
+            "--until-decided",
+            help="add seeds in rounds until the spec's comparison is decided (better, worse, equivalent) or "
+            "--max-seeds is reached; e.g. --until-decided --max-seeds 10",
+        ),
+    ] = False,
+    max_seeds: Annotated[
+        Optional[int],
+        typer.Option("--max-seeds", min=2, help="with --until-decided: the most seeds per arm, e.g. --max-seeds 10"),
+    ] = None,
+    round_seeds: Annotated[
+        int,
+        typer.Option(
+            "--round-seeds", min=1, help="with --until-decided: new seeds per arm in each round, e.g. --round-seeds 2"
+        ),
+    ] = 1,
 ) -> None:
     """Expand the spec's sweep x arms x seeds into named runs and train them.
 
     Idempotent: completed runs of the same spec are skipped, of another spec refused, and
     interrupted ones resume. Exit codes as for `gspo train`.
 
+    --until-decided needs a spec with a comparison: section (baseline, arm, metric, margin).
+
+    It trains the comparison's two arms on the spec's seeds, then --round-seeds more per round.
+
+    After each round a group-sequential paired test decides: 5% false positives over all looks.
+
+    It stops when decided or at --max-seeds, and writes until_decided.json beside the runs.
+
     Example: `gspo sweep experiments/sweep_clip.yaml --dry-run`
     """
     from gspo_cli.train import sweep as sw
 
     warnings.showwarning = _show_warning
+    if until_decided:
+        _decide(spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run or force or shard)
+        return
+    if max_seeds is not None or round_seeds != 1:
+        _fail(SpecError("--max-seeds and --round-seeds go with --until-decided"))
     try:
         runs = sw.plan(spec_path, list(set_ or []))
         picked = sw.parse_shard(shard) if shard else sw.shard_from_env()
@@ -219,6 +250,25 @@ def sweep(
         )
     interrupted = any(r["exit"] == 4 for r in records)
     raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
+
+
+def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, refused) -> None:
+    from gspo_cli.cli.decide import until_decided
+
+    log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
+    try:
+        if refused:
+            raise SpecError("--until-decided: not with --dry-run, --force or --shard (its rounds keep completed runs)")
+        until_decided(
+            spec_path, overrides, jobs=jobs, max_seeds=max_seeds, round_seeds=round_seeds, log=log, as_json=as_json
+        )
+    except GspoError as err:
+        _fail(err)
+    except HardInterrupt:
+        err_console.print("interrupted by a second Ctrl-C: runs stopped without a new checkpoint")
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        _stopped("stopped by SIGINT before any run started (cold start); rerun the same command")
 
 
 def _show_plan(runs, as_json: bool) -> None:

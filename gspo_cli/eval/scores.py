@@ -324,5 +324,24 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """Sample `samples` responses per problem with `engine` and score them (reward functions get
     the completions' token ids from the engine's tokenizer)."""
+    return summarize(policy_results(engine, task, problems, samples, batch_size), judged=getattr(task, "judged", True))
+
+
+def policy_results(
+    engine, task: Task, problems: list[Problem], samples: int, batch_size: int | None = None
+) -> list[ProblemResult]:
+    """`evaluate_policy`'s verdicts, problem by problem, before they are summarised."""
     use_tokenizer(task, getattr(engine, "tokenizer", None))
-    return evaluate_samples(task, problems, sample_completions(engine, problems, samples, batch_size))
+    return score_problems(task, problems, sample_completions(engine, problems, samples, batch_size))
+
+
+def problem_records(results: list[ProblemResult]) -> dict[str, list]:
+    """An evaluation's per-problem record, as eval.jsonl's `problems` key holds it: columns `id`
+    (in the order evaluated), `correct` (how many of its samples were correct) and `reward` (the
+    mean reward over its samples, 4 decimals): three lists, not one object per problem, so 500
+    problems take about 13 kB whatever K is."""
+    return {
+        "id": [r.problem.id for r in results],
+        "correct": [sum(r.correct) for r in results],
+        "reward": [round(sum(s.reward for s in r.scores) / max(len(r.scores), 1), 4) for r in results],
+    }

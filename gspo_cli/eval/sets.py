@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gspo_cli.errors import SpecError
-from gspo_cli.eval.scores import evaluate_policy
+from gspo_cli.eval.scores import policy_results, problem_records, summarize
+from gspo_cli.eval.seeding import eval_seed, fixed_draws
 from gspo_cli.metrics import eval_key
 from gspo_cli.runs import plural
 from gspo_cli.spec import EvalSetConfig, ExperimentSpec
@@ -204,27 +205,36 @@ def max_tokens(engine, n: int):
         setattr(holder, attr, old)
 
 
-def score_set(engine, s: EvalSet) -> dict[str, float]:
-    """Sample set `s` (its K, its max tokens) with `engine` and score it (see `eval.scores`)."""
+def score_set(engine, s: EvalSet) -> tuple[dict[str, float], dict[str, list]]:
+    """Sample set `s` (its K, its max tokens) with `engine` and score it: its scores (see
+    `eval.scores`) and its per-problem record (`problem_records`)."""
     with max_tokens(engine, s.max_tokens):
-        return evaluate_policy(engine, s.task, s.problems, s.samples)
+        results = policy_results(engine, s.task, s.problems, s.samples)
+    return summarize(results, judged=getattr(s.task, "judged", True)), problem_records(results)
 
 
-def score_and_log(engine, sets: list[EvalSet], step: int, log_eval: Callable[[dict], None], sinks=()) -> None:
+def score_and_log(
+    engine, sets: list[EvalSet], step: int, log_eval: Callable[[dict], None], sinks=(), seed: int | None = None
+) -> None:
     """Score each set with `engine` and log it: `log_eval` gets one eval.jsonl record per set
-    (named sets carry `set`; the held-out split keeps its task's name, as runs always had),
-    every sink gets eval/<set>/<score> at `step` (reward functions' `trainer_state.global_step`)."""
+    (named sets carry `set`; the held-out split keeps its task's name, as runs always had), with
+    its per-problem `problems` record; every sink gets eval/<set>/<score> at `step` (reward
+    functions' `trainer_state.global_step`). With the run's `seed` each set samples from random
+    numbers fixed by (seed, step, set name) and leaves torch's generators as it found them
+    (`eval.seeding`): arms at equal seed share them."""
     for s in sets:
         if not s.problems:
             continue
         t = time.time()
         if hasattr(s.task, "step"):  # reward functions see trainer_state.global_step = the step evaluated
             s.task.step = step
-        scores = score_set(engine, s)
+        draws = fixed_draws(engine, eval_seed(seed, step, s.name)) if seed is not None else contextlib.nullcontext()
+        with draws:
+            scores, problems = score_set(engine, s)
         record = {"step": step, "task": s.task.name, "n": len(s.problems), "samples": s.samples}
         if not s.held_out:
             record["set"] = s.name
-        log_eval({**record, "scores": scores, "time_s": round(time.time() - t, 3)})
+        log_eval({**record, "scores": scores, "time_s": round(time.time() - t, 3), "problems": problems})
         for sink in sinks:
             sink.log({eval_key(s.name, k): v for k, v in scores.items()}, step)
 

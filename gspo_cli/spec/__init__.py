@@ -4,6 +4,7 @@
 `from gspo_cli.spec import ExperimentSpec`."""
 
 from gspo_cli.spec.arm import AggregationWarning, ArmConfig, MismatchConfig
+from gspo_cli.spec.comparison import ComparisonConfig
 from gspo_cli.spec.experiment import SEED_LIMIT, ExperimentSpec, OnPolicyWarning, SweepConfig
 from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, LoraSpec, ModelConfig
 from gspo_cli.spec.presets import PRESETS
@@ -19,6 +20,7 @@ __all__ = [
     "ArmConfig",
     "BuiltinModelConfig",
     "ColdStartConfig",
+    "ComparisonConfig",
     "DivergenceConfig",
     "EvalSetConfig",
     "RewardConfig",

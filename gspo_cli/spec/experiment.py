@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from gspo_cli.errors import SpecError, router_scale_problem
 from gspo_cli.spec.arm import ArmConfig, reward_problems
 from gspo_cli.spec.base import _check_dir_name, _did_you_mean, _Problems, _Strict
+from gspo_cli.spec.comparison import ComparisonConfig
 from gspo_cli.spec.model import ModelConfig
 from gspo_cli.spec.rollout import RolloutConfig
 from gspo_cli.spec.same_gradient import ON_POLICY, off_policy_reasons, same_gradient_pairs
@@ -54,6 +55,11 @@ class ExperimentSpec(_Strict):
     train: TrainConfig = TrainConfig()
     arms: list[ArmConfig] = Field(min_length=1, description="the algorithms compared, one per arm")
     sweep: SweepConfig | None = Field(None, description="variants for gspo sweep")
+    comparison: ComparisonConfig | None = Field(
+        None,
+        description="the primary comparison (baseline, arm, metric, margin) that analysis and "
+        "gspo sweep --until-decided decide",
+    )
 
     @field_validator("name")
     @classmethod
@@ -112,6 +118,7 @@ class ExperimentSpec(_Strict):
         dupes = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
         if dupes:
             problems.append(f"seeds: duplicate seeds {dupes}")
+        problems += _comparison_problems(self.comparison, names)
         if problems:
             raise _Problems("\n".join(problems))
         return self
@@ -245,6 +252,20 @@ def _composition_problems(i: int, arm: ArmConfig, algorithms) -> list[str]:
     if arm.token_filter.entropy_top is not None:
         problems.append(f"arms[{i}].token_filter.entropy_top: {why}; use a token-level loss (gspo_token, grpo, ...)")
     return problems
+
+
+def _comparison_problems(comparison: ComparisonConfig | None, names: list[str]) -> list[str]:
+    """The comparison must name arms of the experiment. A run's own spec.yaml holds one arm and
+    keeps the section when its arm is one of the two (the comparison it belongs to)."""
+    if comparison is None:
+        return []
+    if len(names) == 1 and names[0] in (comparison.baseline, comparison.arm):
+        return []
+    return [
+        f"comparison.{field}: no arm named {value!r}{_did_you_mean(value, names)}; arms: {', '.join(names)}"
+        for field, value in (("baseline", comparison.baseline), ("arm", comparison.arm))
+        if value not in names
+    ]
 
 
 class OnPolicyWarning(UserWarning):

@@ -277,7 +277,11 @@ def spec_differences(stored_text: str, spec: ExperimentSpec) -> list[str]:
     except (SpecError, yaml.YAMLError) as err:
         first = (str(err).strip().splitlines() or ["invalid"])[0]
         return [f"the stored spec.yaml is not a valid spec today ({first})"]
-    return _leaf_differences({**stored.to_dict(), "output_dir": spec.output_dir}, spec.to_dict(), "")
+    # output_dir: where the runs are found, not what they are (a relative one as written); the
+    # comparison is analysis, not training: changing either leaves the runs what they were.
+    old = {**stored.to_dict(), "output_dir": spec.output_dir}
+    old, new = ({k: v for k, v in d.items() if k != "comparison"} for d in (old, spec.to_dict()))
+    return _leaf_differences(old, new, "")
 
 
 def same_spec(stored_text: str, spec: ExperimentSpec) -> bool:

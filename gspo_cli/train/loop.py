@@ -431,7 +431,7 @@ def _evaluate(ctx: Ctx, rd: RunDir, sets: list[EvalSet], step: int, sinks=(), re
         ctx.engine.sampler_logprobs = False
     try:
         with ctx.compute(), ctx.engine.same_prompts() if group else contextlib.nullcontext():
-            score_and_log(ctx.engine, sets, step, _teed(rd.log_eval, report), sinks)
+            score_and_log(ctx.engine, sets, step, _teed(rd.log_eval, report), sinks, seed=ctx.seed)
     finally:
         if stats:
             ctx.engine.sampler_logprobs = True

@@ -95,7 +95,9 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
             names.add(name)
             renamed = arm.model_copy(update={"name": name})
             for seed in variant.seeds:
-                run = variant.model_copy(update={"arms": [renamed], "seeds": [seed], "sweep": None})
+                # a renamed arm is no longer one the comparison names: its run keeps no comparison
+                update = {"arms": [renamed], "seeds": [seed], "sweep": None, **({"comparison": None} if suffix else {})}
+                run = variant.model_copy(update=update)
                 out.append(
                     PlannedRun(
                         name=name,

@@ -1,0 +1,192 @@
+"""Adding seeds until a comparison is decided, without inflating the false-positive rate.
+
+The data are paired differences d_1, d_2, ... (arm minus baseline, one per seed both arms have).
+They are looked at after every round of new seeds, at n_1 < n_2 < ... <= N (N = --max-seeds):
+looking K times with an ordinary 95% interval would declare a difference that is not there far
+more often than 5% of the time. The method here is a group-sequential design with alpha
+spending (Lan & DeMets 1983, "Discrete sequential boundaries for clinical trials", Biometrika
+70:659-663) and the O'Brien-Fleming-like spending function
+
+    alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)),     t = n / N (the information fraction),
+
+which spends almost nothing at the first looks and nearly all of alpha at the last. Look k gets
+the z boundary c_k for which the chance, with no true difference, of crossing for the first time
+at look k is alpha(t_k) - alpha(t_{k-1}); the chances come from the joint normal law of the
+looks' z statistics (independent increments), computed by numerical integration on a grid
+(Armitage, McPherson & Rowe 1969). The per-seed SD is unknown, so each z boundary becomes a t
+boundary with n_k - 1 degrees of freedom at the same nominal significance level (Jennison &
+Turnbull 1999, "Group Sequential Methods with Applications to Clinical Trials", section 11.4):
+the repeated confidence interval mean(d) +- t_k s / sqrt(n_k). Lan-DeMets needs neither the number
+nor the timing of looks in advance, only N: each boundary depends on the looks made so far.
+
+Verdicts at each look: `better` (the 95% repeated interval lies above 0; below: `worse`),
+`equivalent` (the 90% repeated interval, spent the same way, lies inside +-margin: two one-sided
+tests at 5% each, Schuirmann 1987), else the experiment goes on; at N, `not resolved`. The
+simulations in tests/test_sequential.py measure the false-positive rate over all looks.
+
+numpy and scipy.stats only; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, special, stats
+
+ALPHA = 0.05  # two-sided: better or worse when there is no difference, over all looks
+EQUIVALENCE_ALPHA = 0.10  # the TOST interval: 5% on each side
+VERDICTS = ("better", "worse", "equivalent", "not resolved")
+_GRID = 801  # points of the integration grid (in units of the information's SD)
+
+
+def spent(fraction: float, alpha: float = ALPHA) -> float:
+    """The O'Brien-Fleming-like Lan-DeMets spending function: the share of `alpha` spent by
+    information fraction `fraction` in (0, 1] (alpha at 1)."""
+    if fraction <= 0:
+        return 0.0
+    z = stats.norm.isf(alpha / 2)
+    return float(min(alpha, 2 * stats.norm.sf(z / np.sqrt(min(fraction, 1.0)))))
+
+
+def z_boundaries(fractions: Sequence[float], alpha: float = ALPHA) -> np.ndarray:
+    """Two-sided z boundaries c_1..c_K for looks at increasing information `fractions` (the last
+    <= 1): with no true difference, the chance that |Z_k| >= c_k at some look is `alpha`(t_K).
+
+    The z statistics of the looks are those of a Brownian motion S(t) = Z sqrt(t); the density
+    of S among the paths not yet stopped is carried from look to look on a grid."""
+    fr = np.asarray(fractions, dtype=float)
+    if fr.ndim != 1 or not len(fr) or fr[0] <= 0 or np.any(np.diff(fr) <= 0) or fr[-1] > 1 + 1e-12:
+        raise ValueError(f"fractions must increase within (0, 1], got {list(fractions)}")
+    grid = np.linspace(-8, 8, _GRID)  # S in units where Var S(1) = 1: +-8 SD holds everything
+    h = grid[1] - grid[0]
+    density = None  # density of S at the previous look over the continuation region
+    prev_t, prev_spent = 0.0, 0.0
+    out = []
+    for t in fr:
+        dt = t - prev_t
+        target = spent(t, alpha) - prev_spent
+
+        if density is None:
+
+            def crossing(c: float) -> float:
+                return 2 * stats.norm.sf(c)
+
+        else:
+
+            def crossing(c: float, density=density, dt=dt, t=t) -> float:
+                bound = c * np.sqrt(t)  # |S_t| >= bound
+                up = special.ndtr((grid - bound) / np.sqrt(dt))  # P(S_t >= bound | S_prev = grid)
+                down = special.ndtr((-bound - grid) / np.sqrt(dt))
+                return float(np.sum(density * (up + down)) * h)
+
+        c = optimize.brentq(lambda c, target=target: crossing(c) - target, 0.0, 40.0) if target > 1e-15 else 40.0
+        out.append(c)
+        # the density at this look over |S| < c sqrt(t), from the previous one (or the start)
+        if density is None:
+            new = stats.norm.pdf(grid, scale=np.sqrt(t))
+        else:
+            kernel = stats.norm.pdf((grid[:, None] - grid[None, :]) / np.sqrt(dt)) / np.sqrt(dt)
+            new = kernel @ density * h
+        density = np.where(np.abs(grid) < c * np.sqrt(t), new, 0.0)
+        prev_t, prev_spent = t, prev_spent + crossing(c)
+    return np.array(out)
+
+
+def look_schedule(start: int, round_seeds: int, max_seeds: int) -> list[int]:
+    """The numbers of paired seeds at which the comparison is looked at: `start` (at least 2),
+    then every `round_seeds` more, and `max_seeds` last."""
+    if round_seeds < 1:
+        raise ValueError("round_seeds must be >= 1")
+    first = max(start, 2)
+    if max_seeds < first:
+        raise ValueError(f"max_seeds ({max_seeds}) must be at least {first}")
+    looks = list(range(first, max_seeds + 1, round_seeds))
+    return looks if looks[-1] == max_seeds else [*looks, max_seeds]
+
+
+@dataclass(frozen=True)
+class Design:
+    """The t boundaries of a look schedule: `critical[k]` for the 95% repeated interval at look
+    k (n = `looks[k]` paired seeds), `critical_eq[k]` for the 90% one (equivalence)."""
+
+    looks: tuple[int, ...]
+    max_seeds: int
+    critical: np.ndarray
+    critical_eq: np.ndarray
+
+    @classmethod
+    def of(cls, looks: Sequence[int], max_seeds: int | None = None) -> Design:
+        n = np.asarray(looks, dtype=float)
+        N = float(max_seeds or looks[-1])
+        out = []
+        for alpha in (ALPHA, EQUIVALENCE_ALPHA):
+            nominal = 2 * stats.norm.sf(z_boundaries(n / N, alpha))  # two-sided nominal level of each look
+            out.append(stats.t.isf(nominal / 2, n - 1))
+        return cls(tuple(int(x) for x in looks), int(N), out[0], out[1])
+
+
+def verdicts(diffs_EN: np.ndarray, design: Design, margin: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The sequential verdict of each of E experiments (rows of paired differences, arm minus
+    baseline, higher = better, at least `design.looks[-1]` columns) and the look (index into
+    `design.looks`) at which it was reached: the first look whose 95% repeated interval excludes
+    0 (`better`/`worse`) or whose 90% one lies inside +-`margin` (`equivalent`), else
+    `not resolved` at the last look. Differences without any spread (all equal: coarse scores
+    on few problems) decide nothing, since their interval of width 0 claims a precision that a
+    few seeds cannot have. Vectorised over experiments."""
+    d = np.asarray(diffs_EN, dtype=float)
+    E = d.shape[0]
+    verdict = np.full(E, "not resolved", dtype=object)
+    at = np.full(E, len(design.looks) - 1)
+    open_ = np.ones(E, dtype=bool)
+    for k, n in enumerate(design.looks):
+        x = d[:, :n]
+        mean = x.mean(axis=1)
+        se = x.std(axis=1, ddof=1) / np.sqrt(n)
+        lo, hi = mean - design.critical[k] * se, mean + design.critical[k] * se
+        decided = {"better": lo > 0, "worse": hi < 0}
+        if margin is not None:
+            w = design.critical_eq[k] * se
+            decided["equivalent"] = (mean - w > -margin) & (mean + w < margin) & ~(lo > 0) & ~(hi < 0)
+        for name, hit in decided.items():
+            now = open_ & hit & (se > 0)  # seeds that agree exactly tell nothing of the spread: no decision
+            verdict[now], at[now] = name, k
+            open_ &= ~now
+    return verdict, at
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of a sequential comparison: n paired seeds, their mean difference, the 95%
+    repeated interval, and the verdict (`continue` while seeds are still to come)."""
+
+    n: int
+    delta: float
+    ci_low: float
+    ci_high: float
+    verdict: str
+
+
+def sequential_looks(diffs: Sequence[float], design: Design, margin: float | None = None) -> list[Look]:
+    """Every look of `design` that the paired differences `diffs` (in seed order) reach, up to
+    the first decided one; the last look's verdict is `not resolved` when it is the design's
+    last, `continue` when more seeds are planned."""
+    d = np.asarray(diffs, dtype=float)
+    out = []
+    for k, n in enumerate(design.looks):
+        if n > len(d):
+            break
+        x = d[:n]
+        mean, se = float(x.mean()), float(x.std(ddof=1) / np.sqrt(n))
+        v, _ = verdicts(
+            x[None, :],
+            Design((n,), design.max_seeds, design.critical[k : k + 1], design.critical_eq[k : k + 1]),
+            margin,
+        )
+        verdict = v[0] if v[0] != "not resolved" else ("not resolved" if k == len(design.looks) - 1 else "continue")
+        c = float(design.critical[k])
+        out.append(Look(n, mean, mean - c * se, mean + c * se, verdict))
+        if verdict != "continue":
+            break
+    return out

@@ -1,0 +1,35 @@
+"""The experiment's primary comparison: which arm is measured against which baseline, on what
+metric, with what equivalence margin. Analysis reads it (`gspo compare`, `gspo report`,
+`gspo sweep --until-decided`); training ignores it, so changing it never makes a completed run
+"of a different spec"."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from gspo_cli.spec.base import _Problems, _Strict
+
+
+class ComparisonConfig(_Strict):
+    """The primary comparison: `arm` against `baseline`, on `metric`, `equivalent` when the
+    difference is shown to lie within +-`margin`."""
+
+    baseline: str = Field(description="the arm compared against (e.g. grpo)")
+    arm: str = Field(description="the arm measured (e.g. gspo)")
+    metric: str | None = Field(
+        None,
+        description="null: the held-out score gspo compare shows first (avg@K of the held-out split or the first "
+        "evaluation set); or a metric key",
+    )
+    margin: float | None = Field(
+        None,
+        ge=0,
+        description="equivalence margin in the metric's units (e.g. 0.02): the arms are called equivalent when the "
+        "difference is shown to lie within +-margin; null: no equivalence verdict",
+    )
+
+    @model_validator(mode="after")
+    def _two_arms(self):
+        if self.arm == self.baseline:
+            raise _Problems(f"arm: {self.arm!r} is also the baseline; compare two different arms")
+        return self

@@ -1,0 +1,175 @@
+"""The spec's `comparison` section and `gspo sweep --until-decided` on synthetic runs: training
+is replaced by writing run directories with known final held-out scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import TINY
+from synthetic_runs import write_run
+from typer.testing import CliRunner
+
+from gspo_cli.cli.app import app
+from gspo_cli.errors import SpecError
+from gspo_cli.spec.loading import same_spec, spec_from_dict
+from gspo_cli.train import sweep as sw
+from gspo_cli.train.loop import run_spec
+
+ARMS = [
+    {"name": "grpo", "preset": "paper-grpo", "mini_batches": 2},
+    {"name": "gspo", "preset": "paper-gspo", "mini_batches": 2},
+]
+
+
+def spec_dict(tmp: Path, **comparison) -> dict:
+    return {**TINY, "name": "exp", "output_dir": str(tmp), "seeds": [0, 1, 2], "arms": ARMS, "comparison": comparison}
+
+
+# --- the comparison section ------------------------------------------------------------------
+
+
+def test_comparison_names_two_arms_of_the_experiment(tmp_path):
+    spec = spec_from_dict(spec_dict(tmp_path, baseline="grpo", arm="gspo", margin=0.02))
+    assert (spec.comparison.baseline, spec.comparison.arm, spec.comparison.metric, spec.comparison.margin) == (
+        "grpo",
+        "gspo",
+        None,
+        0.02,
+    )
+    for bad, says in (
+        ({"baseline": "grpo", "arm": "gpso"}, "comparison.arm: no arm named 'gpso' (did you mean 'gspo'?)"),
+        ({"baseline": "grpo", "arm": "gspo", "margin": -0.1}, "comparison.margin"),
+        ({"baseline": "gspo", "arm": "gspo"}, "comparison.arm: 'gspo' is also the baseline"),
+        ({"baseline": "grpo", "arm": "gspo", "alpha": 0.1}, "comparison.alpha"),
+    ):
+        with pytest.raises(SpecError, match=None) as err:
+            spec_from_dict(spec_dict(tmp_path, **bad))
+        assert says in str(err.value)
+
+
+def test_a_runs_own_spec_keeps_the_comparison_and_changing_it_changes_no_run(tmp_path):
+    spec = spec_from_dict(spec_dict(tmp_path, baseline="grpo", arm="gspo"))
+    own = run_spec(spec, spec.arms[1], 0)
+    reloaded = spec_from_dict(own.to_dict())  # a run's spec.yaml: one arm, still valid
+    assert reloaded.comparison == spec.comparison
+    other = spec_from_dict({**spec_dict(tmp_path, baseline="gspo", arm="grpo", margin=0.05)})
+    assert same_spec(yaml.safe_dump(own.to_dict()), run_spec(other, other.arms[1], 0))  # analysis, not training
+
+
+# --- --until-decided -------------------------------------------------------------------------
+
+# Per-seed baselines that spread widely (0.1 .. 0.6) and a constant shift between the arms: a paired
+# design sees the shift at once, where the seeds' spread would hide it from an unpaired one.
+BASE = [0.1, 0.6, 0.3, 0.5, 0.2, 0.4, 0.15, 0.55, 0.35, 0.25]
+NOISE = [0.004, -0.003, 0.002, -0.001, 0.003, -0.004, 0.001, -0.002, 0.0, 0.002]
+
+
+def fake_training(monkeypatch, root: Path, shift: float) -> list[tuple[str, int]]:
+    """Replace training: each planned run becomes a completed synthetic run whose final avg@4 is
+    BASE[seed] (+ shift + NOISE[seed] for gspo). Returns the runs 'trained', in order."""
+    trained: list[tuple[str, int]] = []
+
+    def run_plan(runs, *, jobs, force, log):
+        out = []
+        for r in runs:
+            skipped = (r.path / "run.json").is_file()
+            if not skipped:
+                final = BASE[r.seed] + (shift + NOISE[r.seed] if r.name == "gspo" else 0.0)
+                evals = [
+                    {"step": s, "task": "arith", "n": 4, "samples": 4, "scores": {"avg@4": v}}
+                    for s, v in ((0, 0.1), (2, final))
+                ]
+                write_run(root, r.name, r.seed, [], evals=evals)
+                trained.append((r.name, r.seed))
+            out.append(
+                {
+                    "run": r.name,
+                    "seed": r.seed,
+                    "status": "completed",
+                    "exit": 0,
+                    "wall_s": 0,
+                    "path": str(r.path),
+                    "skipped": skipped,
+                }
+            )
+        return out
+
+    monkeypatch.setattr(sw, "run_plan", run_plan)
+    return trained
+
+
+def until_decided(tmp_path: Path, *extra: str, **comparison):
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(tmp_path, **comparison)))
+    return CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--json", "-q", *extra])
+
+
+def test_a_clear_difference_stops_early_and_a_rerun_resumes_to_the_same_verdict(tmp_path, monkeypatch):
+    trained = fake_training(monkeypatch, tmp_path, shift=0.05)
+    res = until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["verdict"] == "better" and out["metric"] == "avg@4" and out["higher_is_better"]
+    n = out["looks"][-1]["n"]
+    assert 3 <= n < 10 and out["seeds"] == list(range(n))  # stopped before --max-seeds
+    assert [lk["verdict"] for lk in out["looks"]] == ["continue"] * (n - 3) + ["better"]
+    assert out["looks"][-1]["delta"] == pytest.approx(0.05 + sum(NOISE[:n]) / n)
+    assert sorted(trained) == sorted((a, s) for a in ("grpo", "gspo") for s in range(n))  # only the two arms
+    assert len(out["runs"]) == 2 * n and all(r["status"] == "completed" for r in out["runs"])
+    assert json.loads((tmp_path / "exp" / "until_decided.json").read_text())["verdict"] == "better"
+    trained.clear()
+    again = json.loads(until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo").stdout)
+    assert trained == [] and again["looks"] == out["looks"]  # completed runs skipped, looks replayed
+
+
+def test_the_same_seeds_welch_would_not_resolve(tmp_path, monkeypatch):
+    from scipy import stats
+
+    fake_training(monkeypatch, tmp_path, shift=0.05)
+    out = json.loads(until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo").stdout)
+    n = out["looks"][-1]["n"]
+    gspo = [BASE[s] + 0.05 + NOISE[s] for s in range(n)]
+    welch = stats.ttest_ind(gspo, BASE[:n], equal_var=False)
+    assert welch.pvalue > 0.3  # unpaired, the seeds' spread hides the shift the paired looks found
+
+
+def test_no_difference_goes_to_max_seeds_or_shows_equivalence_with_a_margin(tmp_path, monkeypatch):
+    trained = fake_training(monkeypatch, tmp_path, shift=0.0)
+    out = json.loads(until_decided(tmp_path, "--max-seeds", "5", baseline="grpo", arm="gspo").stdout)
+    assert out["verdict"] == "not resolved" and out["looks"][-1]["n"] == 5 and len(trained) == 10
+    # The same runs with a margin of 0.02: the differences (|noise| < 0.005) are shown to lie within it.
+    out = json.loads(until_decided(tmp_path, "--max-seeds", "5", baseline="grpo", arm="gspo", margin=0.02).stdout)
+    assert out["verdict"] == "equivalent" and len(trained) == 10  # decided from the runs already there
+
+
+def test_round_seeds_and_mistakes(tmp_path, monkeypatch):
+    fake_training(monkeypatch, tmp_path, shift=0.05)
+    out = json.loads(
+        until_decided(tmp_path, "--max-seeds", "9", "--round-seeds", "3", baseline="grpo", arm="gspo").stdout
+    )
+    assert out["schedule"] == [3, 6, 9] and out["looks"][-1]["n"] in (6, 9)
+    for args, says in (
+        ((), "--max-seeds N"),
+        (("--max-seeds", "2"), "--max-seeds: max_seeds (2) must be at least 3"),
+        (("--max-seeds", "5", "--dry-run"), "not with --dry-run"),
+    ):
+        res = until_decided(tmp_path, *args, baseline="grpo", arm="gspo")
+        assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output
+    spec = tmp_path / "none.yaml"
+    spec.write_text(yaml.safe_dump({**spec_dict(tmp_path), "comparison": None}))
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--max-seeds", "4"])
+    assert res.exit_code == 2 and "no comparison section" in res.output
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--max-seeds", "4"])
+    assert res.exit_code == 2 and "go with --until-decided" in res.output
+
+
+def test_the_table_and_summary_without_a_margin(tmp_path, monkeypatch):
+    fake_training(monkeypatch, tmp_path, shift=0.0)
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(tmp_path, baseline="grpo", arm="gspo")))
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--max-seeds", "4", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "gspo vs grpo: not resolved at 4 seeds on avg@4 (higher is better)" in res.stdout
