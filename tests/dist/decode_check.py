@@ -47,7 +47,15 @@ def main():
     ids[0, :2], attn[0, :2] = 0, 0  # one left-padded row
     stops = list(range(37)) if rank == 0 else []
     got = sample(
-        model, ids, attn, max_new_tokens=MAX_NEW, temperature=0.8, stop_ids=stops, pad_id=0, want_logprobs=True, synced=True
+        model,
+        ids,
+        attn,
+        max_new_tokens=MAX_NEW,
+        temperature=0.8,
+        stop_ids=stops,
+        pad_id=0,
+        want_logprobs=True,
+        synced=True,
     )
     C = got.ids.shape[1] - 5
     assert C == (1 if rank == 0 else MAX_NEW), (rank, C)

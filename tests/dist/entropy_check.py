@@ -12,14 +12,17 @@ usage: entropy_check.py OUT_DIR
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
-from gspo_cli import distributed
-from gspo_cli.rollout import RolloutBatch
-from gspo_cli.spec.loading import spec_from_dict
-from gspo_cli.train.stats import StepStats
-from gspo_cli.train.token_weights import token_weights
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+from helpers import rows_batch  # noqa: E402
+
+from gspo_cli import distributed  # noqa: E402
+from gspo_cli.spec.loading import spec_from_dict  # noqa: E402
+from gspo_cli.train.stats import StepStats  # noqa: E402
+from gspo_cli.train.token_weights import token_weights  # noqa: E402
 
 LENGTHS = [5, 3, 5, 5]
 ENTROPY = torch.tensor(
@@ -32,19 +35,6 @@ ENTROPY = torch.tensor(
 )
 
 
-def batch_of(lengths: list[int], C: int = 5) -> RolloutBatch:
-    B = len(lengths)
-    mask = (torch.arange(C)[None, :] < torch.tensor(lengths)[:, None]).float()
-    return RolloutBatch(
-        input_ids=torch.ones(B, 1 + C, dtype=torch.long),
-        attention_mask=torch.ones(B, 1 + C, dtype=torch.long),
-        response_mask=mask,
-        prompt_len=1,
-        completions=[""] * B,
-        truncated=torch.zeros(B, dtype=torch.bool),
-    )
-
-
 def main(out_dir: str) -> None:
     info = distributed.setup()
     spec = spec_from_dict(
@@ -55,7 +45,7 @@ def main(out_dir: str) -> None:
         }
     )
     rows = distributed.shard(list(range(len(LENGTHS))), info)
-    batch = batch_of([LENGTHS[r] for r in rows])
+    batch = rows_batch([LENGTHS[r] for r in rows], C=5)
     weights, _ = token_weights(spec.arms[0], StepStats(), None, torch.zeros(len(rows), 5), ENTROPY[rows], batch, info)
     with open(os.path.join(out_dir, f"kept{info.rank}.json"), "w") as f:
         json.dump({"rows": rows, "kept": weights.tolist()}, f)
