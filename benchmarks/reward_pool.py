@@ -1,5 +1,5 @@
 """A slow reward's cost to an RL step: scored serially in the trainer against the reward pool
-(`task.reward_workers`, `task.reward_calls: chunks`) with scoring overlapped with sampling (issue 40).
+(`task.reward_workers`, `task.reward_calls: chunks`) with scoring overlapped with sampling.
 
 The test suite's tiny model and task (`--model quickstart`: the quickstart's), 16 prompts x
 8 samples = 128 rows per step (up to 48 new tokens), scored by a reward file's function that
@@ -19,7 +19,7 @@ and differ only in scoring.
 
 Reported: medians over rounds of the step time and `time/score_s` (what scoring adds after
 generation returns), and the step's added time against `instant` (median of per-round
-differences). The bound (issue 40): the pool adds at most 20% of the serial 6.4 s (1.28 s).
+differences). The bound: the pool adds at most 20% of the serial 6.4 s (1.28 s).
 
     python benchmarks/reward_pool.py              # ~3 min on 2 idle cores
     python benchmarks/reward_pool.py --rounds 3 --workers 8
