@@ -15,7 +15,7 @@ usage: update_check.py SPEC_YAML MODEL_DIR OUT_PT [EMULATE_WORLD]
 EMULATE_WORLD (one process only): split mini-batches as that many processes would
 (train/minibatch.ddp_equivalent_rows), to compare multi-mini-batch updates.
 
-The model trains in float64 (`_float64_models`): the tests compare world sizes, which differ
+A float32 spec trains in float64 (`_float64_models`): the tests compare world sizes, which differ
 only in the order of their sums, and in float32 that order moves gradients by an amount that
 depends on the CPU's kernels (tests/helpers.in_float64).
 """
@@ -85,7 +85,8 @@ def fixed_batch(tok, task, n):
 
 def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     spec = spec_from_dict(yaml.safe_load(open(spec_yaml)))
-    _float64_models()
+    if spec.model.dtype == "float32":  # a bf16 spec compares bf16 paths (tests/test_fsdp_loading.py)
+        _float64_models()
     info = distributed.setup()
     if int(emulate) > 1:
         world = int(emulate)
@@ -99,8 +100,7 @@ def main(spec_yaml: str, source: str, out: str, emulate: str = "1") -> None:
     rows = torch.arange(info.rank * n, (info.rank + 1) * n)
     with torch.no_grad(), ctx.compute():  # in model.dtype, as the step's own pi_old pass
         full = response_logprobs(ctx.model, batch, with_entropy=True)
-    assert full.logp.dtype == torch.float64
-    wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=torch.float64)).reshape(full.logp.shape)
+    wobble = 0.3 * torch.sin(torch.arange(full.logp.numel(), dtype=full.logp.dtype)).reshape(full.logp.shape)
     old = LogProbs(logp=(full.logp + wobble)[rows], entropy=full.entropy[rows])
     routes = None  # R2: the routes of one padded forward of the whole batch, each rank's rows
     if spec.arms[0].routing_replay == "r2":
