@@ -1,7 +1,7 @@
 """Memory of the FSDP -> vLLM weight stream: resident memory per process while the sharded
 weights are gathered into each process's colocated engine, next to the steady state.
 
-    torchrun --nproc-per-node 2 benchmarks/vllm_fsdp_stream.py [--hidden 512] [--layers 4] [--vocab 32000]
+    torchrun --nproc-per-node 2 studies/vllm-fsdp/vllm_fsdp_stream.py [--hidden 512] [--layers 4] [--vocab 32000]
         [--dtype bfloat16]
 
 (run with `.venv-vllm`'s python: `python -m torch.distributed.run --standalone ...`). Builds a
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import `gspo_cli` from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 MiB = 2**20
 

@@ -2,8 +2,8 @@
 older table), and of loading + one step per rank on a >= 250 M-parameter Qwen3-MoE (`--scale`,
 the before/after table of docs/scaling/memory.md).
 
-    .venv/bin/python benchmarks/memory.py [--out results/bench/memory.md]
-    .venv/bin/python benchmarks/memory.py --scale 2,4 [--dtype float32] [--out results/bench/memory_scale.json]
+    .venv/bin/python studies/memory-at-scale/memory.py [--out results/bench/memory.md]
+    .venv/bin/python studies/memory-at-scale/memory.py --scale 2,4 [--dtype float32] [--out FILE.json]
 
 Default run: each configuration runs `gspo train` (2 steps, no cold start: memory does not
 depend on what the weights have learnt) in a fresh process tree. Two peaks, each the largest

@@ -10,10 +10,10 @@ padded and packed alternating, `--rounds` times: a process times `--reps` forwar
 passes after one warm-up (the median is reported) and measures its peak RSS above the RSS
 before the first pass (Linux VmHWM, reset through /proc/self/clear_refs).
 
-    python benchmarks/packing.py                       # ~10 min on a busy 2-core box
-    python benchmarks/packing.py --rows 8,32 --models tiny
+    python studies/packing/packing.py                       # ~10 min on a busy 2-core box
+    python studies/packing/packing.py --rows 8,32 --models tiny
 
-Prints markdown; writes nothing. The numbers in benchmarks/README.md came from it.
+Prints markdown; writes nothing. The numbers in README.md beside it came from it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = {
     "tiny": dict(
         hidden_size=32,

@@ -7,10 +7,10 @@ the RSS before it (Linux VmHWM after the setup is reset through /proc/self/clear
 update's seconds and the micro-batch count; the gradient norm and loss, which must not depend on
 the split.
 
-    python benchmarks/micro_batches.py --response 128   # 256 rows: ~8 min on a busy 2-core box
-    python benchmarks/micro_batches.py --rows 128       # smaller
+    python studies/micro-batches/micro_batches.py --response 128   # 256 rows: ~8 min on a busy 2-core box
+    python studies/micro-batches/micro_batches.py --rows 128       # smaller
 
-Prints markdown; writes nothing. The numbers in benchmarks/README.md came from it.
+Prints markdown; writes nothing. The numbers in README.md beside it came from it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The test suite's tiny MoE (tests/helpers.py TINY): cold-started once and cached, like every
 # built-in model (hidden 32, 2 layers, 4 experts top-2).
 MODEL = """

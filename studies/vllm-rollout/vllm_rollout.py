@@ -1,6 +1,6 @@
 """Rollout throughput, HF generate vs vLLM, on the quickstart's tiny MoE (CPU).
 
-    .venv-vllm/bin/python benchmarks/vllm_rollout.py [--prompts 128] [--tokens 40]
+    .venv-vllm/bin/python studies/vllm-rollout/vllm_rollout.py [--prompts 128] [--tokens 40]
 
 Random weights (no cold start) so that nearly every response runs to the token limit:
 the same number of tokens for both engines. Prints tokens/s (best and median of 3 after a warm-up;
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import `benchmarks.*` from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from benchmarks.render import vllm_rollout_text
 

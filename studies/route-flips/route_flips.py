@@ -12,7 +12,7 @@ temperature 1 by the trainer's hf engine from the task's training prompts. The e
 is `moe/expert_change_frac`'s: the share of (token, slot) experts not in the token's earlier
 top-k set, over every prompt and response token.
 
-    OMP_NUM_THREADS=1 python benchmarks/route_flips.py MODEL_DIR --lr 5e-5 --seeds 0 1 2
+    OMP_NUM_THREADS=1 python studies/route-flips/route_flips.py MODEL_DIR --lr 5e-5 --seeds 0 1 2
 
 MODEL_DIR: a Hugging Face MoE directory that returns router logits (Qwen3-MoE and similar),
 e.g. a cold-started built-in model under $GSPO_CACHE_DIR/models/. Task: synthetic math
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gspo_cli.models.routing import expert_change_frac  # noqa: E402
 from gspo_cli.rollout.base import RolloutBatch, response_logprobs  # noqa: E402

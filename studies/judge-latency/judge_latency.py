@@ -7,10 +7,10 @@ The stub runs in a child process (a threading HTTP server, so it answers every r
 concurrently and only the judge's bound limits what is in flight); the judge is the one
 `gspo train` builds (gspo_cli.tasks.judge.make_judge), called as the trainer calls it.
 
-    python benchmarks/judge_latency.py                    # 128 rows, 200 ms, concurrency 16, 5 repeats
-    python benchmarks/judge_latency.py --concurrency 1 --repeats 1
+    python studies/judge-latency/judge_latency.py                    # 128 rows, 200 ms, concurrency 16, 5 repeats
+    python studies/judge-latency/judge_latency.py --concurrency 1 --repeats 1
 
-Prints markdown; writes nothing. The judge figures in benchmarks/README.md came from it.
+Prints markdown; writes nothing. The figures in README.md beside it came from it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ built-in tiny MoE (same weights, one file edited each time), with the public tra
    what the model ends turns with, while generation_config lists both (like Llama 3); and the
    prompt text the sampler was fed for a tokenizer with a chat template.
 
-Run from a checkout (PYTHONPATH at it): `python benchmarks/checkpoint_hygiene.py [--steps 3]`.
+Run from a checkout (PYTHONPATH at it): `python studies/checkpoint-hygiene/checkpoint_hygiene.py [--steps 3]`.
 Only public entry points are used, so the same script measures an older checkout too.
 Prints one JSON object per variant.
 
@@ -39,7 +39,7 @@ from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.train.step import setup, train_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import TINY  # noqa: E402 - the tests' tiny MoE, so both measure the same model
 
 SPEC = {

@@ -13,11 +13,11 @@ compiled side by side:
    update on it, in alternating order. Reported: the median update seconds of each and the
    median of the per-step ratios, over the steps where the compiled trainer met no new width.
 
-    OMP_NUM_THREADS=1 python benchmarks/compile_cache.py                 # ~10 min on 2 busy cores
-    python benchmarks/compile_cache.py --rounds 1 --steps 3 --paired 4  # shorter
+    OMP_NUM_THREADS=1 python studies/compiled-updates/compile_cache.py                 # ~10 min on 2 busy cores
+    python studies/compiled-updates/compile_cache.py --rounds 1 --steps 3 --paired 4  # shorter
 
 Prints markdown; writes nothing but its temporary compile cache (removed at the end unless
---cache is given). The numbers in benchmarks/README.md ("Compiled updates") came from it.
+--cache is given). The numbers in README.md beside it came from it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TAG = "COMPILE_RESULT "
 
 

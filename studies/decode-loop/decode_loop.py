@@ -11,10 +11,10 @@ same cold-started weights loaded twice, one engine per loop, sampler log-probs a
 Rounds alternate the order of the two; reported: medians and the median of the per-round
 ratios (compact / generate) with their range, at each thread count asked for.
 
-    python benchmarks/decode_loop.py                    # ~4 min on 2 idle cores
-    python benchmarks/decode_loop.py --rounds 5 --threads 1
+    python studies/decode-loop/decode_loop.py                    # ~4 min on 2 idle cores
+    python studies/decode-loop/decode_loop.py --rounds 5 --threads 1
 
-Prints markdown; writes nothing. The numbers in benchmarks/README.md came from it.
+Prints markdown; writes nothing. The numbers in README.md beside it came from it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOOPS = ("generate", "compact")
 
 

@@ -13,10 +13,10 @@ included), and the max |log-prob| difference (nats) from eager: for training, of
 compiled forward against the eager one on the same rows; for generation, of the sampler's
 log-probs against one eager full forward of the sequences it sampled.
 
-    OMP_NUM_THREADS=1 python benchmarks/compile_trial.py            # ~5-10 min on 2 cores
-    python benchmarks/compile_trial.py --iters 2 --skip-generation  # shorter
+    OMP_NUM_THREADS=1 python studies/compile-trial/compile_trial.py            # ~5-10 min on 2 cores
+    python studies/compile-trial/compile_trial.py --iters 2 --skip-generation  # shorter
 
-Prints a markdown table; writes nothing. The numbers quoted in benchmarks/README.md came
+Prints a markdown table; writes nothing. The numbers quoted in README.md beside it came
 from this script.
 """
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from benchmarks.common import base_raw, load_spec_and_task, model_source
 

@@ -2,7 +2,7 @@
 fine-tuning vs LoRA r=16 (model.lora) on a random local Qwen3-MoE of ~300 M parameters built from
 a config (plan_check.py's `moe-300M`), with `gspo plan`'s per-process figure beside each phase.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/lora_memory.py [--out results/bench/lora_memory.md] [--prompts 4]
+    PYTHONPATH=. .venv/bin/python studies/lora-memory/lora_memory.py [--out results/bench/lora_memory.md] [--prompts 4]
         [--only LoRA] [--replan SAVED.json ...]   # --replan: saved measurements against the current plan
 
 Each configuration runs in a fresh process: setup (phase "load"), two RL steps of the quickstart's
@@ -22,9 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import plan_check as pc
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the plan check: benchmarks/plan_check.py
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import plan_check as pc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 TAG = "LORA_MEMORY "
 MODEL = pc.local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)
 CONFIGS = [  # name, model.dtype, model.lora

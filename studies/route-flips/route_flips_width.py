@@ -7,7 +7,7 @@ built-in model), then `route_flips.one_seed` applies one Adam-like step (lr x si
 routers' step `--router-lr-scale` times larger, as `optimizer.router_lr_scale`) and measures
 the share of chosen experts that change. Prints one Markdown row per width and seed.
 
-    OMP_NUM_THREADS=2 python benchmarks/route_flips_width.py --widths 128 256 512 --layers 8
+    OMP_NUM_THREADS=2 python studies/route-flips/route_flips_width.py --widths 128 256 512 --layers 8
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from route_flips import one_seed  # noqa: E402

@@ -2,7 +2,7 @@
 model: seconds per push, and resident memory above the steady state in the trainer and in the
 server's model process while it runs.
 
-    python benchmarks/vllm_server_push.py [--hidden 512] [--layers 4] [--experts 16] [--pushes 3]
+    python studies/vllm-fsdp/vllm_server_push.py [--hidden 512] [--layers 4] [--experts 16] [--pushes 3]
 
 (with `.venv-vllm`'s python). Builds a random Qwen3-MoE from a config (nothing downloaded),
 starts a vLLM server on it as `gspo vllm-server` would (a subprocess), pushes the trainer's
@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import `gspo_cli` from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 MiB = 2**20
 
@@ -88,7 +88,8 @@ def model_worker_pid(server_pid: int) -> int:
 
 
 def main() -> None:
-    from benchmarks.vllm_fsdp_stream import add_model_args, moe_config
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbour, vllm_fsdp_stream.py
+    from vllm_fsdp_stream import add_model_args, moe_config
 
     ap = argparse.ArgumentParser()
     add_model_args(ap)

@@ -13,11 +13,11 @@ round; reported: the medians and the medians of the per-round ratios (grouped_mm
 gspo_grouped_mm / grouped_mm) with their ranges. Log-probs are compared with the loop's on the
 batch (max abs difference).
 
-    python benchmarks/fused_experts.py                               # 2 threads, ~4 min
-    OMP_NUM_THREADS=1 python benchmarks/fused_experts.py            # 1 thread
-    python benchmarks/fused_experts.py --rounds 3                    # shorter
+    python studies/fused-experts/fused_experts.py                               # 2 threads, ~4 min
+    OMP_NUM_THREADS=1 python studies/fused-experts/fused_experts.py            # 1 thread
+    python studies/fused-experts/fused_experts.py --rounds 3                    # shorter
 
-Prints markdown; writes nothing. The numbers in benchmarks/README.md came from it.
+Prints markdown; writes nothing. The numbers in README.md beside it came from it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ctx(impl: str):

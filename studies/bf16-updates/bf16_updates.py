@@ -1,6 +1,6 @@
 """How many weights small updates change in bf16: the README's mixed-precision numbers.
 
-    .venv/bin/python benchmarks/bf16_updates.py [OUT_DIR]
+    .venv/bin/python studies/bf16-updates/bf16_updates.py [OUT_DIR]
 
 Trains the tests' tiny MoE (tests/helpers.py) for 5 steps x 4 mini-batches at lr 1e-5 with
 `model.dtype` float32 and bfloat16, then counts the weights whose bf16 value differs from the
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import TINY  # noqa: E402 - the tests' tiny MoE
 
 from gspo_cli.models import resolve_model_source  # noqa: E402

@@ -8,7 +8,7 @@ one AdamW step on a fixed batch, then the peak RSS rise (VmHWM, reset just befor
 checkpoint is written. Each way runs in fresh processes. Writes results/checkpoint_memory.json
 (git ignores results/) and prints a Markdown table.
 
-usage: python benchmarks/checkpoint_memory.py [--procs 2] [--hidden 1024] [--layers 8]
+usage: python studies/checkpoint-memory/checkpoint_memory.py [--procs 2] [--hidden 1024] [--layers 8]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rss_mb(field: str) -> float:
