@@ -8,7 +8,8 @@ Each configuration runs in fresh processes (torchrun for 2). A worker loads the 
 (`setup`, phase "load"), trains two steps and writes one checkpoint; the peak of each phase is
 the kernel's high-water mark (VmHWM) after resetting it at the phase's start (writing 5 to
 /proc/self/clear_refs), the largest over the two steps and over ranks. The plan (layout
-"today", now called "before": the code before issue 25; the `sharded` column is the code as
+"today", now called "before": the code before meta-device loading, chunked log-probs and
+per-rank checkpoints; the `sharded` column is the code as
 it is now and is printed beside it) is compared with the measured peak minus the worker's
 baseline (its RSS after torch, transformers and process-group start, before the model and
 its code are loaded): the plan's CPU runtime allowance is a guess, the baseline is measured.
@@ -83,7 +84,7 @@ CONFIGS = [
     ("dense-100M", {"local": local("qwen3", 768, 8, 32000)}, 2, "fsdp", True, {}),
     ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 1, "ddp", True, {}),
     ("moe-300M", {"local": local("qwen3_moe", 640, 8, 32000, experts=32, moe_intermediate=512)}, 2, "fsdp", False, {}),
-    # issue 41: one mini-batch of 64 rows, unsplit and in micro-batches of 256 tokens (about 3 rows)
+    # micro-batches: one mini-batch of 64 rows, unsplit and in micro-batches of 256 tokens (about 3 rows)
     ("moe-10M-64rows", {"local": MOE_10M}, 1, "ddp", False, BIG),
     ("moe-10M-64rows-mb256", {"local": MOE_10M}, 1, "ddp", False, BIG | {"train": {"micro_batch_tokens": 256}}),
 ]
@@ -269,9 +270,10 @@ def plan_for(raw: dict, world: int, prompt_len: int) -> dict:
 
 def render(results: list[dict], layout: str = "sharded") -> str:
     """The table; plan / measured uses `layout`'s plan: "sharded" (the code as it is; measure
-    with it) or "today" (the code before issue 25: measurements taken before it landed)."""
+    with it) or "today" (the code before meta-device loading and per-rank checkpoints: measurements
+    taken before they landed)."""
     other = "today" if layout == "sharded" else "sharded"
-    names = {"sharded": "plan, the code as it is (MB)", "today": "plan, code before issue 25 (MB)"}
+    names = {"sharded": "plan, the code as it is (MB)", "today": "plan, the code before (MB)"}
     lines = [
         "| model | parameters | processes | sharding | act. ckpt | phase | measured peak - baseline (MB) "
         f"| {names[layout]} | plan / measured | {names[other]} |",
@@ -303,7 +305,10 @@ def main() -> None:
     ap.add_argument("--only", help="run only configurations whose name contains this")
     ap.add_argument("--replan", nargs="+", metavar="JSON", help="re-render saved measurements with the current plan")
     ap.add_argument(
-        "--layout", default="sharded", choices=("sharded", "today"), help="plan for the ratio (today: pre-issue-25)"
+        "--layout",
+        default="sharded",
+        choices=("sharded", "today"),
+        help="plan for the ratio (today: the code before meta-device loading)",
     )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()

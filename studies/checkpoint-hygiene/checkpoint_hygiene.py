@@ -1,13 +1,13 @@
 """Does `gspo train` train the policy whose ratios it computes, whatever the checkpoint ships?
 
-Measures issue 13's points 1, 2 and 6 on ordinary local HF directories made from the
+Measures three points on ordinary local HF directories made from the
 built-in tiny MoE (same weights, one file edited each time), with the public training step:
 
 1. generation_config.json leaking into sampling: zero-variance group share and mean response
    length over a few steps, clean copy vs one whose generation_config sets sampling options;
 2. dropout in the RL forwards: policy/kl_old_k3 of the first (on-policy) mini-batch with
    `attention_dropout: 0.5` vs 0 in config.json;
-6. stop ids: response length and truncated share for a checkpoint whose tokenizer EOS is not
+3. stop ids: response length and truncated share for a checkpoint whose tokenizer EOS is not
    what the model ends turns with, while generation_config lists both (like Llama 3); and the
    prompt text the sampler was fed for a tokenizer with a chat template.
 
@@ -15,7 +15,8 @@ Run from a checkout (PYTHONPATH at it): `python studies/checkpoint-hygiene/check
 Only public entry points are used, so the same script measures an older checkout too.
 Prints one JSON object per variant.
 
-Measured (3 steps x 32 samples, seed 0, 2-core CPU), before -> after issue 13's fixes:
+Measured (3 steps x 32 samples, seed 0, 2-core CPU), before -> after the fixes
+(2026-12-03):
   polluted generation_config: zero-variance groups 0.667 -> 0.25, length 14.1 -> 16.4
     (clean copy: 0.25, 16.4; after, every metric equals the clean copy's);
   attention_dropout 0.5: first on-policy kl_old_k3 1.07 -> 0.0 nats (clean: 0.0);
