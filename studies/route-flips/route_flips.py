@@ -16,8 +16,8 @@ top-k set, over every prompt and response token.
 
 MODEL_DIR: a Hugging Face MoE directory that returns router logits (Qwen3-MoE and similar),
 e.g. a cold-started built-in model under $GSPO_CACHE_DIR/models/. Task: synthetic math
-(--operands, --max-operand). Prints one table per seed; writes nothing. The numbers quoted
-in the README's `paper_moe` section came from this script.
+(--operands, --max-operand). Prints one table per seed; writes nothing. The numbers in README.md
+beside it (and docs/results.md, "The GSPO paper's MoE findings") came from this script.
 """
 
 from __future__ import annotations
