@@ -112,7 +112,7 @@ zoo: setup
 	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
 	$(BIN)/gspo report results/zoo
 
-# `make lora-routers`: LoRA's router axis (issue 42), the quickstart's GRPO and GSPO arms with rank-8
+# `make lora-routers`: LoRA's router axis: the quickstart's GRPO and GSPO arms with rank-8
 # adapters, routers frozen / lora / full x 3 seeds (experiments/lora_routers.yaml: 150 steps, 18
 # runs two at a time, 15 min on the idle 2-core box, 2026-12-06); resumable; writes
 # results/lora_routers/REPORT.md (its opening note is written by hand).
@@ -161,7 +161,7 @@ bench: setup
 
 # `make bench-reward-pool`: a reward sleeping 50 ms per row, 128 rows per step, scored serially in
 # the trainer against the reward pool (8 workers) with scoring overlapped with sampling
-# (benchmarks/reward_pool.py; numbers in benchmarks/README.md, "Reward pool"). Standalone: it
+# (benchmarks/reward_pool.py; numbers in studies/reward-pool/README.md). Standalone: it
 # needs neither TRL nor the paired turns of `make bench`.
 .PHONY: bench-reward-pool
 bench-reward-pool: setup
