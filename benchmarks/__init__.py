@@ -1,1 +1,1 @@
-"""`make bench` (bench.py) and the vLLM rollout measurement (vllm_rollout.py); not part of the package."""
+"""`make bench` (bench.py), the reward-pool benchmark, the GPU check and the plan check; not part of the package."""

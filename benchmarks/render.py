@@ -463,7 +463,7 @@ def profile_text(cfg: dict, total: float, buckets: list[dict], by_cumulative: st
 
 
 def vllm_rollout_text(m: dict) -> str:
-    """vllm_rollout.py's report, four lines. `m`: threads, prompts, tokens, params_m (millions),
+    """studies/vllm-rollout/vllm_rollout.py's report, four lines. `m`: threads, prompts, tokens, params_m (millions),
     hf_/vllm_ best, median (tokens/s) and length (mean tokens), start_s and sync_s (seconds),
     gap_mean and gap_max (nats)."""
     return (

@@ -24,7 +24,7 @@ differences). The bound: the pool adds at most 20% of the serial 6.4 s (1.28 s).
     python benchmarks/reward_pool.py              # ~3 min on 2 idle cores
     python benchmarks/reward_pool.py --rounds 3 --workers 8
 
-Prints markdown; writes nothing else. The numbers in benchmarks/README.md ("Reward pool")
+Prints markdown; writes nothing else. The numbers in studies/reward-pool/README.md
 came from it.
 """
 
