@@ -112,7 +112,7 @@ def vllm_engine_class():
                 raise RuntimeError("gspo weight transfer: not initialised (call /init_weight_transfer_engine first)")
             # One load_weights call consuming the tensors as they arrive, one received at a time:
             # the loader sets itself up once per call (one call per tensor: a 61 M-parameter MoE's
-            # 231 tensors took 1.06 s against 0.62 s, benchmarks/vllm_server_push.py).
+            # 231 tensors took 1.06 s against 0.62 s, studies/vllm-fsdp/vllm_server_push.py).
             self.model.load_weights(self._received(update_info))
 
         def _received(self, update_info: GspoUpdateInfo):
