@@ -62,9 +62,12 @@ class Components:
             "samples per problem": 1 - self.variance(samples=2 * self.samples) / now,
             "problems": 1 - self.variance(problems=2 * self.problems) / now,
         }
-        best = max(gain, key=gain.get)
+        top = max(gain.values())
+        best = [k for k, v in gain.items() if v >= top - 0.01]  # within a point of the best: a tie
         text = ", ".join(f"{k} {100 * v:.0f}%" for k, v in gain.items())
-        return f"doubling shrinks the variance by: {text}; most: more {best}"
+        if len(best) > 1:  # e.g. all noise is sampling: each doubling halves it; add the cheapest
+            return f"doubling shrinks the variance by: {text}; {' and '.join(best)} help alike: add the cheapest"
+        return f"doubling shrinks the variance by: {text}; most: more {best[0]}"
 
 
 __all__ = ["Components"]
