@@ -124,7 +124,7 @@ def test_too_few_points_and_no_step0():
 def test_plot_compute_axes_and_fit_figure(tmp_path):
     exp = make_compute_experiment(tmp_path, arms={"short": 10, "long": 30}, seeds=2, steps=20)
     runner = CliRunner()
-    for x in ("tokens", "samples", "wall"):
+    for x in ("tokens", "wall"):  # samples: test_compute_axes
         res = runner.invoke(app, ["plot", str(exp), "--x", x, "-m", "eval,fit", "-o", str(tmp_path / x), "--no-panel"])
         assert res.exit_code == 0, res.output
         assert (tmp_path / x / "fit_math.png").exists() and (tmp_path / x / "eval_math.png").exists()
@@ -132,4 +132,39 @@ def test_plot_compute_axes_and_fit_figure(tmp_path):
     assert res.exit_code == 2 and "--x: unknown axis 'flops'" in res.output
     res = runner.invoke(app, ["report", str(exp)])
     assert res.exit_code == 0, res.output
-    assert "## Held-out score against compute" in (exp / "REPORT.md").read_text()
+    text = (exp / "REPORT.md").read_text()
+    assert "## Held-out score against compute" in text and "![fit_math](figures/fit_math.png)" in text
+    assert "gspo plot " + str(exp) + " --x tokens -m fit --no-panel" in text
+
+
+def _simulated(rng, curve, top: float, seeds: int = 5):
+    """Five seeds of 21 evaluations from 0 to `top` compute units (spaced as length 10 + k runs),
+    noise 0.01."""
+    out = []
+    for k in range(seeds):
+        c = np.linspace(0.0, top * (10 + k) / 10, 21)
+        out.append((c, curve(c) + rng.normal(0, 0.01, len(c))))
+    return out
+
+
+@pytest.mark.slow
+def test_fit_calibration_by_simulation():
+    """The figures docs/guides/statistics.md quotes (40 experiments each; about 3 min on 2 cores)."""
+    true = lambda c: saturating(c, *TRUE.values())  # noqa: E731
+    covered, identified = dict.fromkeys(("a", "b", "c_mid"), 0), 0
+    for e in range(40):
+        fit = fit_saturation(_simulated(np.random.default_rng(1000 + e), true, 3200.0), rng_seed=e)
+        identified += fit.identified
+        for k in covered:
+            covered[k] += fit.identified and fit.ci[k][0] <= TRUE[k] <= fit.ci[k][1]
+    print(f"identified {identified}/40, covered {covered}")
+    assert identified == 40
+    assert all(v >= 36 for v in covered.values()), covered  # >= 90% for a 95% interval, 40 draws
+    line = lambda c: 0.1 + 0.4 * c / 6000  # noqa: E731
+    early = [fit_saturation(_simulated(np.random.default_rng(3000 + e), true, 750.0), bootstrap=100) for e in range(40)]
+    lines = [
+        fit_saturation(_simulated(np.random.default_rng(2000 + e), line, 3200.0), bootstrap=100) for e in range(40)
+    ]
+    n_early, n_line = sum(f.identified for f in early), sum(f.identified for f in lines)
+    print(f"identified: seen up to C_mid / 2 {n_early}/40, a line {n_line}/40")
+    assert n_early == 0 and n_line == 0

@@ -22,7 +22,7 @@ import numpy as np
 from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
 from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
-from gspo_cli.analysis.report_compute import compute_lines
+from gspo_cli.analysis.report_compute import REPORT_AXIS, compute_lines
 from gspo_cli.analysis.report_differences import FAMILY_RULE, finding_family
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
 from gspo_cli.analysis.report_rewards import reward_lines
@@ -202,7 +202,12 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += collapse_lines(groups, eval_task, eval_label)
     tested = [k for k in SURVIVAL_KEYS if family.get(k) and family[k].diff is not None]
     lines += survival_lines(groups, eval_task, eval_label, [survival_test_line(family[k], roles, k) for k in tested])
-    lines += compute_lines(groups, eval_task, eval_label)
+    compute = compute_lines(groups, eval_task, eval_label)
+    lines += compute
+    fit = bool(compute) and not compute[2].startswith("Not computed")  # the fit's figure, on the same axis
+    written += (
+        plot_runs(paths, out=fig_dir, metrics=["fit"], x=REPORT_AXIS, panel=False, dpi=FIGURE_DPI)[0] if fit else []
+    )
     lines += ["## Figures", ""]
     for p in written:
         lines += [f"![{p.stem}]({rel(p)})", ""]
@@ -216,6 +221,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
         f"gspo report {cmd_dir}                      # this file and figures/",
         f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
         f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(figures)}   # at 150 dpi, + panel",
+        *([f"gspo plot {cmd_dir} --x {REPORT_AXIS} -m fit --no-panel"] if fit else []),
         "```",
         "",
     ]

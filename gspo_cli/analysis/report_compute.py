@@ -77,8 +77,9 @@ def compute_lines(groups: list[Group], task: str | None, label: str, axis: str =
 
 
 def fit_curve(group: Group, task: str, axis: str) -> tuple[Fit, np.ndarray]:
-    """The fit without intervals (for a figure) and the x to draw it on: 0 to the largest compute."""
-    fit = arm_fit(group, task, axis, bootstrap=0)
+    """The fit (identified as in the report, so with its bootstrap) and the x to draw it on: 0 to
+    the largest compute."""
+    fit = arm_fit(group, task, axis)
     top = max((float(x[-1]) for r in group.runs if len(x := eval_points(r, task, axis)[0])), default=0.0)
     return fit, np.linspace(0.0, top, 200)
 

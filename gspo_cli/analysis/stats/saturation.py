@@ -6,8 +6,9 @@ of Scaling Reinforcement Learning Compute", arXiv 2510.13786):
 R0 the score before training (C = 0: the mean step-0 score, held fixed), A the asymptote, B the
 efficiency exponent (how sharply the score rises around the midpoint), C_mid the compute at which
 half of the gain A - R0 is reached. Least squares (scipy.optimize.least_squares, several starts) on
-every evaluation of every seed, compute scaled by its largest value. Intervals: percentile 95%
-intervals over a seed bootstrap (the seeds resampled with replacement, the curve refitted).
+every evaluation of every seed, compute scaled by its largest value. Intervals: 95%, from a seed
+bootstrap (the seeds resampled with replacement, the curve refitted): the estimate ± t_{0.975, S-1}
+x the bootstrap SD (S seeds; on the log scale for B and C_mid).
 
 Identified only when the data can tell the parameters apart (IDENTIFY_RULE); otherwise the fit
 says why and gives no numbers.
@@ -28,10 +29,10 @@ MID_BOUNDS = (1e-4, 1e4)  # C_mid / the largest compute reached
 IDENTIFY_RULE = f"""\
 The fit is reported only when it is identified: at least {MIN_POINTS} evaluations after step 0 (a
 step-0 evaluation fixes R0); the midpoint C_mid within the compute reached (else the curve has not
-bent yet and A is an extrapolation); no parameter at the edge of its range (A within the scores'
-range widened to [0, 1], B in [{B_BOUNDS[0]:g}, {B_BOUNDS[1]:g}]); and the curve fitting the points
-better than a straight line R0 + s C (F test of the two extra parameters, p < 0.05). Otherwise it
-says which condition failed and gives no numbers.
+bent yet and A is an extrapolation), and with two seeds or more its 95% interval too; no parameter
+at the edge of its range (A within the scores' range widened to [0, 1], B in [{B_BOUNDS[0]:g},
+{B_BOUNDS[1]:g}]); and the curve fitting the points better than a straight line R0 + s C (F test of
+the two extra parameters, p < 0.05). Otherwise it says which condition failed and gives no numbers.
 """
 
 
@@ -126,7 +127,12 @@ def fit_saturation(curves: list[tuple[np.ndarray, np.ndarray]], *, bootstrap: in
         reason = f"a straight line fits as well (F test p = {f_p:.2g}): no saturation to fit"
     if reason:
         return Fit(False, reason, **base)
-    return Fit(True, "", ci=_bootstrap(curves, p, a_bounds, scale, bootstrap, rng_seed), **base)
+    ci = _bootstrap(curves, p, a_bounds, scale, bootstrap, rng_seed)
+    if ci["c_mid"][1] > scale:  # NaN (no bootstrap) compares False
+        top = ci["c_mid"][1] / scale
+        reason = f"the midpoint's 95% interval reaches {top:.3g} x the largest compute: the bend is not pinned down"
+        return Fit(False, reason, ci=ci, **base)
+    return Fit(True, "", ci=ci, **base)
 
 
 def _bootstrap(curves, p, a_bounds, scale, n_boot, rng_seed) -> dict[str, tuple[float, float]]:
@@ -142,9 +148,17 @@ def _bootstrap(curves, p, a_bounds, scale, n_boot, rng_seed) -> dict[str, tuple[
         r0 = float(np.mean(zero))
         q, _ = _least_squares(x / scale, y, r0, a_bounds, [p, _starts(y, r0, a_bounds)[4]])  # warm start + one
         draws.append((q[0], math.exp(q[1]), math.exp(q[2]) * scale))
+    # The bootstrap's spread with a t quantile over seeds (S - 1 df), not its percentiles: a few
+    # seeds give few distinct resamples and percentiles that are too narrow (measured in the guide).
+    # B and C_mid are positive and skewed: their interval is taken on the log scale.
     d = np.asarray(draws)
-    lo, hi = np.percentile(d, 2.5, axis=0), np.percentile(d, 97.5, axis=0)
-    return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("a", "b", "c_mid"))}
+    t = float(stats.t.ppf(0.975, len(curves) - 1))
+    est = (float(p[0]), math.exp(p[1]), math.exp(p[2]) * scale)
+    out = {"a": (est[0] - t * float(d[:, 0].std(ddof=1)), est[0] + t * float(d[:, 0].std(ddof=1)))}
+    for i, k in ((1, "b"), (2, "c_mid")):
+        half = t * float(np.log(d[:, i]).std(ddof=1))
+        out[k] = (est[i] * math.exp(-half), est[i] * math.exp(half))
+    return out
 
 
 __all__ = ["IDENTIFY_RULE", "MIN_POINTS", "Fit", "fit_saturation", "saturating"]
