@@ -230,7 +230,9 @@ def plot(
             help="which figures, comma-separated or repeated (default: every figure the runs have data "
             "for, and the panel figure with reward, eval, clip, expert_change, engine_route_diff, mismatch): "
             "reward, reward_time, eval, clip, expert_change, engine_route_diff, mismatch, mismatch_dropped, "
-            "kl, entropy, length, grad_norm, logvar_length, logvar_minibatch",
+            "kl, entropy, length, grad_norm, logvar_length, logvar_minibatch, survival (time to collapse, "
+            "Kaplan-Meier; by default where a run collapses), fit (held-out score against --x with the "
+            "saturating fit; on request); e.g. -m eval,fit --x tokens",
         ),
     ] = None,
     x: Annotated[
@@ -330,6 +332,9 @@ def report(
     figures, and per finding the differences between arms (paired over seeds, Holm over every
     difference in the findings, each unresolved one with what would resolve it) and a verdict, or
     "not testable" and why (no reward signal, or arms that take the same gradient).
+
+    Then each arm's time to collapse (Kaplan-Meier, log-rank in the same Holm family) and its
+    held-out score against response tokens (at an equal budget; a saturating fit where identified).
 
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """
