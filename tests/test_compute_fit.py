@@ -88,6 +88,10 @@ def test_compare_budget_column_and_difference(tmp_path):
     # At equal steps the long arm is far ahead (3x the tokens); at equal tokens the two share one curve.
     (final,) = [d for d in doc["differences"] if d["metric"] == "eval_final:math"]
     assert final["delta"] > 0.05 and abs(row["delta"]) < 0.03
+    # without --budget, a note: tokens at step 40 = 8 x mean length x 40, lengths 30-32 against 10-12
+    res = CliRunner().invoke(app, ["compare", str(exp), "-f", "json"])
+    notes = json.loads(res.output)["notes"]
+    assert "Unequal compute: long sampled 2.8x the tokens of short (9.92e+03 vs 3.52e+03)" in " ".join(notes)
     res = CliRunner().invoke(app, ["compare", str(exp), "--budget", "flops"])
     assert res.exit_code == 2 and "--budget: unknown axis 'flops'" in res.output
 

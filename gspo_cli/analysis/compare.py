@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gspo_cli.analysis.arm_settings import SETTINGS, arm_settings
-from gspo_cli.analysis.compute import budget_columns
+from gspo_cli.analysis.compute import budget_columns, unequal_compute_note
 from gspo_cli.analysis.report_testable import no_signal_note, same_gradient_notes
 from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, reward_names, seed_stats
 from gspo_cli.errors import SpecError
@@ -279,7 +279,8 @@ def compare_runs(
         rows = [Row(r.group, r.seeds, r.status, {c.id: r.cells[c.id] for c in keep}, r.settings) for r in rows]
         cols = keep
     settings = {"group_by": group_by, "last": last, "threshold": threshold, "budget": budget}
-    notes = _notes(runs, threshold, last) + budget_notes + same_gradient_notes(groups)
+    unequal = unequal_compute_note(groups) if budget is None else None
+    notes = _notes(runs, threshold, last) + budget_notes + ([unequal] if unequal else []) + same_gradient_notes(groups)
     if (silent := no_signal_note(runs)) is not None:
         notes.append(silent)
     if (trained := params_note([(g.name, g.runs[0].info.get("params")) for g in groups])) is not None:

@@ -123,6 +123,24 @@ def budget_columns(runs: list[Run], axis: str) -> tuple[list[tuple], list[str]]:
     return cols, notes
 
 
+def unequal_compute_note(groups, axis: str = "tokens", ratio: float = 1.1) -> str | None:
+    """A note for `compare` without --budget when the groups spent unequal compute: the seed-mean
+    `axis` at the last logged step differs by more than `ratio` between the most and least
+    spending group. None otherwise, or when a run's spec lacks the rollout shape."""
+    try:
+        spent = {g.name: float(np.mean([compute_series(r, axis).dropna().iloc[-1] for r in g.runs])) for g in groups}
+    except (SpecError, IndexError):
+        return None
+    spent = {k: v for k, v in spent.items() if math.isfinite(v) and v > 0}
+    if len(spent) < 2 or max(spent.values()) <= ratio * min(spent.values()):
+        return None
+    most, least = max(spent, key=spent.get), min(spent, key=spent.get)
+    return (
+        f"Unequal compute: {most} sampled {spent[most] / spent[least]:.2g}x the {axis} of {least} "
+        f"({spent[most]:.3g} vs {spent[least]:.3g}); --budget {axis} compares held-out scores at equal {axis}."
+    )
+
+
 __all__ = [
     "ALIASES",
     "AXES",
@@ -134,4 +152,5 @@ __all__ = [
     "compute_series",
     "eval_points",
     "score_at",
+    "unequal_compute_note",
 ]
