@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gspo_cli.analysis.arm_settings import SETTINGS, arm_settings
+from gspo_cli.analysis.compute import budget_columns, unequal_compute_note
 from gspo_cli.analysis.report_testable import no_signal_note, same_gradient_notes
 from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, reward_names, seed_stats
 from gspo_cli.errors import SpecError
@@ -258,8 +259,10 @@ def compare_runs(
     metrics: list[str] | None = None,
     last: int = 10,
     threshold: float | None = None,
+    budget: str | None = None,
 ) -> Comparison:
-    """Read the runs under `paths`, group them and compute every column; SpecError on bad input."""
+    """Read the runs under `paths`, group them and compute every column; SpecError on bad input.
+    `budget` (a `compute.AXES` name): add each held-out set's score at equal compute on that axis."""
     if last < 1:
         raise SpecError(f"--last: must be >= 1, got {last}")
     if metrics and "threshold" in metrics and threshold is None:
@@ -268,13 +271,16 @@ def compare_runs(
     last = min(last, max(len(r.metrics) for r in runs)) or last  # "last 10" of a 6-step run is its 6
     groups = group_runs(runs, group_by)
     cols = build_columns(list(metrics or DEFAULT), runs, last=last, threshold=threshold)
+    extra, budget_notes = budget_columns(runs, budget) if budget is not None else ([], [])
+    cols += [Column(*c, partial=True) for c in extra]
     rows = [_row(g, cols) for g in groups]
     if not metrics:  # by default, drop what no run logs (expert change on a dense model, say)
         keep = [c for c in cols if c.partial or any(r.cells[c.id].n for r in rows)]
         rows = [Row(r.group, r.seeds, r.status, {c.id: r.cells[c.id] for c in keep}, r.settings) for r in rows]
         cols = keep
-    settings = {"group_by": group_by, "last": last, "threshold": threshold}
-    notes = _notes(runs, threshold, last) + same_gradient_notes(groups)
+    settings = {"group_by": group_by, "last": last, "threshold": threshold, "budget": budget}
+    unequal = unequal_compute_note(groups) if budget is None else None
+    notes = _notes(runs, threshold, last) + budget_notes + ([unequal] if unequal else []) + same_gradient_notes(groups)
     if (silent := no_signal_note(runs)) is not None:
         notes.append(silent)
     if (trained := params_note([(g.name, g.runs[0].info.get("params")) for g in groups])) is not None:

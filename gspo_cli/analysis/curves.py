@@ -1,5 +1,5 @@
 """The numbers `gspo plot` draws, from run directories alone (no matplotlib): per group, the
-mean over seeds of a metric along an x axis (step, training seconds or response tokens), each
+mean over seeds of a metric along an x axis (step or a compute axis: `compute`), each
 seed EMA-smoothed first, with a band over seeds where at least two have the point; held-out
 scores by evaluation step; and the smoothing weight `--smooth auto` picks from the run length.
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gspo_cli.analysis.compute import compute_series
 from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema
 from gspo_cli.errors import SpecError
 
@@ -32,18 +33,9 @@ class Curve:
 
 
 def x_values(run: Run, x: str) -> pd.Series:
-    """The run's x coordinate by step: the step, training seconds or cumulative response tokens."""
-    idx = run.metrics.index
-    if x == "step":
-        return pd.Series(idx.to_numpy(float), index=idx)
-    if x == "time":
-        t = run.series("time/elapsed_s")
-        return t if t.notna().any() else run.series("time/step_s").cumsum()
-    rollout = run.spec.get("rollout") or {}
-    if not {"prompts_per_step", "group_size"} <= rollout.keys():
-        raise SpecError(f"--x tokens: {run.path / 'spec.yaml'} lacks rollout.prompts_per_step/group_size")
-    batch = rollout["prompts_per_step"] * rollout["group_size"]
-    return (run.series("response/length_mean").fillna(0) * batch).cumsum()
+    """The run's x coordinate by step: the step or its cumulative compute (`compute.AXES`: responses
+    or response tokens sampled, training seconds; `time` is `wall`)."""
+    return compute_series(run, x)
 
 
 def seed_curve(ys: dict[int, pd.Series], xs: dict[int, pd.Series], band: str = "ci") -> Curve | None:

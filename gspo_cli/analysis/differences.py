@@ -21,6 +21,7 @@ from rich.text import Text
 
 from gspo_cli.analysis.compare import Comparison, render
 from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.stability import COLLAPSE_PREFIX, survival_items, survival_label
 from gspo_cli.analysis.stats import (
     PLAN_NOTE,
     Difference,
@@ -31,13 +32,14 @@ from gspo_cli.analysis.stats import (
     probability_of_improvement,
     problem_difference,
     seed_difference,
+    verdict,
 )
 from gspo_cli.errors import SpecError
 
 COLUMNS = ("arm", "baseline", "metric", "delta", "ci_low", "ci_high", "method", "verdict", "p_adjusted", "seeds_needed")
 # Which way is better, by compare column id (a prefix ends in ":"): up for rewards and scores, down
 # for divergence, cost and time to a threshold. Anything else has no direction (higher / lower).
-_UP = ("reward", "accuracy", "eval_best:", "eval_final:", "eval_reward:", "reward:")
+_UP = ("reward", "accuracy", "eval_best:", "eval_final:", "eval_budget:", "eval_reward:", "reward:")
 _DOWN = ("kl", "step_time", "wall", "threshold_step", "threshold_time", "tool_errors", "tool_timeouts")
 
 
@@ -104,8 +106,10 @@ def estimate(arm: Group, base: Group, column) -> Estimate:
 
 
 def default_metrics(columns) -> list[str]:
-    """The family compare shows by default: each held-out set's final score, then the train reward."""
-    return [c.id for c in columns if c.id.startswith("eval_final:")] + [c.id for c in columns if c.id == "reward"]
+    """The family compare shows by default: each held-out set's final score (and, with --budget, its
+    score at equal compute), then the train reward."""
+    held_out = [c.id for c in columns if c.id.startswith(("eval_final:", "eval_budget:"))]
+    return held_out + [c.id for c in columns if c.id == "reward"]
 
 
 def family_metrics(columns, *, explicit: bool, spec_metric: str | None = None) -> list[str] | None:
@@ -147,7 +151,15 @@ def build_differences(
         for m in wanted:
             items.append((arm.name, base.name, m, metric_direction(m), estimate(arm, base, cols[m])))
             raw.append(([cols[m].value(r) for r in arm.runs], [cols[m].value(r) for r in base.runs]))
-    rows = decide(items, margin=margin)
+    surv = survival_items(couples, [m.split(":", 1)[1] for m in wanted if m.startswith("eval_final:")])
+    items, raw = items + surv, raw + [([], [])] * len(surv)
+    # A margin is in the metric's units; O − E of a log-rank row has none: no equivalence verdict.
+    rows = [
+        replace(d, verdict=verdict(d.estimate, d.p_adjusted, -1, None), margin=None, seeds_equivalence=None)
+        if d.metric.startswith(COLLAPSE_PREFIX)
+        else d
+        for d in decide(items, margin=margin)
+    ]
     if robust:
         rows = [
             replace(
@@ -155,7 +167,9 @@ def build_differences(
             )
             for d, (a, b) in zip(rows, raw)
         ]
-    labels = {c.id: c.label for c in columns}
+    labels = {c.id: c.label for c in columns} | {
+        d.metric: survival_label(d.metric) for d in rows[len(rows) - len(surv) :]
+    }
     return DifferenceTable(rows, labels, _notes(rows, labels, margin, robust), robust)
 
 
@@ -206,7 +220,8 @@ def text_rows(table: DifferenceTable) -> tuple[list[str], list[list[str]]]:
         lo, hi = d.ci95
         need = "—"
         if d.verdict == "not resolved":
-            need = str(d.seeds_needed) if d.seeds_needed is not None else ("> 1000" if d.estimate.has_interval else "—")
+            planned = d.estimate.has_interval and math.isfinite(d.estimate.sd_pairs)
+            need = str(d.seeds_needed) if d.seeds_needed is not None else ("> 1000" if planned else "—")
             need += f" (equiv. {d.seeds_equivalence})" if d.seeds_equivalence is not None else ""
         row = [d.arm, d.baseline, table.labels.get(d.metric, d.metric), _f(d.delta)]
         row += [f"[{_f(lo)}, {_f(hi)}]" if math.isfinite(lo) else "—", d.method, d.verdict, _f(d.p_adjusted, ".3g")]

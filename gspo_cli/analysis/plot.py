@@ -35,14 +35,18 @@ from gspo_cli.analysis.axes import (
     no_signal,
     score_limits,
 )
+from gspo_cli.analysis.compute import ALIASES, AXES, axis_name
 from gspo_cli.analysis.curves import BANDS, SMOOTH_AUTO, Curve, eval_curve, metric_curve, resolve_smooth, seed_curve
 from gspo_cli.analysis.figures import FIGURES, PANEL_FIGURES, PROFILES, FigureSpec, reward_figure
+from gspo_cli.analysis.fit_plot import fit_draws
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, reward_names
+from gspo_cli.analysis.survival_plot import survival_draws
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
 
 FORMATS = ("png", "svg", "pdf")
-X_AXES = {"step": "step (rollout batches)", "time": "training wall time [s]", "tokens": "response tokens generated"}
+EXTRA_FIGURES = ("survival", "fit")  # survival: drawn by default where a run collapses; fit: on request
+X_AXES = {**AXES, **{alias: AXES[axis] for alias, axis in ALIASES.items()}}  # a figure may fix its x: `time`
 DPI = 150
 RAW_STYLE = {"lw": 0.7, "alpha": 0.3}  # the unsmoothed mean behind a smoothed curve
 # Fixed salt and no dates: the same runs must give byte-identical files.
@@ -228,18 +232,18 @@ def build_plot(
     `metrics` None: every figure, the combined figure holding those of PANEL_FIGURES; given: those
     figures, all of them in the combined one. `smooth`: an EMA weight in [0, 1) or "auto";
     `band`: one of BANDS. Bad values are SpecErrors naming the option."""
-    if x not in X_AXES:
-        raise SpecError(f"--x: unknown axis {x!r} (known: {', '.join(X_AXES)})")
+    x = axis_name(x)
     if band not in BANDS:
         raise SpecError(f"--band: unknown band {band!r} (known: {', '.join(BANDS)})")
     smooth = resolve_smooth(groups, smooth)
     for fid in metrics or []:
-        if fid not in FIGURES and fid not in PROFILES:
-            raise SpecError(f"--metrics: unknown figure {fid!r} (known: {', '.join([*FIGURES, *PROFILES])})")
+        if fid not in FIGURES and fid not in PROFILES and fid not in EXTRA_FIGURES:
+            known = ", ".join([*FIGURES, *PROFILES, *EXTRA_FIGURES])
+            raise SpecError(f"--metrics: unknown figure {fid!r} (known: {known})")
     colours = group_colours(groups)
     out = Plot([], smooth=smooth, band=band, labels=[_label(g) for g in groups])
-    for fid in metrics or [*FIGURES, *PROFILES]:
-        if fid == "reward_time" and x == "time" and not metrics:
+    for fid in metrics or [*FIGURES, *PROFILES, "survival"]:
+        if fid == "reward_time" and x == "wall" and not metrics:
             continue  # the reward figure already is reward vs time
         if fid in PROFILES:
             panels = [p] if (p := profile_panel(fid, groups, colours, band)) is not None else []
@@ -247,6 +251,10 @@ def build_plot(
             names = reward_names([r for g in groups for r in g.runs])
             found = [metric_panel(f"reward_{n}", groups, colours, x, smooth, band, reward_figure(n)) for n in names]
             panels = [p for p in found if p is not None]
+        elif fid == "survival":  # Kaplan-Meier time to collapse, where some run collapses
+            panels = [Panel(name, draw, in_panel=False) for name, draw in survival_draws(groups, colours)]
+        elif fid == "fit":  # held-out score against x with the saturating fit: on request only
+            panels = [Panel(name, draw) for name, draw in fit_draws(groups, colours, x, band)]
         elif fid == "eval":
             tasks = sorted({t for g in groups for r in g.runs for t in r.eval_scores.task})
             panels = [p for t in tasks if (p := eval_panel(t, groups, colours, x, band)) is not None]
@@ -255,7 +263,7 @@ def build_plot(
         for p in panels:
             p.in_panel = bool(metrics) or fid in PANEL_FIGURES
         out.panels += panels
-        out.skipped += [] if panels else [fid]
+        out.skipped += [] if panels or (fid == "survival" and not metrics) else [fid]
     if not out.panels:
         raise SpecError("nothing to plot: no run logs any of " + ", ".join(metrics or [*FIGURES, *PROFILES]))
     return out

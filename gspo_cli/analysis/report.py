@@ -22,12 +22,20 @@ import numpy as np
 from gspo_cli.analysis.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.plot import plot_runs
 from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
+from gspo_cli.analysis.report_compute import REPORT_AXIS, compute_lines
 from gspo_cli.analysis.report_differences import FAMILY_RULE, finding_family
 from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
 from gspo_cli.analysis.report_rewards import reward_lines
 from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
 from gspo_cli.analysis.report_tools import has_tools, tool_lines
 from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
+from gspo_cli.analysis.stability import (
+    SURVIVAL_KEYS,
+    any_collapse,
+    survival_estimate,
+    survival_lines,
+    survival_test_line,
+)
 from gspo_cli.errors import SpecError
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
@@ -47,7 +55,7 @@ TABLE_METRICS = [
     "wall",
 ]
 FIGURES = ["reward", "reward_time", "rewards", "eval", "clip", "expert_change", "engine_route_diff", "mismatch"]
-FIGURES += ["logvar_length", "logvar_minibatch", "tools", "env_tokens"]  # tools: task.environment runs
+FIGURES += ["logvar_length", "logvar_minibatch", "tools", "env_tokens", "survival"]  # tools: task.environment
 FIGURE_DPI = 100  # small enough to commit beside the report
 # Expert change per update the paper reports for its 48-layer MoE (section 5.3): ~10%.
 PAPER_EXPERT_CHANGE = 0.10
@@ -153,8 +161,13 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     keys = [("gspo", "grpo", "reward"), ("gspo", "grpo", "reward/mean"), ("grpo_rr", "grpo", "reward")]
     keys += [("gspo", "grpo_rr", "reward"), ("grpo", "grpo_rr", "logvar"), ("grpo", "gspo", "logvar")]
     keys += [("gspo", "grpo", eval_col), ("grpo_rr", "grpo", eval_col)] if eval_col else []
+    eval_task = eval_col.split(":", 1)[1] if eval_col else None
+    keys += SURVIVAL_KEYS if any_collapse(list(roles.values()), eval_task) else []
+    tests = {"collapse": (-1, lambda a, b: survival_estimate(a, b, eval_task))}
     family = (
-        {} if findings_untestable(roles) else finding_family(roles, keys, {"logvar": offpolicy_logvar}, comp.columns)
+        {}
+        if findings_untestable(roles)
+        else finding_family(roles, keys, {"logvar": offpolicy_logvar}, comp.columns, tests)
     )
     diff = lambda a, b, col: family[(a, b, col)]  # noqa: E731
 
@@ -185,9 +198,16 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
         not_testable((5,), untestable) if untestable else stability_finding(roles, lambda a, b: diff(a, b, "logvar"))
     )
     lines += ["", RULES + STABILITY_RULE]
-    eval_task = eval_col.split(":", 1)[1] if eval_col else None
     lines += learning_lines(groups, eval_task, eval_label, last)
     lines += collapse_lines(groups, eval_task, eval_label)
+    tested = [k for k in SURVIVAL_KEYS if family.get(k) and family[k].diff is not None]
+    lines += survival_lines(groups, eval_task, eval_label, [survival_test_line(family[k], roles, k) for k in tested])
+    compute = compute_lines(groups, eval_task, eval_label)
+    lines += compute
+    fit = bool(compute) and not compute[2].startswith("Not computed")  # the fit's figure, on the same axis
+    written += (
+        plot_runs(paths, out=fig_dir, metrics=["fit"], x=REPORT_AXIS, panel=False, dpi=FIGURE_DPI)[0] if fit else []
+    )
     lines += ["## Figures", ""]
     for p in written:
         lines += [f"![{p.stem}]({rel(p)})", ""]
@@ -201,6 +221,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
         f"gspo report {cmd_dir}                      # this file and figures/",
         f"gspo compare {cmd_dir} --last {last} -m {','.join(TABLE_METRICS)}",
         f"gspo plot {cmd_dir} --smooth {smooth:g} -m {','.join(figures)}   # at 150 dpi, + panel",
+        *([f"gspo plot {cmd_dir} --x {REPORT_AXIS} -m fit --no-panel"] if fit else []),
         "```",
         "",
     ]

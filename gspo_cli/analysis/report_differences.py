@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gspo_cli.analysis.compare import Column
 from gspo_cli.analysis.differences import estimate, metric_direction
 from gspo_cli.analysis.rundata import Group, Run
-from gspo_cli.analysis.stats import ALPHA, Difference, decide
+from gspo_cli.analysis.stats import ALPHA, Difference, Estimate, decide
 
 Key = tuple[str, str, str]  # (role a, role b, column id): the difference a - b
 
@@ -53,18 +53,27 @@ class FindingDiff:
 
 
 def finding_family(
-    roles: dict[str, Group], keys: list[Key], values: dict[str, Callable[[Run], float]], columns: list[Column]
+    roles: dict[str, Group],
+    keys: list[Key],
+    values: dict[str, Callable[[Run], float]],
+    columns: list[Column],
+    tests: dict[str, tuple[int, Callable[[Group, Group], Estimate]]] | None = None,
 ) -> dict[Key, FindingDiff]:
     """The differences `keys` between roles, Holm over those whose roles exist. `values` maps a
     key's third part to a per-run value when it is not one of compare's `columns` (e.g. the
-    off-policy log-ratio variance)."""
-    cols = {c.id: c for c in columns}
+    off-policy log-ratio variance); `tests` to (direction, a test of two groups) when the
+    difference is not one of per-run values (the log-rank test of time to collapse)."""
+    cols, tests = {c.id: c for c in columns}, tests or {}
     items, present = [], []
     for a, b, col in keys:
-        if a not in roles or b not in roles or (col not in cols and col not in values):
+        if a not in roles or b not in roles or (col not in cols and col not in values and col not in tests):
             continue
-        column = cols.get(col) or Column(col, col, "", values[col])
-        items.append((a, b, col, metric_direction(col), estimate(roles[a], roles[b], column)))
+        if col in tests:
+            direction, test = tests[col]
+            items.append((a, b, col, direction, test(roles[a], roles[b])))
+        else:
+            column = cols.get(col) or Column(col, col, "", values[col])
+            items.append((a, b, col, metric_direction(col), estimate(roles[a], roles[b], column)))
         present.append((a, b, col))
     out = {k: FindingDiff(d) for k, d in zip(present, decide(items))}
     return {k: out.get(k, FindingDiff(None)) for k in keys}

@@ -109,6 +109,15 @@ def compare(
     threshold: Annotated[
         Optional[float], typer.Option("--threshold", help="add steps and time to reach this train reward")
     ] = None,
+    budget: Annotated[
+        Optional[str],
+        typer.Option(
+            "--budget",
+            metavar="AXIS",
+            help="add each held-out score at equal compute: the largest every run reached on AXIS "
+            "(tokens, samples, wall or step), interpolated between evaluations; e.g. --budget tokens",
+        ),
+    ] = None,
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="table, markdown, csv or json (csv with --baseline: the differences)")
     ] = "table",
@@ -154,7 +163,11 @@ def compare(
     With --baseline: a differences table (difference, CI, method, verdict better/worse/equivalent/not
     resolved, Holm-adjusted p, seeds needed), paired over seeds, from problem records where runs have them.
 
-    Example: `gspo compare results/quickstart --baseline grpo --margin 0.02 -f markdown`
+    With --baseline, arms whose runs collapse (held-out score below half its step 0) are also
+    compared by time to collapse: a log-rank row in the same Holm family.
+
+    Examples: `gspo compare results/quickstart --baseline grpo --margin 0.02 -f markdown`, `gspo compare
+    results/quickstart --baseline grpo --budget tokens`
     """
     from gspo_cli.analysis import compare as cmp
     from gspo_cli.analysis import differences as dif
@@ -163,7 +176,7 @@ def compare(
         if fmt not in cmp.FORMATS:
             raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(cmp.FORMATS)})")
         result = cmp.compare_runs(
-            paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold
+            paths, group_by=group_by, metrics=_split_list(metrics), last=last, threshold=threshold, budget=budget
         )
         table = None
         section = dif.spec_comparison(result.groups)
@@ -217,11 +230,18 @@ def plot(
             help="which figures, comma-separated or repeated (default: every figure the runs have data "
             "for, and the panel figure with reward, eval, clip, expert_change, engine_route_diff, mismatch): "
             "reward, reward_time, eval, clip, expert_change, engine_route_diff, mismatch, mismatch_dropped, "
-            "kl, entropy, length, grad_norm, logvar_length, logvar_minibatch",
+            "kl, entropy, length, grad_norm, logvar_length, logvar_minibatch, survival (time to collapse, "
+            "Kaplan-Meier; by default where a run collapses), fit (held-out score against --x with the "
+            "saturating fit; on request); e.g. -m eval,fit --x tokens",
         ),
     ] = None,
     x: Annotated[
-        str, typer.Option("--x", help="x axis: step, time (training seconds) or tokens (response tokens)")
+        str,
+        typer.Option(
+            "--x",
+            help="x axis of every curve: step, tokens (response tokens sampled), samples (responses sampled) "
+            "or wall (training seconds; `time` too); e.g. --x tokens",
+        ),
     ] = "step",
     smooth: Annotated[
         str,
@@ -312,6 +332,9 @@ def report(
     figures, and per finding the differences between arms (paired over seeds, Holm over every
     difference in the findings, each unresolved one with what would resolve it) and a verdict, or
     "not testable" and why (no reward signal, or arms that take the same gradient).
+
+    Then each arm's time to collapse (Kaplan-Meier, log-rank in the same Holm family) and its
+    held-out score against response tokens (at an equal budget; a saturating fit where identified).
 
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """

@@ -76,6 +76,8 @@ class Difference:
         est, parts = self.estimate, []
         if not est.has_interval:
             return "it needs a value from at least 2 seeds per arm (paired: the same seeds in both)"
+        if not math.isfinite(est.sd_pairs) and est.components is None:  # a log-rank row: no per-seed spread
+            return "more runs per arm, or longer runs that see more collapses, would narrow it"
         if self.seeds_needed is not None:
             parts.append(f"about {self.seeds_needed} paired seeds per arm would find a difference of {est.delta:+.3g}")
         elif math.isfinite(est.delta) and est.delta != 0:

@@ -20,8 +20,9 @@ from gspo_cli.analysis.stats.components import Components
 
 
 def t_quantile(q: float, df: float) -> float:
-    """Quantile q of Student's t with df degrees of freedom (df may be fractional); NaN for df <= 0."""
-    return float(stats.t.ppf(q, df)) if df > 0 and math.isfinite(df) else math.nan
+    """Quantile q of Student's t with df degrees of freedom (df may be fractional; infinite: the
+    normal, as a log-rank test's `Estimate` has); NaN for df <= 0 or NaN."""
+    return float(stats.t.ppf(q, df)) if df > 0 and not math.isnan(df) else math.nan
 
 
 def t975(df: float) -> float:
