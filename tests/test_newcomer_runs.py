@@ -208,7 +208,7 @@ def test_the_model_digest_follows_the_weights(tmp_path):
 
 
 def test_a_code_source_is_fingerprinted_by_content(tmp_path):
-    pytest.importorskip("gspo_cli.tasks.sandbox")
+    pytest.importorskip("gspo_cli.sandbox.programs")
     src = tmp_path / "lcb.jsonl"
     text = (FIXTURES / "lcb_sample.jsonl").read_text()
     src.write_text(text)

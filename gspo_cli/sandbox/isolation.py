@@ -22,7 +22,7 @@ ENV_VAR = "GSPO_SANDBOX_ISOLATION"  # "auto" (default) or one of LEVELS; a named
 SETUP_FAILED = 125  # the wrapper's own exit code when it cannot set up the sandbox
 NOGROUP = 65534
 
-# One line per level, for `summary` (the basic-level warning, `python -m gspo_cli.tasks.sandbox_check`).
+# One line per level, for `summary` (the basic-level warning, `python -m gspo_cli.sandbox.check`).
 ISOLATES = {
     "root": "PID, network and mount namespaces, read-only root, private /tmp, a uid of its own per program",
     "rootless": "PID, network and mount namespaces in a user namespace, read-only root, private /tmp; "
