@@ -1,4 +1,4 @@
-"""LLM judges (task.rewards[].judge, issue 40 item 3) against a stub chat-completions server on
+"""LLM judges (task.rewards[].judge) against a stub chat-completions server on
 127.0.0.1: scores, retries, time-outs, garbage, the concurrency bound, templates, conversational
 prompts, an unreachable URL, and the API key never written anywhere."""
 

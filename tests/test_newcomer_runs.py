@@ -1,4 +1,4 @@
-"""A newcomer's run directories (issue 37, items 2, 3, 8 and the cold-start line of 14): gspo
+"""A newcomer's run directories: gspo
 never deletes what it did not write, a run made with other data, model or code is neither
 skipped nor resumed, `-o` naming a file is one line, and the cold-start line shows no cache keys."""
 

@@ -1,4 +1,4 @@
-"""Evaluating on a `prompts` task (issue 39): `gspo eval` of the built-in model (cold-started on
+"""Evaluating on a `prompts` task: `gspo eval` of the built-in model (cold-started on
 the rows it is not scored on), --reward, completion_ids from a real tokenizer (or refused in one
 line), and evaluation sets that list their own rewards, with each reward's spread."""
 

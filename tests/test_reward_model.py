@@ -1,4 +1,4 @@
-"""task.rewards[].model: a sequence-classification reward model (issue 40, item 2), on tiny
+"""task.rewards[].model: a sequence-classification reward model, on tiny
 random models built from a config (nothing downloads)."""
 
 from __future__ import annotations

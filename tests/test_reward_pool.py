@@ -1,5 +1,5 @@
 """task.reward_workers: reward functions in a pool of spawned worker processes, time-outs,
-crashes, async rewards, and scoring overlapped with sampling (issue 40)."""
+crashes, async rewards, and scoring overlapped with sampling."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """task.rewards: reward functions from the user's code, called with TRL's convention, and the
-`prompts` task (issue 39)."""
+`prompts` task."""
 
 from __future__ import annotations
 

@@ -255,6 +255,6 @@ def _as_dict(plans, shape, spec, prompt_tokens: int, warnings: list[str]) -> dic
         "host_bytes": hw.host_bytes,
         "prompt_tokens": prompt_tokens,
         "warnings": warnings,
-        # JSON keys as they were: "today" holds the code before issue 25 (the `before` layout).
+        # JSON keys as they were: "today" holds the `before` layout (the earlier unsharded load).
         "layouts": {"sharded": one(plans["sharded"]), "today": one(plans["before"])},
     }

@@ -1,12 +1,12 @@
 """Memory per phase of an RL step, per device and per host, from a ModelShape and the spec.
 
-Two layouts. `sharded` is the code as it is (since issue 25): under FSDP the model is built on
+Two layouts. `sharded` is how runs load and step: under FSDP the model is built on
 the meta device and filled from rank 0's one copy in the checkpoint's dtype; FSDP2 full
 sharding of fp32 master weights, gradients and AdamW state, with bf16 all-gathers
 (MixedPrecisionPolicy, no autocast) when model.dtype is bfloat16; log-probs and entropy from the
 output head applied in 64 MiB chunks (rollout/base.py); per-rank checkpoints
-(torch.distributed.checkpoint). `before` is the code before issue 25, kept for comparison
-(accepted under its former name, `today`): every process loads the whole fp32 model on the host
+(torch.distributed.checkpoint). `before` is the unsharded layout the tool had earlier, kept for
+comparison (accepted under its former name, `today`): every process loads the whole fp32 model on the host
 and moves it to its device before sharding, FSDP gathers fp32 under autocast, log-probs build
 [rows, tokens, vocab] fp32 logits, and a checkpoint gathers the whole weights and AdamW state on
 rank 0's host.
@@ -39,7 +39,7 @@ HOST_RUNTIME = {"cuda": 4 * 10**9, "cpu": 6 * 10**8}
 # LOGITS_CHUNK_BYTES in gspo_cli/rollout/base.py (response_logprobs), which imports torch;
 # tests/test_plan.py checks the two are equal.
 LOGITS_CHUNK_BYTES = 1 << 26
-# Before issue 25 the hf engine kept the sampler's logits for its log-probs only below this.
+# In the `before` layout the hf engine kept the sampler's logits for its log-probs only below this.
 HF_LOGITS_BUDGET = 1 << 30
 # rollout.vllm.gpu_memory_utilization when the spec leaves it out (vLLM on a GPU): a copy of
 # COLOCATED_GPU_MEMORY_UTILIZATION in gspo_cli/rollout/vllm_settings.py (not vLLM's own 0.92);
@@ -165,10 +165,10 @@ def plan_memory(
     """Per-phase memory (load, rollout, pi_old, update, checkpoint) of `spec` on `hw`.
 
     Per device: the busiest rank's bytes on its device. Per host: rank 0's node (it holds the
-    checkpoint copy when loading and, before issue 25, the gathered checkpoint). With
+    checkpoint copy when loading and, in the `before` layout, the gathered checkpoint). With
     model.device cpu the "device" is the process's share of host memory and the host holds
-    every process. `layout`: "sharded" (the code as it is) or "before" (the code before issue
-    25; "today" is accepted for it), see the module docstring."""
+    every process. `layout`: "sharded" (how runs load and step) or "before" (the earlier
+    unsharded layout; "today" is accepted for it), see the module docstring."""
     layout = LAYOUT_ALIASES.get(layout, layout)
     if layout not in LAYOUTS:
         raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
@@ -261,12 +261,12 @@ def plan_memory(
     ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
     experts = shape.expert_params()
     if before or not fsdp:
-        # from_pretrained in every process (one process, DDP, and every layout before issue 25):
+        # from_pretrained in every process (one process, DDP, and the `before` layout):
         # it maps the safetensors files and uses an fp32 checkpoint's dense tensors in place
         # (pages shared by the node's processes through the page cache); MoE experts, stored one
         # per expert, are concatenated into new fused tensors (their pages read and a copy made);
-        # a checkpoint in another dtype is converted into an fp32 copy per process. Before issue
-        # 25 FSDP then moved the whole model to the device before fully_shard (measured on CPU:
+        # a checkpoint in another dtype is converted into an fp32 copy per process. In the
+        # `before` layout FSDP then moved the whole model to the device before fully_shard (measured on CPU:
         # benchmarks/README.md, "gspo plan against measured peaks").
         held = c if lora else FP32  # LoRA loads the base in model.dtype
         converted = ck != held
