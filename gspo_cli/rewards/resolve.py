@@ -34,7 +34,7 @@ def resolve_rewards(configs: Sequence[Any], task: Task, model: Any = None) -> li
     out = []
     for i, cfg in enumerate(configs):
         where = f"task.rewards[{i}].function"
-        if cfg.kind == "model":  # loaded now, before the policy (reward_model.py)
+        if cfg.kind == "model":  # loaded now, before the policy (rewards/model.py)
             from gspo_cli.rewards.model import RewardModel
 
             defaults = (model.device, model.dtype) if model is not None else (None, None)

@@ -1,8 +1,8 @@
 """The sandbox's isolation levels and the `/bin/sh` wrapper that sets each one up.
 
-`sandbox` picks a level (`detect_isolation`) and runs programs through `wrapper_argv`; this
+`programs` picks a level (`detect_isolation`) and runs programs through `wrapper_argv`; this
 module only builds command lines and says what each level isolates, so it runs nothing.
-The levels, strongest first (what each does and does not give is in `sandbox`'s docstring):
+The levels, strongest first (what each does and does not give is in `programs`'s docstring):
 
 * ``root``: PID, network and mount namespaces made by root; the program runs as a uid of
   its own per sandbox slot.

@@ -7,7 +7,7 @@ owns, and resource limits set by a `/bin/sh` wrapper before the interpreter star
 (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, RLIMIT_CORE=0).
 No signal handler, alarm or `preexec_fn` is involved, so it is safe to call from worker threads.
 
-Three isolation levels (see `sandbox_setup`), chosen once per process by `detect_isolation()`:
+Three isolation levels (see `isolation`), chosen once per process by `detect_isolation()`:
 the strongest that works here, or the one `GSPO_SANDBOX_ISOLATION` names (root, rootless,
 basic; a named level that does not work here is an error, never a silent fallback).
 `python -m gspo_cli.sandbox.check` prints the level in use.

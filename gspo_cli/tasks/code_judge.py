@@ -1,4 +1,4 @@
-"""Judging code completions the way LiveCodeBench does, on top of `sandbox`.
+"""Judging code completions the way LiveCodeBench does, on top of the sandbox (`gspo_cli.sandbox.programs`).
 
 * The program is the completion's last *closed* fenced block (```python ... ``` or
   ``` ... ```); an unclosed trailing block (a generation cut off by the token limit) does
