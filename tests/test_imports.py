@@ -20,8 +20,8 @@ import gspo_cli
 PACKAGE = Path(gspo_cli.__file__).parent
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -38,11 +38,11 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
     return out
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], root: Path = PACKAGE) -> set[str]:
     """The gspo_cli modules (in `modules`) that the file at `path` imports (see the docstring)."""
     tree = ast.parse(path.read_text())
     skip = _type_checking_lines(tree)
-    me = module_name(path)
+    me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -70,8 +70,8 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """{module: the gspo_cli modules it imports} for every module under `root`."""
     paths = sorted(root.rglob("*.py"))
-    modules = {module_name(p) for p in paths}
-    return {module_name(p): imports_of(p, modules) for p in paths}
+    modules = {module_name(p, root) for p in paths}
+    return {module_name(p, root): imports_of(p, modules, root) for p in paths}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -125,12 +125,7 @@ def test_lazy_imports_count_and_type_checking_ones_do_not(tmp_path):
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gspo_cli.p.a import f\n"
         "def g():\n    import gspo_cli.p.a\n"
     )
-    global PACKAGE
-    saved, PACKAGE = PACKAGE, pkg
-    try:
-        graph = import_graph(pkg)
-    finally:
-        PACKAGE = saved
+    graph = import_graph(pkg)
     assert graph == {
         "gspo_cli": set(),
         "gspo_cli.p": {"gspo_cli.p.a"},
