@@ -55,6 +55,7 @@ SIDES = ("instant", "serial", "pool-batch", "pool")
 
 def _ctx(function: str, steps: int, max_new: int, model: str):
     from benchmarks.common import base_raw, model_source
+    from gspo_cli.rewards import with_rewards
     from gspo_cli.spec import RewardConfig
     from gspo_cli.spec.loading import spec_from_dict
     from gspo_cli.tasks import make_task
@@ -68,7 +69,7 @@ def _ctx(function: str, steps: int, max_new: int, model: str):
         raw["model"], raw["task"] = TINY["model"], {**TINY["task"], "eval_size": 4}
     spec = spec_from_dict(raw)
     plain = make_task(spec.task.name, spec.task.params)
-    task = make_task(spec.task.name, spec.task.params, [RewardConfig(function=function)])
+    task = with_rewards(make_task(spec.task.name, spec.task.params), [RewardConfig(function=function)])
     return setup(spec, spec.arms[0], 0, task, model_source(spec, plain))
 
 
@@ -78,7 +79,7 @@ def _step(ctx, step: int, pool) -> dict:
     gives the same values, so they sample and train alike and differ only in scoring."""
     import torch
 
-    from gspo_cli.tasks import reward_pool
+    from gspo_cli.rewards import pool as reward_pool
     from gspo_cli.train.step import train_step
 
     reward_pool._active = pool
@@ -111,7 +112,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     import torch
 
-    from gspo_cli.tasks.reward_pool import RewardPool
+    from gspo_cli.rewards.pool import RewardPool
 
     tmp = Path(tempfile.mkdtemp(prefix="gspo-bench-rewards-"))
     (tmp / "rewards.py").write_text(REWARDS)

@@ -50,7 +50,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gspo_cli.errors import GspoError, SpecError, redact
-from gspo_cli.files import iter_lines, read_text
+from gspo_cli.files import read_text
+
+# Re-exported: the run directory's JSON files and identity checks, long imported from here.
+from gspo_cli.jsonl import append_jsonl, read_jsonl, truncate_jsonl, write_json_atomic  # noqa: F401
+from gspo_cli.run_identity import check_identity, identity_changes, reward_changes  # noqa: F401
 
 # The behaviour version of the training code, recorded in run.json (`identity`). Bump it with
 # any change that alters what training computes from the same spec and data (a loss, the
@@ -81,59 +85,6 @@ def is_run_entry(name: str) -> bool:
     if name.startswith(".") and name.endswith(".tmp") and name[1:-4] in RUN_FILES:
         return True
     return any(name.startswith(p) and name[len(p) :] in RUN_FOLDERS for p in (".tmp-", ".old-"))
-
-
-def identity_changes(stored: Any, current: dict[str, Any]) -> list[str]:
-    """What made the run recorded with `stored` (run.json's `identity`) another run than one
-    with `current` (`train.resume.run_identity`), in words; [] when nothing did. A run.json
-    without an identity (written before gspo recorded one) counts as another behaviour version."""
-    if not isinstance(stored, dict):
-        return [f"an older gspo (no behaviour version recorded; this one is {current['behaviour_version']})"]
-    out = []
-    if stored.get("behaviour_version") != current["behaviour_version"]:
-        out.append(
-            f"behaviour version {stored.get('behaviour_version')} of the training code "
-            f"(this gspo is {current['behaviour_version']})"
-        )
-    data = stored.get("data") if isinstance(stored.get("data"), dict) else {}
-    train = current["data"]["train"]
-    new_data = (data.get("train") or {}).get("fingerprint") != train["fingerprint"]
-    if new_data:
-        out.append(f"other training data ({train['source']} changed)")
-    for name, s in current["data"]["eval"].items():
-        if ((data.get("eval") or {}).get(name) or {}).get("fingerprint") != s["fingerprint"]:
-            out.append(f"another evaluation set {name} ({s['source']} changed)")
-    out += reward_changes(stored, current)
-    envs = {**(stored.get("environment") or {}), **(current.get("environment") or {})}  # task.environment FILE.py
-    if (stored.get("environment") or {}) != (current.get("environment") or {}):
-        out.append(f"another environment ({', '.join(envs)} changed)")
-    old, new = str(stored.get("model")), current["model"]
-    if old != new:
-        if not new.startswith("builtin:"):
-            out.append(f"another model ({old}, now {new})")
-        elif not new_data:  # a built-in model is cold-started on the training data: said above
-            out.append("another built-in model (its cold start's settings, recipe or numerics changed)")
-    return out
-
-
-def reward_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The reward files (task.rewards FILE.py:NAME) of `current` whose content differs from
-    the one `stored` recorded, in words."""
-    before = stored.get("rewards") if isinstance(stored.get("rewards"), dict) else {}
-    return [
-        f"another reward file ({p} changed)" for p, d in (current.get("rewards") or {}).items() if before.get(p) != d
-    ]
-
-
-def check_identity(run_dir: Path, stored: Any, current: dict[str, Any], state: str) -> None:
-    """SpecError (exit 2, one line) when the `state` ("completed", "unfinished") run in
-    `run_dir` was made with other code, model or data than `current` (`identity_changes`)."""
-    changes = identity_changes(stored, current)
-    if changes:
-        raise SpecError(
-            f"{run_dir}: this {state} run was made with {'; '.join(changes)}; this gspo would not make "
-            "the same run of this spec: choose another output directory (-o) or use --force to retrain it"
-        )
 
 
 # What run.json's `status` holds (a collapse is recorded as "diverged", with its reason), and
@@ -174,55 +125,6 @@ def check_output_dir(path: str | Path, field: str = "output_dir") -> None:
                 what = "is a file" if p.is_file() else "exists and is not a directory"
                 raise SpecError(f"{field}: {p} {what}; runs are written into a directory: name another one")
             return
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def append_jsonl(path: Path, obj: dict[str, Any]) -> None:
-    """Append one line and flush it to disk, so a crash loses at most the line being written."""
-    line = json.dumps(obj, allow_nan=True) + "\n"
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete records; a torn last line (crash mid-write) is skipped, not an error.
-    A missing file has none; a file that cannot be read (not UTF-8, no permission) is a
-    SpecError naming it."""
-    if not path.exists():
-        return []
-    out = []
-    for line in iter_lines(path):
-        if not line.endswith("\n"):
-            break  # torn final line
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def truncate_jsonl(path: Path, max_step: int) -> None:
-    """Keep only records with step <= max_step (and drop a torn tail): what a resumed run
-    rewinds to, so the continued file has no duplicated or missing steps."""
-    if not path.is_file():
-        return
-    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def git_commit() -> str | None:

@@ -1,5 +1,5 @@
 """What the trainer's spawned helper processes share (the staleness-1 sampler,
-rollout/async_worker.py, and the reward pool's workers, tasks/reward_pool.py): how the parent
+rollout/async_worker.py, and the reward pool's workers, rewards/pool.py): how the parent
 starts one, how the child takes signals, and the child's request loop. No torch import: the
 reward workers never load it.
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.errors import RunError
-from gspo_cli.tasks import sandbox
-from gspo_cli.tasks.sandbox import run_program
+from gspo_cli.sandbox import programs as sandbox
+from gspo_cli.sandbox.programs import run_program
 
 TIMEOUT = 1.0
 BOUND = TIMEOUT + 2.5  # wall-clock seconds a hostile run may take at most, kill included

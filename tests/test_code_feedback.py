@@ -5,10 +5,10 @@ ends the rollout, the private tests give the reward; hostile programs are error 
 import pytest
 from sandbox_corpus import HOSTILE
 
+from gspo_cli.environments import resolve_environment
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.tasks.base import Problem
 from gspo_cli.tasks.code_judge import TestCase
-from gspo_cli.tasks.environments import resolve_environment
 
 # "Print a+b": the first test is public (the prompt's example, as the synthetic source makes
 # them), the other two private.

@@ -1,5 +1,5 @@
 """The built-in cold start is the same model whatever the machine's core count or
-OMP_NUM_THREADS (issue 37, item 1): it trains with a fixed torch thread count, and a cache
+OMP_NUM_THREADS: it trains with a fixed torch thread count, and a cache
 entry built under other numerics (thread count, CPU instruction set) is never returned."""
 
 import json

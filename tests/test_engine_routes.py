@@ -13,7 +13,7 @@ from gspo_cli.errors import RunError
 from gspo_cli.models.builtin import build_tokenizer
 from gspo_cli.models.engine_routes import route_rows, routes_from_vllm
 from gspo_cli.models.routing import RoutingController, decoder_layer_ids, moe_layer_indices
-from gspo_cli.rollout.vllm_engine import _to_batch
+from gspo_cli.rollout.vllm_batch import to_batch
 
 
 def _rows(n: int, L_dec: int, k: int, dtype, seed: int = 0, high: int = 4) -> np.ndarray:
@@ -130,11 +130,11 @@ def test_batches_built_from_split_prompt_routes_equal_those_from_whole_ones():
     whole = [_rows(len(p) + 1, 3, 2, np.uint8, seed=i) for i, p in enumerate(ids)]  # 2-token responses
     cpu = torch.device("cpu")
     kw = dict(with_routes=True, moe_layers=[0, 2], num_experts=4)
-    a = _to_batch(ids, [_completion([three, eos], r) for r in whole], tok, cpu, [eos], **kw)
+    a = to_batch(ids, [_completion([three, eos], r) for r in whole], tok, cpu, [eos], **kw)
     split = [_completion([three, eos], r[len(p) :]) for p, r in zip(ids, whole)]
-    b = _to_batch(ids, split, tok, cpu, [eos], prompt_routes=[r[: len(p)] for p, r in zip(ids, whole)], **kw)
+    b = to_batch(ids, split, tok, cpu, [eos], prompt_routes=[r[: len(p)] for p, r in zip(ids, whole)], **kw)
     assert a.engine_routes.shape == (2, 2, a.input_ids.shape[1], 2)
     assert torch.equal(a.engine_routes, b.engine_routes)
     with pytest.raises(RunError, match=r"^routing_replay: r3: vLLM's routed experts: .*expert id") as err:
-        _to_batch(ids, [_completion([three, eos], r + 4) for r in whole], tok, cpu, [eos], **kw)
+        to_batch(ids, [_completion([three, eos], r + 4) for r in whole], tok, cpu, [eos], **kw)
     assert "\n" not in str(err.value)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from helpers import TINY
 
+from gspo_cli.environments import EnvCompletion
 from gspo_cli.errors import SpecError
+from gspo_cli.rewards import RewardedTask, resolve_rewards
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
 from gspo_cli.tasks.base import Problem
-from gspo_cli.tasks.environments import EnvCompletion
-from gspo_cli.tasks.rewards import RewardedTask, resolve_rewards
 from gspo_cli.train.sampling import advantages
 
 

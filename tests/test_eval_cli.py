@@ -329,7 +329,7 @@ def test_eval_tables_are_headed_by_the_evaluation_set():
 
     from rich.console import Console
 
-    from gspo_cli.eval.run import render
+    from gspo_cli.eval.results import render
 
     base = {"task": "math", "problems": 30, "samples": 4, "scores": {"avg@4": 0.25}, "model": "m"}
     heads = []

@@ -141,10 +141,14 @@ def test_reference_kl_k3_hand_values():
 # The layers, lowest first: a module may import its own package and anything lower, never higher.
 # `analysis` (torch-free, run directories only) sits beside `train` and `eval` and imports neither.
 LAYERS = [
-    {"errors", "files", "hub", "metrics", "runs", "distributed", "params", "spawned"},
+    {"errors", "files", "hub", "metrics", "runs", "jsonl", "run_identity", "distributed", "params", "spawned"},
+    {"plugins", "user_code"},  # code from outside: installed packages' entry points, FILE.py:NAME
     {"algorithms"},
     {"spec"},
-    {"tasks"},
+    {"sandbox"},  # runs untrusted programs: the code task's verifier and the environments use it
+    {"tasks"},  # problem sources and their verifiers
+    {"environments"},  # multi-turn environments (code_feedback judges with the code task's verifier)
+    {"rewards"},  # reward functions, their loading, the worker pool, reward models, judges
     {"plan"},  # torch-free: sizes a run from the spec and a config.json
     {"models"},
     {"rollout"},

@@ -1,4 +1,4 @@
-"""LLM judges (task.rewards[].judge, issue 40 item 3) against a stub chat-completions server on
+"""LLM judges (task.rewards[].judge) against a stub chat-completions server on
 127.0.0.1: scores, retries, time-outs, garbage, the concurrency bound, templates, conversational
 prompts, an unreachable URL, and the API key never written anywhere."""
 
@@ -21,10 +21,11 @@ from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError, SpecError, register_secret
 from gspo_cli.metrics import describe
+from gspo_cli.rewards import with_rewards
+from gspo_cli.rewards.judge import record_unparsable
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import RewardConfig
 from gspo_cli.tasks import make_task
-from gspo_cli.tasks.judge import record_unparsable
 from gspo_cli.train.reporting import PlainReporter
 from gspo_cli.train.stats import StepStats
 
@@ -118,7 +119,9 @@ def data(tmp_path):
 def judged(data, url, **judge):
     """The prompts task of `data`, scored by one judge at `url` (name grader)."""
     cfg = {"url": url, "model": "judge-model", "template": TEMPLATE, **judge}
-    return make_task("prompts", {"source": str(data / "train.jsonl")}, [RewardConfig(judge=cfg, name="grader")])
+    return with_rewards(
+        make_task("prompts", {"source": str(data / "train.jsonl")}), [RewardConfig(judge=cfg, name="grader")]
+    )
 
 
 def score(task, completions, step=1):
@@ -318,7 +321,7 @@ def test_conversational_prompts_reach_the_template_as_text(tmp_path, stub):
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
     s = stub(ok("Score: 8"))
     cfg = RewardConfig(judge={"url": s.url, "model": "m", "template": TEMPLATE}, name="grader")
-    task = make_task("prompts", {"source": str(tmp_path / "chat.jsonl")}, [cfg])
+    task = with_rewards(make_task("prompts", {"source": str(tmp_path / "chat.jsonl")}), [cfg])
     assert [x.reward for x in task.score_rollout(task.eval_problems(1), ["It is 4."])] == [8.0]
     assert s.users() == ["Q: system: Be brief.\nuser: 2+2?\nA: It is 4.\nReference: 4\nScore 0-10."]
 

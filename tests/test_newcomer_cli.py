@@ -1,4 +1,4 @@
-"""A newcomer's first hours (issue 37, items 6, 7, 9-12): no cold start built that no run uses or
+"""A newcomer's first hours: no cold start built that no run uses or
 that a refusal throws away, a clean Ctrl-C during the cold start, fast and plain model-name
 errors, did-you-mean inside task.params, evaluation scores and sweep progress as they come."""
 

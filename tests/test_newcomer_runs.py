@@ -1,4 +1,4 @@
-"""A newcomer's run directories (issue 37, items 2, 3, 8 and the cold-start line of 14): gspo
+"""A newcomer's run directories: gspo
 never deletes what it did not write, a run made with other data, model or code is neither
 skipped nor resumed, `-o` naming a file is one line, and the cold-start line shows no cache keys."""
 
@@ -208,7 +208,7 @@ def test_the_model_digest_follows_the_weights(tmp_path):
 
 
 def test_a_code_source_is_fingerprinted_by_content(tmp_path):
-    pytest.importorskip("gspo_cli.tasks.sandbox")
+    pytest.importorskip("gspo_cli.sandbox.programs")
     src = tmp_path / "lcb.jsonl"
     text = (FIXTURES / "lcb_sample.jsonl").read_text()
     src.write_text(text)

@@ -154,7 +154,7 @@ def test_hand_computed_phase_totals(tmp_path):
     assert update.device_total == 3 * 10**9 + 10304 + 5152 + 4800 + 14400 + 720 + 192
     assert update.dominant() == "CUDA context, NCCL, allocator slack"
     assert plan.fits(update) == (True, None)
-    # Before issue 25: the whole fp32 model reaches the device before sharding, and the
+    # The `before` layout: the whole fp32 model reaches the device before sharding, and the
     # update's logits are one row's whole [10 tokens, 10 vocab] plus 3 fp32 [6, 10]: 400 + 720.
     before = plan_memory(shape, spec, Hardware(gpus_per_node=2), prompt_tokens=4, layout="before")
     assert dict(before.phase("load").device)["whole fp32 model before sharding"] == 4 * 1288
@@ -164,8 +164,8 @@ def test_hand_computed_phase_totals(tmp_path):
     assert today.layout == "before" and [p.device for p in today.phases] == [p.device for p in before.phases]
     with pytest.raises(ValueError, match="layout: 'after'"):
         plan_memory(shape, spec, Hardware(), prompt_tokens=4, layout="after")
-    # One process (and DDP) still loads with from_pretrained in every process: the code as it is
-    # and the code before issue 25 plan the same load; an fp32 dense checkpoint is used in place
+    # One process (and DDP) still loads with from_pretrained in every process: the `sharded`
+    # and the `before` layouts plan the same load; an fp32 dense checkpoint is used in place
     # (benchmarks/README.md: 115 MB measured for a 480 MB model), so on CPU only the libraries.
     one = spec.model_copy(update={"model": spec.model.model_copy(update={"device": "cpu", "sharding": "ddp"})})
     for hw in (Hardware(), Hardware(gpus_per_node=2)):
@@ -432,7 +432,7 @@ def test_the_table_fits_100_columns(tmp_path, columns):
         # docs/scaling/plan.md's worked example is this output, verbatim
         assert res.stdout.rstrip() in (ROOT / "docs" / "scaling" / "plan.md").read_text()
     res = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "100"})
-    assert "issue 25" not in res.stdout
+    assert "issue" not in res.stdout.lower()
 
 
 def test_a_cpu_plan_that_does_not_fit_names_its_largest_term_and_remedy_in_100_columns():

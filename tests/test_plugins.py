@@ -19,10 +19,11 @@ from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
+from gspo_cli.rewards import registered, with_rewards
 from gspo_cli.runs import RunDir
 from gspo_cli.spec.loading import load_spec, spec_from_dict
 from gspo_cli.spec.reference import reference_markdown, schema_text
-from gspo_cli.tasks import Task, make_task, registered
+from gspo_cli.tasks import Task, make_task
 
 PLUGIN_CODE = '''
 from gspo_cli.errors import SpecError
@@ -95,7 +96,7 @@ ARITH = {"num_operands": 2, "max_operand": 4, "operators": "+"}
 def test_a_plugin_reward_is_usable_by_name(plugin):
     spec = spec_from_dict({**TINY, "task": {**TINY["task"], "rewards": [{"function": "short", "correct": True}]}})
     assert spec.task.rewards[0].function == "short" and spec.task.rewards[0].label == "short"
-    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
+    task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards)
     p = task.train_problems(random.Random(0), 1)[0]
     long, short = task.score_rollout([p, p], ["the answer is 12345", "7"])
     assert (long.reward, long.correct, short.reward, short.correct) == (0.0, False, 1.0, True)
@@ -125,7 +126,7 @@ def test_a_plugin_task_is_usable_by_name_and_its_params_checked(plugin):
 def test_plugins_are_imported_only_for_names_no_builtin_has(plugin):
     from gspo_cli.spec import RewardConfig
 
-    task = make_task("arithmetic", ARITH, [RewardConfig(function="math_accuracy")])
+    task = with_rewards(make_task("arithmetic", ARITH), [RewardConfig(function="math_accuracy")])
     assert task.rewards[0].shipped and "gspo_demo" not in sys.modules
     make_task("doubles", ARITH)
     assert "gspo_demo" in sys.modules
@@ -135,13 +136,13 @@ def test_a_broken_plugin_is_one_line_naming_it(plugin, tmp_path):
     from gspo_cli.spec import RewardConfig
 
     with pytest.raises(SpecError) as err:
-        make_task("arithmetic", ARITH, [RewardConfig(function="ghost")])
+        with_rewards(make_task("arithmetic", ARITH), [RewardConfig(function="ghost")])
     assert str(err.value) == (
         "task.rewards[0].function: plugin reward 'ghost' (gspo-demo 0.1, gspo_demo_missing:fn) is broken: "
         "ModuleNotFoundError: No module named 'gspo_demo_missing'"
     )
     with pytest.raises(SpecError, match=r"'shrt' is no shipped reward \(math_accuracy, code_tests, env\) nor plugin "):
-        make_task("arithmetic", ARITH, [RewardConfig(function="shrt")])
+        with_rewards(make_task("arithmetic", ARITH), [RewardConfig(function="shrt")])
     # gspo train: one line, exit 2, before any model is built
     spec = {**TINY, "task": {**TINY["task"], "rewards": [{"function": "ghost"}]}, "arms": TINY["arms"][:1]}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(spec))
@@ -173,7 +174,7 @@ def test_a_name_two_packages_register_is_refused(plugin, tmp_path):
     from gspo_cli.spec import RewardConfig
 
     with pytest.raises(SpecError) as err:
-        make_task("arithmetic", ARITH, [RewardConfig(function="short")])
+        with_rewards(make_task("arithmetic", ARITH), [RewardConfig(function="short")])
     assert str(err.value).startswith("task.rewards[0].function: plugin reward 'short' is registered by several")
     assert "gspo-demo 0.1 (gspo_demo:short_bonus)" in str(err.value) and "gspo-other 0.1" in str(err.value)
 
@@ -186,7 +187,7 @@ def test_gspo_plugins_lists_what_is_registered_and_where_from(plugin):
         "kind": "reward",
         "name": "math_accuracy",
         "origin": "built-in",
-        "target": "gspo_cli.tasks.rewards",
+        "target": "gspo_cli.rewards.shipped",
         "problem": None,
     }
     assert rows[("task", "math")]["target"] == "gspo_cli.tasks.math:MathTask"

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
+from gspo_cli.rewards import with_rewards
 from gspo_cli.tasks import make_task
 
 REWARD = "def short(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
@@ -41,7 +42,7 @@ def test_sixty_rows_with_forty_bad_prompts_say_how_many_were_dropped_and_why(tmp
     (tmp_path / "r.py").write_text(REWARD)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        task = make_task("prompts", {"source": source}, [])
+        task = with_rewards(make_task("prompts", {"source": source}), [])
     assert [p.prompt for p in task.train_pool] == [f"Question {i}?" for i in range(20)]
     assert [str(w.message) for w in said] == [
         f"task.params.source: {source}: dropped 40 of 60 rows: 10 without a `prompt` column (first: row 1), "
@@ -78,7 +79,7 @@ def test_a_file_of_good_prompts_says_nothing(tmp_path):
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(make_task("prompts", {"source": source}, []).train_pool) == 20
+        assert len(with_rewards(make_task("prompts", {"source": source}), []).train_pool) == 20
 
 
 def test_columns_differing_only_in_case_are_refused_naming_both(tmp_path):
@@ -86,7 +87,7 @@ def test_columns_differing_only_in_case_are_refused_naming_both(tmp_path):
     rows[4] = {**rows[4], "Solution": "the other one"}
     source = str(write(tmp_path / "rows.jsonl", rows))
     with pytest.raises(SpecError) as err:
-        make_task("prompts", {"source": source}, [])
+        with_rewards(make_task("prompts", {"source": source}), [])
     assert str(err.value) == (
         f"task.params.source: {source}: columns 'solution' and 'Solution' differ only in case (row 4); column "
         "names are read in lower case, so one would replace the other: rename or drop one"

@@ -1,4 +1,4 @@
-"""Evaluating on a `prompts` task (issue 39): `gspo eval` of the built-in model (cold-started on
+"""Evaluating on a `prompts` task: `gspo eval` of the built-in model (cold-started on
 the rows it is not scored on), --reward, completion_ids from a real tokenizer (or refused in one
 line), and evaluation sets that list their own rewards, with each reward's spread."""
 
@@ -17,6 +17,7 @@ from gspo_cli.cli.app import app
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.eval.run import Sampling, Target, evaluate_completions, evaluate_model, resolve_task
 from gspo_cli.eval.sets import plan_data, score_and_log
+from gspo_cli.rewards import with_rewards
 from gspo_cli.runs import reward_changes
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
@@ -176,12 +177,14 @@ def test_completion_ids_come_from_a_tokenizer_or_are_refused_in_one_line(data):
 @pytest.mark.filterwarnings("ignore:--completions")
 def test_no_token_ids_are_refused_through_the_python_api_too(data):
     source = {"source": str(data / "train.jsonl")}
-    task = make_task("prompts", source, spec_of(data).task.rewards[:1])
+    task = with_rewards(make_task("prompts", source), spec_of(data).task.rewards[:1])
     comp = data / "c.jsonl"
     comp.write_text(json.dumps({"id": "b", "completion": "<answer>6</answer>"}) + "\n")
     results, summary = evaluate_completions(comp, task, None)  # format_reward never reads completion_ids
     assert summary["scores"]["reward_format_reward"] == 1.0 and "tokenizer" not in summary
-    ids_task = make_task("prompts", source, spec_of(data, rewards=[{"function": f"{data}/r.py:first_id"}]).task.rewards)
+    ids_task = with_rewards(
+        make_task("prompts", source), spec_of(data, rewards=[{"function": f"{data}/r.py:first_id"}]).task.rewards
+    )
     with pytest.raises(RunError, match="UnknownTokenIds: completion_ids: no tokenizer is known"):
         evaluate_completions(comp, ids_task, None)
 
@@ -239,7 +242,7 @@ def sets_spec(data):
 @pytest.mark.filterwarnings("ignore:--completions")
 def test_eval_sets_are_scored_by_their_own_rewards_else_the_training_ones(data):
     spec = sets_spec(data)
-    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
+    task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards)
     sets, info = plan_data(spec, task)
     assert info["eval_sets"]["lengths"]["rewards"] == ["length"] and "rewards" not in info["eval_sets"]["aime_own"]
     assert [[r.name for r in getattr(s.task, "rewards", [])] for s in sets] == [
@@ -284,4 +287,4 @@ def test_an_eval_sets_bad_reward_is_refused_before_any_model(data):
     assert "cold start" not in out and not (data / "out").exists()
     spec["task"]["eval_sets"][1]["rewards"] = []  # a prompts set with no reward at all
     with pytest.raises(SpecError, match=r"task.eval_sets\[1\].rewards: a prompts set is scored by reward functions"):
-        plan_data(spec_from_dict(spec), make_task("prompts", {"source": str(data / "train.jsonl")}, []))
+        plan_data(spec_from_dict(spec), with_rewards(make_task("prompts", {"source": str(data / "train.jsonl")}), []))

@@ -15,7 +15,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
 from gspo_cli.models.engine_routes import routes_from_vllm
 from gspo_cli.models.routing import routes_from_BT
-from gspo_cli.rollout.vllm_engine import _to_batch
+from gspo_cli.rollout.vllm_batch import to_batch
 from gspo_cli.rollout.vllm_settings import check_routes_supported
 from gspo_cli.spec import ModelConfig
 from gspo_cli.spec.loading import spec_from_dict
@@ -73,13 +73,13 @@ def test_vllm_batch_carries_the_converted_routes():
     gen = np.random.default_rng(0)
     routed = [gen.integers(0, 4, (len(p) + 2 - 1, 3, 2)).astype(np.int16) for p in ids]
     outs = [_completion([three, eos], r) for r in routed]
-    batch = _to_batch(ids, outs, tok, torch.device("cpu"), [tok.eos_token_id], with_routes=True)
+    batch = to_batch(ids, outs, tok, torch.device("cpu"), [tok.eos_token_id], with_routes=True)
     expected = routes_from_vllm(routed, [len(p) for p in ids], [2, 2], batch.prompt_len, 2)
     assert torch.equal(batch.engine_routes, expected)
     assert torch.equal(batch.rows(torch.tensor([1])).engine_routes, expected[:, 1:])
-    assert _to_batch(ids, outs, tok, torch.device("cpu"), [tok.eos_token_id]).engine_routes is None
+    assert to_batch(ids, outs, tok, torch.device("cpu"), [tok.eos_token_id]).engine_routes is None
     with pytest.raises(SpecError, match="vLLM returned no routed experts"):
-        _to_batch(
+        to_batch(
             ids,
             [_completion([three, eos]) for _ in ids],
             tok,

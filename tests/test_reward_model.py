@@ -1,4 +1,4 @@
-"""task.rewards[].model: a sequence-classification reward model (issue 40, item 2), on tiny
+"""task.rewards[].model: a sequence-classification reward model, on tiny
 random models built from a config (nothing downloads)."""
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typer.testing import CliRunner
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import build_tokenizer
+from gspo_cli.rewards import model as rm_mod
+from gspo_cli.rewards import with_rewards
+from gspo_cli.rewards.model import RewardModel, gathered_scores, scoring_alone
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import RewardConfig
 from gspo_cli.spec.task import RewardModelConfig
 from gspo_cli.tasks import make_task
-from gspo_cli.tasks import reward_model as rm_mod
-from gspo_cli.tasks.reward_model import RewardModel, gathered_scores, scoring_alone
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 ROWS = [
@@ -148,7 +149,7 @@ def test_a_missing_path_or_a_causal_lm_is_refused_in_one_line(tmp_path):
     lm = build_rm(tmp_path / "lm", causal=True)
     cfg = [RewardConfig(model=str(lm))]
     with pytest.raises(SpecError) as err:
-        make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+        with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), cfg)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"task.rewards[0].model.path: {lm} is not a sequence-classification")
     assert "(config.json: Qwen2ForCausalLM)" in msg
@@ -166,7 +167,7 @@ def data_file(tmp_path):
 def test_a_reward_model_scores_a_prompts_task_with_its_weight_and_digest(tmp_path):
     path = build_rm(tmp_path / "rm")
     cfg = [RewardConfig(model={"path": str(path), "batch_size": 2}, weight=2.0, name="rm")]
-    task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    task = with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), cfg)
     # built without the policy's device (a sweep's identity check): loaded only when it scores
     assert task.rewards[0].call.model is None and not rm_mod._LOADED
     problems = task.eval_problems(3)
@@ -176,12 +177,12 @@ def test_a_reward_model_scores_a_prompts_task_with_its_weight_and_digest(tmp_pat
     assert [s.components["rm"] for s in scores] == pytest.approx(hand, abs=bound)
     assert [s.reward for s in scores] == pytest.approx([2 * h for h in hand], abs=2 * bound)
     assert list(rm_mod._LOADED) == [(str(path.resolve()), "cpu", "float32")]
-    from gspo_cli.tasks.rewards import file_fingerprints
+    from gspo_cli.rewards import file_fingerprints
 
     digest = file_fingerprints(task.rewards)[str(path.resolve())]
     assert digest.startswith("dir:") and len(digest) == 20
     # the same rewards built again (an evaluation set's task) share the loaded copy
-    again = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    again = with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), cfg)
     assert again.rewards[0].call.model is task.rewards[0].call.model and len(rm_mod._LOADED) == 1
 
 
@@ -190,13 +191,13 @@ def test_device_and_dtype_default_to_the_policys(tmp_path):
 
     path = build_rm(tmp_path / "rm")
     cfg = [RewardConfig(model=str(path))]
-    task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg, ModelConfig(dtype="bfloat16"))
+    task = with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), cfg, ModelConfig(dtype="bfloat16"))
     assert next(task.rewards[0].call.model.parameters()).dtype == torch.bfloat16
     # an evaluation set's task, built without the model config, shares that copy
-    again = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    again = with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), cfg)
     assert again.rewards[0].call.model is task.rewards[0].call.model
     own = [RewardConfig(model={"path": str(path), "dtype": "float32"})]
-    mine = make_task("prompts", {"source": str(data_file(tmp_path))}, own, ModelConfig(dtype="bfloat16"))
+    mine = with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), own, ModelConfig(dtype="bfloat16"))
     assert next(mine.rewards[0].call.model.parameters()).dtype == torch.float32
 
 
@@ -336,7 +337,7 @@ SCORE_SCRIPT = """
 import json, sys
 from gspo_cli import distributed
 from gspo_cli.spec.task import RewardModelConfig
-from gspo_cli.tasks.reward_model import RewardModel, scoring_alone
+from gspo_cli.rewards.model import RewardModel, scoring_alone
 
 info = distributed.setup("cpu")
 path, out = sys.argv[1], sys.argv[2]
@@ -412,7 +413,7 @@ def test_rank0_scoring_that_fails_is_one_line_on_every_rank_with_one_exchange(tm
     )
     monkeypatch.setattr(dist, "scatter_object_list", lambda box, parts, src=0: box.__setitem__(0, parts[0]))
     cfg = [RewardConfig(model={"path": str(build_rm(tmp_path / "rm")), "placement": "rank0"}, name="rm")]
-    task = make_task("prompts", {"source": str(data_file(tmp_path))}, cfg)
+    task = with_rewards(make_task("prompts", {"source": str(data_file(tmp_path))}), cfg)
     problems = task.eval_problems(2)
     # both ranks' rows (here: this one's, twice) scored in one call on rank 0, the first half back
     scores = task.score_rollout(problems, ["4", "red"])
@@ -462,7 +463,7 @@ HUB_RM = """
 import sys, time
 from gspo_cli.errors import SpecError
 from gspo_cli.spec.task import RewardModelConfig
-from gspo_cli.tasks.reward_model import RewardModel
+from gspo_cli.rewards.model import RewardModel
 t = time.time()
 try:
     RewardModel(RewardModelConfig(path="some-org/not-cached-rm"), "task.rewards[0].model.path", "cpu", "float32")

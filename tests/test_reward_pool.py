@@ -1,5 +1,5 @@
 """task.reward_workers: reward functions in a pool of spawned worker processes, time-outs,
-crashes, async rewards, and scoring overlapped with sampling (issue 40)."""
+crashes, async rewards, and scoring overlapped with sampling."""
 
 from __future__ import annotations
 
@@ -27,11 +27,13 @@ from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import RunError
 from gspo_cli.models.builtin import build_config, build_tokenizer
+from gspo_cli.rewards import pool as reward_pool
+from gspo_cli.rewards import with_rewards
+from gspo_cli.rewards.pool import RewardPool, auto_workers, running
 from gspo_cli.rollout import HFRolloutEngine
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import BuiltinModelConfig, RewardConfig
-from gspo_cli.tasks import make_task, reward_pool
-from gspo_cli.tasks.reward_pool import RewardPool, auto_workers, running
+from gspo_cli.tasks import make_task
 from gspo_cli.train.scored_rollout import sample_and_score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +143,7 @@ def data(tmp_path):
 
 def task_of(tmp_path, *names):
     cfgs = [RewardConfig(function=f"{tmp_path / 'rewards.py'}:{n}") for n in names]
-    return make_task("prompts", {"source": str(tmp_path / "train.jsonl")}, cfgs)
+    return with_rewards(make_task("prompts", {"source": str(tmp_path / "train.jsonl")}), cfgs)
 
 
 def worker_pids() -> list[int]:

@@ -12,7 +12,7 @@ import torch
 from gspo_cli.errors import SpecError
 from gspo_cli.models.builtin import build_tokenizer
 from gspo_cli.rollout import HFRolloutEngine, RolloutBatch, logprob_mismatch, make_engine
-from gspo_cli.rollout.vllm_engine import _to_batch
+from gspo_cli.rollout.vllm_batch import to_batch
 from gspo_cli.spec.loading import spec_from_dict
 
 ARM = {"name": "a", "preset": "paper-gspo"}
@@ -84,7 +84,7 @@ def test_vllm_outputs_become_the_hf_batch_layout():
     ids = tok(prompts, add_special_tokens=False).input_ids
     three, four = tok.convert_tokens_to_ids(["3", "4"])
     outs = [_completion([three, eos], [-0.1, -0.2]), _completion([three, four, four], [-1.0, -2.0, -3.0])]
-    batch = _to_batch(ids, outs, tok, torch.device("cpu"), [eos])
+    batch = to_batch(ids, outs, tok, torch.device("cpu"), [eos])
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     P = batch.prompt_len
     assert P == enc.input_ids.shape[1] and torch.equal(batch.input_ids[:, :P], enc.input_ids)

@@ -26,8 +26,8 @@ from sandbox_corpus import (
     world_writable_dir,
 )
 
-from gspo_cli.tasks import sandbox
-from gspo_cli.tasks.sandbox import Job, detect_isolation, run_many, run_program
+from gspo_cli.sandbox import programs as sandbox
+from gspo_cli.sandbox.programs import Job, detect_isolation, run_many, run_program
 
 
 @pytest.fixture(params=["root", "rootless"], scope="class")

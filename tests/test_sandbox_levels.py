@@ -15,9 +15,9 @@ import pytest
 from sandbox_corpus import BOUND, assert_no_leftovers, new_marker, world_writable_dir
 
 from gspo_cli.errors import RunError, SpecError
-from gspo_cli.tasks import sandbox
-from gspo_cli.tasks.sandbox import detect_isolation, run_program
-from gspo_cli.tasks.sandbox_setup import ENV_VAR, LEVELS
+from gspo_cli.sandbox import programs as sandbox
+from gspo_cli.sandbox.isolation import ENV_VAR, LEVELS
+from gspo_cli.sandbox.programs import detect_isolation, run_program
 
 
 @pytest.fixture
@@ -81,8 +81,8 @@ class TestLevelSelection:
 # Run by the system python3 as `nobody`: reports the level and a small corpus as JSON.
 _AS_USER = '''
 import json, os, sys, time
-from gspo_cli.tasks.sandbox import Job, detect_isolation, run_many, run_program
-from gspo_cli.tasks.sandbox_setup import summary
+from gspo_cli.sandbox.programs import Job, detect_isolation, run_many, run_program
+from gspo_cli.sandbox.isolation import summary
 port, marker, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 iso = detect_isolation()
 bomb = Job("# " + marker + "\\nimport os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass",
@@ -131,12 +131,11 @@ def package_for_nobody(world_dir):
         pytest.skip("needs the system /usr/bin/python3 (the interpreter a non-root judge would use)")
     src = Path(sandbox.__file__).parent
     pkg = world_dir / "pkg" / "gspo_cli"
-    (pkg / "tasks").mkdir(parents=True)
-    for f in (pkg / "__init__.py", pkg / "tasks" / "__init__.py"):
-        f.write_text("")
+    (pkg / "sandbox").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
     shutil.copy(src.parent / "errors.py", pkg)
-    for name in ("sandbox.py", "sandbox_setup.py", "sandbox_check.py"):
-        shutil.copy(src / name, pkg / "tasks")
+    for name in ("__init__.py", "programs.py", "isolation.py", "check.py"):
+        shutil.copy(src / name, pkg / "sandbox")
     for p in [world_dir / "pkg", *(world_dir / "pkg").rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return world_dir / "pkg"
@@ -151,9 +150,9 @@ def test_rootless_as_an_ordinary_user(package_for_nobody, world_dir):
     if probe.returncode != 0:
         pytest.skip(f"the kernel refuses unprivileged user namespaces here: {probe.stderr.strip()}")
     env = {"PYTHONPATH": str(package_for_nobody)}
-    check = _as_nobody("/usr/bin/python3", "-m", "gspo_cli.tasks.sandbox_check", env=env)
+    check = _as_nobody("/usr/bin/python3", "-m", "gspo_cli.sandbox.check", env=env)
     assert check.returncode == 0 and check.stdout.startswith("code sandbox: rootless isolation ("), check
-    refused = _as_nobody("/usr/bin/python3", "-m", "gspo_cli.tasks.sandbox_check", env={**env, ENV_VAR: "root"})
+    refused = _as_nobody("/usr/bin/python3", "-m", "gspo_cli.sandbox.check", env={**env, ENV_VAR: "root"})
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr == (
         f"error: {ENV_VAR}=root: this sandbox level does not work here (needs the judge "

@@ -13,11 +13,12 @@ import torch
 import yaml
 from helpers import TINY
 
+from gspo_cli.environments import resolve_environment
 from gspo_cli.errors import SpecError
 from gspo_cli.models import resolve_model_source
+from gspo_cli.rewards import with_rewards
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.tasks import make_task
-from gspo_cli.tasks.environments import resolve_environment
 from gspo_cli.train.step import setup, train_step
 
 ECHO = '''
@@ -95,7 +96,7 @@ def test_a_training_step_with_a_file_environment(tmp_path):
     raw = {**TINY, "output_dir": str(tmp_path), "task": task, "rollout": rollout}
     raw["arms"] = [a for a in TINY["arms"] if a["name"] == "gspo"]
     spec = spec_from_dict(raw)
-    t = make_task(spec.task.name, spec.task.params, spec.task.rewards)
+    t = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards)
     ctx = setup(spec, spec.arms[0], 0, t, resolve_model_source(spec.model, t, log=lambda m: None))
     batches, seen = [], []
     real = ctx.engine.generate
@@ -211,9 +212,9 @@ def test_the_arithmetic_tool_style_calls_python_and_copies_its_output():
     trains on, then the answer boxed."""
     import random
 
+    from gspo_cli.environments import RAW_WRAP, last_python_block, split_tool_output
+    from gspo_cli.sandbox.programs import run_program
     from gspo_cli.tasks.arithmetic import ArithmeticTask
-    from gspo_cli.tasks.environments import RAW_WRAP, last_python_block, split_tool_output
-    from gspo_cli.tasks.sandbox import run_program
 
     task = ArithmeticTask(num_operands=3, max_operand=99, operators="+-*", style="tool")
     for p in task.train_problems(random.Random(0), 5):

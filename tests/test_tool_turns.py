@@ -13,12 +13,12 @@ from sandbox_corpus import HOSTILE, use_level
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config
 
+from gspo_cli.environments import RAW_WRAP, Observation, resolve_environment
 from gspo_cli.rollout.hf import HFRolloutEngine
-from gspo_cli.rollout.turns import RAW_WRAP, MultiTurnEngine
-from gspo_cli.tasks import sandbox
+from gspo_cli.rollout.turns import MultiTurnEngine
+from gspo_cli.sandbox import programs as sandbox
+from gspo_cli.sandbox.programs import detect_isolation
 from gspo_cli.tasks.base import character_vocabulary
-from gspo_cli.tasks.environments import Observation, resolve_environment
-from gspo_cli.tasks.sandbox import detect_isolation
 
 
 def _tokenizer():

@@ -7,12 +7,11 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
+from gspo_cli.environments import RAW_WRAP, resolve_environment
 from gspo_cli.errors import SpecError
 from gspo_cli.models.prompts import raw_prompts
-from gspo_cli.rollout.turns import RAW_WRAP
 from gspo_cli.rollout.vllm_turns import VLLMTurnEngine, fence_ids
 from gspo_cli.tasks.base import character_vocabulary
-from gspo_cli.tasks.environments import resolve_environment
 
 
 def _tokenizer():

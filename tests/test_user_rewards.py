@@ -1,5 +1,5 @@
 """task.rewards: reward functions from the user's code, called with TRL's convention, and the
-`prompts` task (issue 39)."""
+`prompts` task."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from gspo_cli.errors import RunError, SpecError
 from gspo_cli.eval.scores import reward_means
 from gspo_cli.eval.sets import EvalSet, score_and_log
 from gspo_cli.models.prompts import PromptFormat
+from gspo_cli.rewards import with_rewards
 from gspo_cli.runs import RunDir, identity_changes, reward_changes
 from gspo_cli.spec import RewardConfig
 from gspo_cli.spec.loading import load_spec, spec_from_dict
@@ -92,7 +93,7 @@ def rewards(tmp_path, *entries) -> list[RewardConfig]:
 
 
 def task_of(tmp_path, *entries):
-    return make_task("prompts", {"source": str(tmp_path / "train.jsonl")}, rewards(tmp_path, *entries))
+    return with_rewards(make_task("prompts", {"source": str(tmp_path / "train.jsonl")}), rewards(tmp_path, *entries))
 
 
 def test_a_trl_style_reward_file_runs_unchanged(data):
@@ -218,7 +219,7 @@ def test_a_reward_that_fails_is_one_line_naming_it_and_the_row(data, name, messa
 def test_an_unloadable_function_is_refused_naming_what_was_found(data, function, found):
     cfg = RewardConfig(function=function.format(dir=data))
     with pytest.raises(SpecError, match=None) as err:
-        make_task("prompts", {"source": str(data / "train.jsonl")}, [cfg])
+        with_rewards(make_task("prompts", {"source": str(data / "train.jsonl")}), [cfg])
     assert found in str(err.value)
 
 
@@ -260,9 +261,11 @@ def test_a_reward_file_is_stored_absolute_and_its_change_named(tmp_path, monkeyp
 
 def test_math_with_rewards_uses_the_list_and_without_them_is_unchanged(data):
     assert isinstance(make_task("math", {}), MathTask)
-    task = make_task("math", {}, [RewardConfig(function="math_accuracy", correct=True)] + rewards(data, ("short", {})))
+    task = with_rewards(
+        make_task("math", {}), [RewardConfig(function="math_accuracy", correct=True)] + rewards(data, ("short", {}))
+    )
     assert [r.name for r in task.rewards] == ["math_accuracy", "short"]
-    task = make_task("math", {}, [RewardConfig(function="math_accuracy", correct=True)])
+    task = with_rewards(make_task("math", {}), [RewardConfig(function="math_accuracy", correct=True)])
     p = task.eval_problems(1)[0]
     right, wrong = task.score_rollout([p, p], [f"\\boxed{{{p.answer}}}", "\\boxed{x}"])
     assert (right.reward, right.correct, right.components) == (1.0, True, {"math_accuracy": 1.0})
@@ -271,7 +274,7 @@ def test_math_with_rewards_uses_the_list_and_without_them_is_unchanged(data):
 
 def test_code_with_rewards_keeps_its_tests_through_code_tests(data):
     cfg = [RewardConfig(function="code_tests", correct=True)] + rewards(data, ("format_reward", {"weight": 0.5}))
-    task = make_task("code", {}, cfg)
+    task = with_rewards(make_task("code", {}), cfg)
     probs = task.train_problems(random.Random(0), 2)
     scores = task.score_rollout(probs * 2, [p.solution for p in probs] + ["print(1)", "<answer>x</answer>"])
     assert [s.components["code_tests"] for s in scores[:2]] == [1.0, 1.0]
@@ -287,10 +290,10 @@ def test_prompts_task_reads_columns_and_refuses_what_it_cannot_train_on(data):
         spec_from_dict({"name": "x", "task": {"name": "prompts", "params": {"source": "x"}}, "arms": [{"name": "a"}]})
     (data / "chat.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": 3}]}) + "\n")
     with pytest.raises(SpecError, match="row 0: prompt\\[0\\] is not a message with a string role and content"):
-        make_task("prompts", {"source": str(data / "chat.jsonl")}, rewards(data, ("short", {})))
+        with_rewards(make_task("prompts", {"source": str(data / "chat.jsonl")}), rewards(data, ("short", {})))
     (data / "none.jsonl").write_text(json.dumps({"question": "hi"}) + "\n")
     with pytest.raises(SpecError, match="no row with a `prompt` string .*columns found: question"):
-        make_task("prompts", {"source": str(data / "none.jsonl")}, rewards(data, ("short", {})))
+        with_rewards(make_task("prompts", {"source": str(data / "none.jsonl")}), rewards(data, ("short", {})))
 
 
 CHAT = [
@@ -319,7 +322,7 @@ def chat(tmp_path):
 
 def test_conversational_prompts_reach_rewards_and_the_template_as_messages(chat):
     cfg = [RewardConfig(function=f"{chat}/chat_rewards.py:chat_reward", correct=True)]
-    task = make_task("prompts", {"source": str(chat / "chat.jsonl")}, cfg)
+    task = with_rewards(make_task("prompts", {"source": str(chat / "chat.jsonl")}), cfg)
     problems = task.eval_problems(2)
     assert isinstance(problems[0].prompt, Conversation) and problems[0].prompt == "Be brief.\n2+2?"
     assert pickle.loads(pickle.dumps(problems[0].prompt)).messages == problems[0].prompt.messages

@@ -224,7 +224,7 @@ def test_routes_in_an_answer_land_on_their_positions(dtype):
     import numpy as np
     from transformers import AutoTokenizer
 
-    from gspo_cli.rollout.vllm_engine import _to_batch
+    from gspo_cli.rollout.vllm_batch import to_batch
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir())
     rows = np.arange(4 * 3 * 2, dtype=dtype).reshape(4, 3, 2) % 8  # (P + C - 1, layers, k)
@@ -240,7 +240,7 @@ def test_routes_in_an_answer_land_on_their_positions(dtype):
     c = _Completion.from_answer(answer)
     assert c.routed_experts.dtype == np.dtype(dtype) and (c.routed_experts == rows).all()
     other = _Completion([5], [-1.0], np.zeros((4, 3, 2), dtype=dtype))  # 4-token prompt, 1 token
-    batch = _to_batch(
+    batch = to_batch(
         [[4, 5, 6], [4, 5, 6, 7]], [c, other], tok, "cpu", [2], with_routes=True, moe_layers=[0, 2], num_experts=8
     )
     routes = batch.engine_routes  # (L=2, B=2, P + C = 4 + 2, k)

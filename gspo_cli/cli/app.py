@@ -101,7 +101,7 @@ app.command()(plot)
 app.command()(report)
 app.command()(schema)
 app.command()(samples)
-app.command()(plugins)  # imports gspo_cli.tasks (no torch) and the installed plugins
+app.command()(plugins)  # imports gspo_cli.rewards and gspo_cli.tasks (no torch) and the installed plugins
 
 
 def main() -> None:

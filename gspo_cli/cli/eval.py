@@ -118,6 +118,7 @@ def eval_(
 
     Example: `gspo eval results/quickstart/gspo/seed0 -k 8`
     """
+    from gspo_cli.eval import results as evr
     from gspo_cli.eval import run as ev
     from gspo_cli.eval.sets import select_sets
     from gspo_cli.eval.targets import completions_tokenizer
@@ -167,18 +168,18 @@ def eval_(
                     summary["set"] = s.name
                     if changed:
                         summary["set_changed"] = changed
-                    written = ev.write_results((out or resolved.run_dir) / "eval_sets" / s.name, results, summary)
-                    ev.render(summary, Console())
+                    written = evr.write_results((out or resolved.run_dir) / "eval_sets" / s.name, results, summary)
+                    evr.render(summary, Console())
                     err_console.print(f"wrote {written}", markup=False, highlight=False)
                 return
             results, summary = ev.evaluate_model(
                 resolved, ev.resolve_task(resolved.spec, task, dataset, rewards), sampling, limit, log=log
             )
-        written = ev.write_results(out or ev.default_out_dir(resolved, completions), results, summary)
+        written = evr.write_results(out or evr.default_out_dir(resolved, completions), results, summary)
     except GspoError as err:
         _fail(err)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(130) from None
-    ev.render(summary, Console())
-    err_console.print(f"wrote {written} and {written.with_name(ev.PROBLEMS_FILE).name}", markup=False, highlight=False)
+    evr.render(summary, Console())
+    err_console.print(f"wrote {written} and {written.with_name(evr.PROBLEMS_FILE).name}", markup=False, highlight=False)

@@ -69,8 +69,8 @@ def plan(
     Example: `gspo plan experiments/gpu_qwen3_moe.yaml --gpus 8 --gpu-memory 80GB`
     """
     from gspo_cli.plan import Hardware, model_shape, plan_memory
-    from gspo_cli.plan.micro import largest_micro_batch_tokens
     from gspo_cli.plan.shapes import builtin_prompt_tokens
+    from gspo_cli.plan.suggest import largest_micro_batch_tokens
     from gspo_cli.spec.loading import load_spec
 
     try:
@@ -255,6 +255,6 @@ def _as_dict(plans, shape, spec, prompt_tokens: int, warnings: list[str]) -> dic
         "host_bytes": hw.host_bytes,
         "prompt_tokens": prompt_tokens,
         "warnings": warnings,
-        # JSON keys as they were: "today" holds the code before issue 25 (the `before` layout).
+        # JSON keys as they were: "today" holds the `before` layout (the earlier unsharded load).
         "layouts": {"sharded": one(plans["sharded"]), "today": one(plans["before"])},
     }

@@ -22,7 +22,7 @@ def plugins(as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout
 
     Example: `gspo plugins`
     """
-    from gspo_cli.tasks import registered
+    from gspo_cli.rewards import registered
 
     rows = registered()
     if as_json:

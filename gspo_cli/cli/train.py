@@ -115,7 +115,7 @@ def train(
         import torch
 
         from gspo_cli.cli.progress import make_reporter, render_summary
-        from gspo_cli.tasks import reward_pool
+        from gspo_cli.rewards import pool as reward_pool
         from gspo_cli.train.loop import train_experiment
 
         reporter = make_reporter(quiet=quiet, to_stderr=as_json)

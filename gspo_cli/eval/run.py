@@ -12,7 +12,6 @@ when a model is evaluated.
 from __future__ import annotations
 
 import json
-import re
 import time
 import warnings
 from collections.abc import Callable
@@ -21,16 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from gspo_cli.errors import SpecError
-from gspo_cli.eval.scores import ProblemResult, sample_completions, sample_counts, score_problems, summarize, tool_use
+from gspo_cli.eval.results import summary_of
+from gspo_cli.eval.scores import ProblemResult, sample_completions, score_problems, tool_use
 from gspo_cli.eval.sets import cold_start_task
 from gspo_cli.eval.targets import Target, parse_rewards, resolve_run, resolve_target, resolve_task  # noqa: F401
 from gspo_cli.files import iter_lines
-from gspo_cli.runs import append_jsonl, now_iso, plural, write_json_atomic
+from gspo_cli.runs import plural
 from gspo_cli.spec import VLLM_RESERVED_KWARGS, ExperimentSpec, ModelConfig, RolloutConfig, TaskConfig
 from gspo_cli.tasks import Task
 
-SUMMARY_FILE = "eval_summary.json"
-PROBLEMS_FILE = "eval_problems.jsonl"
 DEFAULT_MAX_TOKENS = 1024  # without a spec to say otherwise: room for a short chain of thought
 
 
@@ -160,7 +158,7 @@ def evaluate_model(
         **({"vllm_args": vllm_args} if sampling.engine == "vllm" else {}),
         **({"cold_start": cold} if cold else {}),
     }
-    return results, _summary(task, results, info, time.time() - t0)
+    return results, summary_of(task, results, info, time.time() - t0)
 
 
 def evaluate_completions(
@@ -208,7 +206,7 @@ def evaluate_completions(
     info = {"completions_file": str(path), "problems_without_completions": missing, "unknown_ids": len(unknown)}
     if tokenizer is not None:  # whose token ids reward functions got as completion_ids
         info["tokenizer"] = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
-    return results, _summary(task, results, info, time.time() - t0)
+    return results, summary_of(task, results, info, time.time() - t0)
 
 
 def load_completions(path: Path) -> dict[str, list[str]]:
@@ -326,74 +324,3 @@ def _check_sampling(s: Sampling, limit: int | None) -> None:
     for flag, ok, msg in checks:
         if not ok:
             raise SpecError(f"{flag}: {msg}")
-
-
-def _summary(task: Task, results: list[ProblemResult], info: dict[str, Any], seconds: float) -> dict[str, Any]:
-    scores = summarize(results, judged=getattr(task, "judged", True))
-    return {
-        "task": task.name,
-        "fingerprint": task.fingerprint(),
-        "problems": len(results),
-        "samples": max(len(r.completions) for r in results),
-        **sample_counts(results),
-        "scores": scores,
-        "rating": scores.get("rating"),
-        **info,
-        "created_at": now_iso(),
-        "time_s": round(seconds, 3),
-    }
-
-
-def default_out_dir(target: Target | None, completions: Path | None) -> Path:
-    """The run directory evaluated, else results/eval/<completions file's stem or model>: never
-    the folder a completions file (or a dataset) sits in, which is the user's data."""
-    if target is not None and target.run_dir is not None:
-        return target.run_dir
-    name = completions.stem if completions is not None else target.source
-    return Path("results") / "eval" / re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
-
-
-def write_results(out_dir: Path, results: list[ProblemResult], summary: dict[str, Any]) -> Path:
-    """eval_problems.jsonl (replaced, one line per problem) and eval_summary.json; returns the summary path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    problems_file = out_dir / PROBLEMS_FILE
-    tmp = out_dir / f".{PROBLEMS_FILE}.tmp"
-    tmp.unlink(missing_ok=True)
-    for r in results:
-        append_jsonl(tmp, r.record())
-    tmp.replace(problems_file)
-    write_json_atomic(out_dir / SUMMARY_FILE, summary)
-    return out_dir / SUMMARY_FILE
-
-
-def render(summary: dict[str, Any], console) -> None:
-    """The scores as a Rich table."""
-    from rich.table import Table
-
-    what = summary.get("completions_file") or summary.get("model")
-    if summary.get("checkpoint"):
-        what = f"{summary.get('run_dir') or what} @ {summary['checkpoint']}"
-    per = summary.get("samples_per_problem") or {str(summary["samples"]): summary["problems"]}
-    samples = (
-        plural(summary["samples"], "sample")
-        if len(per) == 1
-        else "uneven samples (" + ", ".join(f"{c} with {n}" for n, c in per.items()) + ")"
-    )
-    # Headed by the evaluation set (its task in brackets): two sets of one task stay apart.
-    head = f"{summary['set']} ({summary['task']})" if summary.get("set") else summary["task"]
-    console.print(
-        f"{head}: {plural(summary['problems'], 'problem')} x {samples}, {what}",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-    entered = summary.get("pass_k_problems") or {}
-    table = Table()
-    table.add_column("score")
-    table.add_column("value", justify="right")
-    table.add_column("problems", justify="right")
-    for key, value in summary["scores"].items():
-        table.add_row(
-            key, f"{value:.1f}" if key == "rating" else f"{value:.4f}", str(entered.get(key, summary["problems"]))
-        )
-    console.print(table)

@@ -298,7 +298,7 @@ class NoTokenIds:
         "(gspo eval --completions: give --tokenizer MODEL, or a run directory as TARGET)"
     )
 
-    opaque_ids = True  # scoring passes it on unread (tasks.reward_calls._ids)
+    opaque_ids = True  # scoring passes it on unread (rewards.calls._ids)
 
     def _unknown(self, *args, **kwargs):
         raise UnknownTokenIds(self.WHY)

@@ -26,6 +26,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.eval.scores import policy_results, problem_records, summarize
 from gspo_cli.eval.seeding import eval_seed, fixed_draws
 from gspo_cli.metrics import eval_key
+from gspo_cli.rewards import with_rewards
 from gspo_cli.runs import plural
 from gspo_cli.spec import EvalSetConfig, ExperimentSpec
 from gspo_cli.tasks import Problem, Task, make_task
@@ -83,7 +84,7 @@ def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec, rewards: lis
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            task = make_task(cfg.task, dict(cfg.params), scored_by)
+            task = with_rewards(make_task(cfg.task, dict(cfg.params)), scored_by)
             problems = task.eval_problems(cfg.size or _all(task, spec))
     except SpecError as err:
         raise SpecError(named(str(err))) from None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo_cli.errors import SpecError
+from gspo_cli.rewards import with_rewards
 from gspo_cli.runs import RunDir
 from gspo_cli.spec import ExperimentSpec, RewardConfig
 from gspo_cli.spec.loading import load_spec
@@ -98,7 +99,7 @@ def resolve_task(
         )
     try:
         # a reward model takes the run's model.device and model.dtype, as in training
-        return make_task(name, params, rewards, spec.model if spec is not None else None)
+        return with_rewards(make_task(name, params), rewards, spec.model if spec is not None else None)
     except SpecError as err:  # --reward's entries speak of themselves, not of a spec's task.rewards
         raise SpecError(str(err).replace("task.rewards[", "--reward[", 1) if flag else str(err)) from None
 

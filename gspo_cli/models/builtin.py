@@ -22,11 +22,11 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
+from gspo_cli.environments import split_tool_output
 from gspo_cli.errors import SpecError
 from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
 from gspo_cli.tasks import Task
 from gspo_cli.tasks.base import TOKENIZER_SPECIALS, character_vocabulary
-from gspo_cli.tasks.environments import split_tool_output
 
 BUILTIN_KINDS = ("tiny-moe", "tiny-dense")
 SPECIALS = list(TOKENIZER_SPECIALS)

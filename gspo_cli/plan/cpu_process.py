@@ -65,7 +65,7 @@ def add_cpu_process_terms(
     tokens: int,
     procs: int,
 ) -> None:
-    """Add the module docstring's terms to `phases` (memory.Phase, model.device cpu, in place).
+    """Add the module docstring's terms to `phases` (phases.Phase, model.device cpu, in place).
     `held`: bytes per weight as loaded; `compute`: per element of model.dtype; `converted`: the
     checkpoint's dtype differs; `ck`: its bytes per weight; `fsdp`: loaded by rank 0 and
     broadcast (no mapping kept)."""

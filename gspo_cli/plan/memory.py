@@ -1,12 +1,12 @@
 """Memory per phase of an RL step, per device and per host, from a ModelShape and the spec.
 
-Two layouts. `sharded` is the code as it is (since issue 25): under FSDP the model is built on
+Two layouts. `sharded` is how runs load and step: under FSDP the model is built on
 the meta device and filled from rank 0's one copy in the checkpoint's dtype; FSDP2 full
 sharding of fp32 master weights, gradients and AdamW state, with bf16 all-gathers
 (MixedPrecisionPolicy, no autocast) when model.dtype is bfloat16; log-probs and entropy from the
 output head applied in 64 MiB chunks (rollout/base.py); per-rank checkpoints
-(torch.distributed.checkpoint). `before` is the code before issue 25, kept for comparison
-(accepted under its former name, `today`): every process loads the whole fp32 model on the host
+(torch.distributed.checkpoint). `before` is the unsharded layout the tool had earlier, kept for
+comparison (accepted under its former name, `today`): every process loads the whole fp32 model on the host
 and moves it to its device before sharding, FSDP gathers fp32 under autocast, log-probs build
 [rows, tokens, vocab] fp32 logits, and a checkpoint gathers the whole weights and AdamW state on
 rank 0's host.
@@ -16,12 +16,11 @@ Units are bytes; 1 GB = 1e9 bytes (a '30.5 B parameter model is 122 GB in fp32')
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from gspo_cli.plan import fit
 from gspo_cli.plan import lora as plan_lora
 from gspo_cli.plan.cpu_process import add_cpu_process_terms
-from gspo_cli.plan.micro import forward_rows
+from gspo_cli.plan.phases import Hardware, Phase, Plan, workload
 from gspo_cli.plan.reward_models import add_reward_models
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
 from gspo_cli.plan.units import count, gb  # noqa: F401 - cli.plan reads them here
@@ -39,7 +38,7 @@ HOST_RUNTIME = {"cuda": 4 * 10**9, "cpu": 6 * 10**8}
 # LOGITS_CHUNK_BYTES in gspo_cli/rollout/base.py (response_logprobs), which imports torch;
 # tests/test_plan.py checks the two are equal.
 LOGITS_CHUNK_BYTES = 1 << 26
-# Before issue 25 the hf engine kept the sampler's logits for its log-probs only below this.
+# In the `before` layout the hf engine kept the sampler's logits for its log-probs only below this.
 HF_LOGITS_BUDGET = 1 << 30
 # rollout.vllm.gpu_memory_utilization when the spec leaves it out (vLLM on a GPU): a copy of
 # COLOCATED_GPU_MEMORY_UTILIZATION in gspo_cli/rollout/vllm_settings.py (not vLLM's own 0.92);
@@ -52,123 +51,16 @@ CPU_LOAD_LIBRARIES = 140 * 2**20
 CPU_STEP_RUNTIME = 250 * 2**20
 
 
-@dataclass(frozen=True)
-class Hardware:
-    gpus_per_node: int = 1
-    nodes: int = 1
-    gpu_bytes: int | None = None  # None: no verdict for the device
-    host_bytes: int | None = None  # None: no verdict for the host
-
-    @property
-    def world(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-
-@dataclass
-class Phase:
-    """One phase's terms: (name, bytes) on each device (the busiest rank) and on each host
-    (the busiest node, rank 0's)."""
-
-    name: str
-    device: list[tuple[str, int]] = field(default_factory=list)
-    host: list[tuple[str, int]] = field(default_factory=list)
-
-    @property
-    def device_total(self) -> int:
-        return sum(b for _, b in self.device)
-
-    @property
-    def host_total(self) -> int:
-        return sum(b for _, b in self.host)
-
-    resident: frozenset[str] = frozenset()  # names of the terms every phase keeps (weights, AdamW...)
-
-    def dominant(self, where: str = "device", transient: bool = False) -> str:
-        """The largest term's name; `transient`: the largest of what this phase adds over the
-        state every phase keeps (the term a spec change can shrink)."""
-        terms = self.device if where == "device" else self.host
-        if transient:
-            terms = [
-                t
-                for t in terms
-                if t[0] not in self.resident and not t[0].startswith(("CUDA", "CPU", "runtime", "libraries"))
-            ]
-        return max(terms, key=lambda t: t[1])[0] if terms else "-"
-
-
-@dataclass
-class Plan:
-    layout: str
-    params: int
-    world: int
-    device_kind: str  # "cuda" or "cpu" (cpu: the device is the host; per-device = per process)
-    phases: list[Phase]
-    hardware: Hardware
-    notes: list[str] = field(default_factory=list)
-
-    def phase(self, name: str) -> Phase:
-        return next(p for p in self.phases if p.name == name)
-
-    def fits(self, phase: Phase) -> tuple[bool | None, bool | None]:
-        """(device fits, host fits); None where no capacity was given."""
-        hw = self.hardware
-        dev = None if hw.gpu_bytes is None else phase.device_total <= hw.gpu_bytes
-        host = None if hw.host_bytes is None else phase.host_total <= hw.host_bytes
-        return dev, host
-
-    def problems(self, remedies: dict[str, str] | None = None) -> list[str]:
-        """One line per phase that does not fit, naming its largest term (plan/fit.py)."""
-        return fit.problems(self, remedies)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """The spec's batch, read the way the trainer splits it."""
-
-    rows: int  # rollout rows per rank (whole groups)
-    update_rows: int  # rows per rank in one forward and backward of the update (a micro-batch's)
-    forward_rows: int  # rows per rank in one no-grad forward (pi_old, the reference; micro-batches)
-    sample_rows: int  # rows per rank sampled at once (rollout.sample_rows)
-    prompt_tokens: int
-    new_tokens: int
-    compute_bytes: int  # model.dtype
-    checkpointing: bool
-    kl: bool
-    routes: bool  # an MoE whose routes pi_old records (every arm does, for volatility)
-
-    @property
-    def tokens(self) -> int:  # T: prompt + response, responses at full length (the worst case)
-        return self.prompt_tokens + self.new_tokens
-
-
-def workload(spec: ExperimentSpec, shape: ModelShape, world: int, prompt_tokens: int) -> Workload:
-    rows = max(1, spec.rollout.batch_size // world)
-    fewest = min(a.mini_batches for a in spec.arms)  # the arm with the largest mini-batch
-    micro = forward_rows(spec, prompt_tokens + spec.rollout.max_new_tokens) or rows  # plan/micro.py
-    return Workload(
-        rows=rows,
-        update_rows=min(micro, max(1, rows // fewest)),
-        forward_rows=min(micro, rows),
-        sample_rows=min(spec.rollout.sample_rows or rows, rows),
-        prompt_tokens=prompt_tokens,
-        new_tokens=spec.rollout.max_new_tokens,
-        compute_bytes=DTYPE_BYTES[spec.model.dtype],
-        checkpointing=spec.train.gradient_checkpointing,
-        kl=any(a.kl_coef > 0 for a in spec.arms),
-        routes=shape.experts > 0,
-    )
-
-
 def plan_memory(
     shape: ModelShape, spec: ExperimentSpec, hw: Hardware, *, prompt_tokens: int, layout: str = "sharded"
 ) -> Plan:
     """Per-phase memory (load, rollout, pi_old, update, checkpoint) of `spec` on `hw`.
 
     Per device: the busiest rank's bytes on its device. Per host: rank 0's node (it holds the
-    checkpoint copy when loading and, before issue 25, the gathered checkpoint). With
+    checkpoint copy when loading and, in the `before` layout, the gathered checkpoint). With
     model.device cpu the "device" is the process's share of host memory and the host holds
-    every process. `layout`: "sharded" (the code as it is) or "before" (the code before issue
-    25; "today" is accepted for it), see the module docstring."""
+    every process. `layout`: "sharded" (how runs load and step) or "before" (the earlier
+    unsharded layout; "today" is accepted for it), see the module docstring."""
     layout = LAYOUT_ALIASES.get(layout, layout)
     if layout not in LAYOUTS:
         raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
@@ -261,12 +153,12 @@ def plan_memory(
     ck = DTYPE_BYTES.get(shape.checkpoint_dtype, FP32)
     experts = shape.expert_params()
     if before or not fsdp:
-        # from_pretrained in every process (one process, DDP, and every layout before issue 25):
+        # from_pretrained in every process (one process, DDP, and the `before` layout):
         # it maps the safetensors files and uses an fp32 checkpoint's dense tensors in place
         # (pages shared by the node's processes through the page cache); MoE experts, stored one
         # per expert, are concatenated into new fused tensors (their pages read and a copy made);
-        # a checkpoint in another dtype is converted into an fp32 copy per process. Before issue
-        # 25 FSDP then moved the whole model to the device before fully_shard (measured on CPU:
+        # a checkpoint in another dtype is converted into an fp32 copy per process. In the
+        # `before` layout FSDP then moved the whole model to the device before fully_shard (measured on CPU:
         # benchmarks/README.md, "gspo plan against measured peaks").
         held = c if lora else FP32  # LoRA loads the base in model.dtype
         converted = ck != held

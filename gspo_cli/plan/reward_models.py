@@ -89,7 +89,7 @@ def reward_model_sizes(spec) -> tuple[list[RewardModelSize], list[str]]:
 
 
 def add_reward_models(phases, spec, kind: str, procs_on_node: int) -> list[str]:
-    """Add the spec's reward models to `phases` (memory.Phase, in place): the weights in every
+    """Add the spec's reward models to `phases` (phases.Phase, in place): the weights in every
     phase, a batch's forward in rollout; on the device when it is the policy's kind (cpu or
     cuda), else on the host (a cuda reward model beside a cpu policy is a note). Returns notes."""
     sizes, notes = reward_model_sizes(spec)

@@ -1,4 +1,4 @@
-"""Calling the user's environment (task.environment, tasks/environments.py) from a rollout,
+"""Calling the user's environment (task.environment, environments/) from a rollout,
 so that nothing it does can hang the run.
 
 Every start(), step() and finish() runs in a daemon thread, and the rollout waits for it at most

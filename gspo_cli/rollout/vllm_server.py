@@ -12,7 +12,7 @@ rank 0 sends; under torchrun the other ranks wait for the push to finish before 
 Sampling goes through vLLM's token-in/token-out endpoint (`/inference/v1/generate`, served
 with `--enable-scale-out`): token ids in, token ids and the sampled tokens' log-probs out, one
 request per row (the server batches them), seeded per row. The batch is laid out exactly as
-the colocated engine lays out its own (`vllm_engine._to_batch`).
+the colocated engine lays out its own (`vllm_batch.to_batch`).
 
 R3: with `--enable-return-routed-experts` (which `gspo vllm-server` passes for a spec with an
 r3 arm) each answer carries the experts every position was routed to, converted as the colocated
@@ -247,7 +247,7 @@ class VLLMServerRolloutEngine:
         """One sample per prompt. `temperature` overrides the engine's (0: greedy). A prompt is text
         or a conversation (`tasks.base.Conversation`): the engine gets the token ids of the same
         rendering as the hf engine's (`self.format`), and the batch holds exactly those ids."""
-        from gspo_cli.rollout.vllm_engine import _to_batch
+        from gspo_cli.rollout.vllm_batch import to_batch
 
         self.sync_if_stale()
         prompt_ids = self.tokenizer(self.format(prompts), add_special_tokens=False).input_ids
@@ -258,7 +258,7 @@ class VLLMServerRolloutEngine:
         bodies = [self._request(ids, temp, (base, row)) for row, ids in enumerate(prompt_ids)]
         completions = [_Completion.from_answer(a) for a in self._post_all(bodies)]
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
-        return _to_batch(
+        return to_batch(
             prompt_ids,
             completions,
             self.tokenizer,
@@ -325,7 +325,7 @@ class VLLMServerRolloutEngine:
 
 
 class _Completion:
-    """One answer of /inference/v1/generate in the shape `_to_batch` reads (vLLM's
+    """One answer of /inference/v1/generate in the shape `to_batch` reads (vLLM's
     CompletionOutput): token_ids, per-position {token: logprob}, routed_experts."""
 
     class _LP:

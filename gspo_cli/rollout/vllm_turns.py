@@ -29,7 +29,7 @@ import torch
 
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.rollout.turns import TurnTaking, _Row
+from gspo_cli.rollout.turn_taking import TurnTaking, _Row
 
 
 class VLLMTurnEngine(TurnTaking):

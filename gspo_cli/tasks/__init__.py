@@ -1,23 +1,24 @@
-"""Task families behind one interface (see `base.Task`): the built-ins in `TASKS`, and those
-installed packages register (`plugins`, group gspo_cli.tasks)."""
+"""Task families behind one interface (see `base.Task`): problem sources and their verifiers,
+the built-ins in `TASKS`, and those installed packages register (`gspo_cli.plugins`, group
+gspo_cli.tasks). A task scored by reward functions instead of its verifier is made by
+`gspo_cli.rewards.with_rewards`."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from gspo_cli.errors import SpecError
+from gspo_cli.plugins import TASKS_GROUP, load_plugin, plugin_names
 from gspo_cli.spec.base import _did_you_mean
 from gspo_cli.tasks.arithmetic import ArithmeticTask
 from gspo_cli.tasks.base import Problem, Score, Task, extract_boxed
 from gspo_cli.tasks.code import CodeTask
 from gspo_cli.tasks.math import MathTask
-from gspo_cli.tasks.plugins import REWARDS_GROUP, TASKS_GROUP, Registered, load_plugin, plugin_names, survey
 from gspo_cli.tasks.prompts import PromptsTask
-from gspo_cli.tasks.rewards import SHIPPED, RewardedTask, resolve_rewards
 
 # `arithmetic` is the synthetic generator on its own (the problems of `math` with source:
 # synthetic); older specs name it directly.
@@ -29,14 +30,10 @@ TASKS: dict[str, Callable[..., Task]] = {
 }
 
 
-def make_task(name: str, params: dict[str, Any], rewards: Sequence[Any] = (), model: Any = None) -> Task:
-    """The task `name` with `params`, scored by `rewards` (`task.rewards`, RewardConfigs) when
-    there are any (each function loaded now), else by its own verifier (a prompts task has
-    none: the spec refuses it without rewards). SpecError naming the field on a bad parameter
-    or an unloadable reward function. `model`: the spec's ModelConfig, whose device and dtype
-    a reward model takes unless it names its own."""
-    task = _build_task(name, params)
-    return RewardedTask(task, resolve_rewards(rewards, task, model)) if rewards else task
+def make_task(name: str, params: dict[str, Any]) -> Task:
+    """The task `name` with `params`, scored by its own verifier (`gspo_cli.rewards.with_rewards`
+    scores it by `task.rewards` instead). SpecError naming the field on a bad parameter."""
+    return _build_task(name, params)
 
 
 def task_names() -> list[str]:
@@ -56,12 +53,6 @@ def task_factory(name: str) -> Callable[..., Task]:
     if factory is None:
         raise SpecError(f"task.name: unknown task {name!r}; known: {', '.join(task_names())}")
     return factory
-
-
-def registered() -> list[Registered]:
-    """Every reward and task a spec may name, built-in and plugin, each plugin imported to say
-    whether it works (for `gspo plugins`)."""
-    return [*survey(REWARDS_GROUP, SHIPPED), *survey(TASKS_GROUP, TASKS)]
 
 
 def _build_task(name: str, params: dict[str, Any]) -> Task:
@@ -100,15 +91,4 @@ def _param_names(task_cls: type, model_name: str) -> list[str]:
     return []
 
 
-__all__ = [
-    "Problem",
-    "Registered",
-    "Score",
-    "Task",
-    "TASKS",
-    "extract_boxed",
-    "make_task",
-    "registered",
-    "task_factory",
-    "task_names",
-]
+__all__ = ["Problem", "Score", "Task", "TASKS", "extract_boxed", "make_task", "task_factory", "task_names"]

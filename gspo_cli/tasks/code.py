@@ -34,10 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gspo_cli.errors import SpecError
 from gspo_cli.files import unreadable
+from gspo_cli.sandbox.programs import detect_isolation
 from gspo_cli.tasks.base import Problem, Score, Task, in_eval_split, problems_digest
 from gspo_cli.tasks.code_judge import JudgeSpec, TestCase, extract_code, judge_many
 from gspo_cli.tasks.lcb import REQUIRED_COLUMNS, LoadStats, lcb_prompt, load_lcb
-from gspo_cli.tasks.sandbox import detect_isolation
 
 Kind = Literal["pair", "int", "list", "word"]
 SYNTHETIC_ONLY = (

@@ -1,4 +1,4 @@
-"""Judging code completions the way LiveCodeBench does, on top of `sandbox`.
+"""Judging code completions the way LiveCodeBench does, on top of the sandbox (`gspo_cli.sandbox.programs`).
 
 * The program is the completion's last *closed* fenced block (```python ... ``` or
   ``` ... ```); an unclosed trailing block (a generation cut off by the token limit) does
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
-from gspo_cli.tasks.sandbox import Job, RunResult, detect_isolation, run_many
+from gspo_cli.sandbox.programs import Job, RunResult, detect_isolation, run_many
 
 # What LiveCodeBench puts above every program, so that solutions using `List`, `deque` or
 # `gcd` without importing them behave as they do there (used for LCB rows only).

@@ -1,6 +1,6 @@
 """Your own data: a dataset with a `prompt` column, a string (TRL's standard format) or a list
 of chat messages (conversational), scored by the reward functions of `task.rewards` (see
-`tasks.rewards`).
+`gspo_cli.rewards`).
 
 Every other column reaches the reward functions by name, one value per row. A `solution`
 column (else `completion`) is the reference completion the built-in model's cold start trains

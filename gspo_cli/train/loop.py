@@ -24,6 +24,7 @@ from gspo_cli.metrics import no_signal
 from gspo_cli.models import lora, resolve_model_source
 from gspo_cli.models.builtin import check_prompt_lengths, cold_start_info, cold_start_line, share_across_nodes
 from gspo_cli.params import param_line
+from gspo_cli.rewards import with_rewards
 from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
@@ -71,7 +72,7 @@ def train_experiment(
     selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     seed_list = seeds if seeds else spec.seeds
     check_sinks(spec.train.sinks)  # a missing tracker package is a spec error before any model is built
-    task = make_task(spec.task.name, spec.task.params, spec.task.rewards, spec.model)
+    task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards, spec.model)
     # Evaluation sets read and their problems removed from training before any model exists:
     # a bad set costs nothing, and the cold start below never sees an evaluation problem.
     eval_sets, data = plan_data(spec, task)

@@ -14,18 +14,18 @@ import torch
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
+from gspo_cli.environments import environment_file
 from gspo_cli.errors import SpecError
 from gspo_cli.eval.sets import EvalSet, plan_data
 from gspo_cli.files import files_digest
 from gspo_cli.hub import hub_revision
 from gspo_cli.models.builtin import BUILTIN_KINDS, cache_key
+from gspo_cli.rewards import RewardedTask, file_fingerprints, with_rewards
 from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, reward_changes, truncate_jsonl
 from gspo_cli.spec import ExperimentSpec, ModelConfig
 from gspo_cli.spec.loading import check_stored_spec
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.tasks.base import problems_digest
-from gspo_cli.tasks.environments import environment_file
-from gspo_cli.tasks.rewards import RewardedTask, file_fingerprints
 from gspo_cli.train.checkpoint import load_trainer_state, valid_checkpoints
 from gspo_cli.train.staleness import CHECKPOINT_KEY
 from gspo_cli.train.step import Ctx
@@ -161,7 +161,7 @@ def resumable_checkpoint(rd: RunDir, own_spec: ExperimentSpec, identity: dict | 
 
 def spec_identity(spec: ExperimentSpec) -> dict:
     """`run_identity` of a one-run spec, its task and evaluation sets read afresh."""
-    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)
+    task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards)
     sets, _ = plan_data(spec, task)
     return run_identity(spec, task, sets)
 

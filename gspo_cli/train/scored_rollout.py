@@ -1,6 +1,6 @@
 """A step's rollout and its scores, scoring overlapped with sampling where the engine allows.
 
-With a reward pool in chunks mode (tasks/reward_pool.py; task.reward_calls: chunks) the rows go
+With a reward pool in chunks mode (rewards/pool.py; task.reward_calls: chunks) the rows go
 to its workers as they are sampled: the hf engine's compact decode loop hands over each row
 when it stops (`generate(..., on_rows=)`), so the pool scores early rows while the longest
 ones still decode; the rows left at the end

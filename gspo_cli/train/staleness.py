@@ -52,7 +52,7 @@ def check_supported(spec: ExperimentSpec, processes: int) -> None:
 
 def check_environment(spec: ExperimentSpec, processes: int) -> None:
     """SpecError in one line for an environment that cannot be loaded, or with FSDP's synced generation."""
-    from gspo_cli.tasks.environments import resolve_environment
+    from gspo_cli.environments import resolve_environment
 
     resolve_environment(spec.task.environment, spec.task.environment_params)
     if processes > 1 and spec.model.sharding == "fsdp":

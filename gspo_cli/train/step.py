@@ -25,12 +25,12 @@ from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.models import compute_context, load_model, lora
 from gspo_cli.models.routing import RoutingController, UnsupportedRoutingError
+from gspo_cli.rewards.judge import record_unparsable
 from gspo_cli.rollout import RolloutBatch, RolloutEngine, make_engine, with_environment
 from gspo_cli.rollout.base import check_due
 from gspo_cli.rollout.packing import resolve_packing
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.tasks import Task
-from gspo_cli.tasks.judge import record_unparsable
 from gspo_cli.train.compiled import CompiledUpdate
 from gspo_cli.train.micro import batch_logprobs
 from gspo_cli.train.minibatch import minibatch_rows
@@ -267,7 +267,7 @@ def learn(
     record_batch(stats, batch, scores, rewards_B, old.entropy, G, ctx.optimizer.param_groups[0]["lr"])
     if dynamic is not None:
         record_dynamic(stats, dynamic)
-    record_unparsable(stats, ctx.task, step)  # LLM judges: answers without a score (tasks/judge.py)
+    record_unparsable(stats, ctx.task, step)  # LLM judges: answers without a score (rewards/judge.py)
     if skipped:
         stats.same("policy/skipped_minibatches", skipped)  # decided together: equal on every rank
     for key, seconds in {

@@ -5,7 +5,7 @@ with --concurrency requests in flight, against scoring them one after another (r
 
 The stub runs in a child process (a threading HTTP server, so it answers every request it gets
 concurrently and only the judge's bound limits what is in flight); the judge is the one
-`gspo train` builds (gspo_cli.tasks.judge.make_judge), called as the trainer calls it.
+`gspo train` builds (gspo_cli.rewards.judge.make_judge), called as the trainer calls it.
 
     python studies/judge-latency/judge_latency.py                    # 128 rows, 200 ms, concurrency 16, 5 repeats
     python studies/judge-latency/judge_latency.py --concurrency 1 --repeats 1
@@ -61,8 +61,8 @@ print(state["max"], flush=True)
 def measure(rows: int, latency: float, concurrency: int, repeats: int) -> dict:
     """Wall seconds of each scoring call of `rows` completions, the values it returned, and the
     stub's most requests in flight."""
+    from gspo_cli.rewards.judge import make_judge
     from gspo_cli.spec.task import JudgeConfig
-    from gspo_cli.tasks.judge import make_judge
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,6 +1,7 @@
-"""Environments of multi-turn rollouts (`task.environment`): what answers the model between turns.
+"""The environment protocol of multi-turn rollouts (`task.environment`): what answers the model
+between turns, and how what it returns is read.
 
-The protocol, one object per rollout (row), made by calling the registered class or factory
+One object per rollout (row), made by calling the registered class or factory
 with `task.environment_params` as keyword arguments:
 
     class MyEnv:
@@ -21,12 +22,12 @@ with `task.environment_params` as keyword arguments:
 a tool message (rollout/turns.py). The rollout's environment reward is the sum of the rewards
 step() and finish() returned (None when all were None); it travels with the completion
 (`EnvCompletion.env_reward`) and reaches the RL reward through the shipped reward `env`
-(`task.rewards: [{function: env}]`, tasks/rewards.py), weighted and summed with the others.
+(`task.rewards: [{function: env}]`, rewards/shipped.py), weighted and summed with the others.
 
 Built in: `python`, tool-integrated reasoning: the last fenced ```python block of a turn runs
-in the sandbox (tasks/sandbox.py) as a fresh process, nothing kept between calls (a variable
+in the sandbox (gspo_cli/sandbox) as a fresh process, nothing kept between calls (a variable
 defined in one call is gone in the next); its stdout comes back, or the error's last line, or
-the time-out. A turn without a block ends the rollout. `code_feedback` (tasks/code_feedback.py):
+the time-out. A turn without a block ends the rollout. `code_feedback` (environments/code_feedback.py):
 code problems, the public tests' failures fed back, the private tests the reward.
 """
 
@@ -36,8 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gspo_cli.errors import RunError, SpecError
-from gspo_cli.tasks.sandbox import run_program
+from gspo_cli.errors import RunError
 
 PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)  # a closed tool call of the built-in format
 RAW_WRAP = ("\n```output\n", "```\n")  # the built-in model's tool message (the observation ends in a newline)
@@ -84,7 +84,7 @@ class EnvCompletion(str):
 
 
 def env_reward(task) -> Callable[[Any, Any], list[float | None]]:
-    """The shipped reward `env` (tasks/rewards.py; `task` unused): each completion's environment
+    """The shipped reward `env` (rewards/shipped.py; `task` unused): each completion's environment
     reward, the sum of what step() and finish() returned (None, "does not apply": none given,
     or a completion sampled without an environment, e.g. `gspo eval --no-tools`)."""
     return lambda problems, completions: [getattr(c, "env_reward", None) for c in completions]
@@ -164,83 +164,3 @@ def last_python_block(text: str) -> str | None:
     """The code of the last closed ```python block of `text`, or None."""
     found = PY_BLOCK.findall(text)
     return found[-1] if found else None
-
-
-class PythonTool:
-    """`python`: runs the turn's last ```python block in the sandbox (a fresh process per call)."""
-
-    def __init__(self, timeout_s: float = 2.0, memory_mb: int = 256, output_limit_bytes: int = 1 << 16):
-        self.timeout_s, self.memory_mb, self.output_limit_bytes = (
-            float(timeout_s),
-            int(memory_mb),
-            int(output_limit_bytes),
-        )
-
-    def start(self, prompt: str) -> None:
-        return None
-
-    def step(self, turn: str) -> Observation:
-        code = last_python_block(turn)
-        if code is None:
-            return Observation(None, done=True)
-        res = run_program(
-            code, timeout_s=self.timeout_s, memory_mb=self.memory_mb, output_limit_bytes=self.output_limit_bytes
-        )
-        if res.status == "ok":
-            return Observation(res.stdout)
-        if res.status == "timeout":
-            return Observation(f"TimeoutError: stopped after {self.timeout_s:g} s", error=True, timeout=True)
-        if res.status == "memory":
-            return Observation(f"MemoryError: over {self.memory_mb} MB", error=True)
-        if res.status == "output_limit":
-            return Observation(res.stdout + f"\n[output stopped at {self.output_limit_bytes} bytes]", error=True)
-        lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-        return Observation(res.stdout + (lines[-1] if lines else f"error (exit status {res.returncode})"), error=True)
-
-
-def _code_feedback(**params):
-    from gspo_cli.tasks.code_feedback import CodeFeedback
-
-    return CodeFeedback(**params)
-
-
-ENVIRONMENTS: dict[str, Callable[..., Any]] = {"python": PythonTool, "code_feedback": _code_feedback}
-
-
-def resolve_environment(name: str, params: dict | None = None) -> Callable[[], Any]:
-    """A factory of fresh environments for `task.environment` = `name` (a registered name or
-    FILE.py:NAME / module:NAME), checked now, before any model is built: the file imports, NAME
-    is defined and callable, and the objects it makes have `start` and `step`. SpecError in one
-    line naming task.environment otherwise."""
-    where = "task.environment"
-    params = dict(params or {})
-    if name in ENVIRONMENTS:
-        factory = ENVIRONMENTS[name]
-    elif ":" in name:
-        from gspo_cli.tasks.rewards import _load_function  # the same loading and messages as reward functions
-
-        factory, _ = _load_function(name, where)
-    else:
-        raise SpecError(
-            f"{where}: {name!r} is no built-in environment ({', '.join(ENVIRONMENTS)}); yours: FILE.py:NAME"
-        )
-    try:
-        probe = factory(**params)
-    except Exception as err:  # noqa: BLE001 - the user's class: one line, naming it
-        raise SpecError(f"{where}: {name}(**task.environment_params) fails ({type(err).__name__}: {err})") from None
-    missing = [m for m in ("start", "step") if not callable(getattr(probe, m, None))]
-    if missing:
-        raise SpecError(
-            f"{where}: {name} makes objects without {' and '.join(missing)}(); an environment defines "
-            "start(prompt) and step(turn) -> (observation, done, reward) (docs/guides/tools.md)"
-        )
-    return lambda: factory(**params)
-
-
-def environment_file(name: str | None) -> str | None:
-    """The absolute path of a FILE.py environment (fingerprinted with the run), else None."""
-    if not name or ":" not in name or not name.rsplit(":", 1)[0].endswith(".py"):
-        return None
-    from pathlib import Path
-
-    return str(Path(name.rsplit(":", 1)[0]).expanduser().resolve())

@@ -24,10 +24,10 @@ reward models and LLM judges run in the trainer. The trainer (`RewardPool`):
   they started outlives them.)
 - keeps the trainer's standard output for its own (`gspo train --json` prints its summary
   there): a worker's file descriptor 1 is its standard error, and a reward called in the
-  trainer writes there too while it runs (`user_rewards.output_to_stderr`).
+  trainer writes there too while it runs (`user_functions.output_to_stderr`).
 
 How one call runs in a worker (TRL's keyword arguments, `async def` functions, errors as one
-line, what a worker sends back) is `tasks/user_rewards.py`, shared with rewards called in the
+line, what a worker sends back) is `rewards/user_functions.py`, shared with rewards called in the
 trainer.
 """
 
@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gspo_cli.errors import RunError
+from gspo_cli.rewards.user_functions import RAISED, call_rows, error_line, failing_row, portable
 from gspo_cli.spawned import Starter, child_signals, requests_until_stop
-from gspo_cli.tasks.user_rewards import RAISED, call_rows, error_line, failing_row, portable
 
 MAX_WORKERS = 8  # the default's cap
 POLL_S = 0.1  # how often a waiting trainer checks time-outs and workers' health
@@ -65,7 +65,7 @@ def auto_workers(cpus: int, threads: int, omp_set: bool) -> int:
 def planned(task_cfg, threads: int) -> tuple[int, str | None]:
     """(workers, the setup line) for a spec's `task` section and torch's thread count: (0, None)
     when no reward (training's or an evaluation set's) is a user or plugin function."""
-    from gspo_cli.tasks.rewards import SHIPPED
+    from gspo_cli.rewards.shipped import SHIPPED
 
     cfgs = list(task_cfg.rewards) + [r for s in task_cfg.eval_sets for r in (s.rewards or [])]
     pooled = sorted({c.label for c in cfgs if c.function is not None and c.function not in SHIPPED})
@@ -310,7 +310,7 @@ def _worker_main(slot: int, requests, results) -> None:
     child_signals()
     os.setsid()  # a session and process group of its own: the trainer kills it whole (`_stop`)
     os.dup2(2, 1)  # what a reward prints (or a program it runs) never reaches the trainer's stdout
-    from gspo_cli.tasks.rewards import load_source
+    from gspo_cli.rewards.sources import load_source
 
     functions: dict[str, Callable] = {}
     for msg in requests_until_stop(requests, 0.5):

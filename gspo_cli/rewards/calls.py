@@ -1,6 +1,6 @@
 """Calling the reward functions of one batch of rows (`RewardedTask.scoring`) and reading what
 they return: TRL's keyword arguments (`row_columns`, conversational rows as messages), the
-calls (in the trainer, or in the reward pool's workers: tasks/reward_pool.py), and the check
+calls (in the trainer, or in the reward pool's workers: rewards/pool.py), and the check
 that each call returned one number or None per row, as one line naming the reward and the row.
 """
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gspo_cli.errors import GspoError, RunError
-from gspo_cli.tasks import reward_pool, user_rewards
+from gspo_cli.rewards import pool, user_functions
 from gspo_cli.tasks.base import Conversation, Problem, Score
 
 
@@ -46,7 +46,7 @@ class Scoring:
     """The scores of one batch of rows of `task` (a RewardedTask: its `rewards`, `encode`).
 
     Each reward is called once on the whole batch, as TRL calls it: user and plugin functions
-    in a worker of the reward pool when one runs (`reward_pool.active()`), the others in the
+    in a worker of the reward pool when one runs (`pool.active()`), the others in the
     trainer meanwhile, all in `finish`. With a pool in `chunks` mode (task.reward_calls: chunks)
     rows handed to `add` as they are sampled go to the pool's workers at once, `finish` sends the
     rest in contiguous chunks, one per worker, and the answers are joined in row order. Each
@@ -54,7 +54,7 @@ class Scoring:
 
     def __init__(self, task, problems, step: int):
         self.task, self.problems, self.step = task, list(problems), step
-        self.pool = reward_pool.active()
+        self.pool = pool.active()
         self.pooled = [r for r in task.rewards if r.source is not None] if self.pool is not None else []
         self.sent: dict[int, tuple[str, list[int]]] = {}  # row -> (completion, ids) it was sent with
         self.calls: list[tuple[Reward, list[int], int]] = []  # (reward, rows, pool call id)
@@ -134,7 +134,7 @@ class Scoring:
         for _, rows, call in sorted((c for c in self.calls if c[0] is r), key=lambda c: c[1][0]):
             try:
                 got = self.pool.result(call)
-            except reward_pool.RewardRaised as err:
+            except pool.RewardRaised as err:
                 raise RunError(_raised_message(r.name, texts[rows[err.row]], err.text)) from None
             for i, v in zip(rows, _as_list(r.name, got, len(rows))):
                 values[i] = v
@@ -167,9 +167,9 @@ def _called(r: Reward, args, texts: list[str]) -> Any:
         return _call(r, *args)
     except GspoError:
         raise  # a judge's or reward model's own error: one line naming it and the row already
-    except user_rewards.RAISED as err:  # the user's function: one line, no traceback (sys.exit too)
+    except user_functions.RAISED as err:  # the user's function: one line, no traceback (sys.exit too)
         row = _failing_row(r, *args)
-        raise RunError(_raised_message(r.name, texts[row], user_rewards.error_line(err))) from None
+        raise RunError(_raised_message(r.name, texts[row], user_functions.error_line(err))) from None
 
 
 def _ids(ids: Any) -> Any:
@@ -186,8 +186,8 @@ def _call(r: Reward, problems, completions, completion_ids, prompts, columns, st
     if r.shipped:  # our own verifiers read the completion's text
         return r.call(problems, [c[0]["content"] if isinstance(c, list) else c for c in completions])
     kwargs = _user_kwargs(completions, completion_ids, prompts, columns, state)
-    with user_rewards.output_to_stderr():  # the trainer's stdout is its own (`--json`)
-        return user_rewards.call_rows(r.call, kwargs, len(completions))
+    with user_functions.output_to_stderr():  # the trainer's stdout is its own (`--json`)
+        return user_functions.call_rows(r.call, kwargs, len(completions))
 
 
 def _failing_row(r: Reward, problems, completions, completion_ids, prompts, columns, state) -> int:
@@ -205,7 +205,7 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
                 one,
                 state,
             )
-        except user_rewards.RAISED:
+        except user_functions.RAISED:
             return i
     return 0
 
@@ -213,7 +213,7 @@ def _failing_row(r: Reward, problems, completions, completion_ids, prompts, colu
 def _as_list(name: str, got: Any, n: int) -> list:
     """What one call of reward `name` on n rows returned, as a list of n values; RunError when it
     is not a list (a dict, a string, a number) or holds another count than the call's rows."""
-    if isinstance(got, (Mapping, str, bytes)) or isinstance(got, user_rewards.Opaque):
+    if isinstance(got, (Mapping, str, bytes)) or isinstance(got, user_functions.Opaque):
         raise RunError(f"reward {name} returned {_type_name(got)}, not a list of {n} numbers")
     try:
         got = list(got)
@@ -225,7 +225,7 @@ def _as_list(name: str, got: Any, n: int) -> list:
 
 
 def _type_name(got: Any) -> str:
-    return got.type_name if isinstance(got, user_rewards.Opaque) else type(got).__name__
+    return got.type_name if isinstance(got, user_functions.Opaque) else type(got).__name__
 
 
 def _checked(name: str, got: Any, prompts: list[str]) -> list[float | None]:

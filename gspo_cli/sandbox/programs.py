@@ -7,10 +7,10 @@ owns, and resource limits set by a `/bin/sh` wrapper before the interpreter star
 (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, RLIMIT_CORE=0).
 No signal handler, alarm or `preexec_fn` is involved, so it is safe to call from worker threads.
 
-Three isolation levels (see `sandbox_setup`), chosen once per process by `detect_isolation()`:
+Three isolation levels (see `isolation`), chosen once per process by `detect_isolation()`:
 the strongest that works here, or the one `GSPO_SANDBOX_ISOLATION` names (root, rootless,
 basic; a named level that does not work here is an error, never a silent fallback).
-`python -m gspo_cli.tasks.sandbox_check` prints the level in use.
+`python -m gspo_cli.sandbox.check` prints the level in use.
 
 * ``root`` (the judge is root, with util-linux `unshare`, `setpriv` and `mount`): the
   program runs in fresh PID, network and mount namespaces. `sh` is PID 1 of the PID
@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Literal
 
 from gspo_cli.errors import RunError, SpecError
-from gspo_cli.tasks.sandbox_setup import ENV_VAR, LEVELS, NOGROUP, Isolation, hidden_dirs, summary, wrapper_argv
+from gspo_cli.sandbox.isolation import ENV_VAR, LEVELS, NOGROUP, Isolation, hidden_dirs, summary, wrapper_argv
 
 Status = Literal["ok", "timeout", "runtime_error", "memory", "output_limit", "killed"]
 

@@ -1,8 +1,8 @@
 """The sandbox's isolation levels and the `/bin/sh` wrapper that sets each one up.
 
-`sandbox` picks a level (`detect_isolation`) and runs programs through `wrapper_argv`; this
+`programs` picks a level (`detect_isolation`) and runs programs through `wrapper_argv`; this
 module only builds command lines and says what each level isolates, so it runs nothing.
-The levels, strongest first (what each does and does not give is in `sandbox`'s docstring):
+The levels, strongest first (what each does and does not give is in `programs`'s docstring):
 
 * ``root``: PID, network and mount namespaces made by root; the program runs as a uid of
   its own per sandbox slot.
@@ -22,7 +22,7 @@ ENV_VAR = "GSPO_SANDBOX_ISOLATION"  # "auto" (default) or one of LEVELS; a named
 SETUP_FAILED = 125  # the wrapper's own exit code when it cannot set up the sandbox
 NOGROUP = 65534
 
-# One line per level, for `summary` (the basic-level warning, `python -m gspo_cli.tasks.sandbox_check`).
+# One line per level, for `summary` (the basic-level warning, `python -m gspo_cli.sandbox.check`).
 ISOLATES = {
     "root": "PID, network and mount namespaces, read-only root, private /tmp, a uid of its own per program",
     "rootless": "PID, network and mount namespaces in a user namespace, read-only root, private /tmp; "

@@ -5,7 +5,7 @@ on it in the sandbox, and the failures (input, expected, got, or the error or ti
 field cut to `max_chars`) come back as the observation, until every public test passes or
 `attempts` attempts were made. Then the rollout ends, and the last attempt's verdict on the
 private tests is the environment's reward: 1.0 when it passes them all, else 0.0 (the reward
-`env`, tasks/rewards.py). A turn without a code block ends the rollout too (the last attempt so
+`env`, rewards/shipped.py). A turn without a code block ends the rollout too (the last attempt so
 far is rewarded, 0.0 when there was none); so does a limit of the rollout (`finish`: an attempt
 in the turn the limit cut counts).
 
@@ -16,9 +16,9 @@ problem has no other).
 
 from __future__ import annotations
 
+from gspo_cli.environments.protocol import Observation
 from gspo_cli.errors import RunError
 from gspo_cli.tasks.code_judge import JudgeSpec, compile_error, extract_code, judge_many, run_tests_shown
-from gspo_cli.tasks.environments import Observation
 
 OUTPUT_LIMIT = 1 << 16  # bytes of stdout (and stderr) a test run may write
 

@@ -1,4 +1,4 @@
-"""`python -m gspo_cli.tasks.sandbox_check`: which sandbox level judged code gets here.
+"""`python -m gspo_cli.sandbox.check`: which sandbox level judged code gets here.
 
 Prints one line (the level, what it isolates, the interpreter) and exits 0, or prints why
 no level works, or why the level `GSPO_SANDBOX_ISOLATION` names does not, and exits 1."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 
 from gspo_cli.errors import GspoError
-from gspo_cli.tasks.sandbox import detect_isolation
-from gspo_cli.tasks.sandbox_setup import summary
+from gspo_cli.sandbox.isolation import summary
+from gspo_cli.sandbox.programs import detect_isolation
 
 
 def main() -> int:
