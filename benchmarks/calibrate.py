@@ -7,7 +7,7 @@ completed (rerun: completed runs are kept, the report is rewritten; `--report-on
 1. A/A: gspo_a on seeds 0..N-1 and gspo_b on seeds N..2N-1, pair i = (gspo_a seed i, gspo_b seed
    N+i), trained pair by pair. Pseudo-experiments of K pairs: disjoint blocks (independent; exact
    binomial interval) and random overlapping draws from the pooled 2N runs (jackknife interval).
-2. A known handicap: the spec's second sweep set applied to gspo_a, against gspo_a at the same
+2. Known handicaps: the spec's other sweep sets applied to gspo_a, each against gspo_a at the same
    seeds. A pilot of 3 seeds first; the engine's seeds needed for the pilot's difference (80%
    power) sets how many seeds to train (capped by --handicap-max); then the verdict on them all.
 """
@@ -85,21 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + (0 if args.report_only else args.budget_min * 60)
     tr = Trainer(SPEC, args.jobs, deadline, args.out)
     n = args.pairs
-    base, handicap = "gspo_a", next(name for name, _ in tr.by_key if name.startswith("gspo_a,"))
+    base = "gspo_a"
+    handicaps = [h for h in dict.fromkeys(name for name, _ in tr.by_key) if h.startswith(base + ",")]
     fams = {fam: [[(f"{fam}_a", i), (f"{fam}_b", n + i)] for i in range(n)] for fam in FAMILIES}
-    pilot = [(handicap, s) for s in range(3)]
-    plan_note = {}
-    # the handicap pilot beside the first three GSPO pairs (its baseline runs), then the rest
-    ok = tr.train([k for pr in fams["gspo"][:3] for k in pr] + pilot)
+    plans: dict[str, dict] = {}
+    # each handicap's pilot beside the first three GSPO pairs (its baseline runs), then the rest
+    ok = tr.train([k for pr in fams["gspo"][:3] for k in pr] + [(h, s) for h in handicaps for s in range(3)])
     if ok:
-        plan_note = handicap_plan(tr, base, handicap, args.handicap_max)
+        plans = {h: handicap_plan(tr, base, h, args.handicap_max) for h in handicaps}
         ok = tr.train([k for pr in fams["gspo"][3:] for k in pr])
-    if ok:
-        ok = tr.train([(handicap, s) for s in range(3, plan_note.get("train", 3))])
+    for h in handicaps:
+        if ok:
+            ok = tr.train([(h, s) for s in range(3, plans[h].get("train", 3))])
     if ok and args.grpo:
         ok = tr.train([k for pr in fams["grpo"] for k in pr])
-    plan_note = plan_note or handicap_plan(tr, base, handicap, args.handicap_max)
-    report = write_report(tr, args, base, handicap, plan_note, time.time() - start)
+    plans = {h: plans.get(h) or handicap_plan(tr, base, h, args.handicap_max) for h in handicaps}
+    report = write_report(tr, args, base, plans, time.time() - start)
     _log(f"wrote {report}")
     return 0
 
@@ -155,23 +156,24 @@ def aa_family(tr: Trainer, fam: str, args) -> dict:
     return res
 
 
-def write_report(tr: Trainer, args, base: str, handicap: str, plan: dict, wall: float) -> Path:
+def write_report(tr: Trainer, args, base: str, plans: dict[str, dict], wall: float) -> Path:
     from benchmarks.calibrate_report import render
 
-    res: dict = {"k": args.k, "pairs_planned": args.pairs, "plan": plan, "wall_s": wall, "run_walls": tr.walls}
+    res: dict = {"k": args.k, "pairs_planned": args.pairs, "wall_s": wall, "run_walls": tr.walls}
     res["families"] = {fam: aa_family(tr, fam, args) for fam in FAMILIES}
     done = [f for f in res["families"].values() if "disjoint_family" in f]
     if len(done) > 1:
         for key in ("disjoint_family", "disjoint_primary"):
             hits, n = sum(f[key].hits for f in done), sum(f[key].n for f in done)
             res["pooled_" + key] = cal.Rate(hits, n, cal.clopper_pearson(hits, n), "both families, Clopper-Pearson")
-    seeds = [s for s in range(args.handicap_max) if tr.done(base, s) and tr.done(handicap, s)]
-    if len(seeds) >= 2:
-        res["handicap_seeds"] = seeds
-        res["handicap"] = cal.pseudo_experiment(tr.runs(handicap, seeds), tr.runs(base, seeds)).rows
+    res["handicaps"] = {}
+    for h, plan in plans.items():
+        seeds = [s for s in range(args.handicap_max) if tr.done(base, s) and tr.done(h, s)]
+        rows = cal.pseudo_experiment(tr.runs(h, seeds), tr.runs(base, seeds)).rows if len(seeds) >= 2 else None
+        res["handicaps"][h] = {"plan": plan, "seeds": seeds, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     report = args.out / "REPORT.md"
-    report.write_text(render(res, handicap=handicap, primary=PRIMARY, rate_line=_rate_line))
+    report.write_text(render(res, primary=PRIMARY, rate_line=_rate_line))
     (args.out / "calibration.json").write_text(json.dumps(_jsonable(res), indent=1))
     return report
 

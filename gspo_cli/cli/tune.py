@@ -37,7 +37,7 @@ def tune(
     Trains each arm's grid (tune.grids) on tune.seeds for tune.steps, selects each arm's setting by
     one rule (highest mean selection score; ties: first in grid order), trains the selections on
     tune.final_seeds and compares them on tune.test_set with the statistics engine; writes
-    <output_dir>/<name>/REPORT.md (budgets, grids, selections and their grid positions, the verdict).
+    OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict).
 
     Refused: selection and test sets that share a problem; unequal budgets without --unequal;
     existing runs without --resume. Exit codes as for gspo train.
