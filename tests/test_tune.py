@@ -193,3 +193,48 @@ def test_grid_position_flags_the_edges_by_value():
     assert not edge
     notes, edge = position_notes({"arm.clip_high": [0.2, 0.27, 0.35]}, {"arm.clip_high": 0.35})
     assert edge and "highest of 3 values (edge: the grid may be too narrow)" in notes[0]
+
+
+def test_report_states_budgets_selection_edges_and_the_test_verdict(tmp_path):
+    from gspo_cli.analysis import tune_report as trep
+    from tests.synthetic_runs import make_problem_experiment
+
+    exp = make_problem_experiment(
+        tmp_path, arms={"grpo": 0.0, "gspo": 0.15}, seeds=(0, 1, 2), problems=60, sd_seed=0.005, sd_problem=0.005
+    )
+    dirs = sorted(exp.glob("*/seed*"))
+    table = trep.compare_final(dirs, "arith", "grpo", None)
+    (row,) = table.rows
+    assert (row.arm, row.baseline, row.verdict) == ("gspo", "grpo", "better") and row.delta > 0.1
+    pts = {
+        "grpo": [Point("grpo", {"arm.clip_high": c}, f"grpo,{c}", {100: m}) for c, m in ((0.2, 0.3), (0.27, 0.2))],
+        "gspo": [
+            Point("gspo", {"arm.clip_high": c}, f"gspo,{c}", {100: m})
+            for c, m in ((2e-4, 0.1), (4e-4, 0.2), (8e-4, 0.1))
+        ],
+    }
+    chosen = {arm: select(p) for arm, p in pts.items()}
+    info = {
+        "experiment": "t",
+        "spec": "t.yaml",
+        "rule": "highest mean",
+        "selection_set": "val",
+        "test_set": "arith",
+        "sizes": [64, 60],
+        "seeds": [100],
+        "final_seeds": [0, 1, 2],
+        "steps": 30,
+        "train_steps": 60,
+        "budgets": {"grpo": 60, "gspo": 90},
+        "baseline": "grpo",
+        "grids": {"grpo": {"arm.clip_high": [0.2, 0.27]}, "gspo": {"arm.clip_high": [2e-4, 4e-4, 8e-4]}},
+    }
+    text = trep.write(tmp_path / "out", info, pts, chosen, table).read_text()
+    assert "| grpo | 2 | 1 x 30 | 60 |" in text and "| gspo | 3 | 1 x 30 | 90 |" in text
+    assert "**The budgets are unequal**" in text
+    assert "Selected for grpo: arm.clip_high = 0.2: lowest of 2 values (edge" in text
+    assert "**Edge**: grpo's choice" in text and "**Edge**: gspo's" not in text
+    assert "Selected for gspo: arm.clip_high = 0.0004: 2 of 3." in text
+    assert "| gspo − grpo | +0.1" in text and "| better |" in text
+    data = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert data["selection"]["gspo"][1]["selected"] and data["differences"][0]["verdict"] == "better"
