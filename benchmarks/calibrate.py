@@ -156,10 +156,24 @@ def aa_family(tr: Trainer, fam: str, args) -> dict:
     return res
 
 
+def run_times(tr: Trainer) -> dict:
+    """From the completed runs' run.json: how many, the median run's wall seconds, and the span
+    from the first start to the last end (every invocation of the study together)."""
+    from datetime import datetime
+
+    infos = [RunDir(r.path).info() for r in tr.by_key.values() if RunDir(r.path).status() == "completed"]
+    if not infos:
+        return {"n": 0}
+    walls = sorted(float(i.get("wall_s") or 0) for i in infos)
+    start = min(datetime.fromisoformat(i["started_at"]) for i in infos)
+    end = max(datetime.fromisoformat(i["ended_at"]) for i in infos)
+    return {"n": len(infos), "median_wall_s": walls[len(walls) // 2], "span_min": (end - start).total_seconds() / 60}
+
+
 def write_report(tr: Trainer, args, base: str, plans: dict[str, dict], wall: float) -> Path:
     from benchmarks.calibrate_report import render
 
-    res: dict = {"k": args.k, "pairs_planned": args.pairs, "wall_s": wall, "run_walls": tr.walls}
+    res: dict = {"k": args.k, "pairs_planned": args.pairs, "wall_s": wall, "runs": run_times(tr)}
     res["families"] = {fam: aa_family(tr, fam, args) for fam in FAMILIES}
     done = [f for f in res["families"].values() if "disjoint_family" in f]
     if len(done) > 1:

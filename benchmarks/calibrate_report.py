@@ -60,16 +60,15 @@ def _family(fam: str, r: dict, k: int, rate_line) -> list[str]:
 
 def render(res: dict, *, primary: str, rate_line) -> str:
     k = res["k"]
-    walls = res["run_walls"]
+    runs = res["runs"]
     L = [
         "# Calibration: compare's verdicts on real runs",
         "",
         f"Written by `make calibrate` (benchmarks/calibrate.py) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-        "; "
-        f"this invocation took {res['wall_s'] / 60:.0f} min of wall time at nice 10 on the shared 2-core box"
         + (
-            f" (median run {sorted(walls)[len(walls) // 2]:.0f} s with 2 at a time, {len(walls)} runs trained)"
-            if walls
+            f": {runs['n']} runs, trained two at a time at nice 10 on the shared 2-core box (load 7-13 from other "
+            f"jobs) over {runs['span_min']:.0f} min, median {runs['median_wall_s']:.0f} s a run"
+            if runs["n"]
             else ""
         )
         + ". Spec: experiments/calibration.yaml (the quickstart's model, task, rollout and optimizer, 10 steps, "
