@@ -238,3 +238,22 @@ def test_report_states_budgets_selection_edges_and_the_test_verdict(tmp_path):
     assert "| gspo − grpo | +0.1" in text and "| better |" in text
     data = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert data["selection"]["gspo"][1]["selected"] and data["differences"][0]["verdict"] == "better"
+
+
+def test_eval_sets_cut_from_the_generators_held_out_split_keep_its_cold_start(tmp_path):
+    # the tune example's val/test sets are synthetic held-out problems, never drawn for training:
+    # excluding them changes no training draw, so the cold start's cache key stays the quickstart's
+    from gspo_cli.eval.sets import plan_data
+    from gspo_cli.tasks import make_task
+    from gspo_cli.tasks.base import Problem
+
+    raw, spec = tn.load(_spec(tmp_path))
+    task = make_task(spec.task.name, spec.task.params)
+    before = task.data_fingerprint()
+    sets, _ = plan_data(spec, task)
+    assert [len(s.problems) for s in sets] == [64, 128]
+    assert task.data_fingerprint() == before and not task.excluded
+    # a problem the generator could draw for training is still excluded (and changes the key)
+    drawable = next(p for p in task.train_problems(__import__("random").Random(0), 5))
+    task.exclude([Problem(id="file-row-1", prompt=drawable.prompt, answer=drawable.answer)])
+    assert task.excluded and task.data_fingerprint() != before
