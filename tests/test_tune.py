@@ -207,7 +207,7 @@ def test_report_states_budgets_selection_edges_and_the_test_verdict(tmp_path):
     (row,) = table.rows
     assert (row.arm, row.baseline, row.verdict) == ("gspo", "grpo", "better") and row.delta > 0.1
     pts = {
-        "grpo": [Point("grpo", {"arm.clip_high": c}, f"grpo,{c}", {100: m}) for c, m in ((0.2, 0.3), (0.27, 0.2))],
+        "grpo": [Point("grpo", {"arm.clip_high": c}, f"grpo,{c}", {100: m}) for c, m in ((0.2, 0.3), (0.27, 0.3))],
         "gspo": [
             Point("gspo", {"arm.clip_high": c}, f"gspo,{c}", {100: m})
             for c, m in ((2e-4, 0.1), (4e-4, 0.2), (8e-4, 0.1))
@@ -233,6 +233,7 @@ def test_report_states_budgets_selection_edges_and_the_test_verdict(tmp_path):
     assert "| grpo | 2 | 1 x 30 | 60 |" in text and "| gspo | 3 | 1 x 30 | 90 |" in text
     assert "**The budgets are unequal**" in text
     assert "Selected for grpo: arm.clip_high = 0.2: lowest of 2 values (edge" in text
+    assert "Tied with grpo,0.27: the first in grid order is taken." in text
     assert "**Edge**: grpo's choice" in text and "**Edge**: gspo's" not in text
     assert "Selected for gspo: arm.clip_high = 0.0004: 2 of 3." in text
     assert "| gspo − grpo | +0.1" in text and "| better |" in text

@@ -119,7 +119,9 @@ def render(info: dict[str, Any], selection: dict[str, list[Point]], chosen: dict
             cells = " | ".join(_f(p.scores.get(s, math.nan)) for s in seeds)
             L.append(f"| {setting} | {cells} | {_f(p.mean)} | {'selected' if p is chosen[arm] else ''} |")
         notes, edge = position_notes(info["grids"][arm], chosen[arm].settings)
-        L += ["", f"Selected for {arm}: " + "; ".join(notes) + ".", ""]
+        tied = [p.name for p in points if p is not chosen[arm] and p.mean == chosen[arm].mean]
+        tie = f" Tied with {', '.join(tied)}: the first in grid order is taken." if tied else ""
+        L += ["", f"Selected for {arm}: " + "; ".join(notes) + "." + tie, ""]
         if edge:
             L += [f"**Edge**: {arm}'s choice is at the edge of its grid; a wider grid may find a better setting.", ""]
     L += ["## Test-set comparison", ""]
