@@ -187,7 +187,12 @@ def write_report(tr: Trainer, args, base: str, plans: dict[str, dict], wall: flo
         res["handicaps"][h] = {"plan": plan, "seeds": seeds, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     report = args.out / "REPORT.md"
-    report.write_text(render(res, primary=PRIMARY, rate_line=_rate_line))
+    from benchmarks.calibrate_report import figure
+
+    text = render(res, primary=PRIMARY, rate_line=_rate_line)
+    if figure(res, PRIMARY, args.out / "figures" / "differences.png"):
+        text += "\n![held-out differences with 95% CIs](figures/differences.png)\n"
+    report.write_text(text)
     (args.out / "calibration.json").write_text(json.dumps(_jsonable(res), indent=1))
     return report
 

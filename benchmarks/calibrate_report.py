@@ -144,3 +144,36 @@ def render(res: dict, *, primary: str, rate_line) -> str:
             sd = rows[primary][4]
             L.append(f"| {label} | {_f(sd, '.4f')} | " + " | ".join(_need(d, sd) for d in SIZES) + " |")
     return "\n".join(L) + "\n"
+
+
+def figure(res: dict, primary: str, path) -> bool:
+    """A forest plot of the held-out differences with their 95% CIs: every disjoint A/A
+    pseudo-experiment (zero is the truth) and every handicap on all its seeds. False without data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for fam, r in res["families"].items():
+        for i, exp in enumerate(r.get("disjoint_rows", [])):
+            rows.append((f"{fam.upper()} A/A #{i}", exp[primary], "tab:blue"))
+    for h, hr in res["handicaps"].items():
+        if hr["rows"]:
+            rows.append((f"{h.split(',', 1)[1]} ({len(hr['seeds'])} seeds)", hr["rows"][primary], "tab:red"))
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 0.3 * len(rows) + 1.2))
+    for y, (_, (_, delta, lo, hi, _), color) in enumerate(rows):
+        ax.plot([lo, hi], [y, y], color=color, lw=2)
+        ax.plot([delta], [y], "o", color=color)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("held-out final avg@4 difference, 95% CI")
+    ax.set_title("A/A pseudo-experiments (3 pairs) and handicaps vs gspo_a", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
