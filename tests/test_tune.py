@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gspo_cli.analysis.tune_report import Point, last_score, position_notes, select
 from gspo_cli.cli.app import app
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError, SpecError
 from gspo_cli.spec.loading import spec_from_dict
 from gspo_cli.spec.tune import grid_position
 from gspo_cli.train import tune as tn
@@ -176,7 +176,7 @@ def test_selection_takes_the_highest_seed_mean_and_breaks_ties_by_grid_order(tmp
     assert select(tie).name == "a"
     # a point whose runs have no score is skipped; none with a score at all is an error
     assert select([Point("g", {"x": 1}, "a", {0: math.nan}), Point("g", {"x": 2}, "b", {0: 0.1})]).name == "b"
-    with pytest.raises(SpecError, match="no setting of arm g has a selection score"):
+    with pytest.raises(RunError, match="no setting of arm g has a selection score"):
         select([Point("g", {"x": 1}, "a", {0: math.nan})])
 
 

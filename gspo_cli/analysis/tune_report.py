@@ -17,7 +17,7 @@ from typing import Any
 from gspo_cli.analysis.compare import build_columns
 from gspo_cli.analysis.differences import build_differences
 from gspo_cli.analysis.rundata import group_runs, load_run
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError
 from gspo_cli.runs import RunDir, format_setting
 from gspo_cli.spec.tune import grid_position
 
@@ -47,7 +47,7 @@ class Point:
 
 
 def select(points: list[Point]) -> Point:
-    """The selection rule: the highest mean, ties to the first in grid order; SpecError when no
+    """The selection rule: the highest mean, ties to the first in grid order; RunError when no
     point has a score (its runs failed or never evaluated the selection set)."""
     best = None
     for p in points:
@@ -55,7 +55,7 @@ def select(points: list[Point]) -> Point:
             best = p
     if best is None:
         arm = points[0].arm if points else "?"
-        raise SpecError(f"tune: no setting of arm {arm} has a selection score (did its tuning runs fail?)")
+        raise RunError(f"tune: no setting of arm {arm} has a selection score (did its tuning runs fail?)")
     return best
 
 
@@ -80,7 +80,7 @@ def compare_final(final_dirs: list[Path], test_set: str, baseline: str, margin: 
     against the baseline (problem records where every run has them)."""
     runs = [load_run(RunDir(d)) for d in final_dirs if RunDir(d).status() == "completed"]
     if not runs:
-        raise SpecError("tune: no final run completed; nothing to compare")
+        raise RunError("tune: no final run completed; nothing to compare")
     groups = group_runs(runs)
     cols = build_columns(["eval_final"], runs, last=10, threshold=None)
     metric = f"eval_final:{test_set}"

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from gspo_cli.cli.common import _fail, _show_warning, err_console
-from gspo_cli.errors import GspoError, HardInterrupt, SpecError
+from gspo_cli.errors import GspoError, HardInterrupt, RunError, SpecError
 
 
 def tune(
@@ -92,7 +92,7 @@ def _check(records: list[dict], phase: str) -> None:
         raise typer.Exit(4)
     failed = [f"{r['run']}/seed{r['seed']}" for r in records if r["status"] not in ("completed", "diverged")]
     if failed:
-        raise SpecError(f"{phase} runs did not complete: {', '.join(failed[:4])}; fix and rerun with --resume")
+        raise RunError(f"{phase} runs did not complete: {', '.join(failed[:4])}; fix and rerun with --resume")
 
 
 def _select(spec, planned, budgets, sizes, spec_path: str):
