@@ -112,7 +112,7 @@ def handicap_plan(tr: Trainer, base: str, handicap: str, cap: int) -> dict:
         return {"pilot_seeds": seeds, "needed": None, "train": 3}
     v = cal.pseudo_experiment(tr.runs(handicap, seeds), tr.runs(base, seeds))
     verdict, delta, lo, hi, sd = v.rows[PRIMARY]
-    need = 2 if verdict in cal.FALSE else seeds_needed(delta, sd)
+    need = seeds_needed(delta, sd)
     train = max(3, min(cap, need if need is not None else cap))
     return {
         "pilot_seeds": seeds,
