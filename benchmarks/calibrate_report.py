@@ -58,6 +58,30 @@ def _family(fam: str, r: dict, k: int, rate_line) -> list[str]:
     return L
 
 
+def _summary(res: dict, primary: str) -> list[str]:
+    out = []
+    for fam, r in res["families"].items():
+        if "overlap_family" in r:
+            p, f = r["overlap_primary"], r["overlap_family"]
+            out.append(
+                f"- {fam.upper()} A/A, {r['pairs']} pairs: false `better`/`worse` on the held-out score "
+                f"{_f(100 * p.rate, '.1f')}% [{_f(100 * p.ci[0], '.1f')}, {_f(100 * p.ci[1], '.1f')}], "
+                f"on the family of two rows {_f(100 * f.rate, '.1f')}% "
+                f"[{_f(100 * f.ci[0], '.1f')}, {_f(100 * f.ci[1], '.1f')}] "
+                f"(overlapping draws); {r['disjoint_family'].hits} of {r['disjoint_family'].n} disjoint experiments."
+            )
+    for h, hr in res["handicaps"].items():
+        if hr["rows"] and primary in hr["rows"]:
+            verdict, delta, lo, hi, _ = hr["rows"][primary]
+            plan = hr["plan"]
+            out.append(
+                f"- {h}: planned {plan.get('train', '?')} seeds from the pilot; on {len(hr['seeds'])} seeds "
+                f"the held-out difference is {_f(delta)} [{_f(lo)}, {_f(hi)}], `{verdict}`"
+                + (" (found)." if verdict == "worse" else " (not found).")
+            )
+    return out
+
+
 def render(res: dict, *, primary: str, rate_line) -> str:
     k = res["k"]
     runs = res["runs"]
@@ -66,7 +90,7 @@ def render(res: dict, *, primary: str, rate_line) -> str:
         "",
         f"Written by `make calibrate` (benchmarks/calibrate.py) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         + (
-            f": {runs['n']} runs, trained two at a time at nice 10 on the shared 2-core box (load 7-13 from other "
+            f": {runs['n']} runs, trained two at a time at nice 10 on the shared 2-core box (load 7-16 from other "
             f"jobs) over {runs['span_min']:.0f} min, median {runs['median_wall_s']:.0f} s a run"
             if runs["n"]
             else ""
@@ -94,8 +118,12 @@ def render(res: dict, *, primary: str, rate_line) -> str:
         "(8x: strong) and `gspo_a,lr=0.0001` (2x: mild); on these testbeds 1e-4 to 2e-4 already made the train "
         "reward fall within 6-13 steps (docs/results.md). Each against gspo_a at the same seeds (paired as a real "
         "comparison pairs them): a pilot of 3 seeds, the seeds the engine says are needed for the pilot's "
-        "held-out difference (80% power; 3 when the pilot already decides), then those seeds (capped) and the "
+        "held-out difference (80% power; at least 3), then those seeds (capped) and the "
         "verdict on all of them.",
+        "",
+        "## Summary",
+        "",
+        *_summary(res, primary),
         "",
         "## A/A: false-positive rate (stated: 5%)",
         "",
