@@ -258,3 +258,55 @@ def test_eval_sets_cut_from_the_generators_held_out_split_keep_its_cold_start(tm
     drawable = next(p for p in task.train_problems(__import__("random").Random(0), 5))
     task.exclude([Problem(id="file-row-1", prompt=drawable.prompt, answer=drawable.answer)])
     assert task.excluded and task.data_fingerprint() != before
+
+
+@pytest.mark.slow
+def test_tune_trains_selects_and_compares_end_to_end(tmp_path):
+    """`gspo tune SPEC --jobs 2`, then the same with --resume: 4 tuning and 4 final runs of the tiny
+    model, each arm's selection from its own grid, the test-set comparison in REPORT.md; the rerun
+    trains nothing and writes the same selection."""
+    from helpers import TINY
+
+    sets = {"task": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 20}}
+    raw = {
+        **TINY,
+        "name": "tune_e2e",
+        "output_dir": str(tmp_path / "out"),
+        "task": {
+            **TINY["task"],
+            "eval_sets": [{"name": "val", **sets, "size": 4}, {"name": "test", **sets, "size": 4, "skip": 4}],
+        },
+        "arms": [TINY["arms"][0], TINY["arms"][2]],
+        "train": {"steps": 1},
+        "tune": {
+            "grids": {"grpo": {"arm.clip_high": [0.2, 0.3]}, "gspo": {"arm.clip_high": [3e-4, 6e-4]}},
+            "selection_set": "val",
+            "test_set": "test",
+            "seeds": [100],
+            "steps": 1,
+            "final_seeds": [0, 1],
+        },
+    }
+    spec = tmp_path / "tune.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    res = runner.invoke(app, ["tune", str(spec), "--jobs", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    root = tmp_path / "out" / "tune_e2e"
+    assert res.output.strip().endswith(str(root / "REPORT.md"))
+    assert len(list((root / "tuning").glob("*/seed100/run.json"))) == 4
+    assert sorted(p.parent.name + "/" + p.name for p in (root / "final").glob("*/seed*")) == [
+        "grpo/seed0",
+        "grpo/seed1",
+        "gspo/seed0",
+        "gspo/seed1",
+    ]
+    data = json.loads((root / "tune.json").read_text())
+    assert data["budgets"] == {"grpo": 2, "gspo": 2}
+    assert data["selected"]["grpo"]["arm.clip_high"] in (0.2, 0.3)
+    assert data["selected"]["gspo"]["arm.clip_high"] in (3e-4, 6e-4)
+    assert [d["arm"] for d in data["differences"]] == ["gspo"] and data["differences"][0]["baseline"] == "grpo"
+    text = (root / "REPORT.md").read_text()
+    assert "## Test-set comparison" in text and "| gspo − grpo |" in text
+    again = runner.invoke(app, ["tune", str(spec), "--jobs", "2", "--resume", "-q"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((root / "tune.json").read_text())["selected"] == data["selected"]
