@@ -122,10 +122,11 @@ lora-routers: setup
 	$(BIN)/gspo report results/lora_routers
 
 # `make calibrate`: compare's verdicts measured on real runs (benchmarks/calibrate.py, spec
-# experiments/calibration.yaml): an A/A study (the quickstart's GSPO arm under two names on disjoint
-# seeds, pseudo-experiments of 3 pairs) and a known handicap (8x the learning rate) with the seeds the
-# engine plans from a 3-seed pilot; 10-step runs two at a time until a 65-minute budget is spent;
-# resumable (completed runs are kept); writes results/calibration/REPORT.md.
+# experiments/calibration.yaml): an A/A study (the quickstart's GSPO and GRPO arms, each under two names
+# on disjoint seeds, pseudo-experiments of 3 pairs) and known handicaps (8x, 2x the learning rate) with
+# the seeds the engine plans from a 3-seed pilot; 10-step runs two at a time until a 65-minute budget is spent
+# (59 runs in 58 min at nice 10 on the loaded 2-core box, 2026-12-06); resumable (completed runs are
+# kept); writes results/calibration/REPORT.md.
 .PHONY: calibrate
 calibrate: setup
 	$(BIN)/python -m benchmarks.calibrate --budget-min 65
