@@ -144,13 +144,14 @@ def aa_family(tr: Trainer, fam: str, args) -> dict:
     aa_a, aa_b = tr.runs(a, [i for i, _ in paired]), tr.runs(b, [j for _, j in paired])
     fam_rate, exps = cal.disjoint_rate(aa_a, aa_b, args.k)
     prim, _ = cal.disjoint_rate(aa_a, aa_b, args.k, metric=PRIMARY)
-    over = cal.overlapping_rate(aa_a + aa_b, args.k, args.draws, metrics=(None, PRIMARY))
+    over = cal.overlapping_rate(aa_a + aa_b, args.k, args.draws, metrics=(None, PRIMARY, "reward"))
     res.update(
         disjoint_family=fam_rate,
         disjoint_primary=prim,
         disjoint_rows=[v.rows for v in exps],
         overlap_family=over[None],
         overlap_primary=over[PRIMARY],
+        overlap_reward=over["reward"],
         aa_all=cal.pseudo_experiment(aa_a, aa_b).rows,
     )
     return res

@@ -44,6 +44,7 @@ def _family(fam: str, r: dict, k: int, rate_line) -> list[str]:
         rate_line("held-out final avg@4", r["disjoint_primary"]),
         rate_line("family (held-out + reward, Holm)", r["disjoint_family"]),
         rate_line("held-out final avg@4", r["overlap_primary"]),
+        rate_line("train reward (last 10 steps)", r["overlap_reward"]),
         rate_line("family (held-out + reward, Holm)", r["overlap_family"]),
         "",
         "Each disjoint pseudo-experiment (difference [95% CI] verdict):",
