@@ -91,6 +91,12 @@ COVERED = {
         "tests/test_math_task.py::test_parquet_with_question_column_gaps_and_ratings",
     ],
     r"gspo report results/paper_tiny": ["tests/test_report.py::test_cli_report_and_bad_input"],
+    r"gspo tune experiments/tune_clip\.yaml --dry-run": [
+        "tests/test_tune.py::test_dry_run_lists_equal_budgets_and_every_tuning_run"
+    ],
+    r"gspo tune experiments/tune_clip\.yaml --jobs 2( --resume)?": [
+        "tests/test_tune.py::test_tune_trains_selects_and_compares_end_to_end"
+    ],
     r"gspo samples results/quickstart/gspo/seed0( --step \d+)?( --(worst|best))?( -n \d+)?( --(plain|json))?": [
         "tests/test_samples.py::test_cli_plain_json_and_errors",
         "tests/test_samples.py::test_training_writes_samples_users_can_read",

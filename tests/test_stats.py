@@ -86,6 +86,17 @@ def test_seeds_needed_matches_the_paired_t_power_tables():
     assert seeds_for_equivalence(0.0, 1.0, 1.0) == 11 and seeds_for_equivalence(1.2, 1.0, 1.0) is None
 
 
+def test_seeds_needed_shrinks_as_the_difference_grows_when_scipy_gives_nan():
+    # scipy's noncentral t returns NaN for the far tail at a large noncentrality (cdf(-4.3, 2, 11.3));
+    # that tail is ~0, so n = 3 has power 0.998 and is the answer. The calibration study's
+    # handicap pilot (SD 0.0153) planned 5 seeds for a difference of 0.1 and 3 for 0.05.
+    assert seeds_needed(0.1, 0.0153) == 3 and seeds_needed(-0.1, 0.0153) == 3
+    assert seeds_needed(0.05, 0.0153) == 3 and seeds_needed(0.2, 0.0153) == 2
+    sizes = [seeds_needed(d, 0.0153) for d in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert seeds_for_equivalence(0.0, 0.0153, 0.1) == 3  # n = 2: power 0.70; n = 3: 0.99999
+
+
 def test_probability_of_improvement_and_iqm():
     assert probability_of_improvement([1, 2], [0, 3]) == 0.5
     assert probability_of_improvement([1, 1], [1, 0]) == 0.75  # ties count one half

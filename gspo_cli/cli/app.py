@@ -21,6 +21,7 @@ from gspo_cli.cli.samples import samples
 from gspo_cli.cli.schema import schema
 from gspo_cli.cli.serve import vllm_server
 from gspo_cli.cli.train import sweep, train
+from gspo_cli.cli.tune import tune
 
 
 def _conventional_metavars() -> None:
@@ -90,6 +91,7 @@ def _root(
 
 app.command()(train)
 app.command()(sweep)
+app.command()(tune)
 app.command(name="eval")(eval_)
 app.command()(plan)
 app.command()(export)

@@ -85,7 +85,7 @@ def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec, rewards: lis
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             task = with_rewards(make_task(cfg.task, dict(cfg.params)), scored_by)
-            problems = task.eval_problems(cfg.size or _all(task, spec))
+            problems = task.eval_problems((cfg.size or _all(task, spec)) + cfg.skip)[cfg.skip :]
     except SpecError as err:
         raise SpecError(named(str(err))) from None
     for w in caught:

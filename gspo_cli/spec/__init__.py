@@ -11,6 +11,7 @@ from gspo_cli.spec.presets import PRESETS
 from gspo_cli.spec.rollout import VLLM_RESERVED_KWARGS, RolloutConfig
 from gspo_cli.spec.task import EvalSetConfig, RewardConfig, TaskConfig
 from gspo_cli.spec.training import DivergenceConfig, OptimizerConfig, TrainConfig
+from gspo_cli.spec.tune import TuneConfig
 
 __all__ = [
     "PRESETS",
@@ -34,4 +35,5 @@ __all__ = [
     "SweepConfig",
     "TaskConfig",
     "TrainConfig",
+    "TuneConfig",
 ]

@@ -17,6 +17,7 @@ from gspo_cli.spec.rollout import RolloutConfig
 from gspo_cli.spec.same_gradient import ON_POLICY, off_policy_reasons, same_gradient_pairs
 from gspo_cli.spec.task import TaskConfig
 from gspo_cli.spec.training import OptimizerConfig, TrainConfig
+from gspo_cli.spec.tune import TuneConfig
 
 SEED_LIMIT = 2**32  # numpy's bound; torch and random accept it too
 
@@ -59,6 +60,9 @@ class ExperimentSpec(_Strict):
         None,
         description="the primary comparison (baseline, arm, metric, margin) that analysis and "
         "gspo sweep --until-decided decide",
+    )
+    tune: TuneConfig | None = Field(
+        None, description="per-arm grids on one budget, selected on one eval set, compared on another (gspo tune)"
     )
 
     @field_validator("name")
@@ -119,6 +123,7 @@ class ExperimentSpec(_Strict):
         if dupes:
             problems.append(f"seeds: duplicate seeds {dupes}")
         problems += _comparison_problems(self.comparison, names)
+        problems += _tune_problems(self.tune, names, [s.name for s in self.task.eval_sets])
         if problems:
             raise _Problems("\n".join(problems))
         return self
@@ -153,6 +158,23 @@ class ExperimentSpec(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _tune_problems(tune: TuneConfig | None, arms: list[str], sets: list[str]) -> list[str]:
+    """The tune section's arms and evaluation sets must be the spec's."""
+    if tune is None:
+        return []
+    problems = [
+        f"tune.grids.{a}: no arm named {a!r}{_did_you_mean(a, arms)} (arms: {', '.join(arms)})"
+        for a in tune.grids
+        if a not in arms
+    ]
+    for field in ("selection_set", "test_set"):
+        name = getattr(tune, field)
+        if name not in sets:
+            have = ", ".join(sets) if sets else "none"
+            problems.append(f"tune.{field}: no evaluation set named {name!r} in task.eval_sets (named: {have})")
+    return problems
 
 
 def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str]:

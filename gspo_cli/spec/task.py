@@ -219,6 +219,9 @@ class EvalSetConfig(_Strict):
         None, ge=1, description="new tokens per completion (default: rollout.max_new_tokens)"
     )
     size: int | None = Field(None, ge=1, description="score the first N problems only (default: all)")
+    skip: int = Field(
+        0, ge=0, description="leave out the source's first N problems (split one source into disjoint sets)"
+    )
     every: int | None = Field(
         None, ge=0, description="steps between scorings (default: train.eval_every; 0: start/end)"
     )

@@ -100,6 +100,7 @@ class MathTask(Task):
     def exclude(self, problems, what: str = "the evaluation sets") -> int | None:
         problems = list(problems)
         if self._synthetic is not None:
+            problems = [p for p in problems if not self._synthetic.never_drawn(p)]
             self._synthetic.exclude(problems, what)
         return super().exclude(problems, what)
 

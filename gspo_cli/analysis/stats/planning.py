@@ -42,6 +42,12 @@ def _search(n: np.ndarray, normal_power: np.ndarray, t_power, target: float) -> 
     return found
 
 
+def _tail(p: np.ndarray) -> np.ndarray:
+    """A noncentral-t tail probability; scipy returns NaN for a tail far from a large noncentrality
+    (e.g. cdf(-4.3, 2, 11.3)), where the probability is ~0."""
+    return np.nan_to_num(p, nan=0.0)
+
+
 def _se(n: np.ndarray, sd: float, var_at: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
     return np.sqrt(var_at(n)) if var_at is not None else sd / np.sqrt(n)
 
@@ -72,7 +78,7 @@ def seeds_needed(
 
     def t_power(m: np.ndarray) -> np.ndarray:
         crit, k = stats.t.ppf(1 - alpha / 2, m - 1), nc[m - 2]
-        return stats.nct.sf(crit, m - 1, k) + stats.nct.cdf(-crit, m - 1, k)
+        return _tail(stats.nct.sf(crit, m - 1, k)) + _tail(stats.nct.cdf(-crit, m - 1, k))
 
     return _search(n, normal, t_power, power)
 
@@ -102,7 +108,7 @@ def seeds_for_equivalence(
 
     def t_power(m: np.ndarray) -> np.ndarray:
         crit, i = stats.t.ppf(1 - alpha, m - 1), m - 2
-        return stats.nct.sf(crit, m - 1, lo[i]) + stats.nct.cdf(-crit, m - 1, hi[i]) - 1
+        return _tail(stats.nct.sf(crit, m - 1, lo[i])) + _tail(stats.nct.cdf(-crit, m - 1, hi[i])) - 1
 
     return _search(n, normal, t_power, power)
 

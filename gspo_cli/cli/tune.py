@@ -1,0 +1,133 @@
+"""`gspo tune SPEC`: every arm tuned on the same budget, selected on one evaluation set, the
+selected settings trained on fresh seeds and compared on another (the spec's `tune:` section)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gspo_cli.cli.common import _fail, _show_warning, err_console
+from gspo_cli.errors import GspoError, HardInterrupt, RunError, SpecError
+
+
+def tune(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec with a `tune:` section")],
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option("--set", "-s", metavar="KEY.PATH=VALUE", help="override a spec field first (repeatable)"),
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="runs trained at once, each in its own process")] = 1,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue a tune whose runs exist (completed kept, interrupted resumed)")
+    ] = False,
+    unequal: Annotated[
+        bool, typer.Option("--unequal", help="allow arms with different tuning budgets (the report says so)")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="check the spec, list the budgets and tuning runs; train nothing")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final report path")] = False,
+) -> None:
+    """Tune every arm on the same budget, select on a validation set, compare on a test set.
+
+    Trains each arm's grid (tune.grids) on tune.seeds for tune.steps, selects each arm's setting by
+    one rule (highest mean selection score; ties: first in grid order), trains the selections on
+    tune.final_seeds and compares them on tune.test_set with the statistics engine; writes
+    OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict).
+
+    Refused: selection and test sets that share a problem; unequal budgets without --unequal;
+    existing runs without --resume. Exit codes as for gspo train.
+
+    Example: gspo tune experiments/tune_clip.yaml --jobs 2 (rerun with --resume after a stop)
+    """
+    from gspo_cli.train import sweep as sw
+    from gspo_cli.train import tune as tn
+
+    warnings.showwarning = _show_warning
+    log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
+    try:
+        raw, spec = tn.load(spec_path, list(set_ or []))
+        budgets = tn.check_budgets(spec, unequal)
+        sizes = tn.check_disjoint(spec)
+        planned = tn.tuning_runs(raw, spec)
+        root = tn.root(spec)
+        if dry_run:
+            for arm, b in budgets.items():
+                typer.echo(f"{arm}: {len(spec.tune.points(arm))} settings x {len(spec.tune.seeds)} seed(s), {b} steps")
+            for r in planned:
+                typer.echo(f"{r.name}/seed{r.seed}  {r.status()}  {r.path}")
+            typer.echo(f"{len(planned)} tuning run(s) planned, then {len(spec.tune.final_seeds)} final run(s) per arm")
+            return
+        if not resume and any(r.status() != "planned" for r in planned):
+            raise SpecError(f"{root}: runs of an earlier tune exist; --resume continues it (or remove the directory)")
+        records = sw.run_plan(planned, jobs=jobs, force=False, log=log)
+        _check(records, "tuning")
+        command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
+        info, selection, chosen = _select(spec, planned, budgets, sizes, command)
+        final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
+        records = sw.run_plan(final, jobs=jobs, force=False, log=log)
+        _check(records, "final")
+        from gspo_cli.analysis import tune_report as tr
+
+        table = tr.compare_final([r.path for r in final], spec.tune.test_set, info["baseline"], info["margin"])
+        report = tr.write(root, info, selection, chosen, table)
+    except GspoError as err:
+        _fail(err)
+    except HardInterrupt:
+        err_console.print("interrupted by a second Ctrl-C: runs stopped without a new checkpoint")
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        err_console.print("stopped by SIGINT; rerun with --resume")
+        raise typer.Exit(4) from None
+    typer.echo(str(report))
+
+
+def _check(records: list[dict], phase: str) -> None:
+    if any(r["exit"] == 4 for r in records):
+        err_console.print(f"stopped during the {phase} runs; rerun with --resume to continue")
+        raise typer.Exit(4)
+    failed = [f"{r['run']}/seed{r['seed']}" for r in records if r["status"] not in ("completed", "diverged")]
+    if failed:
+        raise RunError(f"{phase} runs did not complete: {', '.join(failed[:4])}; fix and rerun with --resume")
+
+
+def _select(spec, planned, budgets, sizes, spec_path: str):
+    """Each arm's points with their selection scores, the chosen point, and the report's facts."""
+    from gspo_cli.analysis import tune_report as tr
+
+    tune = spec.tune
+    cfg = next(c for c in spec.task.eval_sets if c.name == tune.selection_set)
+    metric = tune.metric or f"avg@{cfg.samples or spec.train.eval_samples}"
+    points: dict[str, dict[str, tr.Point]] = {}
+    for r in planned:
+        p = points.setdefault(r.base_arm, {}).setdefault(r.name, tr.Point(r.base_arm, dict(r.settings), r.name))
+        p.scores[r.seed] = tr.last_score(r.path, tune.selection_set, metric)
+    selection = {arm: list(ps.values()) for arm, ps in points.items()}
+    chosen = {arm: tr.select(ps) for arm, ps in selection.items()}
+    baseline = (
+        spec.comparison.baseline if spec.comparison and spec.comparison.baseline in chosen else next(iter(chosen))
+    )
+    info = {
+        "experiment": spec.name,
+        "spec": spec_path,
+        "rule": tune.rule(metric),
+        "metric": metric,
+        "selection_set": tune.selection_set,
+        "test_set": tune.test_set,
+        "sizes": list(sizes),
+        "seeds": tune.seeds,
+        "final_seeds": tune.final_seeds,
+        "steps": tune.steps or spec.train.steps,
+        "train_steps": spec.train.steps,
+        "budgets": budgets,
+        "grids": tune.grids,
+        "baseline": baseline,
+        "margin": spec.comparison.margin if spec.comparison else None,
+        "selected": {arm: p.settings for arm, p in chosen.items()},
+    }
+    json.dumps(info, default=str)  # every fact the report states is plain data
+    return info, selection, chosen

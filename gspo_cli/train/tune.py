@@ -1,0 +1,133 @@
+"""`gspo tune`: plan the tuning runs of a spec's `tune:` section (every arm's grid on one budget)
+and, once each arm's setting is selected, the final runs on fresh seeds.
+
+Layout under <output_dir>/<experiment>/: `tuning/<arm>,<settings>/seed<k>/` (each grid point on
+tune.seeds for tune.steps), `final/<arm>/seed<k>/` (the selected setting on tune.final_seeds for
+train.steps), REPORT.md and tune.json. Every run is an ordinary run directory trained by the sweep
+runner (`sweep.run_plan`): completed runs are kept, interrupted ones resume, a run of another spec
+is refused. Planning loads no model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gspo_cli.errors import SpecError
+from gspo_cli.runs import format_setting, run_path
+from gspo_cli.spec import ExperimentSpec
+from gspo_cli.spec.loading import apply_override, read_spec_file, set_path, spec_from_dict
+from gspo_cli.train.sweep import PlannedRun, _short_keys
+
+TUNING, FINAL = "tuning", "final"
+
+
+def load(spec_path: str | Path, overrides: list[str] | None = None) -> tuple[dict[str, Any], ExperimentSpec]:
+    """The raw mapping (overrides applied) and the validated spec; SpecError without a tune section."""
+    raw = read_spec_file(spec_path)
+    for assignment in overrides or []:
+        raw = apply_override(raw, assignment)
+    spec = spec_from_dict(raw)
+    if spec.tune is None:
+        raise SpecError(f"{spec_path}: no tune: section (per-arm grids, selection_set, test_set): see gspo schema")
+    return raw, spec
+
+
+def check_budgets(spec: ExperimentSpec, unequal: bool) -> dict[str, int]:
+    """Each arm's tuning budget in training steps; SpecError when they differ and not `unequal`."""
+    tune = spec.tune
+    budgets = {arm: tune.budget(arm, spec.train.steps) for arm in tune.grids}
+    if len(set(budgets.values())) > 1 and not unequal:
+        seeds, steps = len(tune.seeds), tune.steps or spec.train.steps
+        parts = ", ".join(f"{a} {len(tune.points(a))} settings ({b} steps)" for a, b in budgets.items())
+        raise SpecError(
+            f"tune: unequal budgets ({seeds} seed(s) x {steps} steps per setting): {parts}; give every arm as many "
+            "settings, or pass --unequal to compare them anyway (the report says so)"
+        )
+    return budgets
+
+
+def check_disjoint(spec: ExperimentSpec) -> tuple[int, int]:
+    """The selection and test sets' sizes; SpecError when they share a problem (matched as training
+    exclusion matches them: normalised statement text)."""
+    from gspo_cli.eval.sets import named_set
+    from gspo_cli.tasks.base import problem_key
+
+    tune = spec.tune
+    index = {c.name: i for i, c in enumerate(spec.task.eval_sets)}
+    sel, test = (named_set(spec.task.eval_sets[index[n]], index[n], spec) for n in (tune.selection_set, tune.test_set))
+    keys = {problem_key(p) for p in sel.problems}
+    shared = [p for p in test.problems if problem_key(p) in keys]
+    if shared:
+        example = shared[0].prompt.strip().splitlines()[0][:60]
+        raise SpecError(
+            f"tune: the selection set {sel.name} and the test set {test.name} share {len(shared)} of "
+            f"{len(test.problems)} problems (e.g. {example!r}); selecting on problems you compare on decides the "
+            "comparison: make them disjoint (task.eval_sets[].skip splits one source)"
+        )
+    return len(sel.problems), len(test.problems)
+
+
+def root(spec: ExperimentSpec) -> Path:
+    return Path(spec.output_dir) / spec.name
+
+
+def point_name(arm: str, point: dict[str, Any]) -> str:
+    short = _short_keys(list(point))
+    return arm + "".join(f",{short[k]}={format_setting(v)}" for k, v in point.items())
+
+
+def _variant(raw: dict[str, Any], arm: str, point: dict[str, Any], **fields) -> ExperimentSpec:
+    """`raw` with only `arm`, `point` applied (`arm.X` on that arm) and `fields` set."""
+    base = {k: v for k, v in raw.items() if k not in ("tune", "sweep", "comparison")}
+    base["arms"] = [a for a in raw["arms"] if a.get("name") == arm]
+    for key, value in point.items():
+        path = "arms[0]." + key[4:] if key.startswith("arm.") else key
+        base = set_path(base, path, value, label=f"tune.grids.{arm}")
+    for key, value in fields.items():
+        base = set_path(base, key, value, label="tune")
+    try:
+        return spec_from_dict(base)
+    except SpecError as err:
+        where = ", ".join(f"{k}={format_setting(v)}" for k, v in point.items())
+        raise SpecError(f"tune.grids.{arm} at {where}: {err}") from None
+
+
+def tuning_runs(raw: dict[str, Any], spec: ExperimentSpec) -> list[PlannedRun]:
+    """Every grid point of every arm on tune.seeds, in a stable order (arm, point, seed)."""
+    tune, out = spec.tune, []
+    where = str(root(spec))
+    for arm in tune.grids:
+        for point in tune.points(arm):
+            name = point_name(arm, point)
+            steps = tune.steps or spec.train.steps
+            variant = _variant(raw, arm, point, output_dir=where, name=TUNING, **{"train.steps": steps})
+            renamed = variant.arms[0].model_copy(update={"name": name})
+            for seed in tune.seeds:
+                run = variant.model_copy(update={"arms": [renamed], "seeds": [seed]})
+                out.append(PlannedRun(name, arm, seed, tuple(point.items()), run, run_path(where, TUNING, name, seed)))
+    return out
+
+
+def final_runs(raw: dict[str, Any], spec: ExperimentSpec, selected: dict[str, dict[str, Any]]) -> list[PlannedRun]:
+    """Each arm at its selected point, under its own name, on tune.final_seeds for train.steps."""
+    out, where = [], str(root(spec))
+    for arm, point in selected.items():
+        variant = _variant(raw, arm, point, output_dir=where, name=FINAL)
+        for seed in spec.tune.final_seeds:
+            run = variant.model_copy(update={"seeds": [seed]})
+            out.append(PlannedRun(arm, arm, seed, tuple(point.items()), run, run_path(where, FINAL, arm, seed)))
+    return out
+
+
+__all__ = [
+    "FINAL",
+    "TUNING",
+    "check_budgets",
+    "check_disjoint",
+    "final_runs",
+    "load",
+    "point_name",
+    "root",
+    "tuning_runs",
+]
