@@ -112,6 +112,15 @@ zoo: setup
 	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
 	$(BIN)/gspo report results/zoo
 
+# `make staleness`: GRPO, GRPO+R2 and GSPO at rollout.staleness 0, 1, 2, 4, with the trust region
+# anchored at the sampler or at the proximal policy (experiments/staleness.yaml; sized from a pilot
+# on the shared box, see results/staleness/REPORT.md); resumable; writes results/staleness/REPORT.md
+# and the paired comparisons against GRPO at each staleness.
+.PHONY: staleness
+staleness: setup
+	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2
+	$(BIN)/python -m gspo_cli.analysis.staleness_report results/staleness
+
 # `make lora-routers`: LoRA's router axis (issue 42), the quickstart's GRPO and GSPO arms with rank-8
 # adapters, routers frozen / lora / full x 3 seeds (experiments/lora_routers.yaml: 150 steps, 18
 # runs two at a time, 15 min on the idle 2-core box, 2026-12-06); resumable; writes
@@ -166,6 +175,13 @@ bench: setup
 .PHONY: bench-reward-pool
 bench-reward-pool: setup
 	$(BIN)/python benchmarks/reward_pool.py
+
+# `make bench-staleness`: steps/s and the trainer's idle time at rollout.staleness 0, 1, 2 and 4
+# with a reward sleeping 50 ms per row, scored in the trainer (benchmarks/staleness.py; numbers in
+# benchmarks/README.md, "Staleness"). Standalone, like bench-reward-pool.
+.PHONY: bench-staleness
+bench-staleness: setup
+	$(BIN)/python benchmarks/staleness.py
 
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
 # hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,
