@@ -114,12 +114,22 @@ zoo: setup
 
 # `make staleness`: GRPO, GRPO+R2 and GSPO at rollout.staleness 0, 1, 2, 4, with the trust region
 # anchored at the sampler or at the proximal policy (experiments/staleness.yaml; sized from a pilot
-# on the shared box, see results/staleness/REPORT.md); resumable; writes results/staleness/REPORT.md
-# and the paired comparisons against GRPO at each staleness.
+# on the shared box, see results/staleness/REPORT.md); resumable. Writes results/staleness/REPORT.md
+# (gspo report, then the study's tables by staleness and anchor: benchmarks/staleness_study.py) and
+# results/staleness/compare/: each staleness's arms against GRPO at the same staleness and anchor
+# (gspo compare --baseline: paired over seeds, with the seeds a verdict would need).
+STALENESS_SETS := staleness=0 staleness=1,anchor=behaviour staleness=1,anchor=proximal \
+	staleness=2,anchor=behaviour staleness=2,anchor=proximal staleness=4,anchor=behaviour staleness=4,anchor=proximal
 .PHONY: staleness
 staleness: setup
 	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2
-	$(BIN)/python -m gspo_cli.analysis.staleness_report results/staleness
+	$(BIN)/gspo report results/staleness
+	$(BIN)/python benchmarks/staleness_study.py results/staleness >> results/staleness/REPORT.md
+	@mkdir -p results/staleness/compare
+	@for s in $(STALENESS_SETS); do \
+	  $(BIN)/gspo compare "results/staleness/*,$$s/seed*" --baseline "grpo,$$s" -f markdown \
+	    -o "results/staleness/compare/$$s.md" || exit 1; \
+	done
 
 # `make lora-routers`: LoRA's router axis (issue 42), the quickstart's GRPO and GSPO arms with rank-8
 # adapters, routers frozen / lora / full x 3 seeds (experiments/lora_routers.yaml: 150 steps, 18

@@ -61,6 +61,7 @@ def _raw(k: int, steps: int, model: str, function: str, out: str) -> dict:
     raw["task"]["reward_workers"] = 0  # scored in the trainer (staleness >= 1: its scoring thread)
     raw["rollout"]["logprob_check_every"] = 0
     raw["train"].update(eval_every=0, log_samples_every=0)
+    raw.pop("comparison", None)  # the quickstart's names arms this run does not have
     raw.update(name=f"staleness{k}", output_dir=out)
     return raw
 
