@@ -82,7 +82,7 @@ def main(argv=None) -> None:
     print("|" + "---|" * 3 + "---:|" * (len(head) - 3 + 2))
     for (arm, k, anchor), rows in sorted(cells.items(), key=lambda x: (x[0][1], x[0][2], x[0][0])):
 
-        def cell(key, fmt="{:.3f}"):
+        def cell(key, fmt="{:.3f}", rows=rows):
             v = _mean(r[key] for r in rows)
             return "-" if v is None else fmt.format(v)
 
