@@ -4,7 +4,9 @@
 The test suite's tiny model and task (`--model quickstart`: the quickstart's), 16 prompts x 8
 samples = 128 rows per step, up to 16 new tokens, GSPO's preset (4 mini-batches), scored by a
 reward file's function that sleeps 50 ms per row (6.4 s a step); `--reward instant` returns at
-once. One whole run per staleness (`train_run`, evaluation off), one after another.
+once. One whole run per staleness (`train_run`, evaluation off), one after another, repeated in ABBA
+order (`--repeats`, default 2: 0 1 2 4 4 2 1 0), so that a load that drifts weighs on every
+staleness alike; the table takes the median over a staleness's runs.
 
 Per step, from the run's metrics.jsonl, over the steps after the first k + 1 (warm-up):
 - step s: `time/step_s`, from the step's start (its wait for the batch included) to the end of
@@ -17,7 +19,7 @@ With a reward slower than the trainer's work, staleness 1 hides the update behin
 generation behind both; the batches are scored one at a time, so a reward slower than a whole
 step still bounds the pace and larger k buys little more.
 
-    python benchmarks/staleness.py                  # ~5 min on 2 idle cores
+    python benchmarks/staleness.py                  # ~10 min on 2 idle cores
     python benchmarks/staleness.py --steps 10 --staleness 0 2
 
 Prints markdown; writes nothing else (its runs go to a temporary directory). The numbers in
@@ -70,11 +72,13 @@ def run_one(k: int, steps: int, model: str, function: str, out: str) -> dict:
     """One run at staleness `k`: medians over its steps after warm-up, and its wall time."""
     from benchmarks.common import load_spec_and_task, model_source
     from gspo_cli.runs import RunDir, run_path
+    from gspo_cli.tasks import make_task
     from gspo_cli.train.loop import train_run
     from gspo_cli.train.reporting import quiet_reporter
 
-    spec, task = load_spec_and_task(_raw(k, steps, model, function, out))
-    source = model_source(spec, task)
+    spec, plain = load_spec_and_task(_raw(k, steps, model, function, out))
+    source = model_source(spec, plain)
+    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)  # the slow reward scores
     t = time.perf_counter()
     train_run(spec, spec.arms[0], 0, task, source, reporter=quiet_reporter())
     wall = time.perf_counter() - t
@@ -100,11 +104,21 @@ def main(argv=None) -> None:
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
     p.add_argument("--reward", choices=("sleepy", "instant"), default="sleepy")
     p.add_argument("--model", choices=("tiny", "quickstart"), default="tiny")
+    p.add_argument("--repeats", type=int, default=2, help="runs per staleness, in ABBA order (load drifts)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the process (default: torch's); staleness >= 1 splits them between the trainer "
+        "and the worker, so --threads 2 compares 2 trainer threads at staleness 0 with 1 + 1 at staleness 1",
+    )
     a = p.parse_args(argv)
     if a.steps <= max(a.staleness) + 1:
         p.error(f"--steps {a.steps}: needs more than the largest staleness + 1 ({max(a.staleness) + 1}) to count any")
     import torch
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     tmp = Path(tempfile.mkdtemp(prefix="gspo-bench-staleness-"))
     (tmp / "rewards.py").write_text(REWARDS)
     function = f"{tmp}/rewards.py:{a.reward}"
@@ -114,13 +128,15 @@ def main(argv=None) -> None:
         f"{a.steps} steps per run, load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    rows = []
-    for k in a.staleness:
-        r = run_one(k, a.steps, a.model, function, str(tmp / "runs"))
-        rows.append(r)
-        print(f"  staleness {k}: {r['step']:.2f} s/step, load {os.getloadavg()[0]:.1f}", flush=True)
+    got = {k: [] for k in a.staleness}
+    for rep in range(a.repeats):
+        for k in a.staleness if rep % 2 == 0 else a.staleness[::-1]:
+            r = run_one(k, a.steps, a.model, function, str(tmp / f"runs{rep}"))
+            got[k].append(r)
+            print(f"  staleness {k}: {r['step']:.2f} s/step, load {os.getloadavg()[0]:.1f}", flush=True)
+    rows = [{key: statistics.median(r[key] for r in got[k]) for key in got[k][0]} for k in a.staleness]
     base = rows[0]["step"]
-    print("\nmedians over each run's steps after its first k + 1:\n")
+    print(f"\nmedians over each run's steps after its first k + 1, then over the {a.repeats} runs of each:\n")
     print(
         "| staleness | lag | steps/s | speed-up | step s | trainer busy s | trainer idle s | idle share "
         "| generation s | scoring s |"
@@ -128,7 +144,7 @@ def main(argv=None) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['k']} | {r['lag']:.0f} | {1 / r['step']:.3f} | {base / r['step']:.2f}x | {r['step']:.2f} "
+            f"| {r['k']:.0f} | {r['lag']:.0f} | {1 / r['step']:.3f} | {base / r['step']:.2f}x | {r['step']:.2f} "
             f"| {r['busy']:.2f} | {r['idle']:.2f} | {r['idle'] / r['step']:.0%} | {r['rollout']:.2f} "
             f"| {r['score']:.2f} |"
         )
