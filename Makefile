@@ -123,8 +123,12 @@ STALENESS_SETS := staleness=0 staleness=1,anchor=behaviour staleness=1,anchor=pr
 .PHONY: staleness
 staleness: setup
 	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2
-	$(BIN)/gspo report results/staleness
-	$(BIN)/python benchmarks/staleness_study.py results/staleness >> results/staleness/REPORT.md
+	@# REPORT.md keeps its hand-written head (pilot, findings: everything down to the first line "---")
+	@touch results/staleness/REPORT.md && sed '/^---$$/q' results/staleness/REPORT.md > results/staleness/.head.md
+	$(BIN)/gspo report results/staleness -o results/staleness/.generated.md
+	$(BIN)/python benchmarks/staleness_study.py results/staleness >> results/staleness/.generated.md
+	cat results/staleness/.head.md results/staleness/.generated.md > results/staleness/REPORT.md
+	@rm -f results/staleness/.head.md results/staleness/.generated.md
 	@mkdir -p results/staleness/compare
 	@for s in $(STALENESS_SETS); do \
 	  $(BIN)/gspo compare "results/staleness/*,$$s/seed*" --baseline "grpo,$$s" -f markdown \
