@@ -112,6 +112,29 @@ zoo: setup
 	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
 	$(BIN)/gspo report results/zoo
 
+# `make staleness`: GRPO, GRPO+R2 and GSPO at rollout.staleness 0, 1, 2, 4, with the trust region
+# anchored at the sampler or at the proximal policy (experiments/staleness.yaml; sized from a measured
+# pilot, see results/staleness/REPORT.md); resumable. Writes results/staleness/REPORT.md
+# (gspo report, then the study's tables by staleness and anchor: benchmarks/staleness_study.py) and
+# results/staleness/compare/: each staleness's arms against GRPO at the same staleness and anchor
+# (gspo compare --baseline: paired over seeds, with the seeds a verdict would need).
+STALENESS_SETS := staleness=0 staleness=1,anchor=behaviour staleness=1,anchor=proximal \
+	staleness=2,anchor=behaviour staleness=2,anchor=proximal staleness=4,anchor=behaviour staleness=4,anchor=proximal
+.PHONY: staleness
+staleness: setup
+	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2
+	@# REPORT.md keeps its hand-written head (pilot, findings: everything down to the first line "---")
+	@touch results/staleness/REPORT.md && sed '/^---$$/q' results/staleness/REPORT.md > results/staleness/.head.md
+	$(BIN)/gspo report results/staleness -o results/staleness/.generated.md
+	$(BIN)/python benchmarks/staleness_study.py results/staleness >> results/staleness/.generated.md
+	cat results/staleness/.head.md results/staleness/.generated.md > results/staleness/REPORT.md
+	@rm -f results/staleness/.head.md results/staleness/.generated.md
+	@mkdir -p results/staleness/compare
+	@for s in $(STALENESS_SETS); do \
+	  $(BIN)/gspo compare "results/staleness/*,$$s/seed*" --baseline "grpo,$$s" -f markdown \
+	    -o "results/staleness/compare/$$s.md" || exit 1; \
+	done
+
 # `make lora-routers`: LoRA's router axis: the quickstart's GRPO and GSPO arms with rank-8
 # adapters, routers frozen / lora / full x 3 seeds (experiments/lora_routers.yaml: 150 steps, 18
 # runs two at a time, 15 min on the idle 2-core box, 2026-12-06); resumable; writes
@@ -176,6 +199,13 @@ bench: setup
 .PHONY: bench-reward-pool
 bench-reward-pool: setup
 	$(BIN)/python benchmarks/reward_pool.py
+
+# `make bench-staleness`: steps/s and the trainer's idle time at rollout.staleness 0, 1, 2 and 4
+# with a reward sleeping 50 ms per row, scored in the trainer (benchmarks/staleness.py; numbers in
+# studies/staleness-throughput/README.md). Standalone, like bench-reward-pool.
+.PHONY: bench-staleness
+bench-staleness: setup
+	$(BIN)/python benchmarks/staleness.py
 
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
 # hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,

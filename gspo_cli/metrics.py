@@ -60,12 +60,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "moe/engine_route_diff_frac": (
         "routing_replay r3: share of (token, layer, slot) expert choices the trainer's router makes differently "
         "from the rollout engine's routes, on the first mini-batch, before any update of the step: at the "
-        "sampling weights with rollout.staleness 0; with staleness 1 the trainer is one update ahead of the "
-        "weights that sampled, so it also counts that update's route drift",
+        "sampling weights with rollout.staleness 0; with staleness k the trainer is k updates ahead of the "
+        "weights that sampled, so it also counts those updates' route drift",
         "fraction",
     ),
     "mismatch/weight_mean": (
-        "mismatch correction: mean loss weight over response tokens (0 for dropped tokens; 1 = no correction)",
+        "mismatch correction (or a proximal anchor's pi_prox / pi_behav on a stale batch): mean loss weight "
+        "over response tokens (0 for dropped tokens; 1 = no correction)",
         "weight",
     ),
     "mismatch/masked_token_frac": ("mismatch correction: share of response tokens dropped (weight 0)", "fraction"),
@@ -90,7 +91,7 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
     "policy/off_policy_mask_sampler": (
         "off_policy_mask set: 1 when the mask compared pi_theta with the sampler's log-probs the batch "
-        "carries (vLLM, the hf engine's sampler_logprobs; under rollout.staleness 1 the worker's batch, which "
+        "carries (vLLM, the hf engine's sampler_logprobs; under rollout.staleness the worker's batch, which "
         "holds its own full forward of the sampling weights when the sampler returned none), 0 when with "
         "the trainer's pi_old",
         "flag",
@@ -117,19 +118,25 @@ METRICS: dict[str, tuple[str, str]] = {
         "nats",
     ),
     "rollout/staleness": (
-        "rollout.staleness 1: policy versions (finished steps) between the weights that sampled the "
-        "batch and those it trains: 0 at step 1, then 1",
+        "rollout.staleness k: policy versions (finished steps) between the weights that sampled the "
+        "batch and those it trains: step s's is min(s - 1, k)",
         "steps",
     ),
+    "rollout/staleness_mean": (
+        "rollout.staleness k: that lag, mean over the batch's rows (each row's sampling version is in "
+        "samples.jsonl as policy_version); k after the first k steps",
+        "steps",
+    ),
+    "rollout/staleness_max": ("rollout.staleness k: that lag, max over the batch's rows", "steps"),
     "perf/rollout_wait_s": (
-        "rollout.staleness 1: time the trainer waited for the worker's batch (0 when sampling kept up)",
+        "rollout.staleness k: time the trainer waited for the worker's batch (0 when sampling kept up)",
         "s",
     ),
     "policy/skipped_minibatches": ("non-finite mini-batches dropped this step (divergence.skip_bad_batches)", "count"),
     "time/rollout_s": ("generation time", "s"),
     "time/score_s": ("verifier time", "s"),
     "time/weight_sync_s": (
-        "rollout.staleness 1: copying the trainer's weights into the worker's shared memory (part of the step)",
+        "rollout.staleness k: copying the trainer's weights into the worker's shared memory (part of the step)",
         "s",
     ),
     "time/old_logp_s": ("old-policy log-prob pass (and route recording)", "s"),
@@ -236,8 +243,9 @@ def describe(key: str) -> tuple[str, str]:
     if key.startswith("ratio/logvar_mb"):
         return (
             f"variance of token log(pi_theta / pi_old) over the response tokens of mini-batch {key[15:]} of the "
-            "step (0: the first; on-policy, ~0, only with rollout.staleness 0: with staleness 1 pi_old is the "
-            "weights that sampled, one update behind, so mini-batch 0 includes that update's drift)",
+            "step (0: the first; on-policy, ~0, only with rollout.staleness 0: with staleness k and the behaviour "
+            "anchor pi_old is the weights that sampled, k updates behind, so mini-batch 0 includes their drift; "
+            "with the proximal anchor pi_old is the trainer's weights before the step, ~0 again)",
             "nats^2",
         )
     if key.startswith("ratio/logvar_len_"):

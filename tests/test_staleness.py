@@ -1,6 +1,7 @@
-"""rollout.staleness 1: a worker process samples step k+1's batch from the weights after step
-k-1 while step k trains. pi_old must be that stale sampler, a resumed run must equal an
-uninterrupted one, and the worker must never outlive the run."""
+"""rollout.staleness k: a worker process samples step s+k's batch from the weights after step
+s-1 while step s trains (k = 1 and 4 here). pi_old must be that stale sampler, a resumed run
+(after SIGTERM, or kill -9) must equal an uninterrupted one, and the worker must never outlive
+the run."""
 
 import copy
 import math
@@ -36,8 +37,11 @@ RAW = {
     **TINY,
     "arms": [TINY["arms"][1]],
     "rollout": {**TINY["rollout"], "staleness": 1},
-    "train": {"steps": 4, "checkpoint_every": 0, "eval_every": 2},
+    "train": {"steps": 4, "checkpoint_every": 0, "eval_every": 2, "log_samples_every": 1},
 }
+# staleness 4: six steps, so that two of them train batches four versions old.
+RAW4 = {**RAW, "rollout": {**RAW["rollout"], "staleness": 4}, "train": {**RAW["train"], "steps": 6}}
+RAWS = {1: RAW, 4: RAW4}
 
 
 def strip(records):
@@ -71,11 +75,23 @@ class TripAfter(StopFlag):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("stale-ref")
-    (res,) = train_experiment(spec_from_dict({**RAW, "output_dir": str(out)}), reporter=quiet_reporter())
-    rd = RunDir(out / "e2e/grpo_rr/seed0")
-    return res, rd
+def references(tmp_path_factory):
+    """k -> (result, RunDir) of the uninterrupted run at staleness k, trained once on first use."""
+    done = {}
+
+    def get(k):
+        if k not in done:
+            out = tmp_path_factory.mktemp(f"stale-ref{k}")
+            (res,) = train_experiment(spec_from_dict({**RAWS[k], "output_dir": str(out)}), reporter=quiet_reporter())
+            done[k] = res, RunDir(out / "e2e/grpo_rr/seed0")
+        return done[k]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    return references(1)
 
 
 def test_split_threads():
@@ -86,18 +102,26 @@ def test_split_threads():
 
 
 @pytest.mark.slow
-def test_staleness_one_trains_and_leaves_no_worker(reference):
-    res, rd = reference
+@pytest.mark.parametrize("k", [1, 4])
+def test_staleness_k_trains_and_leaves_no_worker(references, k):
+    res, rd = references(k)
     assert res.status == "completed"
     metrics = rd.metrics()
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    # Step 1's batch comes from the initial weights it trains; every later one is one step stale.
-    assert [m["rollout/staleness"] for m in metrics] == [0, 1, 1, 1]
+    steps = RAWS[k]["train"]["steps"]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    # Steps 1..k train batches of the initial weights (lag 0..k-1); every later one is k versions stale.
+    lags = [min(s - 1, k) for s in range(1, steps + 1)]
+    assert [m["rollout/staleness"] for m in metrics] == lags
+    assert [m["rollout/staleness_max"] for m in metrics] == lags
+    assert [m["rollout/staleness_mean"] for m in metrics] == [float(x) for x in lags]
     for m in metrics:
         assert all(math.isfinite(v) for v in m.values() if isinstance(v, float)), m
         assert m["perf/rollout_wait_s"] >= 0 and m["time/rollout_s"] > 0
-    # Steps 1-3 copy the weights for the next step's batch (a few ms); the last step has no next batch.
-    assert all(m["time/weight_sync_s"] > 0 for m in metrics[:3]) and metrics[3]["time/weight_sync_s"] == 0
+    # Steps 1..steps-k copy the weights for step s+k's batch (a few ms); later ones request nothing.
+    syncs = [m["time/weight_sync_s"] > 0 for m in metrics]
+    assert syncs == [s <= steps - k for s in range(1, steps + 1)]
+    versions = {(r["step"], r["policy_version"]) for r in rd.samples()}
+    assert versions == {(s, max(0, s - 1 - k)) for s in range(1, steps + 1)}
     # The log-prob check at step 1 compares the sampler with a full forward of its own weights.
     assert metrics[0]["rollout/logprob_diff_max"] < 1e-4
     assert not multiprocessing.active_children()
@@ -105,9 +129,10 @@ def test_staleness_one_trains_and_leaves_no_worker(reference):
 
 
 @pytest.mark.slow
-def test_sigterm_then_resume_is_identical(tmp_path, reference):
-    _, ref_rd = reference
-    spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
+@pytest.mark.parametrize("k", [1, 4])
+def test_sigterm_then_resume_is_identical(tmp_path, references, k):
+    _, ref_rd = references(k)
+    spec = spec_from_dict({**RAWS[k], "output_dir": str(tmp_path)})
     task = make_task(spec.task.name, spec.task.params)
     source = resolve_model_source(spec.model, task, log=lambda m: None)
     rd = RunDir(tmp_path / "e2e/grpo_rr/seed0")
@@ -116,8 +141,12 @@ def test_sigterm_then_resume_is_identical(tmp_path, reference):
     assert rd.status() == "interrupted" and rd.latest_checkpoint().name == "step_000002"
     assert worker_children() == []
     state = torch.load(rd.latest_checkpoint() / "trainer_state.pt", weights_only=False)
-    pending = state[stale_mod.CHECKPOINT_KEY]  # step 3's batch, sampled by the weights after step 1
-    assert (pending["step"], pending["version"]) == (3, 1)
+    # The batches of steps 3 .. 2+k: k = 1, step 3's, sampled by the weights after step 1; k = 4,
+    # steps 3-5 requested at step 1 (the initial weights), step 6's at step 2 (after step 1).
+    pending = state[stale_mod.CHECKPOINT_KEY]
+    want = [(3, 1)] if k == 1 else [(3, 0), (4, 0), (5, 0), (6, 1)]
+    assert [(p["step"], p["version"]) for p in pending] == want
+    assert all(p["batch"] is not None and len(p["problems"]) == 4 for p in pending)
     (res,) = train_experiment(spec, reporter=quiet_reporter())
     assert res.status == "completed" and rd.info()["resumes"] == 1
     assert strip(rd.metrics()) == strip(ref_rd.metrics())
@@ -165,6 +194,58 @@ def test_ctrl_c_of_the_cli_stops_cleanly_then_resumes(tmp_path, reference):
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert strip(rd.metrics()) == strip(ref_rd.metrics())
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_at_staleness_4_is_identical(tmp_path, references):
+    """SIGKILL leaves no checkpoint of its own: `--resume` continues from the last scheduled one
+    (after step 2, holding the batches of steps 3-6) and ends as the uninterrupted run did."""
+    _, ref_rd = references(4)
+    raw = {**RAW4, "output_dir": str(tmp_path / "out"), "train": {**RAW4["train"], "checkpoint_every": 2}}
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump(raw))
+    rd = RunDir(tmp_path / "out/e2e/grpo_rr/seed0")
+    cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while len(rd.metrics()) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal landed")
+    assert proc.returncode == -9 and rd.latest_checkpoint().name == "step_000002"
+    deadline = time.time() + 10  # the worker dies with its parent (PR_SET_PDEATHSIG)
+    while group_processes(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert group_processes(proc.pid) == []
+    resume = [sys.executable, "-m", "gspo_cli", "train", "--resume", str(rd.path), "--quiet"]
+    rerun = subprocess.run(resume, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rd.info()["resumes"] == 1
+    assert strip(rd.metrics()) == strip(ref_rd.metrics())
+    assert [e["scores"] for e in rd.evals()] == [e["scores"] for e in ref_rd.evals()]
+
+
+@pytest.mark.slow
+def test_a_dying_worker_with_k_batches_in_flight_ends_every_thread(tmp_path):
+    """Staleness 3: the worker dies with three requests outstanding; the step fails in one
+    line, every scoring thread ends, nothing is left behind."""
+    raw = {**RAW, "output_dir": str(tmp_path), "rollout": {**RAW["rollout"], "staleness": 3}}
+    spec = spec_from_dict(raw)
+    task = make_task(spec.task.name, spec.task.params)
+    source = resolve_model_source(spec.model, task, log=lambda m: None)
+    ctx = setup(spec, spec.arms[0], 0, task, source)
+    with StaleRollouts(ctx, source=source, seed=0) as stale:
+        os.kill(stale.sampler.proc.pid, 9)
+        with pytest.raises(RunError, match="exited unexpectedly with code -9"):
+            stale.step(ctx, 1)
+        threads = [t.thread for t in stale.scoring.values()]
+        assert len(threads) == 3
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert worker_children() == []
 
 
 @pytest.mark.slow
@@ -225,12 +306,18 @@ def test_worker_failure_is_one_line_run_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_worker_is_a_run_error_not_a_hang(tmp_path):
+@pytest.mark.parametrize("k", [1, 3])
+def test_killed_worker_is_a_run_error_not_a_hang(tmp_path, k):
     spec = spec_from_dict({**RAW, "output_dir": str(tmp_path)})
     args = WorkerArgs(source=tiny_model_dir(), model_cfg=spec.model, rollout_cfg=spec.rollout, seed=0, threads=1)
-    with AsyncSampler(args, {}) as sampler:
+    with AsyncSampler(args, {}, slots=k) as sampler:
         os.kill(sampler.proc.pid, 9)
-        sampler.request(1, 0, ["1+1="], check=False)
+        for step in range(1, k + 1):  # k requests outstanding, from one published version
+            sampler.request(step, 0, ["1+1="], check=False)
+        with pytest.raises(RuntimeError, match="requests outstanding already"):
+            sampler.request(k + 1, 0, ["1+1="], check=False)
+        with pytest.raises(RuntimeError, match="outstanding request reads"):
+            sampler.publish({}, version=k)  # slot k % k = 0, still read by the requests
         with pytest.raises(RunError, match="exited unexpectedly with code -9"):
             sampler.wait()
     assert worker_children() == []
@@ -238,7 +325,10 @@ def test_killed_worker_is_a_run_error_not_a_hang(tmp_path):
 
 def test_unsupported_combinations_are_spec_errors():
     with pytest.raises(SpecError, match="rollout.staleness"):
-        spec_from_dict({**RAW, "rollout": {**RAW["rollout"], "staleness": 2}})
+        spec_from_dict({**RAW, "rollout": {**RAW["rollout"], "staleness": 9}})  # above MAX_STALENESS
+    assert spec_from_dict(RAW4).rollout.staleness == 4
+    with pytest.raises(SpecError, match="staleness: 4 .* engine: vllm"):
+        spec_from_dict({**RAW4, "rollout": {**RAW4["rollout"], "engine": "vllm"}})
     with pytest.raises(SpecError, match="staleness: 1 .* engine: vllm"):
         spec_from_dict({**RAW, "rollout": {**RAW["rollout"], "engine": "vllm"}})
     arm = {**RAW["arms"][0], "mismatch": {"mode": "token_tis"}}
@@ -248,4 +338,6 @@ def test_unsupported_combinations_are_spec_errors():
     check_supported(spec, 1)
     with pytest.raises(SpecError, match="rollout.staleness: 1 is not supported with several processes"):
         check_supported(spec, 2)
+    with pytest.raises(SpecError, match="rollout.staleness: 4 is not supported with several processes"):
+        check_supported(spec_from_dict(RAW4), 2)
     check_supported(spec_from_dict(TINY), 2)  # staleness 0: anything goes

@@ -1,10 +1,11 @@
-"""A rollout worker in its own process, for one-step-off-policy training (rollout.staleness 1).
+"""A rollout worker in its own process, for off-policy training (rollout.staleness k >= 1).
 
-The trainer keeps one request outstanding at a time:
+The trainer keeps up to k requests outstanding; the worker answers them in order:
 
-- trainer: writes its weights into `shared` (a state dict in shared memory, allocated once)
-  only while the worker is idle, then sends ("sample", step, version, prompts, check);
-- worker: copies `shared` into its own model, seeds torch from (seed, step), samples with
+- trainer: writes its weights (policy version v) into slot v % k of `shared` (k state dicts in
+  shared memory, allocated once), never into a slot an outstanding request still reads, then
+  sends ("sample", step, version, prompts, check, slot);
+- worker: copies slot `slot` into its own model, seeds torch from (seed, step), samples with
   the hf engine (or a vLLM server, which its engine pushes these weights to first), completes
   pi_old (log-probs, entropy, MoE routes) from one full forward of the same weights when the
   sampler did not return them, adds the log-prob check when `check` (a full forward against
@@ -15,6 +16,10 @@ The trainer keeps one request outstanding at a time:
 The worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the trainer
 decides when to stop and then stops the worker) and dies with its parent (PR_SET_PDEATHSIG),
 so it is never left behind, even when the trainer is killed with SIGKILL.
+
+Memory: k copies of the weights in shared memory (k = rollout.staleness), one per policy
+version that an outstanding request may still read: the request for step s + k is made with
+the weights of version s - 1 while those of versions s - k .. s - 2 wait to be read.
 """
 
 from __future__ import annotations
@@ -57,12 +62,15 @@ class WorkerArgs:
 class AsyncSampler:
     """Client side: starts the worker (spawn), hands it weights and prompts, collects batches.
 
-    `weights`: the trainer model's state dict (name -> tensor); shared memory of the same
-    shapes is allocated once and refreshed by `publish`. Use as a context manager, or call
-    `close()`: the worker is always stopped, and killed if it does not stop."""
+    `weights`: the trainer model's state dict (name -> tensor); `slots` shared-memory copies of
+    the same shapes are allocated once and refreshed by `publish`. Use as a context manager, or
+    call `close()`: the worker is always stopped, and killed if it does not stop."""
 
-    def __init__(self, args: WorkerArgs, weights: dict[str, torch.Tensor]):
-        self.shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in weights.items()}
+    def __init__(self, args: WorkerArgs, weights: dict[str, torch.Tensor], slots: int = 1):
+        self.slots = max(1, slots)
+        self.shared = [
+            {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in weights.items()} for _ in range(self.slots)
+        ]
         mp = torch.multiprocessing.get_context("spawn")
         self.requests, self.results = mp.Queue(), mp.Queue()
         self.proc = mp.Process(
@@ -73,28 +81,33 @@ class AsyncSampler:
         )
         with starting_child():
             self.proc.start()
-        self.outstanding: int | None = None  # step of the request being sampled
+        self.outstanding: list[tuple[int, int]] = []  # (step, slot) of each request, oldest first
 
-    def publish(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy `weights` into shared memory; only while no request is outstanding (the worker
-        reads shared memory only while it serves one)."""
-        if self.outstanding is not None:
-            raise RuntimeError("AsyncSampler.publish while a request is outstanding")
+    def slot(self, version: int) -> int:
+        return version % self.slots
+
+    def publish(self, weights: dict[str, torch.Tensor], version: int = 0) -> None:
+        """Copy `weights` (policy `version`) into its slot of shared memory; never into a slot
+        an outstanding request still reads (the worker reads a slot only while it serves one)."""
+        slot = self.slot(version)
+        if any(s == slot for _, s in self.outstanding):
+            raise RuntimeError(f"AsyncSampler.publish into slot {slot}, which an outstanding request reads")
         with torch.no_grad():
             for name, t in weights.items():
-                self.shared[name].copy_(t.detach())
+                self.shared[slot][name].copy_(t.detach())
 
     def request(self, step: int, version: int, prompts: list[str], check: bool) -> None:
-        """Ask for training step `step`'s batch from the published weights (policy `version`)."""
-        if self.outstanding is not None:
-            raise RuntimeError("AsyncSampler.request while another request is outstanding")
-        self.outstanding = step
-        self.requests.put(("sample", step, version, list(prompts), bool(check)))
+        """Ask for training step `step`'s batch from the weights published as `version`."""
+        if len(self.outstanding) >= self.slots:
+            raise RuntimeError(f"AsyncSampler.request with {self.slots} requests outstanding already")
+        slot = self.slot(version)
+        self.outstanding.append((step, slot))
+        self.requests.put(("sample", step, version, list(prompts), bool(check), slot))
 
     def wait(self):
-        """(batch, version, generation seconds) of the outstanding request. A worker that
-        failed or died is a RunError, never a hang."""
-        if self.outstanding is None:
+        """(batch, version, generation seconds, step) of the oldest outstanding request. A worker
+        that failed or died is a RunError, never a hang."""
+        if not self.outstanding:
             raise RuntimeError("AsyncSampler.wait without a request")
         while True:
             try:
@@ -102,18 +115,19 @@ class AsyncSampler:
             except queue.Empty:
                 if not self.proc.is_alive():
                     raise RunError(
-                        f"rollout worker (rollout.staleness 1) exited unexpectedly with code {self.proc.exitcode}"
+                        f"rollout worker (rollout.staleness) exited unexpectedly with code {self.proc.exitcode}"
                     ) from None
                 continue
             if msg[0] == "ready":
                 continue
             if msg[0] == "error":
-                raise RunError(f"rollout worker (rollout.staleness 1) failed: {msg[1]}")
+                raise RunError(f"rollout worker (rollout.staleness) failed: {msg[1]}")
             _, step, version, batch, seconds = msg
-            if step != self.outstanding:
-                raise RuntimeError(f"rollout worker answered step {step}, expected {self.outstanding}")
-            self.outstanding = None
-            return batch, version, seconds
+            expected = self.outstanding[0][0]
+            if step != expected:
+                raise RuntimeError(f"rollout worker answered step {step}, expected {expected}")
+            self.outstanding.pop(0)
+            return batch, version, seconds, step
 
     def close(self) -> None:
         """Stop the worker: ask, then terminate, then kill; returns once it is gone."""
@@ -160,9 +174,9 @@ def _worker_main(args: WorkerArgs, shared: dict, requests, results) -> None:
         sampler = _WorkerSampler(args)
         results.put(("ready",))
         for msg in requests_until_stop(requests, POLL_S):
-            _, step, version, prompts, check = msg
+            _, step, version, prompts, check, slot = msg
             t = time.time()
-            batch = sampler.sample(shared, step, prompts, check)
+            batch = sampler.sample(shared[slot], step, prompts, check)
             results.put(("ok", step, version, batch, time.time() - t))
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the trainer as one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -29,7 +29,7 @@ class RolloutBatch:
     engine_entropy: torch.Tensor | None = None
     engine_routes: torch.Tensor | None = None
     # (B, C) float32: one full forward of the weights that sampled, when the sampler ran it
-    # (the async worker of rollout.staleness 1, on logprob-check steps); None otherwise.
+    # (the async worker of rollout.staleness, on logprob-check steps); None otherwise.
     check_logp: torch.Tensor | None = None
     # Multi-turn rollouts (rollout/turns.py): (B, C) float, 1 on the environment's tokens (tool
     # output inserted between the model's turns); None: every response token is the model's.

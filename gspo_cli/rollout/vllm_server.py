@@ -16,9 +16,10 @@ the colocated engine lays out its own (`vllm_batch.to_batch`).
 
 R3: with `--enable-return-routed-experts` (which `gspo vllm-server` passes for a spec with an
 r3 arm) each answer carries the experts every position was routed to, converted as the colocated
-engine converts its own. With rollout.staleness: 1 the staleness worker process holds this
-engine: it pushes its copy of the weights (one step behind the trainer's) and samples while the
-trainer trains. Sleep mode does not apply (the server's memory is its own).
+engine converts its own. With rollout.staleness: k the staleness worker process holds this
+engine: before each batch it pushes the copy of the weights that batch was requested with (k
+steps behind the trainer's once warmed up) and samples while the trainer trains. Sleep mode does
+not apply (the server's memory is its own).
 """
 
 from __future__ import annotations

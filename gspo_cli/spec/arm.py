@@ -128,6 +128,14 @@ class ArmConfig(_Strict):
         "task.rewards",
     )
     mismatch: MismatchConfig = Field(MismatchConfig(), description="rollout/trainer mismatch correction")
+    anchor: Literal["behaviour", "proximal"] = Field(
+        "behaviour",
+        description="with rollout.staleness >= 1, the policy the ratios are taken against (the trust region's "
+        "anchor): behaviour: the sampler's log-probs; proximal: the trainer's forward of the weights before this "
+        "step's first update, each token's loss weighed by pi_prox / pi_behav (AReaL's decoupled PPO; per "
+        "response, the geometric mean, for sequence-level losses; bounded by mismatch.mode when set); one more "
+        "no-grad forward per step. At staleness 0 both are the same policy (docs/algorithms/anchors.md)",
+    )
     loss_params: dict[str, float] = Field(
         default_factory=dict,
         description="the loss's own keyword parameters (e.g. sapo: tau_pos, tau_neg); defaults: the paper's",

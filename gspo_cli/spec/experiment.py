@@ -109,7 +109,9 @@ class ExperimentSpec(_Strict):
                 f"for the prompt in the built-in model's {positions} positions (model.builtin.max_positions)"
             )
         if self.task.environment and self.rollout.staleness:
-            problems.append("task.environment: not supported with rollout.staleness: 1 yet; use staleness 0")
+            problems.append(
+                f"task.environment: not supported with rollout.staleness: {self.rollout.staleness} yet; use staleness 0"
+            )
         if self.model.dtype == "float16":
             problems.append(
                 "model.dtype: float16 training needs loss scaling, which gspo-cli does not do "
@@ -193,16 +195,17 @@ def _engine_problems(i: int, arm: ArmConfig, rollout: RolloutConfig) -> list[str
                 f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the engine's log-probs: "
                 "rollout.sampler_logprobs: true (hf) or rollout.engine: vllm"
             )
-    if arm.mismatch.mode != "off" and rollout.staleness:
+    if arm.mismatch.mode != "off" and rollout.staleness and arm.anchor != "proximal":
         problems.append(
             f"arms[{i}].mismatch.mode: {arm.mismatch.mode} needs the trainer's forward of the sampling "
-            "weights, which rollout.staleness: 1 does not keep; use staleness 0"
+            f"weights, which rollout.staleness: {rollout.staleness} does not keep; use staleness 0, or "
+            "anchor: proximal (the correction then bounds pi_prox / pi_behav)"
         )
     if arm.dynamic_sampling.max_rounds:
         if rollout.staleness:
             problems.append(
                 f"arms[{i}].dynamic_sampling.max_rounds: resampling happens inside the step, and "
-                "rollout.staleness: 1 samples in a worker ahead of it; use staleness 0"
+                f"rollout.staleness: {rollout.staleness} samples in a worker ahead of it; use staleness 0"
             )
         if arm.routing_replay == "r3":
             problems.append(

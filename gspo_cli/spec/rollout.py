@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 
 from gspo_cli.spec.base import _Problems, _Strict
 
+# rollout.staleness at most: the worker holds this many copies of the weights in shared memory.
+MAX_STALENESS = 8
+
 # vllm.LLM arguments the vLLM engine sets itself: changing them breaks what the trainer assumes.
 VLLM_RESERVED_KWARGS = (
     "model",
@@ -122,10 +125,12 @@ class RolloutConfig(_Strict):
     staleness: int = Field(
         0,
         ge=0,
-        le=1,
-        description="0: each step samples from the current policy; 1: a separate worker process "
-        "samples step k+1's batch from the weights after step k-1 while step k trains (pi_old is "
-        "that sampling policy; hf or vllm-server engine, one process)",
+        le=MAX_STALENESS,
+        description="0: each step samples from the current policy; k >= 1: a separate worker process "
+        "samples ahead, step s+k's batch from the weights after step s-1 while step s trains, so "
+        "each batch is k policy versions old (the first k steps' less); the arm's anchor says which "
+        "policy its ratios are taken against; hf or vllm-server engine, one process; the worker "
+        "holds k copies of the weights in shared memory",
     )
     # Prompts as the checkpoint defines them (gspo_cli.models.prompts), in training and evaluation.
     chat_template: Literal["auto", "none"] = Field(
@@ -160,7 +165,10 @@ class RolloutConfig(_Strict):
                 f"max_total_tokens: {self.max_total_tokens} is below max_new_tokens ({self.max_new_tokens})"
             )
         if self.engine == "vllm" and self.staleness:
-            problems.append("staleness: 1 runs its sampler in a worker process; not supported with engine: vllm")
+            problems.append(
+                f"staleness: {self.staleness} runs its sampler in a worker process; not supported with engine: vllm "
+                "(use vllm-server)"
+            )
         if self.engine == "vllm-server" and self.server is None:
             problems.append("server: engine vllm-server needs server.url, the vLLM server's address")
         if self.engine != "vllm-server" and self.server is not None:

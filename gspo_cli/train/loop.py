@@ -214,7 +214,7 @@ def _train_locked(
         reporter.log(f"[{name}] {param_line(params)}")
     reporter.log(f"[{name}] {ctx.packing_line}")  # train.packing: which path the forwards take
     t_start = time.time()
-    pending = None  # rollout.staleness 1: the batch the checkpoint pre-sampled for the next step
+    pending = None  # rollout.staleness k: the batches the checkpoint pre-sampled for the next steps
     if ckpt is not None:
         start_step, pending = restore(ctx, rd, ckpt)
         reporter.log(f"[{name}] resuming from {ckpt.name}")
@@ -305,7 +305,7 @@ def _loop(
     reporter.run_started(name, steps, start_step)
     # metrics.jsonl stays the truth; sinks are views, written by rank 0 like everything else
     sinks = make_sinks(list(spec.train.sinks) if ctx.dist.is_main else [], rd.path, spec.to_dict())
-    # staleness 1: the worker process starts now, loading while step 0 evaluates
+    # rollout.staleness: the worker process starts now, loading while step 0 evaluates
     stale = StaleRollouts(ctx, source=source, seed=seed, pending=pending) if spec.rollout.staleness else None
     try:
         if start_step == 0:

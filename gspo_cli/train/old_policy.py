@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from gspo_cli.algorithms.anchors import uses_proximal
 from gspo_cli.errors import SpecError
 from gspo_cli.rollout import RolloutBatch
 from gspo_cli.rollout.base import LogProbs
@@ -27,7 +28,9 @@ def old_policy(ctx, batch: RolloutBatch):
             "batch has none (the hf engine records them with rollout.sampler_logprobs; vLLM only "
             "when started to return them)"
         )
-    own_forward = ctx.arm.mismatch.mode != "off"  # the correction compares the trainer's pi_old with the engine
+    # The correction compares the trainer's pi_old with the engine; a proximal anchor
+    # (algorithms/anchors.py) is the trainer's forward of its weights before this step's updates.
+    own_forward = ctx.arm.mismatch.mode != "off" or uses_proximal(ctx.arm.anchor, ctx.spec.rollout.staleness)
     if (
         not own_forward
         and batch.engine_entropy is not None

@@ -168,7 +168,7 @@ def spec_identity(spec: ExperimentSpec) -> dict:
 
 def restore(ctx: Ctx, rd: RunDir, ckpt) -> tuple[int, dict | None]:
     """Load checkpoint `ckpt` into `ctx` (every rank together), rewind metrics and evaluations
-    to its step and drop later checkpoints; (its step, the pre-sampled batch of a staleness-1
+    to its step and drop later checkpoints; (its step, the pre-sampled batches of a stale
     run or None)."""
     state = load_trainer_state(
         ckpt, ctx.model, ctx.optimizer, ctx.scheduler, rng=ctx.rng, shuffle=ctx.shuffle, info=ctx.dist

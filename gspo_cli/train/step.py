@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 
 from gspo_cli import distributed
-from gspo_cli.algorithms import get_advantage_estimator, get_mismatch_correction, get_policy_loss
+from gspo_cli.algorithms import LOSS_LEVELS, get_advantage_estimator, get_policy_loss
+from gspo_cli.algorithms.anchors import anchor_correction
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import DivergedError, SpecError
 from gspo_cli.models import compute_context, load_model, lora
@@ -200,9 +201,10 @@ def learn(
     adv_B = advantages(ctx, batch, rewards_B, scores).to(mask_BC.device)  # multi_reward; the loss's device
     stats = StepStats()
 
-    # 3. Old log-probs, entropy and (MoE) the routes pi_old took. A mismatch correction needs
-    # pi_old from the trainer's own forward, whatever the engine returned (see _mismatch_weights).
-    correct = None if arm.mismatch.mode == "off" else get_mismatch_correction(arm.mismatch.mode)
+    # 3. Old log-probs, entropy and (MoE) the routes pi_old took. A mismatch correction, and a
+    # proximal anchor on a stale batch (algorithms/anchors.py), need pi_old from the trainer's own
+    # forward, whatever the engine returned; the sampler's log-probs then weigh the loss.
+    correct = anchor_correction(arm.anchor, spec.rollout.staleness, arm.mismatch.mode, LOSS_LEVELS[arm.loss])
     old, old_routes, from_sampler = old_policy(ctx, batch)
     with torch.no_grad(), ctx.compute():
         ref_logp = (

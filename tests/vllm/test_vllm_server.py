@@ -90,26 +90,31 @@ def test_sharded_processes_push_through_rank_zero(tmp_path, server):
         assert [e["step"] for e in rd.evals()] == [0, 3]
 
 
-def test_staleness_one_samples_on_the_server_while_the_trainer_trains(tmp_path, server):
-    """rollout.staleness 1: the worker process pushes its copy of the weights (one step behind
-    the trainer's) and samples step k+1 on the server while step k trains; pi_old is that copy's
-    forward. Every step the server's log-probs match it to 1e-4 nats (a server holding the
-    trainer's newer weights, or the older ones, is off by 1e-2 or more), the batches trained
-    from step 2 on are one version stale, and evaluation (the trainer's own engine) runs."""
-    raw = yaml.safe_load(open(_spec(tmp_path, server, "stale")))
-    raw["rollout"].update(staleness=1, logprob_check_every=1)
-    raw["train"] = {"steps": 4}
+@pytest.mark.parametrize("k", [1, 3])
+def test_staleness_k_samples_on_the_server_while_the_trainer_trains(tmp_path, server, k):
+    """rollout.staleness k: the worker process pushes the copy of the weights each request was
+    made with (k steps behind the trainer's once warmed up) and samples step s+k on the server
+    while step s trains; pi_old is that copy's forward. Every step the server's log-probs match
+    it to 1e-4 nats (a server holding the trainer's newer weights, or other stale ones, is off by
+    1e-2 or more), the batches trained from step k+1 on are k versions stale, and evaluation
+    (the trainer's own engine) runs."""
+    steps = k + 3
+    raw = yaml.safe_load(open(_spec(tmp_path, server, f"stale{k}")))
+    raw["rollout"].update(staleness=k, logprob_check_every=1)
+    raw["train"] = {"steps": steps}
     raw["arms"] = raw["arms"][:1]
-    spec = tmp_path / "stale.yaml"
+    spec = tmp_path / f"stale{k}.yaml"
     spec.write_text(yaml.safe_dump(raw))
     _train([sys.executable], str(spec), arms=("gspo",))
-    rd = RunDir(tmp_path / "stale" / "vllm" / "gspo" / "seed0")
+    rd = RunDir(tmp_path / f"stale{k}" / "vllm" / "gspo" / "seed0")
     metrics = rd.metrics()
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    assert [m["rollout/staleness"] for m in metrics] == [0, 1, 1, 1]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    lags = [min(s - 1, k) for s in range(1, steps + 1)]
+    assert [m["rollout/staleness"] for m in metrics] == lags
+    assert [m["rollout/staleness_max"] for m in metrics] == lags
     for m in metrics:
         assert m["rollout/logprob_diff_max"] < 1e-4, m
-    assert [e["step"] for e in rd.evals()] == [0, 4]
+    assert [e["step"] for e in rd.evals()] == [0, steps]
 
 
 def test_the_servers_command_line(tmp_path, tiny_source):
