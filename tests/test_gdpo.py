@@ -1,4 +1,4 @@
-"""Issue 40, item 4: several rewards combined on purpose. `multi_reward: normalize_then_sum`
+"""Several rewards combined on purpose. `multi_reward: normalize_then_sum`
 (GDPO; TRL's multi_objective_aggregation) against hand-computed advantages, and dynamic
 sampling deciding signal from one named reward (`dynamic_sampling.metric: reward:<name>`)."""
 

@@ -1,5 +1,5 @@
-"""Issue 38, items 1-8 and 11: where the trainer combined correct losses wrongly or reported them
-wrongly, each reproduced as the issue describes it, and dual-clip PPO against verl's formula."""
+"""Where the trainer combined correct losses wrongly or reported them
+wrongly, each reproduced in a test of its own, and dual-clip PPO against verl's formula."""
 
 from __future__ import annotations
 

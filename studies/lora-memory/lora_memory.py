@@ -1,4 +1,4 @@
-"""Issue 42, item 8: peak resident memory per phase and step times, one process on CPU, full
+"""Peak resident memory per phase and step times, one process on CPU, full
 fine-tuning vs LoRA r=16 (model.lora) on a random local Qwen3-MoE of ~300 M parameters built from
 a config (plan_check.py's `moe-300M`), with `gspo plan`'s per-process figure beside each phase.
 
