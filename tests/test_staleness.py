@@ -324,8 +324,8 @@ def test_killed_worker_is_a_run_error_not_a_hang(tmp_path, k):
 
 
 def test_unsupported_combinations_are_spec_errors():
-    with pytest.raises(SpecError, match="rollout.staleness"):
-        spec_from_dict({**RAW, "rollout": {**RAW["rollout"], "staleness": 9}})  # above MAX_STALENESS
+    with pytest.raises(SpecError, match=r"rollout.staleness: 9 is above 8: the worker holds one copy of the weights"):
+        spec_from_dict({**RAW, "rollout": {**RAW["rollout"], "staleness": 9}})  # above MAX_STALENESS, and why
     assert spec_from_dict(RAW4).rollout.staleness == 4
     with pytest.raises(SpecError, match="staleness: 4 .* engine: vllm"):
         spec_from_dict({**RAW4, "rollout": {**RAW4["rollout"], "engine": "vllm"}})

@@ -125,12 +125,12 @@ class RolloutConfig(_Strict):
     staleness: int = Field(
         0,
         ge=0,
-        le=MAX_STALENESS,
+        json_schema_extra={"maximum": MAX_STALENESS},
         description="0: each step samples from the current policy; k >= 1: a separate worker process "
         "samples ahead, step s+k's batch from the weights after step s-1 while step s trains, so "
         "each batch is k policy versions old (the first k steps' less); the arm's anchor says which "
         "policy its ratios are taken against; hf or vllm-server engine, one process; the worker "
-        "holds k copies of the weights in shared memory",
+        "holds k copies of the weights in shared memory, so k is at most 8",
     )
     # Prompts as the checkpoint defines them (gspo_cli.models.prompts), in training and evaluation.
     chat_template: Literal["auto", "none"] = Field(
@@ -163,6 +163,11 @@ class RolloutConfig(_Strict):
         if self.max_total_tokens is not None and self.max_total_tokens < self.max_new_tokens:
             problems.append(
                 f"max_total_tokens: {self.max_total_tokens} is below max_new_tokens ({self.max_new_tokens})"
+            )
+        if self.staleness > MAX_STALENESS:
+            problems.append(
+                f"staleness: {self.staleness} is above {MAX_STALENESS}: the worker holds one copy of the weights in "
+                f"shared memory per batch in flight, and {MAX_STALENESS} bounds that memory"
             )
         if self.engine == "vllm" and self.staleness:
             problems.append(
