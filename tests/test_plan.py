@@ -479,3 +479,45 @@ def test_a_gpu_plan_warns_per_gpu_as_its_table_says(tmp_path):
     host = " ".join(res.stdout.split()).split("per host, every phase: ")[1]
     assert host.startswith("runtime (8 processes) 32.0 GB; load adds rank 0: checkpoint pages read (bfloat16) 61.1 GB")
     assert max(map(len, (res.stdout + res.stderr).splitlines())) <= 100
+
+
+def test_staleness_adds_the_sampling_worker_and_its_weight_copies(tmp_path):
+    """rollout.staleness k: every phase's host gains k fp32 copies of the weights (shared memory),
+    the worker's runtime, its own model copy and (hf engine) what sampling a batch adds; the
+    device of a cpu run is unchanged (the worker is another process)."""
+    from gspo_cli.plan.memory import FP32, HOST_RUNTIME
+    from gspo_cli.plan.staleness import sampling_transient
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_DENSE))
+    raw = {
+        "name": "x",
+        "model": {"name": str(tmp_path), "device": "cpu"},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
+        "arms": [{"name": "a", "preset": "paper-gspo", "mini_batches": 2}],
+    }
+    spec0 = spec_from_dict(raw)
+    spec4 = spec_from_dict({**raw, "rollout": {**raw["rollout"], "staleness": 4}})
+    shape, _ = model_shape(spec0)
+    P = shape.total_params()
+    p0, p4 = (plan_memory(shape, s, Hardware(), prompt_tokens=4) for s in (spec0, spec4))
+    rollout0 = p0.phase("rollout")
+    sampling = sampling_transient(rollout0, rollout0.resident)
+    assert sampling > 0
+    for a, b in zip(p0.phases, p4.phases, strict=True):
+        assert b.device_total == a.device_total
+        assert b.host_total - a.host_total == 4 * FP32 * P + HOST_RUNTIME["cpu"] + FP32 * P + sampling
+    assert dict(p4.phase("update").host)["staleness 4: 4 weight copies in shared memory"] == 4 * 4 * P
+    assert any("rollout.staleness 4" in n for n in p4.notes) and not any("staleness" in n for n in p0.notes)
+    # on a GPU the worker's model and sampling sit on the device; the shared copies stay on the host
+    cuda = {**raw, "model": {**raw["model"], "device": "cuda"}}
+    g0, g4 = (
+        plan_memory(
+            shape, spec_from_dict({**cuda, "rollout": {**raw["rollout"], "staleness": k}}), Hardware(), prompt_tokens=4
+        )
+        for k in (0, 2)
+    )
+    r = g0.phase("rollout")
+    assert g4.phase("update").device_total - g0.phase("update").device_total == FP32 * P + sampling_transient(
+        r, r.resident
+    )
+    assert g4.phase("update").host_total - g0.phase("update").host_total == 2 * FP32 * P + HOST_RUNTIME["cuda"]

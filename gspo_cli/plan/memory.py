@@ -23,6 +23,7 @@ from gspo_cli.plan.cpu_process import add_cpu_process_terms
 from gspo_cli.plan.phases import Hardware, Phase, Plan, workload
 from gspo_cli.plan.reward_models import add_reward_models
 from gspo_cli.plan.shapes import DTYPE_BYTES, ModelShape, activation_elems_per_token, forward_elems_per_token
+from gspo_cli.plan.staleness import add_sampling_worker
 from gspo_cli.plan.units import count, gb  # noqa: F401 - cli.plan reads them here
 from gspo_cli.runs import plural
 from gspo_cli.spec import ExperimentSpec
@@ -325,6 +326,8 @@ def plan_memory(
         kw = dict(held=held, compute=c, converted=ck != held, ck=ck, fsdp=fsdp, update_rows=wl.update_rows)
         add_cpu_process_terms(phases, shape, **kw, tokens=wl.tokens, procs=procs_on_node)
     notes += add_reward_models(phases, spec, kind, procs_on_node)  # task.rewards[].model: their weights
+    weight_bytes = c if lora else FP32  # the state dict the trainer publishes to the worker
+    notes += add_sampling_worker(phases, spec, params=P, weight_bytes=weight_bytes, kind=kind, host_runtime=host_proc)
     if spec.train.gradient_checkpointing is False and shape.layers > 8:
         notes.append("train.gradient_checkpointing is off: the update keeps every layer's activations")
     return Plan(layout=layout, params=P, world=W, device_kind=kind, phases=phases, hardware=hw, notes=notes)
