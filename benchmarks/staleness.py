@@ -23,7 +23,7 @@ step still bounds the pace and larger k buys little more.
     python benchmarks/staleness.py --steps 10 --staleness 0 2
 
 Prints markdown; writes nothing else (its runs go to a temporary directory). The numbers in
-benchmarks/README.md ("Staleness") came from it.
+studies/staleness-throughput/README.md came from it.
 """
 
 from __future__ import annotations
@@ -37,17 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW_S = 0.05  # the reward's sleep per row
-REWARDS = f"""
-import time
-
-def sleepy(completions, **kwargs):
-    time.sleep({ROW_S} * len(completions))
-    return [float(len(c) % 3) for c in completions]
-
-def instant(completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
-"""
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from reward_pool import REWARDS, ROW_S  # noqa: E402  the same reward file (50 ms per row, or instant)
 
 
 def _raw(k: int, steps: int, model: str, function: str, out: str) -> dict:
@@ -71,6 +62,7 @@ def _raw(k: int, steps: int, model: str, function: str, out: str) -> dict:
 def run_one(k: int, steps: int, model: str, function: str, out: str) -> dict:
     """One run at staleness `k`: medians over its steps after warm-up, and its wall time."""
     from benchmarks.common import load_spec_and_task, model_source
+    from gspo_cli.rewards import with_rewards
     from gspo_cli.runs import RunDir, run_path
     from gspo_cli.tasks import make_task
     from gspo_cli.train.loop import train_run
@@ -78,7 +70,7 @@ def run_one(k: int, steps: int, model: str, function: str, out: str) -> dict:
 
     spec, plain = load_spec_and_task(_raw(k, steps, model, function, out))
     source = model_source(spec, plain)
-    task = make_task(spec.task.name, spec.task.params, spec.task.rewards)  # the slow reward scores
+    task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards)  # the slow reward scores
     t = time.perf_counter()
     train_run(spec, spec.arms[0], 0, task, source, reporter=quiet_reporter())
     wall = time.perf_counter() - t
