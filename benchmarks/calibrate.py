@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     deadline = start + (0 if args.report_only else args.budget_min * 60)
     tr = Trainer(SPEC, args.jobs, deadline, args.out)
+    if args.report_only and not any(tr.done(*key) for key in tr.by_key):
+        print(f"--report-only: no completed calibration runs under {args.out}; the report there is left as it is")
+        return 2
     n = args.pairs
     base = "gspo_a"
     handicaps = [h for h in dict.fromkeys(name for name, _ in tr.by_key) if h.startswith(base + ",")]
