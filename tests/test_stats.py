@@ -127,3 +127,20 @@ def test_problem_records_align_by_id_and_are_reproducible():
     want = np.mean([arm[s].score - base[s].score[::-1] for s in range(3)])
     assert a.delta == pytest.approx(want) and a.components.samples == 4
     assert problem_difference({0: arm[0]}, {0: base[0]}) is None  # one seed: seed-level methods instead
+
+
+def test_resolution_says_when_only_more_problems_can_resolve():
+    """A problem-level share that seeds cannot shrink: no seed count reaches the difference, and
+    the row says to add problems (and why), then what each doubling buys now."""
+    from gspo_cli.analysis.stats.decisions import Difference
+    from gspo_cli.analysis.stats.intervals import Estimate
+
+    comp = Components(seed=0.0, problem=0.05, resid=0.01, sampling=0.01, seeds=3, problems=20, samples=4)
+    est = Estimate(0.001, math.sqrt(comp.variance()), 10.0, "seeds t + problem bootstrap", 3, 3, 3, 0.01, comp)
+    row = Difference("gspo", "grpo", "eval_final:math", 1, est, 0.9, "not resolved", seeds_needed=None)
+    text = row.resolution()
+    assert text.startswith(
+        "more seeds alone cannot resolve +0.001 on this held-out set (its problems' share of the variance "
+        "does not shrink with seeds): add problems; doubling shrinks the variance by:"
+    )
+    assert text.endswith("most: more problems")

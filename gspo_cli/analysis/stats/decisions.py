@@ -83,7 +83,10 @@ class Difference:
         elif math.isfinite(est.delta) and est.delta != 0:
             comp = est.components
             if comp is not None and comp.problem > 0:
-                parts.append(f"more seeds alone cannot resolve {est.delta:+.3g} on this held-out set: add problems")
+                parts.append(
+                    f"more seeds alone cannot resolve {est.delta:+.3g} on this held-out set (its problems' share "
+                    "of the variance does not shrink with seeds): add problems"
+                )
             else:
                 parts.append(f"a difference of {est.delta:+.3g} needs more than 1000 seeds")
         if self.seeds_equivalence is not None:
