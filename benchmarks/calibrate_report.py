@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from gspo_cli.analysis.stats import seeds_needed
@@ -91,8 +92,8 @@ def render(res: dict, *, primary: str, rate_line) -> str:
         "",
         f"Written by `make calibrate` (benchmarks/calibrate.py) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         + (
-            f": {runs['n']} runs, trained two at a time at nice 10 on the shared 2-core box (load 7-16 from other "
-            f"jobs) over {runs['span_min']:.0f} min, median {runs['median_wall_s']:.0f} s a run"
+            f": {runs['n']} runs, trained two at a time at nice 10 on {os.cpu_count()} cores "
+            f"over {runs['span_min']:.0f} min, median {runs['median_wall_s']:.0f} s a run"
             if runs["n"]
             else ""
         )
