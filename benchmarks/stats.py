@@ -1,7 +1,7 @@
 """The paired benchmark's statistics, pure: per-round ratios, their median with a bootstrap
 confidence interval, the box's drift from a reference workload, and the thread probe's choice.
 
-Why a paired bootstrap: on a shared 2-core box the time of a step drifts by up to half from one
+Why a paired bootstrap: on a loaded 2-core machine the time of a step drifts by up to half from one
 ten-second window to the next, so two medians measured minutes apart say little. Each round
 times both sides back to back; the ratio of the two is the round's observation, and the
 median of the rounds' ratios with a percentile bootstrap interval over rounds (resampling whole

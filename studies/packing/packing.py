@@ -81,7 +81,7 @@ def worker(model: str, attn: str, rows: int, prompt: int, median: int, packed: b
 
     from gspo_cli.rollout import response_logprobs
 
-    torch.set_num_threads(1)  # the shared box: one thread each, as the tests run
+    torch.set_num_threads(1)  # one thread each, as the tests run
     cfg = Qwen3MoeConfig(
         vocab_size=96, num_experts_per_tok=2, max_position_embeddings=16 * median + prompt, **SIZES[model]
     )
