@@ -226,8 +226,9 @@ def test_load_balancing_loss_by_hand_and_masked_rows_do_not_count():
 
 def test_staleness_aware_labels():
     text, _ = describe("ratio/logvar_mb0")
-    assert "staleness 1" in text and "one update behind" in text
-    assert "staleness 1" in describe("moe/engine_route_diff_frac")[0]
+    assert "staleness k and the behaviour anchor" in text and "k updates behind" in text
+    assert "with the proximal anchor pi_old is the trainer's weights before the step" in text
+    assert "with staleness k the trainer is k updates ahead" in describe("moe/engine_route_diff_frac")[0]
     assert not math.isnan(len(describe("policy/dropped_token_frac")[0]))
 
 
