@@ -486,7 +486,6 @@ def test_staleness_adds_the_sampling_worker_and_its_weight_copies(tmp_path):
     the worker's runtime, its own model copy and (hf engine) what sampling a batch adds; the
     device of a cpu run is unchanged (the worker is another process)."""
     from gspo_cli.plan.memory import FP32, HOST_RUNTIME
-    from gspo_cli.plan.staleness import sampling_transient
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_DENSE))
     raw = {
@@ -501,7 +500,7 @@ def test_staleness_adds_the_sampling_worker_and_its_weight_copies(tmp_path):
     P = shape.total_params()
     p0, p4 = (plan_memory(shape, s, Hardware(), prompt_tokens=4) for s in (spec0, spec4))
     rollout0 = p0.phase("rollout")
-    sampling = sampling_transient(rollout0, rollout0.resident)
+    sampling = sum(b for _, b in rollout0.transient_terms())
     assert sampling > 0
     for a, b in zip(p0.phases, p4.phases, strict=True):
         assert b.device_total == a.device_total
@@ -517,7 +516,7 @@ def test_staleness_adds_the_sampling_worker_and_its_weight_copies(tmp_path):
         for k in (0, 2)
     )
     r = g0.phase("rollout")
-    assert g4.phase("update").device_total - g0.phase("update").device_total == FP32 * P + sampling_transient(
-        r, r.resident
+    assert g4.phase("update").device_total - g0.phase("update").device_total == FP32 * P + sum(
+        b for _, b in r.transient_terms()
     )
     assert g4.phase("update").host_total - g0.phase("update").host_total == 2 * FP32 * P + HOST_RUNTIME["cuda"]

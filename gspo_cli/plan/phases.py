@@ -24,6 +24,10 @@ class Hardware:
         return self.gpus_per_node * self.nodes
 
 
+# Names of the fixed allowances a phase carries (not derived from the spec, not transient).
+RUNTIME_TERMS = ("CUDA", "CPU", "runtime", "libraries")
+
+
 @dataclass
 class Phase:
     """One phase's terms: (name, bytes) on each device (the busiest rank) and on each host
@@ -43,16 +47,15 @@ class Phase:
 
     resident: frozenset[str] = frozenset()  # names of the terms every phase keeps (weights, AdamW...)
 
-    def dominant(self, where: str = "device", transient: bool = False) -> str:
-        """The largest term's name; `transient`: the largest of what this phase adds over the
-        state every phase keeps (the term a spec change can shrink)."""
+    def transient_terms(self, where: str = "device") -> list[tuple[str, int]]:
+        """What this phase adds over the state every phase keeps and the fixed runtime allowances
+        (the terms a spec change can shrink)."""
         terms = self.device if where == "device" else self.host
-        if transient:
-            terms = [
-                t
-                for t in terms
-                if t[0] not in self.resident and not t[0].startswith(("CUDA", "CPU", "runtime", "libraries"))
-            ]
+        return [t for t in terms if t[0] not in self.resident and not t[0].startswith(RUNTIME_TERMS)]
+
+    def dominant(self, where: str = "device", transient: bool = False) -> str:
+        """The largest term's name; `transient`: the largest of `transient_terms`."""
+        terms = self.transient_terms(where) if transient else (self.device if where == "device" else self.host)
         return max(terms, key=lambda t: t[1])[0] if terms else "-"
 
 

@@ -13,13 +13,6 @@ itself), so the plan errs high there.
 
 from __future__ import annotations
 
-RUNTIME_PREFIXES = ("CUDA", "CPU", "runtime", "libraries", "device memory of")
-
-
-def sampling_transient(rollout, resident: frozenset[str]) -> int:
-    """What the rollout phase adds on its device over the state every phase keeps."""
-    return sum(b for n, b in rollout.device if n not in resident and not n.startswith(RUNTIME_PREFIXES))
-
 
 def add_sampling_worker(phases, spec, *, params: int, weight_bytes: int, kind: str, host_runtime: int) -> list[str]:
     """Add the worker's terms to every phase (in place; phases from plan_memory). `weight_bytes`:
@@ -28,7 +21,7 @@ def add_sampling_worker(phases, spec, *, params: int, weight_bytes: int, kind: s
     if not k:
         return []
     rollout = next(p for p in phases if p.name == "rollout")
-    sampling = sampling_transient(rollout, rollout.resident) if spec.rollout.engine == "hf" else 0
+    sampling = sum(b for _, b in rollout.transient_terms()) if spec.rollout.engine == "hf" else 0
     worker = [(f"sampling worker: its copy of the model ({spec.model.dtype})", weight_bytes * params)]
     if sampling:
         worker.append(("sampling worker: sampling a batch", sampling))
