@@ -3,7 +3,6 @@ selected settings trained on fresh seeds and compared on another (the spec's `tu
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -129,5 +128,4 @@ def _select(spec, planned, budgets, sizes, spec_path: str):
         "margin": spec.comparison.margin if spec.comparison else None,
         "selected": {arm: p.settings for arm, p in chosen.items()},
     }
-    json.dumps(info, default=str)  # every fact the report states is plain data
     return info, selection, chosen
