@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gspo_cli.analysis.sequential import Design, look_schedule, sequential_looks, spent, verdicts, z_boundaries
+from gspo_cli.analysis.stats.sequential import Design, look_schedule, sequential_looks, spent, verdicts, z_boundaries
 
 EXPERIMENTS = 20_000
 

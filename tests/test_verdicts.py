@@ -11,7 +11,6 @@ from scipy import stats
 from gspo_cli.analysis.stats import (
     DESCRIPTIVE,
     collapse_interval,
-    collapse_text,
     decide,
     describe,
     holm,
@@ -101,8 +100,6 @@ def test_collapse_rates_are_exact():
     ref = stats.binomtest(2, 5).proportion_ci(method="exact")
     assert collapse_interval(2, 5) == (pytest.approx(ref.low), pytest.approx(ref.high))
     assert collapse_interval(5, 5)[1] == 1.0 and math.isnan(collapse_interval(0, 0)[0])
-    assert collapse_text("gspo", 0, 5) == "gspo: 0 of 5 seeds collapsed: rate below 45% at 95%"
-    assert collapse_text("grpo", 2, 5) == "grpo: 2 of 5 seeds collapsed (rate 5%-85%, 95% exact interval)"
 
 
 def test_shaffer_adjusts_equivalence_in_the_family_and_is_holm_without_it():

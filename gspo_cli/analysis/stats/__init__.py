@@ -1,6 +1,8 @@
-"""The statistics engine of `compare`, `report` and `plot`: torch-free, quantiles from scipy.stats.
+"""The statistics engine of `compare`, `report` and `plot`: torch-free, quantiles from scipy.stats;
+numbers only, no output formatting.
 
 - intervals: an arm's difference from a baseline over seeds (paired t, Welch when seeds do not pair)
+- seeds: the mean over seeds with its std and 95% t half-width (one value per seed, or per point)
 - problems: held-out differences from problem records (seeds t + problem bootstrap)
 - components: the variance decomposition (seeds, problems, sampling) and what would help most
 - decisions: verdicts (better, worse, equivalent, not resolved, descriptive), the families and
@@ -8,7 +10,15 @@
 - planning: seeds needed (paired, 80% power, for the smallest effect of interest; and for equivalence)
 - robust: probability of improvement and the interquartile mean
 - exact: outliers and two modes among per-seed differences, the sign-flip test, collapse rates
+- sequential: group-sequential looks (alpha spending) for `gspo sweep --until-decided`
+- survival: Kaplan-Meier curves and the log-rank test
+- stability: each run's collapse (COLLAPSE_RULE) and collapse read as a time, per arm
+- saturation: the saturating fit of a score against compute
+- calibration: the arithmetic of calibrating verdicts (Clopper-Pearson, disjoint blocks)
 The methods, formulas and sources are in docs/guides/statistics.md.
+
+May import `rundata` (stability and saturation read runs and groups); never `tables`, `figures`
+or `report`.
 """
 
 from gspo_cli.analysis.stats.components import Components
@@ -27,7 +37,6 @@ from gspo_cli.analysis.stats.decisions import (
 )
 from gspo_cli.analysis.stats.exact import (
     collapse_interval,
-    collapse_text,
     one_collapse_reverses,
     shape_flags,
     sign_flip_p,
@@ -43,7 +52,6 @@ __all__ = [
     "DESCRIPTIVE",
     "TESTED",
     "collapse_interval",
-    "collapse_text",
     "describe",
     "one_collapse_reverses",
     "sd_upper",

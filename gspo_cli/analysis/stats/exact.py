@@ -33,6 +33,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+from gspo_cli.analysis.stats.calibration import clopper_pearson
+
 FLAG_RATE = 0.01
 SHAPE_SEEDS = 30
 EXACT_SEEDS = 16
@@ -161,27 +163,12 @@ def collapse_interval(collapsed: int, seeds: int, level: float = 0.95) -> tuple[
         return math.nan, math.nan
     if collapsed == 0:
         return 0.0, 1.0 - (1.0 - level) ** (1.0 / seeds)
-    tail = (1.0 - level) / 2
-    lo = float(stats.beta.ppf(tail, collapsed, seeds - collapsed + 1))
-    hi = 1.0 if collapsed == seeds else float(stats.beta.ppf(1 - tail, collapsed + 1, seeds - collapsed))
-    return lo, hi
-
-
-def collapse_text(arm: str, collapsed: int, seeds: int) -> str:
-    """E.g. "gspo: 0 of 5 seeds collapsed: rate below 45% at 95%", "grpo: 2 of 5 seeds collapsed
-    (rate 5%-85%, 95% exact interval)"."""
-    lo, hi = collapse_interval(collapsed, seeds)
-    if seeds <= 0:
-        return f"{arm}: no seed rated for collapses"
-    if collapsed == 0:
-        return f"{arm}: 0 of {seeds} seeds collapsed: rate below {100 * hi:.0f}% at 95%"
-    return f"{arm}: {collapsed} of {seeds} seeds collapsed (rate {100 * lo:.0f}%-{100 * hi:.0f}%, 95% exact interval)"
+    return clopper_pearson(collapsed, seeds, level)
 
 
 __all__ = [
     "EXACT_SEEDS",
     "collapse_interval",
-    "collapse_text",
     "one_collapse_reverses",
     "outliers",
     "shape_flags",
