@@ -262,10 +262,10 @@ def _exact_check(d: tuple[float, ...], word: str, margin: float | None, size: in
 def decide(
     items: list[tuple[str, str, str, int, Estimate]],
     *,
-    margin: float | None = None,
+    margin: float | None | list[float | None] = None,
     alpha: float = ALPHA,
     plan: bool = True,
-    effect: float | None = None,
+    effect: float | None | list[float | None] = None,
     family: str = "",
     collapse: list[float | None] | None = None,
 ) -> list[Difference]:
@@ -273,21 +273,26 @@ def decide(
     over their difference and equivalence tests (module docstring). `effect`: the smallest effect of
     interest the plans are for (None: plans at the observed difference); `collapse`: per item, the
     size of a collapse in the metric's units (None: not checked), for the warning that one
-    collapsed seed would reverse the verdict. With `plan`, the seeds needed for the rows not
+    collapsed seed would reverse the verdict. `margin` and `effect` may be lists, one per item (a
+    log-rank row has none in the metric's units). With `plan`, the seeds needed for the rows not
     resolved (and, with a margin, for equivalence); the verdicts do not depend on it."""
     collapse = collapse or [None] * len(items)
+    margins = margin if isinstance(margin, list) else [margin] * len(items)
+    effects = effect if isinstance(effect, list) else [effect] * len(items)
     # A row without spread keeps its place in the family (p 1: it cannot be rejected), so the
     # family's size is fixed by the rows, not by the data.
     p_diff = [1.0 if est.no_spread else est.p_value for *_, est in items]
     p_tost = [
-        (1.0 if est.no_spread else est.tost_p(margin)) if margin is not None and est.has_interval else math.nan
-        for *_, est in items
+        (1.0 if est.no_spread else est.tost_p(m)) if m is not None and est.has_interval else math.nan
+        for (*_, est), m in zip(items, margins)
     ]
     adj_diff, adj_tost = shaffer(p_diff, p_tost)
     size = sum(math.isfinite(p) for p in p_diff)
     level = alpha / max(size, 1)  # Holm's first step: the level a plan must reach
     out = []
-    for (arm, base, metric, direction, est), p_adj, p_eq, c in zip(items, adj_diff, adj_tost, collapse):
+    for (arm, base, metric, direction, est), p_adj, p_eq, c, margin, effect in zip(
+        items, adj_diff, adj_tost, collapse, margins, effects
+    ):
         word = verdict(est, p_adj, direction, margin, alpha, p_eq)
         why, sf, warnings = "", math.nan, []
         if est.no_spread:
