@@ -71,6 +71,8 @@ def test_the_spec_comparison_is_the_primary_at_full_alpha_and_report_agrees(spec
     fam = finding_family(groups, keys, {}, cols, primary=keys[0])
     assert fam[keys[0]].diff.p_adjusted == pytest.approx(primary["p_adjusted"], rel=1e-12)
     assert fam[keys[0]].diff.family == "primary" and fam[keys[1]].diff.family == "secondary"
+    notes = json.loads(_out(spec_runs, "-f", "json", "-m", "eval_final,reward,clip"))["difference_notes"]
+    assert "Families: primary: 1 row (tested at the full alpha); secondary: 3 rows; diagnostics: 2 rows, " in notes[0]
     pooled = finding_family(groups, keys, {}, cols)
     assert pooled[keys[0]].diff.p_adjusted > primary["p_adjusted"]
     # the margin is the default smallest effect of interest; --effect overrides it

@@ -259,12 +259,13 @@ def _notes(
 ) -> list[str]:
     words = {1: "higher is better", -1: "lower is better", 0: "no direction (higher / lower)"}
     shown = dict.fromkeys((d.metric, d.direction) for d in rows)
-    families = dict.fromkeys((d.family, d.family_size) for d in rows)
+    order = {"primary": 0, "diagnostics": 2}
+    families = sorted(dict.fromkeys((d.family, d.family_size) for d in rows), key=lambda f: order.get(f[0], 1))
     fam = "; ".join(
         f"{name}: {size} row{'s' * (size != 1)}" + (" (tested at the full alpha)" if name == "primary" else "")
         if name != "diagnostics"
         else f"diagnostics: {sum(d.family == name for d in rows)} rows, described, not tested"
-        for name, size in families.items()
+        for name, size in families
     )
     notes = [
         "Differences: arm − baseline, 95% CI (unadjusted); verdicts from p-values adjusted within each family "
