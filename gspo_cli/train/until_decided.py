@@ -1,5 +1,5 @@
 """`gspo sweep --until-decided`: train the comparison's two arms a round of seeds at a time and
-stop as soon as the sequential rule (`analysis.sequential`) decides the spec's `comparison`, or
+stop as soon as the sequential rule (`analysis.stats.sequential`) decides the spec's `comparison`, or
 at --max-seeds.
 
 A round adds `round_seeds` new seeds to both arms (default 1): the experiment's own `seeds` come
