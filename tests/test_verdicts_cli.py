@@ -142,3 +142,16 @@ def test_runs_that_end_at_different_steps_are_compared_at_a_matched_step(tmp_pat
     assert d["method"] == (
         "paired t, 3 seeds at matched step 10 (runs end at different steps: exp/b/seed2 at 10) (no problem records)"
     )
+
+
+def test_a_per_run_metric_of_a_diverged_run_says_it_is_not_matched(tmp_path):
+    """The same runs: b's seed 2 diverged at step 12; its train reward is from its own last steps."""
+    for k in range(3):
+        rec = [{"step": t, "reward/mean": 0.1 * (k + 1)} for t in range(1, 21)]
+        write_run(tmp_path, "a", k, rec)
+        write_run(tmp_path, "b", k, rec[: 20 if k < 2 else 12], status="diverged" if k == 2 else "completed")
+    d = _rows(tmp_path / "exp", "--baseline", "b", "-m", "reward")[("a", "reward")]
+    assert d["method"] == (
+        "paired t, 3 seeds (exp/b/seed2 at 12 diverged before step 20: "
+        "its value is from its own last steps, not matched)"
+    )

@@ -49,7 +49,7 @@ def differences_figure(table: DifferenceTable) -> Figure:
                 ax.plot(d.delta, y, "o", ms=7, color=colour, mfc=colour if filled else "white", mew=1.5)
             ax.annotate(
                 (f"{d.verdict}, adj. p {d.p_adjusted:.2g}" if math.isfinite(d.p_adjusted) else d.verdict)
-                + (f" ({d.family})" if d.family else "")
+                + (f" ({d.family}, {d.family_size})" if d.family and d.family != "diagnostics" else "")
                 + (f"; {d.seeds_needed} seeds for {d.effect:g}" if d.seeds_needed and d.effect else "")
                 + (" — see warning" if d.warnings else ""),
                 (1.01, y),

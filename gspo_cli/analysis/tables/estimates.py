@@ -90,7 +90,21 @@ def estimate(arm: Group, base: Group, column) -> Estimate:
         value = column.value if step is None else (lambda r: _score_at(r, task, step))
         est = seed_difference(_per_seed(arm, value), _per_seed(base, value))
         return replace(est, method=est.method + note + (" (no problem records)" if est.n_paired else ""))
-    return seed_difference(_per_seed(arm, column.value), _per_seed(base, column.value))
+    est = seed_difference(_per_seed(arm, column.value), _per_seed(base, column.value))
+    early = diverged_early(arm.runs + base.runs)
+    return replace(est, method=est.method + early) if early else est
+
+
+def diverged_early(runs: list[Run]) -> str:
+    """The method's note when a run diverged before the others' last step: its value comes from its
+    own last steps (a per-run metric has no matched step to take), and the note says so; "" when
+    none did."""
+    last = {r.label: int(s.index.max()) for r in runs if len(s := r.series("reward/mean").dropna())}
+    end = max(last.values(), default=0)
+    early = [f"{r.label} at {last[r.label]}" for r in runs if r.status == "diverged" and last.get(r.label, end) < end]
+    if not early:
+        return ""
+    return f" ({', '.join(early)} diverged before step {end}: its value is from its own last steps, not matched)"
 
 
 def _reach(run: Run, column) -> tuple[float, bool] | None:
@@ -122,4 +136,4 @@ def threshold_estimate(arm: Group, base: Group, column) -> Estimate:
     return replace(est, method=f"log-rank of reaching it, {len(ta)} vs {len(tb)} runs{note}")
 
 
-__all__ = ["THRESHOLD", "estimate", "matched_step", "problem_records", "threshold_estimate"]
+__all__ = ["THRESHOLD", "diverged_early", "estimate", "matched_step", "problem_records", "threshold_estimate"]
