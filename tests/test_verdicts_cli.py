@@ -17,6 +17,7 @@ from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 from gspo_cli.analysis.stats.survival import logrank
 from gspo_cli.analysis.tables.compare import compare_runs
 from gspo_cli.analysis.tables.differences import COLUMNS
+from gspo_cli.analysis.tables.estimates import estimate
 from gspo_cli.cli.app import app
 
 runner = CliRunner()
@@ -61,6 +62,11 @@ def test_csv_without_baseline_is_the_arms_table_whatever_the_spec_says(spec_runs
 def test_the_spec_comparison_is_the_primary_at_full_alpha_and_report_agrees(spec_runs):
     rows = _rows(spec_runs)
     primary = rows[("gspo", "eval_final:arith")]
+    assert primary["method"].startswith("seeds t + problem bootstrap")
+    # 3 seeds: one seed collapsing to half gspo's score (0.385 below) would undo the verdict, and it says so
+    assert primary["warnings"] == [
+        "one collapsed seed (a difference of 0.385 the other way) would reverse this verdict"
+    ]
     assert (primary["family"], primary["family_size"], primary["verdict"]) == ("primary", 1, "better")
     others = [d for k, d in rows.items() if k != ("gspo", "eval_final:arith")]
     assert {d["family"] for d in others} == {"secondary"} and {d["family_size"] for d in others} == {3}
@@ -73,6 +79,10 @@ def test_the_spec_comparison_is_the_primary_at_full_alpha_and_report_agrees(spec
     assert fam[keys[0]].diff.family == "primary" and fam[keys[1]].diff.family == "secondary"
     notes = json.loads(_out(spec_runs, "-f", "json", "-m", "eval_final,reward,clip"))["difference_notes"]
     assert "Families: primary: 1 row (tested at the full alpha); secondary: 3 rows; diagnostics: 2 rows, " in notes[0]
+    # the per-seed differences the checks read are the seeds' means over problems: they average to delta
+    col = next(c for c in cols if c.id == "eval_final:arith")
+    est = estimate(groups["gspo"], groups["grpo"], col)
+    assert len(est.diffs) == 3 and sum(est.diffs) / 3 == pytest.approx(est.delta, rel=1e-12)
     pooled = finding_family(groups, keys, {}, cols)
     assert pooled[keys[0]].diff.p_adjusted > primary["p_adjusted"]
     # the margin is the default smallest effect of interest; --effect overrides it

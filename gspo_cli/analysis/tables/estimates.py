@@ -86,7 +86,7 @@ def estimate(arm: Group, base: Group, column) -> Estimate:
         if all(v is not None for v in (*a.values(), *b.values())):
             est = problem_difference(a, b)
             if est is not None:
-                return replace(est, method=est.method + note) if note else est
+                return replace(est, method=est.method + note, diffs=_seed_means(a, b))
         value = column.value if step is None else (lambda r: _score_at(r, task, step))
         est = seed_difference(_per_seed(arm, value), _per_seed(base, value))
         return replace(est, method=est.method + note + (" (no problem records)" if est.n_paired else ""))
@@ -105,6 +105,18 @@ def diverged_early(runs: list[Run]) -> str:
     if not early:
         return ""
     return f" ({', '.join(early)} diverged before step {end}: its value is from its own last steps, not matched)"
+
+
+def _seed_means(arm: dict[int, ProblemScores], base: dict[int, ProblemScores]) -> tuple[float, ...]:
+    """Per paired seed, the mean over the problems every paired evaluation has of arm - base: the
+    per-seed differences the checks of `stats.exact` read (as `problem_difference` aligns them)."""
+    common = sorted(set(arm) & set(base))
+    ids = set.intersection(*(set(arm[s].ids) & set(base[s].ids) for s in common))
+
+    def mean(x: ProblemScores) -> float:
+        return float(np.mean([v for pid, v in zip(x.ids, x.score) if pid in ids]))
+
+    return tuple(mean(arm[s]) - mean(base[s]) for s in common)
 
 
 def _reach(run: Run, column) -> tuple[float, bool] | None:
