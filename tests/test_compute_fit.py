@@ -11,10 +11,10 @@ import pytest
 from synthetic_runs import BATCH, write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.compute import common_budget, compute_series, score_at
-from gspo_cli.analysis.report_compute import arm_fit, compute_lines
-from gspo_cli.analysis.rundata import group_runs, load_runs
-from gspo_cli.analysis.stats.saturation import EXTRAPOLATION, IDENTIFY_RULE, fit_saturation, saturating
+from gspo_cli.analysis.report.compute import compute_lines
+from gspo_cli.analysis.rundata.compute import common_budget, compute_series, score_at
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
+from gspo_cli.analysis.stats.saturation import EXTRAPOLATION, IDENTIFY_RULE, arm_fit, fit_saturation, saturating
 from gspo_cli.cli.app import app
 
 TRUE = {"r0": 0.1, "a": 0.6, "b": 1.5, "c_mid": 1500.0}

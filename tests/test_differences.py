@@ -10,7 +10,7 @@ import pytest
 from synthetic_runs import make_experiment, make_problem_experiment
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.differences import COLUMNS
+from gspo_cli.analysis.tables.differences import COLUMNS
 from gspo_cli.cli.app import app
 
 runner = CliRunner()
@@ -139,7 +139,7 @@ def test_report_findings_use_problem_records_and_say_what_would_resolve(tmp_path
     """GSPO +0.25 on the held-out set (clear), the train reward equal to the held-out score: the
     report's finding 1 is paired, from problem records for the held-out score, Holm over the
     findings; a difference left unresolved says what would resolve it."""
-    from gspo_cli.analysis.report import write_report
+    from gspo_cli.analysis.report.build import write_report
 
     exp = make_problem_experiment(
         tmp_path / "a",

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.compare import compare_runs
-from gspo_cli.analysis.report import arm_role, write_report
-from gspo_cli.analysis.report_collapse import Collapse, run_collapse
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.report.build import arm_role, write_report
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
+from gspo_cli.analysis.stats.stability import Collapse, run_collapse
+from gspo_cli.analysis.tables.compare import compare_runs
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 
@@ -104,7 +104,7 @@ def test_finding_differences_are_paired_and_corrected(tmp_path):
     seed but one (0.25, 0.36, 0.44): paired d = (0.05, 0.06, 0.04), mean 0.05, sd 0.01, t(2)
     4.3027 x 0.01 / sqrt(3) = 0.0248. Welch on the same numbers would not resolve it (its
     interval spans about ±0.25)."""
-    from gspo_cli.analysis.report_differences import finding_family
+    from gspo_cli.analysis.report.differences import finding_family
 
     exp = _experiment(tmp_path, {"grpo": (0.20, 0.30, 0.40), "gspo": (0.25, 0.36, 0.44)}, {"grpo": 0.001, "gspo": 0.1})
     groups = {g.name: g for g in group_runs(load_runs([str(exp)]), "arm")}
@@ -297,7 +297,7 @@ def test_collapse_rule_on_synthetic_runs(tmp_path):
 
 
 def test_the_learning_rate_schedule_in_words():
-    from gspo_cli.analysis.report import lr_text
+    from gspo_cli.analysis.report.build import lr_text
 
     assert lr_text({"lr": 5e-05}) == "lr 5e-05"
     assert lr_text({"lr": 5e-05, "decay": "constant", "warmup_steps": 0}) == "lr 5e-05"
@@ -311,7 +311,7 @@ def test_learning_rule_on_synthetic_runs(tmp_path):
     +0.0333, std 0.0764, t(2) 4.303 -> half-width 0.190: above, not significantly, 2 of 3 seeds);
     gspo: +0.1, +0.11, +0.09 (mean 0.1, std 0.01 -> 0.025: significantly); grpo_rr: -0.05 each
     (std 0, so any interval excludes 0: below, significantly)."""
-    from gspo_cli.analysis.report_collapse import learning_lines
+    from gspo_cli.analysis.report.collapse import learning_lines
 
     ends = {"grpo": (0.2, 0.15, 0.05), "gspo": (0.2, 0.21, 0.19), "grpo_rr": (0.05, 0.05, 0.05)}
     roles = {"grpo": ("grpo", "off"), "gspo": ("gspo", "off"), "grpo_rr": ("grpo", "r2")}

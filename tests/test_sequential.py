@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gspo_cli.analysis.sequential import (
+from gspo_cli.analysis.stats.sequential import (
     Design,
     look_schedule,
     sequential_looks,

@@ -14,11 +14,12 @@ from scipy import stats
 from synthetic_runs import write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.compare import compare_runs
-from gspo_cli.analysis.differences import build_differences
-from gspo_cli.analysis.rundata import group_runs, load_runs
-from gspo_cli.analysis.stability import arm_times, collapse_time, survival_lines
+from gspo_cli.analysis.report.collapse import survival_lines
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
+from gspo_cli.analysis.stats.stability import arm_times, collapse_time
 from gspo_cli.analysis.stats.survival import kaplan_meier, logrank
+from gspo_cli.analysis.tables.compare import compare_runs
+from gspo_cli.analysis.tables.differences import build_differences
 from gspo_cli.cli.app import app
 
 # The small censored example, by hand (True: event, False: censored).

@@ -1,6 +1,6 @@
 """The `gspo` commands that read run directories only: list, compare, plot, report.
 
-None imports torch; each renders what gspo_cli.analysis.compare / plot / report compute.
+None imports torch; each renders what gspo_cli.analysis.tables.compare / plot / report compute.
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def compare(
     Examples: `gspo compare results/quickstart --baseline grpo --margin 0.02 -f markdown`, `gspo compare
     results/quickstart --baseline grpo --budget tokens`
     """
-    from gspo_cli.analysis import compare as cmp
-    from gspo_cli.analysis import differences as dif
+    from gspo_cli.analysis.tables import compare as cmp
+    from gspo_cli.analysis.tables import differences as dif
 
     try:
         if fmt not in cmp.FORMATS:
@@ -291,7 +291,7 @@ def plot(
 
     Example: `gspo plot results/quickstart` (its panel.png is docs/quickstart.png)
     """
-    from gspo_cli.analysis.plot import plot_runs
+    from gspo_cli.analysis.figures.plot import plot_runs
 
     try:
         written, skipped = plot_runs(
@@ -305,7 +305,7 @@ def plot(
             group_by=group_by,
             panel=panel,
         )
-        from gspo_cli.analysis.differences_plot import write_differences_figure
+        from gspo_cli.analysis.figures.differences import write_differences_figure
 
         diff = write_differences_figure(paths, baseline=baseline, margin=margin, out=out, fmt=fmt, group_by=group_by)
         written += [diff] if diff is not None else []
@@ -338,7 +338,7 @@ def report(
 
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """
-    from gspo_cli.analysis.report import write_report
+    from gspo_cli.analysis.report.build import write_report
 
     try:
         path = write_report(experiment, out, last=last, smooth=smooth)

@@ -17,9 +17,9 @@ def until_decided(
 ) -> None:
     """Train the comparison's two arms round by round and print the decision (GspoError on a
     user mistake or a failed run, for the caller to report)."""
-    from gspo_cli.analysis.until_decided import decide_until, write_decision
     from gspo_cli.spec.loading import load_spec
     from gspo_cli.train import sweep as sw
+    from gspo_cli.train.until_decided import decide_until, write_decision
 
     if max_seeds is None:
         raise SpecError("--until-decided: give --max-seeds N, the most seeds per arm it may train")

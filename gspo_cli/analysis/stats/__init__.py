@@ -1,12 +1,22 @@
-"""The statistics engine of `compare`, `report` and `plot`: torch-free, quantiles from scipy.stats.
+"""The statistics engine of `compare`, `report` and `plot`: torch-free, quantiles from scipy.stats;
+numbers only, no output formatting.
 
 - intervals: an arm's difference from a baseline over seeds (paired t, Welch when seeds do not pair)
+- seeds: the mean over seeds with its std and 95% t half-width (one value per seed, or per point)
 - problems: held-out differences from problem records (seeds t + problem bootstrap)
 - components: the variance decomposition (seeds, problems, sampling) and what would help most
 - decisions: verdicts (better, worse, equivalent, not resolved), Holm over a family
 - planning: seeds needed (paired, 80% power; and for equivalence)
 - robust: probability of improvement and the interquartile mean
+- sequential: group-sequential looks (alpha spending) for `gspo sweep --until-decided`
+- survival: Kaplan-Meier curves and the log-rank test
+- stability: each run's collapse (COLLAPSE_RULE) and collapse read as a time, per arm
+- saturation: the saturating fit of a score against compute
+- calibration: the arithmetic of calibrating verdicts (Clopper-Pearson, disjoint blocks)
 The methods, formulas and sources are in docs/guides/statistics.md.
+
+May import `rundata` (stability and saturation read runs and groups); never `tables`, `figures`
+or `report`.
 """
 
 from gspo_cli.analysis.stats.components import Components

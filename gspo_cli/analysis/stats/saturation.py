@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
+from gspo_cli.analysis.rundata.compute import eval_points
+from gspo_cli.analysis.rundata.runs import Group
+
 MIN_POINTS = 4  # evaluations after step 0, in the seed that has the most
 B_BOUNDS = (0.05, 20.0)
 MID_BOUNDS = (1e-4, 1e4)  # C_mid / the largest compute reached
@@ -173,4 +176,10 @@ def _bootstrap(curves, p, a_bounds, scale, n_boot, rng_seed) -> dict[str, tuple[
     return out
 
 
-__all__ = ["EXTRAPOLATION", "IDENTIFY_RULE", "MIN_POINTS", "Fit", "fit_saturation", "saturating"]
+def arm_fit(group: Group, task: str, axis: str, bootstrap: int = 200) -> Fit:
+    """The saturating fit of the group's held-out score on `task` against `axis` (every seed's
+    evaluations; intervals from `bootstrap` seed resamples)."""
+    return fit_saturation([eval_points(r, task, axis) for r in group.runs], bootstrap=bootstrap)
+
+
+__all__ = ["EXTRAPOLATION", "IDENTIFY_RULE", "MIN_POINTS", "Fit", "arm_fit", "fit_saturation", "saturating"]

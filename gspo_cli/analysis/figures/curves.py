@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gspo_cli.analysis.compute import compute_series
-from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema
+from gspo_cli.analysis.rundata.compute import compute_series
+from gspo_cli.analysis.rundata.runs import Group, Run, ema
+from gspo_cli.analysis.stats.seeds import curve_stats
 from gspo_cli.errors import SpecError
 
 # Band over seeds: name -> what the legend says it is.

@@ -13,9 +13,9 @@ from pathlib import Path
 import matplotlib
 from matplotlib.figure import Figure
 
-from gspo_cli.analysis.compare import compare_runs
-from gspo_cli.analysis.differences import DifferenceTable, build_differences, spec_comparison
-from gspo_cli.analysis.plot import DPI, default_out, save_figure
+from gspo_cli.analysis.figures.plot import DPI, default_out, save_figure
+from gspo_cli.analysis.tables.compare import compare_runs
+from gspo_cli.analysis.tables.differences import DifferenceTable, build_differences, spec_comparison
 
 _COLOURS = {"better": "#1a7f37", "worse": "#cf222e", "equivalent": "#0969da"}
 

@@ -19,9 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gspo_cli.analysis.compare import Comparison, render
-from gspo_cli.analysis.rundata import Group, Run
-from gspo_cli.analysis.stability import COLLAPSE_PREFIX, survival_items, survival_label
+from gspo_cli.analysis.rundata.runs import Group, Run
 from gspo_cli.analysis.stats import (
     PLAN_NOTE,
     Difference,
@@ -34,6 +32,8 @@ from gspo_cli.analysis.stats import (
     seed_difference,
     verdict,
 )
+from gspo_cli.analysis.stats.stability import COLLAPSE_PREFIX, survival_items, survival_label
+from gspo_cli.analysis.tables.compare import Comparison, render
 from gspo_cli.errors import SpecError
 
 COLUMNS = ("arm", "baseline", "metric", "delta", "ci_low", "ci_high", "method", "verdict", "p_adjusted", "seeds_needed")

@@ -13,10 +13,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gspo_cli.analysis.compare import Column
-from gspo_cli.analysis.differences import estimate, metric_direction
-from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.rundata.runs import Group, Run
 from gspo_cli.analysis.stats import ALPHA, Difference, Estimate, decide
+from gspo_cli.analysis.tables.compare import Column
+from gspo_cli.analysis.tables.differences import estimate, metric_direction
 
 Key = tuple[str, str, str]  # (role a, role b, column id): the difference a - b
 

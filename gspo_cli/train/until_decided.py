@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gspo_cli.analysis.sequential import Design, Look, look_schedule, sequential_looks
+from gspo_cli.analysis.stats.sequential import Design, Look, look_schedule, sequential_looks
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.runs import RunDir, run_path
 from gspo_cli.spec import ExperimentSpec

@@ -19,23 +19,23 @@ from pathlib import Path
 
 import numpy as np
 
-from gspo_cli.analysis.compare import Comparison, compare_runs, render
-from gspo_cli.analysis.plot import plot_runs
-from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
-from gspo_cli.analysis.report_compute import REPORT_AXIS, compute_lines
-from gspo_cli.analysis.report_differences import FAMILY_RULE, finding_family
-from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
-from gspo_cli.analysis.report_rewards import reward_lines
-from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
-from gspo_cli.analysis.report_tools import has_tools, tool_lines
-from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
-from gspo_cli.analysis.stability import (
+from gspo_cli.analysis.figures.plot import plot_runs
+from gspo_cli.analysis.report.collapse import (
     SURVIVAL_KEYS,
-    any_collapse,
-    survival_estimate,
+    collapse_lines,
+    learning_lines,
     survival_lines,
     survival_test_line,
 )
+from gspo_cli.analysis.report.compute import REPORT_AXIS, compute_lines
+from gspo_cli.analysis.report.differences import FAMILY_RULE, finding_family
+from gspo_cli.analysis.report.ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
+from gspo_cli.analysis.report.rewards import reward_lines
+from gspo_cli.analysis.report.testable import expert_change_untestable, findings_untestable, not_testable
+from gspo_cli.analysis.report.tools import has_tools, tool_lines
+from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs
+from gspo_cli.analysis.stats.stability import any_collapse, survival_estimate
+from gspo_cli.analysis.tables.compare import Comparison, compare_runs, render
 from gspo_cli.errors import SpecError
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")

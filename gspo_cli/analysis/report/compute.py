@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from gspo_cli.analysis.compute import AXES, EQUAL_COMPUTE_RULE, UNITS, common_budget, eval_points, score_at
-from gspo_cli.analysis.rundata import Group, seed_stats
-from gspo_cli.analysis.stats.saturation import IDENTIFY_RULE, Fit, fit_saturation
+from gspo_cli.analysis.rundata.compute import AXES, EQUAL_COMPUTE_RULE, UNITS, common_budget, eval_points, score_at
+from gspo_cli.analysis.rundata.runs import Group
+from gspo_cli.analysis.stats.saturation import IDENTIFY_RULE, Fit, arm_fit
+from gspo_cli.analysis.stats.seeds import seed_stats
 from gspo_cli.errors import SpecError
 
 REPORT_AXIS = "tokens"
-
-
-def arm_fit(group: Group, task: str, axis: str, bootstrap: int = 200) -> Fit:
-    """The saturating fit of the group's held-out score on `task` against `axis` (every seed's
-    evaluations; intervals from `bootstrap` seed resamples)."""
-    return fit_saturation([eval_points(r, task, axis) for r in group.runs], bootstrap=bootstrap)
 
 
 def _ci(fit: Fit, key: str, fmt: str) -> str:
@@ -60,7 +53,7 @@ def compute_lines(groups: list[Group], task: str | None, label: str, axis: str =
     return [
         "## Held-out score against compute",
         "",
-        f"Compute: {AXES[axis]} (gspo_cli/analysis/compute.py says which logged metrics count). "
+        f"Compute: {AXES[axis]} (gspo_cli/analysis/rundata/compute.py says which logged metrics count). "
         + EQUAL_COMPUTE_RULE.format(axis=axis, budget=budget, unit=unit),
         "",
         f"| arm | {axis} at the last evaluation (seed mean) | {label} at {budget:.3g} {unit} (seeds) | "
@@ -76,12 +69,4 @@ def compute_lines(groups: list[Group], task: str | None, label: str, axis: str =
     ]
 
 
-def fit_curve(group: Group, task: str, axis: str) -> tuple[Fit, np.ndarray]:
-    """The fit (identified as in the report, so with its bootstrap) and the x to draw it on: 0 to
-    the largest compute."""
-    fit = arm_fit(group, task, axis)
-    top = max((float(x[-1]) for r in group.runs if len(x := eval_points(r, task, axis)[0])), default=0.0)
-    return fit, np.linspace(0.0, top, 200)
-
-
-__all__ = ["REPORT_AXIS", "arm_fit", "compute_lines", "fit_curve", "fit_text"]
+__all__ = ["REPORT_AXIS", "compute_lines", "fit_text"]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.rundata.runs import Group, Run
 
 LEN_PREFIX, MB_PREFIX = "ratio/logvar_len_", "ratio/logvar_mb"
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
