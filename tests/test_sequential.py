@@ -151,3 +151,38 @@ def test_seeds_that_agree_exactly_decide_nothing(design):
         verdict, _ = verdicts(np.array([same + same[:1] * (10 - len(same))]), design, margin=0.5)
         assert verdict[0] == "not resolved"
         assert sequential_looks(same, design, margin=0.5)[-1].verdict == "continue"
+
+
+def test_seeds_that_agree_closely_with_wide_problem_noise_get_no_verdict_compare_would_not_give():
+    """The until-decided case: 3 seeds whose per-seed differences agree closely (common random
+    numbers cancel most sampling noise, no seed-level noise) while the problems' noise is wide (how
+    much each of 128 held-out problems favours the arm, shared by every seed; true difference 0
+    over the population of problems). A look on the seeds' paired t alone decides where compare's
+    seeds x problems interval does not; a look on compare's estimate never does. 1,000 experiments;
+    measured: 2 decided at look 1 (both also decided by compare), 0 beyond compare, against 36 on
+    the seeds' paired t alone."""
+    from synthetic_runs import crn_problem_counts
+
+    from gspo_cli.analysis.stats import ProblemScores, decide, problem_difference
+
+    design = Design.of((3, 6), 6)  # a first look at 3 seeds of at most 6
+    arm, base = crn_problem_counts(
+        np.random.default_rng(59), experiments=1000, seeds=3, problems=128, samples=8, sd_problem=0.3
+    )
+    ids = tuple(f"p{i}" for i in range(128))
+    extra, paired_only, decided = 0, 0, 0
+    for a, b in zip(arm, base):
+        est = problem_difference(
+            {s: ProblemScores(ids, a[s], 8) for s in range(3)}, {s: ProblemScores(ids, b[s], 8) for s in range(3)}
+        )
+        diffs = (a - b).mean(axis=1) / 8
+        fixed = decide([("arm", "base", "eval_final:x", 1, est)], plan=False)[0].verdict
+        look = sequential_looks(diffs, design, estimates=[est])[0]
+        alone = sequential_looks(diffs, design)[0]
+        decided += look.verdict in ("better", "worse")
+        extra += look.verdict in ("better", "worse") and fixed not in ("better", "worse")
+        paired_only += alone.verdict in ("better", "worse") and fixed not in ("better", "worse")
+        assert look.ci_high - look.ci_low >= est.ci()[1] - est.ci()[0] - 1e-12  # never narrower than compare's
+    print(f"decided at look 1: {decided}; beyond compare: {extra} (on the seeds' paired t alone: {paired_only})")
+    assert extra == 0
+    assert paired_only >= 20  # what the seed-level rule did: measured 36 of 1,000 (3.6%, SE 0.6 points)

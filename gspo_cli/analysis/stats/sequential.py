@@ -39,12 +39,15 @@ numpy and scipy.stats only; no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from scipy import optimize, special, stats
+
+from gspo_cli.analysis.stats.intervals import Estimate, t_quantile
 
 ALPHA = 0.05  # two-sided: better or worse when there is no difference, over all looks
 EQUIVALENCE_ALPHA = 0.10  # the TOST interval: 5% on each side
@@ -207,35 +210,69 @@ def verdicts(diffs_EN: np.ndarray, design: Design, margin: float | None = None) 
 
 @dataclass(frozen=True)
 class Look:
-    """One look of a sequential comparison: n paired seeds, their mean difference, the 95%
-    repeated interval, and the verdict (`continue` while seeds are still to come)."""
+    """One look of a sequential comparison: n paired seeds, the difference, the 95% repeated
+    interval, the verdict (`continue` while seeds are still to come), the look's boundary for the
+    seeds' paired t (|t| >= `boundary`), and the estimate the interval is on (`method`)."""
 
     n: int
     delta: float
     ci_low: float
     ci_high: float
     verdict: str
+    boundary: float = math.nan
+    method: str = ""
 
 
-def sequential_looks(diffs: Sequence[float], design: Design, margin: float | None = None) -> list[Look]:
+def _half(c: float, n: int, se_pairs: float, est: Estimate | None, level: float) -> float:
+    """The half-width of a look's repeated interval: the seeds' paired t at boundary c, and with
+    `est` (the fixed-design estimate) also that estimate at the same nominal level and its own
+    fixed-design interval at `level`, the widest of them (never narrower than what compare shows)."""
+    half = c * se_pairs
+    if est is not None and est.has_interval:
+        nominal = 2 * stats.t.sf(c, n - 1)  # the two-sided level the boundary spends at this look
+        half = max(half, t_quantile(1 - nominal / 2, est.df) * est.se, t_quantile(0.5 + level / 2, est.df) * est.se)
+    return half
+
+
+def sequential_looks(
+    diffs: Sequence[float],
+    design: Design,
+    margin: float | None = None,
+    estimates: Sequence[Estimate | None] | None = None,
+) -> list[Look]:
     """Every look of `design` that the paired differences `diffs` (in seed order) reach, up to
     the first decided one; the last look's verdict is `not resolved` when it is the design's
-    last, `continue` when more seeds are planned."""
+    last, `continue` when more seeds are planned.
+
+    `estimates[k]`, when given, is the fixed-design estimate of look k's seeds that `gspo compare`
+    shows (e.g. the seeds x problems model from problem records): the look then decides on it,
+    centred on its difference, with the widest of three half-widths: the paired t at the look's
+    boundary, that estimate at the boundary's nominal level on its own degrees of freedom, and
+    its fixed-design interval (95%, and 90% for equivalence). So a look never decides on an
+    interval narrower than the one compare shows for the same runs."""
     d = np.asarray(diffs, dtype=float)
     out = []
     for k, n in enumerate(design.looks):
         if n > len(d):
             break
         x = d[:n]
-        mean, se = float(x.mean()), float(x.std(ddof=1) / np.sqrt(n))
-        v, _ = verdicts(
-            x[None, :],
-            Design((n,), design.max_seeds, design.critical[k : k + 1], design.critical_eq[k : k + 1]),
-            margin,
-        )
-        verdict = v[0] if v[0] != "not resolved" else ("not resolved" if k == len(design.looks) - 1 else "continue")
-        c = float(design.critical[k])
-        out.append(Look(n, mean, mean - c * se, mean + c * se, verdict))
-        if verdict != "continue":
+        est = estimates[k] if estimates is not None and k < len(estimates) else None
+        se = float(x.std(ddof=1) / np.sqrt(n))
+        if se <= 1e-12 * max(1.0, float(np.abs(x).max())):  # equal differences: no spread
+            se = 0.0
+        centre = float(est.delta) if est is not None and est.has_interval else float(x.mean())
+        c, c_eq = float(design.critical[k]), float(design.critical_eq[k])
+        half, half_eq = _half(c, n, se, est, 0.95), _half(c_eq, n, se, est, 0.90)
+        verdict = "not resolved" if k == len(design.looks) - 1 else "continue"
+        if se > 0:  # seeds that agree exactly tell nothing of the spread: no decision
+            if centre - half > 0:
+                verdict = "better"
+            elif centre + half < 0:
+                verdict = "worse"
+            elif margin is not None and centre - half_eq > -margin and centre + half_eq < margin:
+                verdict = "equivalent"
+        method = est.method if est is not None and est.has_interval else f"paired t, {n} seeds"
+        out.append(Look(n, centre, centre - half, centre + half, verdict, c, method))
+        if verdict not in ("continue", "not resolved"):
             break
     return out
