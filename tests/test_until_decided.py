@@ -199,3 +199,22 @@ def test_the_design_lives_in_the_spec_and_a_dry_run_prints_the_looks(tmp_path, m
     out = json.loads(CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--json", "-q"]).stdout)
     assert out["schedule"] == [3, 5, 7] and out["design_from"] == "spec"
     assert all(lk["boundary"] > 0 and lk["method"].startswith("paired t") for lk in out["looks"])  # no records here
+
+
+def test_compare_and_report_show_the_sequential_decision_beside_the_fixed_design_row(tmp_path, monkeypatch):
+    fake_training(monkeypatch, tmp_path, shift=0.05)
+    out = json.loads(until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo").stdout)
+    last = out["looks"][-1]
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "exp"), "--baseline", "grpo", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    (seq,) = doc["sequential"]
+    assert seq["verdict"] == "better" and seq["looks"] == out["looks"]
+    line = next(n for n in doc["difference_notes"] if n.startswith("Sequential decision"))
+    assert f"look {len(out['looks'])} of at most 8 at {last['n']} seeds, boundary |t| >= " in line
+    assert f"[{last['ci_low']:+.4f}, {last['ci_high']:+.4f}]" in line and line.endswith("one look at the same runs.")
+    text = CliRunner().invoke(app, ["compare", str(tmp_path / "exp"), "--baseline", "grpo"]).stdout
+    assert "Sequential decision (gspo sweep --until-decided" in text
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "exp")])
+    assert res.exit_code == 0, res.output
+    assert "- Sequential decision (gspo sweep --until-decided" in (tmp_path / "exp" / "REPORT.md").read_text()

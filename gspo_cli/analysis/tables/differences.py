@@ -56,6 +56,7 @@ class DifferenceTable:
     labels: dict[str, str]  # column id -> header label
     notes: list[str] = field(default_factory=list)
     robust: bool = False
+    sequential: list[dict] = field(default_factory=list)  # until_decided.json decisions of these runs
 
 
 def problem_records(run: Run, task: str) -> ProblemScores | None:
@@ -258,6 +259,8 @@ def render_with_differences(comp: Comparison, table: DifferenceTable, fmt: str) 
         doc = json.loads(render(comp, "json"))
         doc["differences"] = to_json(table)
         doc["difference_notes"] = table.notes
+        if table.sequential:
+            doc["sequential"] = table.sequential
         return json.dumps(doc, indent=2) + "\n"
     header, rows = text_rows(table)
     if fmt == "markdown":
