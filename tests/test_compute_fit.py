@@ -11,7 +11,7 @@ import pytest
 from synthetic_runs import BATCH, write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.report.compute import compute_lines
+from gspo_cli.analysis.report.compute import compute_lines, fit_text
 from gspo_cli.analysis.rundata.compute import common_budget, compute_series, score_at
 from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 from gspo_cli.analysis.stats.saturation import EXTRAPOLATION, IDENTIFY_RULE, arm_fit, fit_saturation, saturating
@@ -106,6 +106,10 @@ def test_fit_recovers_known_parameters_within_its_interval(tmp_path):
         assert lo <= TRUE[k] <= hi, (k, lo, TRUE[k], hi)
         assert hi - lo < 0.3 * TRUE[k]  # and the interval is informative
     assert fit.r0 == pytest.approx(TRUE["r0"], abs=0.01)
+    text = fit_text(fit, "tokens")
+    assert (
+        text.startswith(f"A = {fit.a:.3f} [") and f"({EXTRAPOLATION}; the curve reaches {fit.reached:.3f} at " in text
+    )
 
 
 def test_no_fit_for_a_straight_line(tmp_path):
