@@ -91,7 +91,7 @@ def test_csv_markdown_table_pairs_and_robust(runs):
     assert res.exit_code == 0 and list(rows[0])[: len(COLUMNS)] == list(COLUMNS) and len(rows) == 2
     md = runner.invoke(app, ["compare", str(runs), "--baseline", "grpo", "-f", "markdown", "-m", "eval_final"]).stdout
     assert "| arm | baseline | metric | difference | 95% CI | method | verdict | adj. p | seeds needed |" in md
-    assert "variance from seeds" in md
+    assert "variance from seeds at least " in md and "sampling at most " in md and "(95% intervals; " in md
     table = runner.invoke(app, ["compare", str(runs), "--baseline", "grpo", "-m", "eval_final"]).stdout
     assert "differences from the baseline" in table and "gspo − grpo" in table
     pairs = _json(runs, "--pairs", "-m", "eval_final", "--robust")["differences"]

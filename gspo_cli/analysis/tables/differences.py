@@ -194,11 +194,13 @@ def _notes(rows: list[Difference], labels: dict[str, str], margin: float | None,
     for d in rows:
         comp = d.estimate.components
         if comp is not None:
-            sh = comp.shares()
+            sh, ci = comp.shares(), comp.share_intervals()
+            pct = lambda k: f"{100 * sh[k]:.0f}% [{100 * ci[k][0]:.0f}%, {100 * ci[k][1]:.0f}%]"  # noqa: E731
             notes.append(
-                f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: variance from seeds "
-                f"{100 * sh['seeds']:.0f}%, problems {100 * sh['problems']:.0f}%, sampling {100 * sh['sampling']:.0f}%"
-                f" ({comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
+                f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: variance from seeds at least "
+                f"{pct('seeds')}, problems {pct('problems')}, sampling at most {pct('sampling')} (95% intervals; "
+                "the arms share their sampling draws, so the sampling share is a bound; "
+                f"{comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
             )
         if why := d.resolution():
             notes.append(f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: not resolved; {why}.")
