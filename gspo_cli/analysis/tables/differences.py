@@ -195,7 +195,7 @@ def _notes(rows: list[Difference], labels: dict[str, str], margin: float | None,
         comp = d.estimate.components
         if comp is not None:
             sh, ci = comp.shares(), comp.share_intervals()
-            pct = lambda k: f"{100 * sh[k]:.0f}% [{100 * ci[k][0]:.0f}%, {100 * ci[k][1]:.0f}%]"  # noqa: E731
+            pct = lambda k, sh=sh, ci=ci: f"{100 * sh[k]:.0f}% [{100 * ci[k][0]:.0f}%, {100 * ci[k][1]:.0f}%]"  # noqa: E731
             notes.append(
                 f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: variance from seeds at least "
                 f"{pct('seeds')}, problems {pct('problems')}, sampling at most {pct('sampling')} (95% intervals; "
