@@ -59,6 +59,9 @@ COVERED = {
         "tests/test_lora.py::test_the_quickstart_with_lora_trains_both_arms",
         "tests/test_lora.py::test_the_lora_example_is_the_quickstart_with_adapters",
     ],
+    r"gspo check experiments/quickstart\.yaml --set rollout\.group_size=8": [
+        "tests/test_check.py::test_the_documented_command"
+    ],
     r"gspo train exp\.yaml --arm gspo --seed 1": ["tests/test_cli.py::test_set_and_options_reach_the_trainer"],
     r"gspo train (exp|experiments/quickstart)\.yaml --set \S+ --set \S+ -o /tmp/runs": [
         "tests/test_cli.py::test_set_and_options_reach_the_trainer",

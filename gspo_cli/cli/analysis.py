@@ -1,6 +1,6 @@
 """The `gspo` commands that read run directories only: list, compare, plot, report.
 
-None imports torch; each renders what gspo_cli.analysis.tables.compare / plot / report compute.
+None imports torch; each renders what gspo_cli.analysis computes (its tables, figures and report).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""`gspo sweep SPEC --until-decided`: rounds of seeds for the spec's comparison (the rule and
-the reading of runs: train/until_decided.py; the training: train/sweep.py)."""
+"""`gspo sweep SPEC --until-decided`: rounds of seeds for the spec's comparison (the rounds
+and the reading of runs: train/until_decided.py; the rule: analysis/stats/sequential.py; the training:
+train/sweep.py)."""
 
 from __future__ import annotations
 

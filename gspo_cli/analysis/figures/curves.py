@@ -1,5 +1,5 @@
 """The numbers `gspo plot` draws, from run directories alone (no matplotlib): per group, the
-mean over seeds of a metric along an x axis (step or a compute axis: `compute`), each
+mean over seeds of a metric along an x axis (step or a compute axis: `rundata.compute`), each
 seed EMA-smoothed first, with a band over seeds where at least two have the point; held-out
 scores by evaluation step; and the smoothing weight `--smooth auto` picks from the run length.
 """

@@ -1,5 +1,5 @@
 """`gspo plot`'s `survival` figure: per evaluation set, each arm's Kaplan-Meier curve of time to
-collapse (analysis.stability) as a step function with its 95% Greenwood band (log-log), censored
+collapse (`stats.stability`) as a step function with its 95% Greenwood band (log-log), censored
 runs marked where they were last seen intact. Drawn where some rated run collapses."""
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
 The report is built from the same numbers `gspo compare` prints and the same figures `gspo
 plot` draws; it adds, for each finding, differences between two arms from the statistics engine
-(paired over seeds, Holm over every difference in the findings: report_differences) and a
+(paired over seeds, Holm over every difference in the findings: `report.differences`) and a
 verdict by rules fixed in advance (RULES below, printed in the report).
 Arms are recognised by their settings, not their names: GRPO is `loss: grpo` without routing
 replay, GRPO+RR the same with it (r2 or r3), GSPO `loss: gspo`, GSPO-token `loss: gspo_token`;
 an arm with a mismatch correction is none of the paper's arms (the paper has none): it is
 shown in the table, not used in the findings.
+Each section is its own module beside this one (collapse, compute, ratio, rewards, testable, tools).
 Like compare and plot, it reads files only and imports no torch.
 """
 

@@ -1,6 +1,7 @@
-"""Held-out score against compute, per arm: the score at an equal compute budget (`compute`'s
-rule) and the ScaleRL-style saturating fit (`stats.saturation`) with seed-bootstrap intervals, for
-`report` and for `plot`'s `fit` figure. Reads files only; no torch."""
+"""The report's "## Compute" section: held-out score against compute, per arm: the score at an
+equal compute budget (`rundata.compute`'s rule) and the ScaleRL-style saturating fit
+(`stats.saturation.arm_fit`, which `plot`'s `fit` figure draws too) with seed-bootstrap intervals.
+Reads files only; no torch."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ def diagnostic_lines(groups: list[Group]) -> list[str]:
 
 def stability_finding(roles: dict[str, Group], diff_fn: Callable) -> list[str]:
     """Finding 5 by STABILITY_RULE. `diff_fn(a, b)`: the report's difference of roles a - b in the
-    off-policy log-ratio variance (`report_differences.FindingDiff`)."""
+    off-policy log-ratio variance (`report.differences.FindingDiff`)."""
     need = ("grpo", "grpo_rr", "gspo")
     if not all(r in roles for r in need):
         return ["**5.** not testable: needs GRPO, GRPO+RR and GSPO arms.", ""]
