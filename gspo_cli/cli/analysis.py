@@ -200,6 +200,7 @@ def compare(
     """
     from gspo_cli.analysis.tables import compare as cmp
     from gspo_cli.analysis.tables import differences as dif
+    from gspo_cli.analysis.tables import sequential as seq
 
     try:
         if fmt not in cmp.FORMATS:
@@ -227,6 +228,8 @@ def compare(
                 primary=None if pairs else dif.primary_key(section, base, result.columns),
                 effect=effect if effect is not None else section.get("effect"),
             )
+            table.sequential = seq.sequential_decisions(result.groups)
+            table.notes += [seq.decision_line(d) for d in table.sequential]
         elif differences and base is None and not off:
             raise SpecError("--differences: no baseline; give --baseline ARM or a spec comparison section")
     except GspoError as err:

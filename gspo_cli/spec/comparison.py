@@ -1,7 +1,8 @@
 """The experiment's primary comparison: which arm is measured against which baseline, on what
-metric, with what equivalence margin and smallest effect of interest. Fixed before the runs, it is
-the pre-registered primary hypothesis: tested at the full alpha, every other difference in a
-family of its own. Analysis reads it (`gspo compare`, `gspo report`,
+metric, with what equivalence margin and smallest effect of interest, and the design of `gspo sweep
+--until-decided` (max_seeds, round_seeds), so its stopping rule is fixed before the first look. Fixed
+before the runs, it is the pre-registered primary hypothesis: tested at the full alpha, every other
+difference in a family of its own. Analysis reads it (`gspo compare`, `gspo report`,
 `gspo sweep --until-decided`); training ignores it, so changing it never makes a completed run
 "of a different spec"."""
 
@@ -35,6 +36,19 @@ class ComparisonConfig(_Strict):
         gt=0,
         description="the smallest effect of interest, in the metric's units (e.g. 0.03): seeds needed are planned "
         "to find a difference this large; null: the margin when there is one, else the observed difference",
+    )
+
+    max_seeds: int | None = Field(
+        None,
+        ge=2,
+        description="gspo sweep --until-decided: the most seeds per arm (the last look); fixed here, before the "
+        "first look, so the stopping rule is set in advance with the margin; null: --max-seeds gives it",
+    )
+    round_seeds: int | None = Field(
+        None,
+        ge=1,
+        description="gspo sweep --until-decided: new seeds per arm in each round (the looks: the spec's seeds, then "
+        "every round_seeds more, then max_seeds); null: --round-seeds, default 1",
     )
 
     @model_validator(mode="after")

@@ -41,7 +41,8 @@ class Estimate:
     differences would spread by without pairing), the number a plan for more seeds starts from.
     `components` holds the variance decomposition when problem records gave one; `diffs` the
     per-seed differences of a paired design (empty otherwise), for the checks that do not lean on a
-    normal model (`stats.exact`).
+    normal model (`stats.exact`). `p_exact` is an exact (permutation) p that the test uses instead
+    of the t's when it is finite.
     """
 
     delta: float
@@ -53,6 +54,7 @@ class Estimate:
     n_base: int
     sd_pairs: float = math.nan
     components: Components | None = None
+    p_exact: float = math.nan
     diffs: tuple[float, ...] = ()
 
     @property
@@ -82,6 +84,8 @@ class Estimate:
             return math.nan
         if self.no_spread:
             return 1.0 if self.delta == 0 else math.nan
+        if math.isfinite(self.p_exact):
+            return self.p_exact
         return float(2 * stats.t.sf(abs(self.delta) / self.se, self.df))
 
     def tost_p(self, margin: float) -> float:

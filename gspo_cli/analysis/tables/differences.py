@@ -72,6 +72,7 @@ class DifferenceTable:
     labels: dict[str, str]  # column id -> header label
     notes: list[str] = field(default_factory=list)
     robust: bool = False
+    sequential: list[dict] = field(default_factory=list)  # until_decided.json decisions of these runs
 
 
 def spec_comparison(groups: list[Group]) -> dict:
@@ -289,11 +290,13 @@ def _notes(
         comp = d.estimate.components
         name = f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}"
         if comp is not None:
-            sh = comp.shares()
+            sh, ci = comp.shares(), comp.share_intervals()
+            pct = lambda k, sh=sh, ci=ci: f"{100 * sh[k]:.0f}% [{100 * ci[k][0]:.0f}%, {100 * ci[k][1]:.0f}%]"  # noqa: E731
             notes.append(
-                f"{name}: variance from seeds "
-                f"{100 * sh['seeds']:.0f}%, problems {100 * sh['problems']:.0f}%, sampling {100 * sh['sampling']:.0f}%"
-                f" ({comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
+                f"{name}: variance from seeds at least "
+                f"{pct('seeds')}, problems {pct('problems')}, sampling at most {pct('sampling')} (95% intervals; "
+                "the arms share their sampling draws, so the sampling share is a bound; "
+                f"{comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
             )
         for w in d.warnings:
             notes.append(f"{name}: {d.verdict}, but {w}.")
@@ -360,6 +363,8 @@ def render_with_differences(comp: Comparison, table: DifferenceTable, fmt: str) 
         doc = json.loads(render(comp, "json"))
         doc["differences"] = to_json(table)
         doc["difference_notes"] = table.notes
+        if table.sequential:
+            doc["sequential"] = table.sequential
         return json.dumps(doc, indent=2) + "\n"
     header, rows = text_rows(table)
     if fmt == "markdown":
