@@ -370,4 +370,9 @@ def replan(r: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    if __package__ in (None, ""):  # run as a script: `benchmarks.*` from the repository root
+        sys.path[0] = str(ROOT)
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("plan_check"):
+        main()

@@ -177,4 +177,7 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     if __package__ in (None, ""):
         sys.path[0] = str(ROOT)
-    main()
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("reward_pool"):
+        main()

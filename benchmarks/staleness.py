@@ -54,7 +54,6 @@ def _raw(k: int, steps: int, model: str, function: str, out: str) -> dict:
     raw["task"]["reward_workers"] = 0  # scored in the trainer (staleness >= 1: its scoring thread)
     raw["rollout"]["logprob_check_every"] = 0
     raw["train"].update(eval_every=0, log_samples_every=0)
-    raw.pop("comparison", None)  # the quickstart's names arms this run does not have
     raw.update(name=f"staleness{k}", output_dir=out)
     return raw
 
@@ -145,4 +144,7 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     if __package__ in (None, ""):
         sys.path[0] = str(ROOT)
-    main()
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("staleness"):
+        main()
