@@ -96,10 +96,11 @@ def fit_to_arms(raw: dict, source: str) -> dict:
     except SpecError as err:
         problems = str(err).splitlines()
     optional = {k for k, f in ExperimentSpec.model_fields.items() if not f.is_required() and f.default is None}
-    sections = {re.match(r"[A-Za-z_]*", line).group() for line in problems}
-    if not sections <= optional & set(raw):
-        raise SpecError(f"{source} as the benchmark sets it up: {'; '.join(problems)}")
-    fitted = {k: v for k, v in raw.items() if k not in sections}
+    section = {line: re.match(r"[A-Za-z_]*", line).group() for line in problems}
+    kept = [line for line in problems if section[line] not in optional & set(raw)]
+    if kept:  # the problems of the sections the benchmark keeps (the others would be dropped)
+        raise SpecError(f"{source} as the benchmark sets it up: {'; '.join(kept)}")
+    fitted = {k: v for k, v in raw.items() if k not in section.values()}
     try:
         _validate(fitted)
     except SpecError as err:
