@@ -248,3 +248,32 @@ reproduce-gpu:
 	else \
 		echo "reproduce-gpu: no CUDA device here (nvidia-smi finds no GPU); nothing to run"; \
 	fi
+
+# The SLURM executor (`--executor slurm`) against a real single-node SLURM: tests/slurm/start.sh
+# installs Debian's slurm-wlm and munge when missing (apt-get, as root), starts munged, slurmctld
+# and slurmd under GSPO_SLURM_DIR (default /tmp/gspo-slurm) for this machine's CPUs, and
+# tests/slurm/stop.sh stops them. Where SLURM cannot be had, the suite runs and every test is
+# skipped with the reason (pytest -ra lists it).
+GSPO_SLURM_DIR ?= /tmp/gspo-slurm
+export GSPO_SLURM_DIR
+.PHONY: slurm-up slurm-down test-slurm
+slurm-up:
+	tests/slurm/start.sh
+
+slurm-down:
+	tests/slurm/stop.sh
+
+test-slurm: setup
+	$(BIN)/python -c "import submitit" 2>/dev/null || $(BIN)/pip install --quiet -e ".[slurm]"
+	@status=0; \
+	if tests/slurm/start.sh; then export SLURM_CONF=$(GSPO_SLURM_DIR)/slurm.conf; \
+	else echo "test-slurm: no SLURM cluster here (see above); its tests are skipped"; unset SLURM_CONF; fi; \
+	$(BIN)/python -m pytest -q tests/slurm || status=$$?; \
+	tests/slurm/stop.sh; exit $$status
+
+# The Ray executor (`--executor ray`) on a local Ray cluster, which each command of the suite
+# starts and stops itself; installs the ray extra on first use.
+.PHONY: test-ray
+test-ray: setup
+	$(BIN)/python -c "import ray" 2>/dev/null || $(BIN)/pip install --quiet -e ".[ray]"
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q tests/ray

@@ -44,4 +44,4 @@ def make_executor(config: ExecutorConfig | None, *, kind: str | None = None, job
         return SlurmExecutor(config.slurm, root)
     from gspo_cli.train.executors.ray import RayExecutor
 
-    return RayExecutor(config.ray)
+    return RayExecutor(config.ray, root)

@@ -4,6 +4,7 @@ names of a run's spec and log, and the command that trains one run."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -30,3 +31,12 @@ def file_stem(r, index: int) -> str:
 def train_command(spec_file, force: bool) -> list[str]:
     """`gspo train` on one run's spec, in this Python (the one the executor's worker runs)."""
     return [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet", *(["--force"] if force else [])]
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file; '' when there is none or no file."""
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
