@@ -119,7 +119,7 @@ COVERED = {
     ],
     r"gspo sweep experiments/quickstart\.yaml --executor slurm": [
         "tests/slurm/test_slurm_executor.py::test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics",
-        "tests/slurm/test_slurm_executor.py::test_a_cancelled_job_resumes_from_its_checkpoint_when_the_command_is_rerun",
+        "tests/slurm/test_slurm_executor.py::test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint",
     ],
     r"gspo sweep experiments/quickstart\.yaml --executor ray": [
         "tests/ray/test_ray_executor.py::test_a_tiny_sweep_through_ray_has_the_local_executors_metrics"
@@ -129,7 +129,7 @@ COVERED = {
         "tests/ray/test_ray_executor.py::test_a_tiny_sweep_through_ray_has_the_local_executors_metrics",
     ],
     r"gspo sweep experiments/quickstart\.yaml --executor slurm --cancel": [
-        "tests/slurm/test_slurm_executor.py::test_cancel_cancels_the_recorded_jobs_still_queued"
+        "tests/slurm/test_slurm_executor.py::test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint"
     ],
     # CI (.ci/run) runs `make test`, which runs `make setup` first; `make run` is its three
     # commands (test_make_run_is_three_documented_commands).

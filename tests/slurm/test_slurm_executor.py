@@ -1,6 +1,7 @@
-"""`--executor slurm` on a real single-node SLURM: a tiny sweep gives the local executor's
-metrics, a cancelled job's run resumes when the command is rerun, a failing job is reported
-with its log's last line and exit 1."""
+"""`--executor slurm` on a real single-node SLURM: a tiny sweep and 2 rounds of --until-decided
+give the local executor's metrics and decision; Ctrl-C leaves the jobs queued and nothing running
+here; a cancelled job's run resumes when the command is rerun; a job at its time limit is
+requeued and resumes; a failing job is reported with its log's last line and exit 1."""
 
 import json
 import signal
@@ -21,7 +22,8 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics(tmp_path, env, tiny_spec, gspo):
-    on_slurm = tiny_spec(tmp_path / "slurm.yaml", tmp_path / "slurm")
+    compared = {"baseline": "grpo", "arm": "gspo"}  # analysis only: for --until-decided below
+    on_slurm = tiny_spec(tmp_path / "slurm.yaml", tmp_path / "slurm", comparison=compared)
     r = gspo(["sweep", str(on_slurm), "--executor", "slurm", "--json"], env)
     assert r.returncode == 0, r.stderr[-3000:]
     records = json.loads(r.stdout)
@@ -35,7 +37,7 @@ def test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics(tmp_path, en
     book = json.loads((tmp_path / "slurm/tiny/.slurm/jobs.json").read_text())
     assert sorted(book) == sorted(x["path"] for x in records)
 
-    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local")
+    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local", comparison=compared)
     r = gspo(["sweep", str(local), "--jobs", "2", "-q"], env)
     assert r.returncode == 0, r.stderr[-3000:]
     for arm in ("grpo", "gspo"):
@@ -48,6 +50,16 @@ def test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics(tmp_path, en
     r = gspo(["sweep", str(on_slurm), "--executor", "slurm"], env)
     assert r.returncode == 0 and "submitted" not in r.stderr
     assert r.stderr.count("already completed; skipping") == 4
+
+    # --until-decided, 2 looks: seeds 0 and 1 are there (skipped), the second round trains seed 2
+    decided = ["--until-decided", "--max-seeds", "3"]
+    r = gspo(["sweep", str(on_slurm), "--executor", "slurm", *decided], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "submitted job array" in r.stderr and "2 done" in r.stderr
+    r = gspo(["sweep", str(local), "--jobs", "2", *decided], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (json.loads((tmp_path / where / "tiny/until_decided.json").read_text()) for where in ("local", "slurm"))
+    assert len(a["looks"]) == 2 and a == b
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -67,7 +79,8 @@ def _steps(run: Path) -> list[int]:
         return []
 
 
-def test_a_cancelled_job_resumes_from_its_checkpoint_when_the_command_is_rerun(tmp_path, env, tiny_spec, gspo):
+def test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint(tmp_path, env, tiny_spec, gspo):
+    import psutil
     from helpers import TINY
 
     spec = tiny_spec(
@@ -84,23 +97,75 @@ def test_a_cancelled_job_resumes_from_its_checkpoint_when_the_command_is_rerun(t
         _wait_for(
             lambda: len(_steps(run)) >= 6 and list((run / "checkpoints").glob("*")), 180, "steps and a checkpoint"
         )
-        job = json.loads((tmp_path / "out/tiny/.slurm/jobs.json").read_text())[str(run)]["job"]
-        subprocess.run(["scancel", job], check=True)
-        out, err = first.communicate(timeout=120)
+        children = psutil.Process(first.pid).children(recursive=True)
+        first.send_signal(signal.SIGINT)  # Ctrl-C: stop waiting; the job goes on
+        out, err = first.communicate(timeout=60)
     finally:
         if first.poll() is None:
             first.kill()
     assert first.returncode == 4, err[-3000:]
-    assert f"job {job} cancelled" in err
+    assert "stopped waiting (Ctrl-C): 1 job(s) still queued or running on SLURM" in err
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # nothing orphaned here
+    job = json.loads((tmp_path / "out/tiny/.slurm/jobs.json").read_text())[str(run)]["job"]
+    assert job in _queue()
+
+    r = gspo(["sweep", str(spec), "--executor", "slurm", "--cancel"], env)  # scancel: the run checkpoints, stops
+    assert r.returncode == 0 and f"cancelled 1 job(s): {job}" in r.stderr, r.stderr
+    _wait_for(lambda: job not in _queue(), 60, "the job to leave the queue")
     stopped_at = max(_steps(run))
     assert stopped_at < 60
 
     r = gspo(["sweep", str(spec), "--executor", "slurm"], env)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "submitted job" in r.stderr  # the cancelled job's run, submitted again
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "completed" and info.get("resumes") == 1, info
     steps = _steps(run)
     assert steps[-1] == 60 and steps == sorted(set(steps)), steps  # resumed: each step once, none repeated
+
+
+def _queue() -> list[str]:
+    """Ids of the jobs SLURM still has queued or running."""
+    return subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True).stdout.split()
+
+
+def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(tmp_path, env, tiny_spec, gspo):
+    """submitit's checkpoint-and-requeue on the time-limit signal (sbatch --signal), with a
+    1-minute limit. SLURM holds a requeued job back (BeginTime) for a while; the test releases it."""
+    from helpers import TINY
+
+    spec = tiny_spec(
+        tmp_path / "s.yaml",
+        tmp_path / "out",
+        seeds=[0],
+        arms=[TINY["arms"][0]],
+        train={"steps": 300, "checkpoint_every": 2, "eval_every": 0},
+        executor={"kind": "slurm", "slurm": {"cpus_per_run": 1, "time_min": 1, "poll_s": 1}},
+    )
+    run = tmp_path / "out/tiny/grpo/seed0"
+    cmd = [sys.executable, "-m", "gspo_cli", "sweep", str(spec)]  # the spec's executor: slurm
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while first.poll() is None and time.time() - t0 < 400:
+            for line in subprocess.run(
+                ["squeue", "-h", "-o", "%i %r"], capture_output=True, text=True
+            ).stdout.splitlines():
+                job, reason = line.split()
+                if reason == "BeginTime":
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+            time.sleep(1)
+        out, err = first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info.get("resumes", 0) >= 1, info
+    steps = _steps(run)
+    assert steps[-1] == 300 and steps == sorted(set(steps)), steps
+    job_log = "".join(p.read_text() for p in (tmp_path / "out/tiny/.slurm").glob("*/*_log.out"))
+    assert "Requeued job" in job_log
 
 
 def test_a_failing_job_is_reported_with_its_logs_last_line_and_exit_1(tmp_path, env, tiny_spec, gspo):
@@ -118,34 +183,3 @@ def test_a_failing_job_is_reported_with_its_logs_last_line_and_exit_1(tmp_path, 
     failed = [x for x in r.stderr.splitlines() if x.startswith("[grpo/seed0] failed (job ")]
     assert failed and failed[0].endswith("RuntimeError: reward service unreachable"), r.stderr[-3000:]
     assert "0 done, 1 failed" in r.stderr
-
-
-def test_cancel_cancels_the_recorded_jobs_still_queued(tmp_path, env, tiny_spec, gspo):
-    spec = tiny_spec(tmp_path / "s.yaml", tmp_path / "out", train={"steps": 200, "eval_every": 0})
-    cmd = [sys.executable, "-m", "gspo_cli", "sweep", str(spec), "--executor", "slurm"]
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    book = tmp_path / "out/tiny/.slurm/jobs.json"
-    try:
-        _wait_for(lambda: book.exists(), 120, "the job record")
-        first.send_signal(signal.SIGINT)  # Ctrl-C: stop waiting; the jobs go on
-        out, err = first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 4, err[-3000:]
-    assert "stopped waiting (Ctrl-C): 4 job(s) still queued or running" in err
-    ids = [e["job"] for e in json.loads(book.read_text()).values()]
-    queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True).stdout.split()
-    assert set(ids) <= set(queued)
-
-    r = gspo(["sweep", str(spec), "--executor", "slurm", "--cancel"], env)
-    assert r.returncode == 0, r.stderr
-    assert "cancelled 4 job(s)" in r.stderr
-    _wait_for(
-        lambda: (
-            not set(ids)
-            & set(subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True).stdout.split())
-        ),
-        60,
-        "the jobs to leave the queue",
-    )
