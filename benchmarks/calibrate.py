@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import ROOT, loadavg
-from gspo_cli.analysis import calibration as cal
-from gspo_cli.analysis.rundata import load_run
+from gspo_cli.analysis.report import calibration as cal
+from gspo_cli.analysis.rundata.runs import load_run
 from gspo_cli.analysis.stats import seeds_needed
 from gspo_cli.runs import RunDir
 from gspo_cli.train import sweep as sw

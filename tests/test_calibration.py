@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gspo_cli.analysis.calibration import clopper_pearson, disjoint_blocks
+from gspo_cli.analysis.stats.calibration import clopper_pearson, disjoint_blocks
 
 
 def test_clopper_pearson_matches_closed_forms():

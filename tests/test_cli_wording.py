@@ -13,7 +13,20 @@ from gspo_cli.eval.sets import data_lines
 from gspo_cli.runs import plural
 
 runner = CliRunner()
-COMMANDS = ["train", "sweep", "eval", "plan", "export", "list", "compare", "plot", "report", "samples", "schema"]
+COMMANDS = [
+    "train",
+    "check",
+    "sweep",
+    "eval",
+    "plan",
+    "export",
+    "list",
+    "compare",
+    "plot",
+    "report",
+    "samples",
+    "schema",
+]
 
 
 def test_help_shows_conventional_metavars_never_type_labels():

@@ -14,8 +14,10 @@ import pytest
 from synthetic_runs import make_experiment
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.compare import compare_runs, render
-from gspo_cli.analysis.rundata import ema, seed_stats, t975
+from gspo_cli.analysis.rundata.runs import ema
+from gspo_cli.analysis.stats import t975
+from gspo_cli.analysis.stats.seeds import seed_stats
+from gspo_cli.analysis.tables.compare import compare_runs, render
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 
@@ -185,7 +187,8 @@ def test_bad_input_is_one_line_exit_2(exp, tmp_path, args, message):
 
 def test_compare_and_plot_never_import_torch(exp):
     code = (
-        "import sys; import gspo_cli.analysis.compare, gspo_cli.analysis.plot, gspo_cli.train.sinks, gspo_cli.cli.app\n"
+        "import sys, gspo_cli.analysis.tables.compare, gspo_cli.analysis.figures.plot\n"
+        "import gspo_cli.train.sinks, gspo_cli.cli.app\n"
         "from typer.testing import CliRunner\n"
         f"r = CliRunner().invoke(gspo_cli.cli.app.app, ['compare', {str(exp)!r}, '-f', 'csv'])\n"
         "assert r.exit_code == 0, r.output\n"

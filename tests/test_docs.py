@@ -59,6 +59,9 @@ COVERED = {
         "tests/test_lora.py::test_the_quickstart_with_lora_trains_both_arms",
         "tests/test_lora.py::test_the_lora_example_is_the_quickstart_with_adapters",
     ],
+    r"gspo check experiments/quickstart\.yaml --set rollout\.group_size=8": [
+        "tests/test_check.py::test_the_documented_command"
+    ],
     r"gspo train exp\.yaml --arm gspo --seed 1": ["tests/test_cli.py::test_set_and_options_reach_the_trainer"],
     r"gspo train (exp|experiments/quickstart)\.yaml --set \S+ --set \S+ -o /tmp/runs": [
         "tests/test_cli.py::test_set_and_options_reach_the_trainer",
@@ -75,6 +78,9 @@ COVERED = {
     r"gspo sweep experiments/quickstart\.yaml --until-decided --max-seeds \d+( --round-seeds \d+)?": [
         "tests/test_until_decided.py::test_a_clear_difference_stops_early_and_a_rerun_resumes_to_the_same_verdict",
         "tests/test_until_decided.py::test_round_seeds_and_mistakes",
+    ],
+    r"gspo sweep experiments/quickstart\.yaml --until-decided --max-seeds \d+ --round-seeds \d+ --dry-run": [
+        "tests/test_until_decided.py::test_the_design_lives_in_the_spec_and_a_dry_run_prints_the_looks"
     ],
     r"gspo sweep experiments/sweep_clip\.yaml --shard 0/4": [
         "tests/test_sweep.py::test_shards_partition_the_plan_exactly",

@@ -401,7 +401,7 @@ def test_gspo_train_with_two_rewards_normalised_apart(tmp_path, monkeypatch):
 
 def test_compare_names_normalize_then_sum_in_the_algorithm_column():
     """Two arms differing only in multi_reward must not look identical in compare/report."""
-    from gspo_cli.analysis.arm_settings import SETTINGS
+    from gspo_cli.analysis.rundata.arm_settings import SETTINGS
 
     algorithm = SETTINGS["algorithm"][1]
     plain = {"loss": "gspo", "advantage": "grpo"}

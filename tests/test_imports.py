@@ -8,6 +8,8 @@ what the folders are meant to rule out). `from gspo_cli.x import name` is an edg
 Not counted: imports under `if TYPE_CHECKING:` (never run), and the import of a package's
 __init__ that Python makes before any of its submodules (a package's front door may re-export its
 own modules; the `every module imports on its own` test in test_house.py covers that order).
+
+Inside `gspo_cli.analysis` the same graph must also run down its packages (ANALYSIS_LAYERS).
 """
 
 from __future__ import annotations
@@ -133,3 +135,76 @@ def test_lazy_imports_count_and_type_checking_ones_do_not(tmp_path):
         "gspo_cli.p.b": {"gspo_cli.p.a"},
     }
     assert find_cycle(graph) == ["gspo_cli.p.a", "gspo_cli.p.b", "gspo_cli.p.a"]
+
+
+# gspo_cli.analysis inside: its packages, lowest first. A module imports its own package and
+# the ones below it, never one above (the same rule as the house's layers in test_house.py).
+ANALYSIS = "gspo_cli.analysis"
+ANALYSIS_LAYERS = ["rundata", "stats", "tables", "figures", "report"]
+
+
+def analysis_layer(module: str) -> str | None:
+    """The analysis package a module belongs to (`gspo_cli.analysis.tables.compare` -> "tables");
+    None for a module outside analysis and for analysis' own __init__."""
+    if not module.startswith(ANALYSIS + "."):
+        return None
+    return module[len(ANALYSIS) + 1 :].split(".")[0]
+
+
+def analysis_climbs(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside analysis from a lower package to a higher one, as "a -> b"; a package
+    missing from ANALYSIS_LAYERS is named as one too."""
+    rank = {name: i for i, name in enumerate(ANALYSIS_LAYERS)}
+    out = []
+    for mod in sorted(graph):
+        own = analysis_layer(mod)
+        if own is None:
+            continue
+        if own not in rank:
+            out.append(f"{mod}: in no layer of ANALYSIS_LAYERS")
+            continue
+        for dep in sorted(graph[mod]):
+            layer = analysis_layer(dep)
+            if layer in rank and rank[layer] > rank[own]:
+                out.append(f"{mod} -> {dep}")
+    return out
+
+
+def test_analysis_imports_run_down_its_layers():
+    graph = import_graph()
+    layers = {analysis_layer(m) for m in graph} - {None}
+    assert layers == set(ANALYSIS_LAYERS), layers
+    assert analysis_climbs(graph) == []
+    inside = {m: {d for d in deps if d.startswith(ANALYSIS)} for m, deps in graph.items() if m.startswith(ANALYSIS)}
+    cycle = find_cycle(inside)
+    assert cycle is None, "import cycle in analysis: " + " -> ".join(cycle)
+
+
+def test_analysis_layers_catch_a_planted_upward_import(tmp_path):
+    """A stats module that imports the report (lazily, inside a function) climbs; a report module
+    that imports stats does not; a folder outside the layer list is named."""
+    pkg = tmp_path / "gspo_cli"
+    for sub in ("rundata", "stats", "report"):
+        (pkg / "analysis" / sub).mkdir(parents=True)
+        (pkg / "analysis" / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "analysis" / "__init__.py").write_text("")
+    (pkg / "analysis" / "rundata" / "runs.py").write_text("X = 1\n")
+    (pkg / "analysis" / "stats" / "seeds.py").write_text(
+        "from gspo_cli.analysis.rundata.runs import X\n\ndef f():\n    from gspo_cli.analysis.report import build\n"
+    )
+    (pkg / "analysis" / "report" / "build.py").write_text("from gspo_cli.analysis.stats.seeds import f\n")
+    graph = import_graph(pkg)
+    assert analysis_climbs(graph) == ["gspo_cli.analysis.stats.seeds -> gspo_cli.analysis.report.build"]
+    (pkg / "analysis" / "stats" / "seeds.py").write_text("from gspo_cli.analysis.rundata.runs import X\n")
+    assert analysis_climbs(import_graph(pkg)) == []
+    (pkg / "analysis" / "views").mkdir()
+    (pkg / "analysis" / "views" / "__init__.py").write_text("")
+    assert analysis_climbs(import_graph(pkg)) == ["gspo_cli.analysis.views: in no layer of ANALYSIS_LAYERS"]
+
+
+def test_each_analysis_package_says_what_it_holds_and_may_import():
+    for name in ["", *ANALYSIS_LAYERS]:
+        init = PACKAGE / "analysis" / name / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc) > 100 and "import" in doc.lower(), f"{init}: a docstring saying what it holds and may import"

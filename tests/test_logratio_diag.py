@@ -12,8 +12,8 @@ import torch
 import yaml
 from helpers import TINY, tiny_model_dir
 
-from gspo_cli.analysis.plot import build_plot, make_figures
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.figures.plot import build_plot, make_figures
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe

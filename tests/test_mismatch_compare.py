@@ -8,8 +8,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.plot import build_plot, make_figures
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.figures.plot import build_plot, make_figures
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 from gspo_cli.cli.app import app
 
 runner = CliRunner()
@@ -93,7 +93,7 @@ def test_plot_draws_the_mismatch_metrics(exp):
 
 
 def test_report_leaves_corrected_arms_out_of_the_paper_roles(exp):
-    from gspo_cli.analysis.report import arm_role
+    from gspo_cli.analysis.report.build import arm_role
 
     roles = {r.arm: arm_role(r) for r in load_runs([str(exp)])}
     assert roles == {"grpo": "grpo", "grpo_r3": "grpo_rr", "grpo_tis": None}

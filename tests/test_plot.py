@@ -11,9 +11,9 @@ from matplotlib.collections import PolyCollection
 from synthetic_runs import BATCH, GRPO_R, gspo_reward, length, make_experiment, make_no_signal_experiment, write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.curves import auto_smooth
-from gspo_cli.analysis.plot import build_plot, make_figures, make_panel, plot_runs
-from gspo_cli.analysis.rundata import ema, group_runs, load_runs
+from gspo_cli.analysis.figures.curves import auto_smooth
+from gspo_cli.analysis.figures.plot import build_plot, make_figures, make_panel, plot_runs
+from gspo_cli.analysis.rundata.runs import ema, group_runs, load_runs
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 

@@ -1,4 +1,4 @@
-"""Honest plots (gspo_cli.analysis.axes): each rule checked on the figure's own data."""
+"""Honest plots (gspo_cli.analysis.figures.axes): each rule checked on the figure's own data."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from synthetic_runs import make_experiment, make_no_signal_experiment, write_run
 
-from gspo_cli.analysis.axes import FLOOR, choose_scale, floor_noise, no_signal, overlapping, score_limits
-from gspo_cli.analysis.plot import build_plot, make_figures
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.figures.axes import FLOOR, choose_scale, floor_noise, no_signal, overlapping, score_limits
+from gspo_cli.analysis.figures.plot import build_plot, make_figures
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 
 
 def _ax(path, fid, **kw):

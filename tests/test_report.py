@@ -10,10 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.compare import compare_runs
-from gspo_cli.analysis.report import arm_role, write_report
-from gspo_cli.analysis.report_collapse import Collapse, run_collapse
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.report.build import arm_role, write_report
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
+from gspo_cli.analysis.stats.stability import Collapse, run_collapse
+from gspo_cli.analysis.tables.compare import compare_runs
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 
@@ -104,7 +104,7 @@ def test_finding_differences_are_paired_and_corrected(tmp_path):
     seed but one (0.25, 0.36, 0.44): paired d = (0.05, 0.06, 0.04), mean 0.05, sd 0.01, t(2)
     4.3027 x 0.01 / sqrt(3) = 0.0248. Welch on the same numbers would not resolve it (its
     interval spans about ±0.25)."""
-    from gspo_cli.analysis.report_differences import finding_family
+    from gspo_cli.analysis.report.differences import finding_family
 
     exp = _experiment(tmp_path, {"grpo": (0.20, 0.30, 0.40), "gspo": (0.25, 0.36, 0.44)}, {"grpo": 0.001, "gspo": 0.1})
     groups = {g.name: g for g in group_runs(load_runs([str(exp)]), "arm")}
@@ -139,8 +139,8 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
         tmp_path,
         {
             "grpo": (0.20, 0.22, 0.24),
-            "grpo_rr": (0.30, 0.32, 0.34),
-            "gspo": (0.40, 0.42, 0.44),
+            "grpo_rr": (0.31, 0.32, 0.33),
+            "gspo": (0.40, 0.43, 0.43),
             "gspo_token": (0.40, 0.41, 0.45),
         },
         {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2, "gspo_token": 0.2},
@@ -149,8 +149,9 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
     text = out.read_text()
     assert out == exp / "REPORT.md"
     assert "**1. GSPO learns more per step than GRPO — holds.**" in text
-    # finding 1: every seed of gspo is 0.2 above grpo's: paired, no spread, p 0
-    assert "final train reward +0.200 [+0.200, +0.200] (significant; paired t, 3 seeds, adj. p 0)" in text
+    # finding 1: gspo - grpo per seed (0.20, 0.21, 0.19): mean 0.2, sd 0.01, t(2) 4.3027 x 0.01 /
+    # sqrt(3) = 0.0248 (seeds that all differ by exactly 0.2 would have no spread and no verdict)
+    assert "final train reward +0.200 [+0.175, +0.225] (significant; paired t, 3 seeds, adj. p 0.0" in text
     assert "clipping part holds" in text and "200x" in text
     assert "**3. GRPO needs routing replay on a MoE, GSPO does not — holds.**" in text
     # expert change: mean over roles of 0.004, 0.004, 0.002, 0.004 = 0.35%
@@ -231,7 +232,10 @@ def test_ratio_diagnostic_tables_and_finding_5(tmp_path):
     assert "**5. Without routing replay GRPO's token ratios are noisier and it trains less stably — holds.**" in text
     # paired: grpo (1.0, 1.1, 1.2)e-3 - (1.0, 1.1, 1.2)e-4 = (0.9, 0.99, 1.08)e-3, t = 19 on 2 df, raw p
     # 0.0027; Holm over the 8 differences of the findings (6 of them exactly 0, p 1): 8 x 0.0027 = 0.022
-    assert "GRPO − GRPO+RR +0.00099 [" in text and "(significant; paired t, 3 seeds, adj. p 0.022)" in text
+    assert (
+        "GRPO − GRPO+RR +0.00099 [" in text
+        and "(significant; paired t, 3 seeds, adj. p 0.022, findings family of 8)" in text
+    )
     assert "GRPO 3x, GRPO + routing replay 3x, GSPO 3x" in text
     assert "Finding 5 (without routing replay" in text
     for fig in ("logvar_length", "logvar_minibatch"):
@@ -297,7 +301,7 @@ def test_collapse_rule_on_synthetic_runs(tmp_path):
 
 
 def test_the_learning_rate_schedule_in_words():
-    from gspo_cli.analysis.report import lr_text
+    from gspo_cli.analysis.report.build import lr_text
 
     assert lr_text({"lr": 5e-05}) == "lr 5e-05"
     assert lr_text({"lr": 5e-05, "decay": "constant", "warmup_steps": 0}) == "lr 5e-05"
@@ -311,7 +315,7 @@ def test_learning_rule_on_synthetic_runs(tmp_path):
     +0.0333, std 0.0764, t(2) 4.303 -> half-width 0.190: above, not significantly, 2 of 3 seeds);
     gspo: +0.1, +0.11, +0.09 (mean 0.1, std 0.01 -> 0.025: significantly); grpo_rr: -0.05 each
     (std 0, so any interval excludes 0: below, significantly)."""
-    from gspo_cli.analysis.report_collapse import learning_lines
+    from gspo_cli.analysis.report.collapse import learning_lines
 
     ends = {"grpo": (0.2, 0.15, 0.05), "gspo": (0.2, 0.21, 0.19), "grpo_rr": (0.05, 0.05, 0.05)}
     roles = {"grpo": ("grpo", "off"), "gspo": ("gspo", "off"), "grpo_rr": ("grpo", "r2")}

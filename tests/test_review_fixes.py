@@ -24,7 +24,7 @@ from gspo_cli.algorithms import (
     kl_k3_BC,
     weighs_responses_equally,
 )
-from gspo_cli.analysis.arm_settings import SETTINGS
+from gspo_cli.analysis.rundata.arm_settings import SETTINGS
 from gspo_cli.cli.app import app
 from gspo_cli.distributed import DistInfo
 from gspo_cli.errors import SpecError

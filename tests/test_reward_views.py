@@ -12,11 +12,11 @@ import torch
 from synthetic_runs import write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.compare import compare_runs, render
-from gspo_cli.analysis.plot import build_plot, make_figures
-from gspo_cli.analysis.report import write_report
-from gspo_cli.analysis.report_rewards import reward_lines
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.figures.plot import build_plot, make_figures
+from gspo_cli.analysis.report.build import write_report
+from gspo_cli.analysis.report.rewards import reward_lines
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
+from gspo_cli.analysis.tables.compare import compare_runs, render
 from gspo_cli.cli.app import app
 from gspo_cli.metrics import describe, reward_std_key
 from gspo_cli.spec.task import TaskConfig

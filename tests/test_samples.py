@@ -10,7 +10,7 @@ import torch
 from helpers import TINY, edited_model_copy
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.samples import load_samples, select_samples, verdict
+from gspo_cli.analysis.rundata.samples import load_samples, select_samples, verdict
 from gspo_cli.cli.app import app
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir

@@ -12,9 +12,9 @@ import pytest
 from synthetic_runs import make_experiment, write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.plot import build_plot, make_figures
-from gspo_cli.analysis.report import build_report
-from gspo_cli.analysis.rundata import group_runs, load_runs
+from gspo_cli.analysis.figures.plot import build_plot, make_figures
+from gspo_cli.analysis.report.build import build_report
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 from gspo_cli.cli.app import app
 from gspo_cli.eval.scores import tool_use
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.tune_report import Point, last_score, position_notes, select
+from gspo_cli.analysis.report.tune import Point, last_score, position_notes, select
 from gspo_cli.cli.app import app
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.spec.loading import spec_from_dict
@@ -196,7 +196,7 @@ def test_grid_position_flags_the_edges_by_value():
 
 
 def test_report_states_budgets_selection_edges_and_the_test_verdict(tmp_path):
-    from gspo_cli.analysis import tune_report as trep
+    from gspo_cli.analysis.report import tune as trep
     from tests.synthetic_runs import make_problem_experiment
 
     exp = make_problem_experiment(

@@ -19,8 +19,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from synthetic_runs import make_experiment, make_no_signal_experiment  # noqa: E402
 
-from gspo_cli.analysis.plot import _RC, build_plot, save_figure  # noqa: E402
-from gspo_cli.analysis.rundata import group_runs, load_runs  # noqa: E402
+from gspo_cli.analysis.figures.plot import _RC, build_plot, save_figure  # noqa: E402
+from gspo_cli.analysis.rundata.runs import group_runs, load_runs  # noqa: E402
 
 
 def main() -> None:

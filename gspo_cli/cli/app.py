@@ -20,7 +20,7 @@ from gspo_cli.cli.plugins import plugins
 from gspo_cli.cli.samples import samples
 from gspo_cli.cli.schema import schema
 from gspo_cli.cli.serve import vllm_server
-from gspo_cli.cli.train import sweep, train
+from gspo_cli.cli.train import check, sweep, train
 from gspo_cli.cli.tune import tune
 
 
@@ -90,6 +90,7 @@ def _root(
 
 
 app.command()(train)
+app.command()(check)
 app.command()(sweep)
 app.command()(tune)
 app.command(name="eval")(eval_)

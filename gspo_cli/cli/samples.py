@@ -29,7 +29,7 @@ def samples(
 
     Example: `gspo samples results/quickstart/gspo/seed0 --worst -n 4`
     """
-    from gspo_cli.analysis.samples import load_samples, select_samples
+    from gspo_cli.analysis.rundata.samples import load_samples, select_samples
 
     try:
         if worst and best:
@@ -50,7 +50,7 @@ def samples(
 
 
 def _print_plain(chosen: list[dict]) -> None:
-    from gspo_cli.analysis.samples import cut_note, reward_parts, sections, title, verdict
+    from gspo_cli.analysis.rundata.samples import cut_note, reward_parts, sections, title, verdict
 
     for r in chosen:
         typer.echo(f"=== {title(r)}")
@@ -80,7 +80,7 @@ def _print_rich(chosen: list[dict]) -> None:
     from rich.rule import Rule
     from rich.text import Text
 
-    from gspo_cli.analysis.samples import cut_note, reward_parts, sections, title, verdict
+    from gspo_cli.analysis.rundata.samples import cut_note, reward_parts, sections, title, verdict
 
     console = Console(soft_wrap=False, width=_width())
     for r in chosen:

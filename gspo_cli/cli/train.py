@@ -51,6 +51,22 @@ def _resume_target(run_dir: Path) -> tuple[Path, list[str]]:
     return rd.spec_file, [f"output_dir={json.dumps(str(rd.path.resolve().parents[2]))}"]
 
 
+def _load_selected(spec_path: Path, overrides: list[str], output_dir: Path | None, arms, seeds):
+    """The spec with its overrides and the unique --arm and --seed values, the selection and the
+    output directory checked: what `train` and `check` both do before the preflight."""
+    from gspo_cli.runs import check_output_dir
+    from gspo_cli.spec.loading import load_spec
+
+    if output_dir is not None:
+        # Quoted (JSON is YAML): a directory named `2024`, `null` or `a #1` stays a string.
+        overrides = [*overrides, f"output_dir={json.dumps(str(output_dir))}"]
+    spec = load_spec(spec_path, overrides)
+    arms, seeds = _unique(arms), _unique(seeds)
+    _check_selection(spec, arms, seeds)
+    check_output_dir(spec.output_dir, "--output-dir" if output_dir is not None else "output_dir")
+    return spec, arms, seeds
+
+
 def train(
     spec_path: Annotated[Optional[Path], typer.Argument(metavar="SPEC", help="experiment spec (YAML)")] = None,
     set_: Annotated[
@@ -91,9 +107,6 @@ def train(
 
     Example: `gspo train experiments/quickstart.yaml --set train.steps=20 -o /tmp/runs`
     """
-    from gspo_cli.runs import check_output_dir
-    from gspo_cli.spec.loading import load_spec
-
     warnings.showwarning = _show_warning
     try:
         overrides = list(set_ or [])
@@ -104,13 +117,7 @@ def train(
             overrides = extra + overrides
         elif spec_path is None:
             raise SpecError("missing SPEC (or --resume RUN_DIR)")
-        if output_dir is not None:
-            # Quoted (JSON is YAML): a directory named `2024`, `null` or `a #1` stays a string.
-            overrides.append(f"output_dir={json.dumps(str(output_dir))}")
-        spec = load_spec(spec_path, overrides)
-        arm, seed = _unique(arm), _unique(seed)
-        _check_selection(spec, arm, seed)
-        check_output_dir(spec.output_dir, "--output-dir" if output_dir is not None else "output_dir")
+        spec, arm, seed = _load_selected(spec_path, overrides, output_dir, arm, seed)
         # Imported only now: torch and transformers take seconds, and usage errors should not wait.
         import torch
 
@@ -147,6 +154,55 @@ def train(
     raise typer.Exit(code)
 
 
+def check(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec (YAML)")],
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            "-s",
+            metavar="KEY.PATH=VALUE",
+            help="override a spec field (repeatable), e.g. arms.gspo.clip_high=5e-4",
+        ),
+    ] = None,
+    arm: Annotated[Optional[list[str]], typer.Option("--arm", help="check only this arm (repeatable)")] = None,
+    seed: Annotated[Optional[list[int]], typer.Option("--seed", help="check only this seed (repeatable)")] = None,
+    output_dir: Annotated[
+        Optional[Path], typer.Option("--output-dir", "-o", help="check the runs' directories here instead")
+    ] = None,
+) -> None:
+    """Check a spec as `gspo train` would before loading a model, and train nothing.
+
+    Runs the same checks in the same order (the spec, the selection, then train/preflight.py:
+    sinks, task and rewards, data, prompt lengths, processes, LoRA, vLLM, divisibility, shared
+    directory, run directories) and prints each one. A problem ends it with the one line and exit
+    code training would give: 2 a spec or file to fix, 1 a server that does not answer.
+
+    Example: `gspo check experiments/quickstart.yaml --set rollout.group_size=8`
+    """
+    warnings.showwarning = _show_warning
+    try:
+        spec, arm, seed = _load_selected(spec_path, list(set_ or []), output_dir, arm, seed)
+        from gspo_cli.train.preflight import preflight
+
+        lines: list[str] = []
+
+        def said(name: str, skipped: str | None) -> None:
+            lines.append(f"ok    {name}" if skipped is None else f"skip  {name} ({skipped})")
+
+        checked = preflight(spec, arm, seed, on_check=said)
+    except GspoError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        _stopped("stopped by SIGINT while checking; nothing was written")
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 speaks for all
+        raise typer.Exit(0)
+    for line in lines:
+        typer.echo(line)
+    runs = len(checked.arms) * len(checked.seeds)
+    typer.echo(f"{spec_path}: every check passed for {runs} run{'s' if runs != 1 else ''}; no model was loaded")
+
+
 def sweep(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec with a `sweep:` section")],
     set_: Annotated[
@@ -181,11 +237,13 @@ def sweep(
         typer.Option("--max-seeds", min=2, help="with --until-decided: the most seeds per arm, e.g. --max-seeds 10"),
     ] = None,
     round_seeds: Annotated[
-        int,
+        Optional[int],
         typer.Option(
-            "--round-seeds", min=1, help="with --until-decided: new seeds per arm in each round, e.g. --round-seeds 2"
+            "--round-seeds",
+            min=1,
+            help="with --until-decided: new seeds per arm in each round (default 1), e.g. --round-seeds 2",
         ),
-    ] = 1,
+    ] = None,
     executor: Annotated[Optional[str], typer.Option("--executor", metavar="KIND", help=EXECUTOR_HELP)] = None,
     cancel: Annotated[
         bool,
@@ -209,6 +267,10 @@ def sweep(
 
     It stops when decided or at --max-seeds, and writes until_decided.json beside the runs.
 
+    Its design (comparison.max_seeds, comparison.round_seeds) belongs in the spec, fixed in advance.
+
+    With --dry-run it prints the planned looks and their boundaries and trains nothing.
+
     Example: `gspo sweep experiments/sweep_clip.yaml --dry-run`
     """
     from gspo_cli.spec.loading import load_spec
@@ -220,18 +282,10 @@ def sweep(
         return
     if until_decided:
         _decide(
-            spec_path,
-            list(set_ or []),
-            jobs,
-            max_seeds,
-            round_seeds,
-            quiet,
-            as_json,
-            dry_run or force or shard,
-            executor,
+            spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run, force or shard, executor
         )
         return
-    if max_seeds is not None or round_seeds != 1:
+    if max_seeds is not None or round_seeds is not None:
         _fail(SpecError("--max-seeds and --round-seeds go with --until-decided"))
     try:
         runs = sw.plan(spec_path, list(set_ or []))
@@ -291,13 +345,18 @@ def _cancel(spec_path, overrides, executor) -> None:
         _fail(err)
 
 
-def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, refused, executor=None) -> None:
-    from gspo_cli.cli.decide import until_decided
+def _decide(
+    spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, dry_run, refused, executor=None
+) -> None:
+    from gspo_cli.cli.decide import planned_looks, until_decided
 
     log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
     try:
         if refused:
-            raise SpecError("--until-decided: not with --dry-run, --force or --shard (its rounds keep completed runs)")
+            raise SpecError("--until-decided: not with --force or --shard (its rounds keep completed runs)")
+        if dry_run:
+            planned_looks(spec_path, overrides, max_seeds=max_seeds, round_seeds=round_seeds, as_json=as_json)
+            return
         until_decided(
             spec_path,
             overrides,

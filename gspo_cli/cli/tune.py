@@ -72,7 +72,7 @@ def tune(
         final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
         records = sw.run_plan(final, jobs=jobs, force=False, log=log, executor=placed)
         _check(records, "final")
-        from gspo_cli.analysis import tune_report as tr
+        from gspo_cli.analysis.report import tune as tr
 
         table = tr.compare_final([r.path for r in final], spec.tune.test_set, info["baseline"], info["margin"])
         report = tr.write(root, info, selection, chosen, table)
@@ -98,7 +98,7 @@ def _check(records: list[dict], phase: str) -> None:
 
 def _select(spec, planned, budgets, sizes, spec_path: str):
     """Each arm's points with their selection scores, the chosen point, and the report's facts."""
-    from gspo_cli.analysis import tune_report as tr
+    from gspo_cli.analysis.report import tune as tr
 
     tune = spec.tune
     cfg = next(c for c in spec.task.eval_sets if c.name == tune.selection_set)

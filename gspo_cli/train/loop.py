@@ -18,24 +18,23 @@ from pathlib import Path
 
 from gspo_cli import distributed
 from gspo_cli.distributed import DistInfo
-from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, SpecError, redact
+from gspo_cli.errors import DivergedError, GspoError, InterruptedRun, RunError, redact
 from gspo_cli.eval.sets import EvalSet, data_lines, plan_data, score_and_log
 from gspo_cli.metrics import no_signal
 from gspo_cli.models import lora, resolve_model_source
-from gspo_cli.models.builtin import check_prompt_lengths, cold_start_info, cold_start_line, share_across_nodes
+from gspo_cli.models.builtin import cold_start_info, cold_start_line, share_across_nodes
 from gspo_cli.params import param_line
-from gspo_cli.rewards import with_rewards
-from gspo_cli.rollout.vllm_settings import check_vllm_settings
 from gspo_cli.runs import RunDir, RunLockedError, git_commit, now_iso, run_lock, run_path, versions
 from gspo_cli.spec import ArmConfig, ExperimentSpec
 from gspo_cli.spec.loading import dump_spec
-from gspo_cli.tasks import Task, make_task
+from gspo_cli.tasks import Task
 from gspo_cli.train.checkpoint import save_checkpoint, weights_to_load
 from gspo_cli.train.export import export_checkpoint
+from gspo_cli.train.preflight import preflight
 from gspo_cli.train.reporting import PlainReporter, Reporter, quiet_reporter
-from gspo_cli.train.resume import ReadOnlyRunDir, decide_start, restore, run_identity
-from gspo_cli.train.sinks import check_sinks, make_sinks
-from gspo_cli.train.staleness import StaleRollouts, check_supported
+from gspo_cli.train.resume import ReadOnlyRunDir, decide_start, restore, run_identity, run_spec
+from gspo_cli.train.sinks import make_sinks
+from gspo_cli.train.staleness import StaleRollouts
 from gspo_cli.train.step import Ctx, setup, train_step
 from gspo_cli.train.watch import CollapseWatch, GapWarning, StopFlag, stop_on_signals
 
@@ -65,45 +64,18 @@ def train_experiment(
     """Train the selected arms x seeds one after another.
 
     A run that fails or diverges is recorded and the next one starts; a bad spec or model
-    (SpecError) or a stop signal (InterruptedRun) ends the whole call. `setup_lines` (the reward
-    pool's) are said once the task, its data and its rewards are resolved: after their errors.
+    (SpecError) or a stop signal (InterruptedRun) ends the whole call. Everything that can be
+    refused before a model is built is checked first, in one ordered list (`preflight`, also run
+    by `gspo check`); `setup_lines` (the reward pool's) are said after it: after its errors.
     """
     reporter = reporter or PlainReporter()
-    selected = [spec.arm(a) for a in arms] if arms else list(spec.arms)
-    seed_list = seeds if seeds else spec.seeds
-    check_sinks(spec.train.sinks)  # a missing tracker package is a spec error before any model is built
-    task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards, spec.model)
-    # Evaluation sets read and their problems removed from training before any model exists:
-    # a bad set costs nothing, and the cold start below never sees an evaluation problem.
-    eval_sets, data = plan_data(spec, task)
-    if spec.model.name.startswith("builtin:"):  # a prompt past its positions: one line now, not a failed allocation
-        positions = spec.model.builtin.max_positions
-        check_prompt_lengths(task.train_pool or [], "task.params.source", positions, spec.rollout.max_new_tokens)
-        for s in eval_sets:
-            check_prompt_lengths(s.problems, f"evaluation set {s.name} ({s.source})", positions, s.max_tokens)
-    info = distributed.setup(spec.model.device)  # a world of one unless under torchrun
-    check_supported(spec, info.world_size)
-    lora.check_spec(spec, info.world_size)  # peft installed, and no combination LoRA cannot run
-    if spec.rollout.engine == "vllm":  # before any model loads: settings that cannot work, in one line
-        check_vllm_settings(spec.rollout.vllm, any(a.routing_replay == "r3" for a in selected), info.world_size)
-    if spec.rollout.engine == "vllm-server":  # an unreachable or unfit server is said before any model loads
-        from gspo_cli.rollout.vllm_server import check_server
-
-        check_server(spec.rollout.server.url, any(a.routing_replay == "r3" for a in selected))
-    distributed.check_divisible(
-        spec.rollout.prompts_per_step, spec.rollout.group_size, [a.mini_batches for a in selected], info
-    )
+    checked = preflight(spec, arms, seeds, force=force)
+    selected, seed_list, task, info = checked.arms, checked.seeds, checked.task, checked.info
+    eval_sets, data, unshared = checked.eval_sets, checked.data, checked.unshared
     if not info.is_main:
         reporter = quiet_reporter()
     for line in [*setup_lines, *data_lines(data)]:
         reporter.log(line)
-    # A run directory holding another spec's run (or one made with other code, model or data,
-    # or files gspo did not write) is refused now, not after the cold start.
-    identity = run_identity(spec, task, eval_sets) if info.is_main else None
-    for arm in selected:
-        for seed in seed_list:
-            path = run_path(spec.output_dir, spec.name, arm.name, seed)
-            decide_start(RunDir(path), run_spec(spec, arm, seed), force, info, identity=identity)
     # Cold start once, shared by every run; rank 0 builds it while the others wait.
     source = resolve_model_source(spec.model, task, log=reporter.log) if info.is_main else None
     if info.enabled and spec.model.name.startswith("builtin:"):
@@ -111,13 +83,6 @@ def train_experiment(
     else:
         distributed.barrier(info)
         source = source or resolve_model_source(spec.model, task, log=reporter.log)
-    unshared = distributed.shared_directory_problem(Path(spec.output_dir), info)
-    if unshared and spec.model.sharding == "fsdp":
-        raise SpecError(
-            f"output_dir: {spec.output_dir} is not shared by all processes ({unshared}); with model.sharding: "
-            "fsdp every rank writes its checkpoint shards there and a resume reads them all: put it on a shared "
-            "filesystem"
-        )
     if (cold := cold_start_info(source)) is not None:
         reporter.log(cold_start_line(cold))
     results = []
@@ -152,11 +117,6 @@ def train_experiment(
                     path = run_path(spec.output_dir, spec.name, arm.name, seed)
                     results.append(RunResult(arm.name, seed, str(path), status, {"error": redact(str(err))}))
     return results
-
-
-def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
-    """The spec of exactly one run: this arm, this seed (itself runnable)."""
-    return spec.model_copy(update={"arms": [arm], "seeds": [seed], "sweep": None})
 
 
 # ---------------------------------------------------------------------------------------

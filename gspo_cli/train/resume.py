@@ -22,7 +22,7 @@ from gspo_cli.hub import hub_revision
 from gspo_cli.models.builtin import BUILTIN_KINDS, cache_key
 from gspo_cli.rewards import RewardedTask, file_fingerprints, with_rewards
 from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, reward_changes, truncate_jsonl
-from gspo_cli.spec import ExperimentSpec, ModelConfig
+from gspo_cli.spec import ArmConfig, ExperimentSpec, ModelConfig
 from gspo_cli.spec.loading import check_stored_spec
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.tasks.base import problems_digest
@@ -97,6 +97,11 @@ def model_digest(cfg: ModelConfig, task: Task) -> str:
         return "dir:" + files_digest(sorted(f for f in path.iterdir() if f.is_file()))
     revision = hub_revision(cfg.name)
     return f"hub:{cfg.name}" + (f"@{revision}" if revision else "")
+
+
+def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
+    """The spec of exactly one run: this arm, this seed (itself runnable)."""
+    return spec.model_copy(update={"arms": [arm], "seeds": [seed], "sweep": None})
 
 
 def decide_start(

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.analysis.compare import build_columns
-from gspo_cli.analysis.differences import build_differences
-from gspo_cli.analysis.rundata import group_runs, load_run
+from gspo_cli.analysis.rundata.runs import group_runs, load_run
+from gspo_cli.analysis.tables.compare import build_columns
+from gspo_cli.analysis.tables.differences import build_differences
 from gspo_cli.errors import RunError
 from gspo_cli.runs import RunDir, format_setting
 from gspo_cli.spec.tune import grid_position

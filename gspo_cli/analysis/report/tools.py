@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gspo_cli.analysis.compare import TOOL_COLUMNS, Comparison, cell_text, compare_runs
-from gspo_cli.analysis.rundata import Run, group_runs, seed_stats
+from gspo_cli.analysis.rundata.runs import Run, group_runs
+from gspo_cli.analysis.stats.seeds import seed_stats
+from gspo_cli.analysis.tables.compare import TOOL_COLUMNS, Comparison, cell_text, compare_runs
 
 SUMMARY = "eval_summary.json"  # gspo eval's file (gspo_cli/eval/run.py SUMMARY_FILE)
 

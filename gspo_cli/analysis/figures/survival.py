@@ -1,5 +1,5 @@
 """`gspo plot`'s `survival` figure: per evaluation set, each arm's Kaplan-Meier curve of time to
-collapse (analysis.stability) as a step function with its 95% Greenwood band (log-log), censored
+collapse (`stats.stability`) as a step function with its 95% Greenwood band (log-log), censored
 runs marked where they were last seen intact. Drawn where some rated run collapses."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from collections.abc import Callable
 import numpy as np
 from matplotlib.axes import Axes
 
-from gspo_cli.analysis.axes import finish_axes
-from gspo_cli.analysis.report_collapse import COLLAPSE_FRACTION
-from gspo_cli.analysis.rundata import Group
-from gspo_cli.analysis.stability import any_collapse, arm_curve, arm_times
+from gspo_cli.analysis.figures.axes import finish_axes
+from gspo_cli.analysis.rundata.runs import Group
+from gspo_cli.analysis.stats.stability import COLLAPSE_FRACTION, any_collapse, arm_curve, arm_times
 
 
 def survival_draws(groups: list[Group], colours: dict) -> list[tuple[str, Callable[[Axes], None]]]:

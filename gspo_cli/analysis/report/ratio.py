@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.rundata.runs import Group, Run
 
 LEN_PREFIX, MB_PREFIX = "ratio/logvar_len_", "ratio/logvar_mb"
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
@@ -92,7 +92,7 @@ def diagnostic_lines(groups: list[Group]) -> list[str]:
 
 def stability_finding(roles: dict[str, Group], diff_fn: Callable) -> list[str]:
     """Finding 5 by STABILITY_RULE. `diff_fn(a, b)`: the report's difference of roles a - b in the
-    off-policy log-ratio variance (`report_differences.FindingDiff`)."""
+    off-policy log-ratio variance (`report.differences.FindingDiff`)."""
     need = ("grpo", "grpo_rr", "gspo")
     if not all(r in roles for r in need):
         return ["**5.** not testable: needs GRPO, GRPO+RR and GSPO arms.", ""]

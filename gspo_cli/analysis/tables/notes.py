@@ -1,12 +1,12 @@
 """When a comparison measures nothing, and why: runs without reward signal (every group's rewards
 equal at every step, so every advantage is 0: `gspo_cli.metrics.no_signal`, the plot's test),
 and arms that take the same gradient (`gspo_cli.spec.same_gradient`, the spec's load warning's
-test). `gspo report` turns its findings into "not testable" with these reasons; `gspo compare`
-prints them as notes."""
+test). `gspo compare` prints these as notes; the report's `testable` section turns its findings
+into "not testable" with the same reasons."""
 
 from __future__ import annotations
 
-from gspo_cli.analysis.rundata import Group, Run
+from gspo_cli.analysis.rundata.runs import Group, Run
 from gspo_cli.spec.same_gradient import same_gradient
 
 NO_SIGNAL = (
@@ -48,30 +48,4 @@ def no_signal_note(runs: list[Run]) -> str | None:
     return f"{who}: {NO_SIGNAL}; the numbers measure no learning."
 
 
-def findings_untestable(roles: dict[str, Group]) -> str | None:
-    """Why the report's comparative findings (1, 2, 3 and 5) cannot be tested on these arms, or
-    None: every run of the paper's arms had no reward signal, or GRPO and GSPO take the same
-    gradient."""
-    runs = [r for g in roles.values() for r in g.runs]
-    if runs and all(r.no_signal for r in runs):
-        return f"{NO_SIGNAL} (in every run)"
-    if "grpo" in roles and "gspo" in roles:
-        grpo, gspo = roles["grpo"], roles["gspo"]
-        if (why := groups_same_gradient(grpo, gspo)) is not None:
-            return (
-                f"GRPO (`{grpo.name}`) and GSPO (`{gspo.name}`) take the same gradient: {why}. "
-                "The arms cannot differ; any difference between them is seed noise"
-            )
-    return None
-
-
-def not_testable(findings: tuple[int, ...], why: str) -> list[str]:
-    """The report's Markdown lines saying these findings are not testable, and why."""
-    return [line for k in findings for line in (f"**{k}.** not testable: {why}.", "")]
-
-
-def expert_change_untestable(roles: dict[str, Group]) -> str | None:
-    """Why finding 4 (expert change per update) cannot be tested: no run had reward signal, so
-    no update moved the policy by the rewards."""
-    runs = [r for g in roles.values() for r in g.runs]
-    return f"{NO_SIGNAL} (in every run)" if runs and all(r.no_signal for r in runs) else None
+__all__ = ["NO_SIGNAL", "groups_same_gradient", "no_signal_note", "same_gradient_notes"]

@@ -5,7 +5,7 @@ evaluations report reward means only. Runs scored by their task's own verifier s
 
 from __future__ import annotations
 
-from gspo_cli.analysis.rundata import Run
+from gspo_cli.analysis.rundata.runs import Run
 from gspo_cli.spec.task import stored_reward_label
 
 

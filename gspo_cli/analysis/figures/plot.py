@@ -24,7 +24,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from gspo_cli.analysis.axes import (
+from gspo_cli.analysis.figures.axes import (
     FLOOR,
     SIGNAL_NOTE,
     add_notes,
@@ -35,12 +35,20 @@ from gspo_cli.analysis.axes import (
     no_signal,
     score_limits,
 )
-from gspo_cli.analysis.compute import ALIASES, AXES, axis_name
-from gspo_cli.analysis.curves import BANDS, SMOOTH_AUTO, Curve, eval_curve, metric_curve, resolve_smooth, seed_curve
-from gspo_cli.analysis.figures import FIGURES, PANEL_FIGURES, PROFILES, FigureSpec, reward_figure
-from gspo_cli.analysis.fit_plot import fit_draws
-from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs, reward_names
-from gspo_cli.analysis.survival_plot import survival_draws
+from gspo_cli.analysis.figures.catalog import FIGURES, PANEL_FIGURES, PROFILES, FigureSpec, reward_figure
+from gspo_cli.analysis.figures.curves import (
+    BANDS,
+    SMOOTH_AUTO,
+    Curve,
+    eval_curve,
+    metric_curve,
+    resolve_smooth,
+    seed_curve,
+)
+from gspo_cli.analysis.figures.fit import fit_draws
+from gspo_cli.analysis.figures.survival import survival_draws
+from gspo_cli.analysis.rundata.compute import ALIASES, AXES, axis_name
+from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs, reward_names
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import describe
 

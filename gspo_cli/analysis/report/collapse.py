@@ -1,66 +1,27 @@
-"""The report's per-arm findings: whether each arm ended above where it started (LEARNING_RULE:
-its last held-out score against its own step-0 score), and when each arm's held-out score falls
-apart, by one rule fixed in advance (COLLAPSE_RULE). A stress study
-(experiments/paper_moe_stress.yaml: routers learning 60x faster than the rest) is meant to
-collapse; this says when, per seed and per arm, so arms can be compared by how long they last
-rather than by a final score near zero. Reads eval.jsonl through `Run.eval_scores`; no torch."""
+"""The report's stability sections: whether each arm ended above where it started (LEARNING_RULE:
+its last held-out score against its own step-0 score), when each arm's held-out score falls apart
+("## Collapse", by `stats.stability`'s COLLAPSE_RULE) and the time to collapse ("## Time to
+collapse": Kaplan-Meier curves and log-rank tests). Reads eval.jsonl through `Run.eval_scores`;
+no torch."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_cli.analysis.rundata import Group, Run, seed_stats
-
-# A run collapses when its held-out score falls below this share of its own step-0 score.
-COLLAPSE_FRACTION = 0.5
-
-COLLAPSE_RULE = f"""\
-Collapse rule (fixed before the runs; a stability finding for every arm): a run **collapses** at
-the first evaluation after step 0 whose held-out score is below {COLLAPSE_FRACTION:g} x its own step-0
-score, or at its last logged step if it ended `diverged` before that. A run without a positive
-step-0 score is not rated. An arm's collapse step is the median over its seeds that collapse; the
-arm **collapses** when more than half of its rated seeds do. A collapse step is an evaluation
-step: the score fell somewhere after the evaluation before it.
-"""
-
-
-@dataclass(frozen=True)
-class Collapse:
-    """One run under COLLAPSE_RULE. `step`: where it collapsed (None: it did not); `start`: its
-    step-0 held-out score; `low`: its lowest held-out score after step 0 (NaN: none);
-    `diverged`: the collapse is the run's divergence, not a held-out drop."""
-
-    step: int | None
-    start: float
-    low: float
-    diverged: bool = False
-
-
-def _task_evals(run: Run, task: str):
-    """The run's evaluations on set `task` in step order, a repeated step keeping its first record."""
-    ev = run.eval_scores
-    return ev[ev.task == task].drop_duplicates("step").sort_values("step")
-
-
-def run_collapse(run: Run, task: str, fraction: float = COLLAPSE_FRACTION) -> Collapse | None:
-    """The run's collapse under COLLAPSE_RULE on evaluation set `task` (as `Run.eval_scores`
-    names it); None when the run has no step-0 score above 0 there (nothing to fall from).
-    Evaluations are taken in step order; a repeated step keeps its first record."""
-    ev = _task_evals(run, task)
-    s0 = ev.score[ev.step == 0]
-    if not len(s0) or not (math.isfinite(start := float(s0.iloc[0])) and start > 0):
-        return None
-    later = ev[ev.step > 0]
-    low = float(later.score.min()) if len(later) else math.nan
-    fell = later[later.score < fraction * start]
-    if len(fell):
-        return Collapse(int(fell.step.iloc[0]), start, low)
-    if run.status == "diverged":
-        return Collapse(run.last_step, start, low, diverged=True)
-    return Collapse(None, start, low)
+from gspo_cli.analysis.rundata.runs import Group
+from gspo_cli.analysis.stats.seeds import seed_stats
+from gspo_cli.analysis.stats.stability import (
+    COLLAPSE_FRACTION,
+    COLLAPSE_RULE,
+    SURVIVAL_RULE,
+    arm_curve,
+    arm_times,
+    run_collapse,
+    task_evals,
+)
+from gspo_cli.analysis.tables.differences import collapse_counts
 
 
 def collapse_lines(groups: list[Group], task: str | None, label: str = "held-out score") -> list[str]:
@@ -139,7 +100,7 @@ def learning_lines(groups: list[Group], task: str | None, label: str = "held-out
     for g in groups:
         starts, ends, first, last = [], [], [], []
         for r in g.runs:
-            ev = _task_evals(r, task)
+            ev = task_evals(r, task)
             s0, later = ev.score[ev.step == 0], ev[ev.step > 0]
             if not len(s0) or not len(later):
                 continue
@@ -180,12 +141,56 @@ def learning_lines(groups: list[Group], task: str | None, label: str = "held-out
     ]
 
 
-__all__ = [
-    "COLLAPSE_FRACTION",
-    "COLLAPSE_RULE",
-    "LEARNING_RULE",
-    "Collapse",
-    "collapse_lines",
-    "learning_lines",
-    "run_collapse",
-]
+# The report's log-rank tests between the paper's arms (by role), in its findings' Holm family.
+SURVIVAL_KEYS = [("gspo", "grpo", "collapse"), ("grpo_rr", "grpo", "collapse"), ("gspo", "grpo_rr", "collapse")]
+
+
+def survival_test_line(found, roles: dict[str, Group], key: tuple[str, str, str]) -> str:
+    """One report line: `a` − `b`, the log-rank O − E with its interval, Holm-adjusted p and word."""
+    a, b, _ = key
+    return f"- Log-rank, `{roles[a].name}` against `{roles[b].name}`: collapses O − E {found.text('+.2f')}."
+
+
+def _pct(x: float) -> str:
+    return "–" if not math.isfinite(x) else f"{x:.2f}"
+
+
+def survival_lines(groups: list[Group], task: str | None, label: str, tests: list[str] = ()) -> list[str]:
+    """A "## Time to collapse" section: per arm, runs rated and collapsed, the Kaplan-Meier S(t)
+    with its 95% interval at every evaluation step where some arm has an event, and the median;
+    then each arm's collapse rate with its exact interval (none collapsed: the rate the seeds cannot
+    exclude), `tests` (the log-rank lines the caller computed in its family) and SURVIVAL_RULE. Empty
+    without an evaluation set or a rated run."""
+    if task is None:
+        return []
+    curves = [(g, arm_curve(g, task), arm_times(g, task)) for g in groups]
+    curves = [(g, km, te) for g, km, te in curves if km is not None]
+    if not curves:
+        return []
+    steps = sorted({float(t) for _, km, _ in curves for t in km.times[km.events > 0]})
+    head = "| arm | collapsed / rated | median step | " + " | ".join(f"S({t:g})" for t in steps) + " |"
+    rows = [head, "|" + "---|" * (3 + len(steps))]
+    for g, km, (_, events, _) in curves:
+        cells = []
+        for t in steps:
+            i = int(np.searchsorted(km.times, t, side="right")) - 1
+            s = km.at(t)
+            lo, hi = (km.low[i], km.high[i]) if i >= 0 else (math.nan, math.nan)
+            cells.append(f"{s:.2f}" + (f" [{_pct(lo)}, {_pct(hi)}]" if math.isfinite(lo) else ""))
+        med = km.median
+        rows.append(
+            f"| {g.name} | {int(events.sum())}/{len(events)} | {'none' if not math.isfinite(med) else f'{med:g}'} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    intro = (
+        f"Share of runs whose {label} has not yet collapsed, after each step where some arm has a collapse "
+        "(Kaplan-Meier, 95% interval; rule below)."
+    )
+    if not steps:
+        intro = f"No rated run collapses: every run is censored at its last evaluation ({label})."
+    rates = "Collapse rate per arm (Clopper-Pearson): " + "; ".join(collapse_counts(groups, task)) + "."
+    return ["## Time to collapse", "", intro, "", *rows, "", rates, "", *tests, *([""] if tests else []), SURVIVAL_RULE]
+
+
+__all__ = ["LEARNING_RULE", "SURVIVAL_KEYS", "collapse_lines", "learning_lines", "survival_lines", "survival_test_line"]

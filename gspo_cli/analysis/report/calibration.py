@@ -15,39 +15,14 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
-from scipy import stats
 
-from gspo_cli.analysis.compare import build_columns
-from gspo_cli.analysis.differences import build_differences
-from gspo_cli.analysis.rundata import Group, Run
-
-FALSE = ("better", "worse")
-
-
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """The exact binomial interval for k successes in n trials (Clopper and Pearson 1934)."""
-    if n <= 0:
-        return math.nan, math.nan
-    a = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(stats.beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(stats.beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
-
-
-@dataclass(frozen=True)
-class Verdicts:
-    """One pseudo-experiment's rows: metric column id -> (verdict, delta, ci_low, ci_high, sd_pairs)."""
-
-    rows: dict[str, tuple[str, float, float, float, float]]
-
-    def any_false(self) -> bool:
-        return any(v[0] in FALSE for v in self.rows.values())
-
-    def verdict(self, metric: str) -> str:
-        return self.rows[metric][0]
+from gspo_cli.analysis.rundata.runs import Group, Run
+from gspo_cli.analysis.stats.calibration import FALSE, Rate, Verdicts, clopper_pearson, disjoint_blocks
+from gspo_cli.analysis.tables.compare import build_columns
+from gspo_cli.analysis.tables.differences import build_differences
 
 
 def pseudo_experiment(arm: list[Run], base: list[Run], metrics: tuple[str, ...] = ("eval_final", "reward")) -> Verdicts:
@@ -59,23 +34,6 @@ def pseudo_experiment(arm: list[Run], base: list[Run], metrics: tuple[str, ...] 
     cols = build_columns(list(metrics), runs, last=last, threshold=None)
     table = build_differences([Group("arm", a), Group("base", b)], cols, baseline="base")
     return Verdicts({d.metric: (d.verdict, d.delta, *d.ci95, d.estimate.sd_pairs) for d in table.rows})
-
-
-def disjoint_blocks(n: int, k: int) -> list[list[int]]:
-    """Indices 0..n-1 cut into consecutive blocks of k (a remainder is left out)."""
-    return [list(range(i, i + k)) for i in range(0, n - k + 1, k)]
-
-
-@dataclass
-class Rate:
-    hits: int
-    n: int
-    ci: tuple[float, float]
-    how: str
-
-    @property
-    def rate(self) -> float:
-        return self.hits / self.n if self.n else math.nan
 
 
 def disjoint_rate(a: list[Run], b: list[Run], k: int, metric: str | None = None) -> tuple[Rate, list[Verdicts]]:
@@ -112,12 +70,4 @@ def overlapping_rate(pool: list[Run], k: int, draws: int, seed: int = 0, metrics
     return out
 
 
-__all__ = [
-    "Rate",
-    "Verdicts",
-    "clopper_pearson",
-    "disjoint_blocks",
-    "disjoint_rate",
-    "overlapping_rate",
-    "pseudo_experiment",
-]
+__all__ = ["disjoint_rate", "overlapping_rate", "pseudo_experiment"]

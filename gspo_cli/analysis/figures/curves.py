@@ -1,5 +1,5 @@
 """The numbers `gspo plot` draws, from run directories alone (no matplotlib): per group, the
-mean over seeds of a metric along an x axis (step or a compute axis: `compute`), each
+mean over seeds of a metric along an x axis (step or a compute axis: `rundata.compute`), each
 seed EMA-smoothed first, with a band over seeds where at least two have the point; held-out
 scores by evaluation step; and the smoothing weight `--smooth auto` picks from the run length.
 """
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gspo_cli.analysis.compute import compute_series
-from gspo_cli.analysis.rundata import Group, Run, curve_stats, ema
+from gspo_cli.analysis.rundata.compute import compute_series
+from gspo_cli.analysis.rundata.runs import Group, Run, ema
+from gspo_cli.analysis.stats.seeds import curve_stats
 from gspo_cli.errors import SpecError
 
 # Band over seeds: name -> what the legend says it is.

@@ -1,25 +1,19 @@
-"""Held-out score against compute, per arm: the score at an equal compute budget (`compute`'s
-rule) and the ScaleRL-style saturating fit (`stats.saturation`) with seed-bootstrap intervals, for
-`report` and for `plot`'s `fit` figure. Reads files only; no torch."""
+"""The report's "## Compute" section: held-out score against compute, per arm: the score at an
+equal compute budget (`rundata.compute`'s rule) and the ScaleRL-style saturating fit
+(`stats.saturation.arm_fit`, which `plot`'s `fit` figure draws too) with seed-bootstrap intervals.
+Reads files only; no torch."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from gspo_cli.analysis.compute import AXES, EQUAL_COMPUTE_RULE, UNITS, common_budget, eval_points, score_at
-from gspo_cli.analysis.rundata import Group, seed_stats
-from gspo_cli.analysis.stats.saturation import IDENTIFY_RULE, Fit, fit_saturation
+from gspo_cli.analysis.rundata.compute import AXES, EQUAL_COMPUTE_RULE, UNITS, common_budget, eval_points, score_at
+from gspo_cli.analysis.rundata.runs import Group
+from gspo_cli.analysis.stats.saturation import EXTRAPOLATION, IDENTIFY_RULE, Fit, arm_fit
+from gspo_cli.analysis.stats.seeds import seed_stats
 from gspo_cli.errors import SpecError
 
 REPORT_AXIS = "tokens"
-
-
-def arm_fit(group: Group, task: str, axis: str, bootstrap: int = 200) -> Fit:
-    """The saturating fit of the group's held-out score on `task` against `axis` (every seed's
-    evaluations; intervals from `bootstrap` seed resamples)."""
-    return fit_saturation([eval_points(r, task, axis) for r in group.runs], bootstrap=bootstrap)
 
 
 def _ci(fit: Fit, key: str, fmt: str) -> str:
@@ -32,7 +26,8 @@ def fit_text(fit: Fit, unit: str) -> str:
     if not fit.identified:
         return f"not identified: {fit.reason}"
     return (
-        f"A = {fit.a:.3f}{_ci(fit, 'a', '.3f')}, B = {fit.b:.2f}{_ci(fit, 'b', '.2f')}, "
+        f"A = {fit.a:.3f}{_ci(fit, 'a', '.3f')} ({EXTRAPOLATION}; the curve reaches {fit.reached:.3f} at "
+        f"{fit.c_max:.3g} {unit}), B = {fit.b:.2f}{_ci(fit, 'b', '.2f')}, "
         f"C_mid = {fit.c_mid:.3g}{_ci(fit, 'c_mid', '.3g')} {unit} (R0 = {fit.r0:.3f})"
     )
 
@@ -60,7 +55,7 @@ def compute_lines(groups: list[Group], task: str | None, label: str, axis: str =
     return [
         "## Held-out score against compute",
         "",
-        f"Compute: {AXES[axis]} (gspo_cli/analysis/compute.py says which logged metrics count). "
+        f"Compute: {AXES[axis]} (gspo_cli/analysis/rundata/compute.py says which logged metrics count). "
         + EQUAL_COMPUTE_RULE.format(axis=axis, budget=budget, unit=unit),
         "",
         f"| arm | {axis} at the last evaluation (seed mean) | {label} at {budget:.3g} {unit} (seeds) | "
@@ -69,19 +64,12 @@ def compute_lines(groups: list[Group], task: str | None, label: str, axis: str =
         *rows,
         "",
         "`gspo compare --baseline ARM --budget tokens` tests the differences at equal compute. "
-        "A: the asymptote; B: the efficiency exponent; C_mid: the compute at half the gain (ScaleRL, "
+        "A: the asymptote, an extrapolation beyond the compute reached (a curve that bends again later has "
+        "another); B: the efficiency exponent; C_mid: the compute at half the gain (ScaleRL, "
         "arXiv 2510.13786).",
         "",
         IDENTIFY_RULE,
     ]
 
 
-def fit_curve(group: Group, task: str, axis: str) -> tuple[Fit, np.ndarray]:
-    """The fit (identified as in the report, so with its bootstrap) and the x to draw it on: 0 to
-    the largest compute."""
-    fit = arm_fit(group, task, axis)
-    top = max((float(x[-1]) for r in group.runs if len(x := eval_points(r, task, axis)[0])), default=0.0)
-    return fit, np.linspace(0.0, top, 200)
-
-
-__all__ = ["REPORT_AXIS", "arm_fit", "compute_lines", "fit_curve", "fit_text"]
+__all__ = ["REPORT_AXIS", "compute_lines", "fit_text"]

@@ -1,7 +1,8 @@
-"""Run directories as tables: loading, grouping, and statistics over seeds.
+"""Run directories as tables: loading runs, grouping them, and smoothing a run's series.
 
-Shared by `gspo compare` and `gspo plot`. Like them it reads files only and never imports
-torch or the trainer, so both commands work on a laptop holding nothing but results/.
+Shared by `gspo compare`, `plot` and `report`. Like them it reads files only and never imports
+torch or the trainer, so the commands work on a laptop holding nothing but results/. Statistics
+over seeds live one layer up, in `analysis.stats.seeds`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from gspo_cli.analysis.stats import t975
 from gspo_cli.errors import SpecError
 from gspo_cli.files import read_text
 from gspo_cli.metrics import no_signal
@@ -116,16 +116,6 @@ class Group:
 
     name: str
     runs: list[Run]
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Mean over seeds with its sample std and 95% CI half-width; n counts finite values."""
-
-    n: int
-    mean: float
-    std: float
-    ci95: float
 
 
 def reward_names(runs: list[Run]) -> list[str]:
@@ -246,28 +236,7 @@ def _sort_key(v: Any) -> tuple:
     return (1, 0.0, str(v))
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def seed_stats(values: list[float] | np.ndarray) -> Stats:
-    """Statistics over the finite values (one per seed): std with ddof=1, CI = t * std / sqrt(n)."""
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
-    n = len(x)
-    if n == 0:
-        return Stats(0, math.nan, math.nan, math.nan)
-    if n == 1:
-        return Stats(1, float(x[0]), math.nan, math.nan)
-    std = float(np.std(x, ddof=1))
-    return Stats(n, float(np.mean(x)), std, t975(n - 1) * std / math.sqrt(n))
-
-
-def curve_stats(frame: pd.DataFrame) -> pd.DataFrame:
-    """Row-wise seed_stats of a (points x seeds) frame: columns n, mean, std, ci95."""
-    n = frame.notna().sum(axis=1)
-    std = frame.std(axis=1, ddof=1)
-    t = n.map(lambda k: t975(int(k) - 1))
-    return pd.DataFrame({"n": n, "mean": frame.mean(axis=1), "std": std, "ci95": t * std / np.sqrt(n.where(n > 0))})
+# --------------------------------------------------------------------------- smoothing
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:

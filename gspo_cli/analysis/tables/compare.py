@@ -20,10 +20,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gspo_cli.analysis.arm_settings import SETTINGS, arm_settings
-from gspo_cli.analysis.compute import budget_columns, unequal_compute_note
-from gspo_cli.analysis.report_testable import no_signal_note, same_gradient_notes
-from gspo_cli.analysis.rundata import Group, Run, Stats, group_runs, load_runs, reward_names, seed_stats
+from gspo_cli.analysis.rundata.arm_settings import SETTINGS, arm_settings
+from gspo_cli.analysis.rundata.compute import budget_columns, unequal_compute_note
+from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs, reward_names
+from gspo_cli.analysis.stats.seeds import Stats, seed_stats
+from gspo_cli.analysis.tables.notes import no_signal_note, same_gradient_notes
 from gspo_cli.errors import SpecError
 from gspo_cli.metrics import METRICS, eval_reward_score, reward_key
 from gspo_cli.params import params_note

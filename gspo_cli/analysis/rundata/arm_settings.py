@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gspo_cli.analysis.rundata import Run
+from gspo_cli.analysis.rundata.runs import Run
 
 
 def _replay(arm: dict) -> str:

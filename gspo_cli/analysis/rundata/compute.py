@@ -26,7 +26,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from gspo_cli.analysis.rundata import Run
+from gspo_cli.analysis.rundata.runs import Run
 from gspo_cli.errors import SpecError
 
 AXES = {

@@ -2,12 +2,13 @@
 
 The report is built from the same numbers `gspo compare` prints and the same figures `gspo
 plot` draws; it adds, for each finding, differences between two arms from the statistics engine
-(paired over seeds, Holm over every difference in the findings: report_differences) and a
+(paired over seeds, Holm over every difference in the findings: `report.differences`) and a
 verdict by rules fixed in advance (RULES below, printed in the report).
 Arms are recognised by their settings, not their names: GRPO is `loss: grpo` without routing
 replay, GRPO+RR the same with it (r2 or r3), GSPO `loss: gspo`, GSPO-token `loss: gspo_token`;
 an arm with a mismatch correction is none of the paper's arms (the paper has none): it is
 shown in the table, not used in the findings.
+Each section is its own module beside this one (collapse, compute, ratio, rewards, testable, tools).
 Like compare and plot, it reads files only and imports no torch.
 """
 
@@ -19,23 +20,25 @@ from pathlib import Path
 
 import numpy as np
 
-from gspo_cli.analysis.compare import Comparison, compare_runs, render
-from gspo_cli.analysis.plot import plot_runs
-from gspo_cli.analysis.report_collapse import collapse_lines, learning_lines
-from gspo_cli.analysis.report_compute import REPORT_AXIS, compute_lines
-from gspo_cli.analysis.report_differences import FAMILY_RULE, finding_family
-from gspo_cli.analysis.report_ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
-from gspo_cli.analysis.report_rewards import reward_lines
-from gspo_cli.analysis.report_testable import expert_change_untestable, findings_untestable, not_testable
-from gspo_cli.analysis.report_tools import has_tools, tool_lines
-from gspo_cli.analysis.rundata import Group, Run, group_runs, load_runs
-from gspo_cli.analysis.stability import (
+from gspo_cli.analysis.figures.plot import plot_runs
+from gspo_cli.analysis.report.collapse import (
     SURVIVAL_KEYS,
-    any_collapse,
-    survival_estimate,
+    collapse_lines,
+    learning_lines,
     survival_lines,
     survival_test_line,
 )
+from gspo_cli.analysis.report.compute import REPORT_AXIS, compute_lines
+from gspo_cli.analysis.report.differences import FAMILY_RULE, finding_family
+from gspo_cli.analysis.report.ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
+from gspo_cli.analysis.report.rewards import reward_lines
+from gspo_cli.analysis.report.testable import expert_change_untestable, findings_untestable, not_testable
+from gspo_cli.analysis.report.tools import has_tools, tool_lines
+from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs
+from gspo_cli.analysis.stats.stability import any_collapse, survival_estimate
+from gspo_cli.analysis.tables.compare import Comparison, compare_runs, render
+from gspo_cli.analysis.tables.differences import primary_metric, spec_comparison
+from gspo_cli.analysis.tables.sequential import decision_line, sequential_decisions
 from gspo_cli.errors import SpecError
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
@@ -140,6 +143,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%" if math.isfinite(x) else "n/a"
 
 
+def _primary(roles: dict[str, Group], groups: list[Group], comp: Comparison):
+    """The spec comparison's (role, role, column) when both its arms have a role here."""
+    section = spec_comparison(groups)
+    by_name = {g.name: role for role, g in roles.items()}
+    metric = primary_metric(comp.columns, section.get("metric"))
+    arm, base = by_name.get(section.get("arm")), by_name.get(section.get("baseline"))
+    return (arm, base, metric) if arm and base and metric else None
+
+
 def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.9) -> str:
     """Write figures next to `out` and return the report's Markdown text."""
     paths = [str(exp_dir)]
@@ -167,7 +179,9 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     family = (
         {}
         if findings_untestable(roles)
-        else finding_family(roles, keys, {"logvar": offpolicy_logvar}, comp.columns, tests)
+        else finding_family(
+            roles, keys, {"logvar": offpolicy_logvar}, comp.columns, tests, primary=_primary(roles, groups, comp)
+        )
     )
     diff = lambda a, b, col: family[(a, b, col)]  # noqa: E731
 
@@ -197,6 +211,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += (
         not_testable((5,), untestable) if untestable else stability_finding(roles, lambda a, b: diff(a, b, "logvar"))
     )
+    lines += [f"- {decision_line(d)}" for d in sequential_decisions(groups)]  # beside finding 1's row
     lines += ["", RULES + STABILITY_RULE]
     lines += learning_lines(groups, eval_task, eval_label, last)
     lines += collapse_lines(groups, eval_task, eval_label)

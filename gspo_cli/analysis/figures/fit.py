@@ -1,6 +1,6 @@
 """`gspo plot -m fit`: per evaluation set, each arm's held-out score against the plot's x axis (a
 compute axis: `--x tokens`, samples, wall, or step) as seed means with their band, and its
-saturating fit R(C) (report_compute, stats.saturation) dashed over it; an arm whose fit is not
+saturating fit R(C) (stats.saturation, as the report fits it) dashed over it; an arm whose fit is not
 identified is named in a note with the reason, and no curve is drawn for it."""
 
 from __future__ import annotations
@@ -12,11 +12,19 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from gspo_cli.analysis.axes import finish_axes, score_limits
-from gspo_cli.analysis.compute import AXES
-from gspo_cli.analysis.curves import eval_curve
-from gspo_cli.analysis.report_compute import fit_curve
-from gspo_cli.analysis.rundata import Group
+from gspo_cli.analysis.figures.axes import finish_axes, score_limits
+from gspo_cli.analysis.figures.curves import eval_curve
+from gspo_cli.analysis.rundata.compute import AXES, eval_points
+from gspo_cli.analysis.rundata.runs import Group
+from gspo_cli.analysis.stats.saturation import Fit, arm_fit
+
+
+def fit_curve(group: Group, task: str, axis: str) -> tuple[Fit, np.ndarray]:
+    """The fit (identified as in the report, so with its bootstrap) and the x to draw it on: 0 to
+    the largest compute."""
+    fit = arm_fit(group, task, axis)
+    top = max((float(x[-1]) for r in group.runs if len(x := eval_points(r, task, axis)[0])), default=0.0)
+    return fit, np.linspace(0.0, top, 200)
 
 
 def fit_draws(groups: list[Group], colours: dict, x: str, band: str) -> list[tuple[str, Callable[[Axes], None]]]:
@@ -48,7 +56,7 @@ def _draw(groups: list[Group], colours: dict, task: str, x: str, band: str) -> C
             score_limits(ax, np.concatenate(tops))
         styles = [
             Line2D([], [], color="0.3", ls="--", label="saturating fit"),
-            Line2D([], [], color="0.3", ls=":", lw=0.6, label="asymptote A"),
+            Line2D([], [], color="0.3", ls=":", lw=0.6, label="asymptote A (extrapolated)"),
         ]
         title = f"Held-out {task} against compute"
         finish_axes(ax, title, AXES[x], "score (seed mean)", styles, notes, x == "step")
