@@ -46,7 +46,8 @@ def until_decided(
         if code == 1 or any(r["exit"] == 4 for r in done):
             raise RunError("--until-decided: a run of this round did not complete; rerun the same command to resume")
 
-    decision = decide_until(spec, max_seeds, round_seeds, train, log)
+    # written after every look too: a login session that dies between rounds leaves its looks
+    decision = decide_until(spec, max_seeds, round_seeds, train, log, after_look=lambda d: write_decision(spec, d))
     path = write_decision(spec, decision)
     if as_json:
         typer.echo(json.dumps({**decision.to_dict(), "runs": list(records.values()), "file": str(path)}))
