@@ -6,6 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-fast lint clean reproduce docs reference
 
+# The studies' runs train here by default; `make zoo EXECUTOR=slurm` (or ray) trains them through
+# that executor with the resources of the spec's executor: section (docs/guides/many-machines.md).
+EXECUTOR ?=
+EXECUTOR_FLAG := $(if $(EXECUTOR),--executor $(EXECUTOR))
+
 setup: $(STAMP)
 
 # torch first, pinned: this pin resolves to the CPU build here; an unpinned torch would pull
@@ -109,7 +114,7 @@ test-vllm: $(VLLM_STAMP)
 # on the idle 2-core box, measured 2026-12-04); resumable; writes results/zoo/REPORT.md.
 .PHONY: zoo
 zoo: setup
-	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/zoo
 
 # `make staleness`: GRPO, GRPO+R2 and GSPO at rollout.staleness 0, 1, 2, 4, with the trust region
@@ -122,7 +127,7 @@ STALENESS_SETS := staleness=0 staleness=1,anchor=behaviour staleness=1,anchor=pr
 	staleness=2,anchor=behaviour staleness=2,anchor=proximal staleness=4,anchor=behaviour staleness=4,anchor=proximal
 .PHONY: staleness
 staleness: setup
-	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2 $(EXECUTOR_FLAG)
 	@# REPORT.md keeps its hand-written head (pilot, findings: everything down to the first line "---")
 	@touch results/staleness/REPORT.md && sed '/^---$$/q' results/staleness/REPORT.md > results/staleness/.head.md
 	$(BIN)/gspo report results/staleness -o results/staleness/.generated.md
@@ -141,7 +146,7 @@ staleness: setup
 # results/lora_routers/REPORT.md (its opening note is written by hand).
 .PHONY: lora-routers
 lora-routers: setup
-	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/lora_routers
 
 # `make calibrate`: compare's verdicts measured on real runs (benchmarks/calibrate.py, spec
@@ -152,7 +157,7 @@ lora-routers: setup
 # kept); writes results/calibration/REPORT.md.
 .PHONY: calibrate
 calibrate: setup
-	$(BIN)/python -m benchmarks.calibrate --budget-min 65
+	$(BIN)/python -m benchmarks.calibrate --budget-min 65 $(EXECUTOR_FLAG)
 
 # `make tools`: multi-turn rollouts with a sandboxed Python tool (experiments/tools.yaml: GRPO,
 # GRPO+R2, GSPO x 3 seeds on 4-digit products the built-in model can only get with the tool);
@@ -161,7 +166,7 @@ calibrate: setup
 # is written (tool metrics and the with/without table included).
 .PHONY: tools tools-evals
 tools: setup
-	$(BIN)/gspo sweep experiments/tools.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/tools.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(MAKE) tools-evals
 	$(BIN)/gspo report results/tools
 
@@ -172,16 +177,16 @@ tools-evals:
 	done
 
 reproduce: setup
-	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/paper_moe
 
 reproduce-stress: setup
-	$(BIN)/gspo sweep experiments/paper_moe_stress.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_moe_stress.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/paper_moe_stress
 
 reproduce-tiny: setup
-	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2
-	$(BIN)/gspo sweep experiments/paper_tiny_offpolicy.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2 $(EXECUTOR_FLAG)
+	$(BIN)/gspo sweep experiments/paper_tiny_offpolicy.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/paper_tiny
 	$(BIN)/gspo report results/paper_tiny_offpolicy
 
