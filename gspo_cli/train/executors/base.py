@@ -3,7 +3,9 @@ names of a run's spec and log, and the command that trains one run."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +42,13 @@ def last_line(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1].strip() if lines else ""
+
+
+def wait_for(proc: subprocess.Popen, every_s: float = 0.5) -> int:
+    """The child's exit code, looked at every `every_s` seconds. Never a blocking Popen.wait() in
+    a job or task: a signal handler that looks at the child while it waits (submitit's time-limit
+    checkpoint) would wait forever on the Popen's lock, and an exception sent to the waiting thread
+    (Ray's cancel) only lands between Python steps, never inside a blocking wait."""
+    while proc.poll() is None:
+        time.sleep(every_s)
+    return proc.returncode

@@ -20,7 +20,7 @@ from typing import Any
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir
 from gspo_cli.spec.loading import dump_spec
-from gspo_cli.train.executors.base import file_stem, last_line, record, train_command
+from gspo_cli.train.executors.base import file_stem, last_line, record, train_command, wait_for
 from gspo_cli.train.executors.progress import RunProgress
 
 
@@ -54,8 +54,8 @@ def train_run(spec_file: str, log_file: str, force: bool, threads: int) -> tuple
             train_command(spec_file, force), env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
         try:
-            code = proc.wait()
-        except BaseException:
+            code = wait_for(proc)
+        except BaseException:  # cancelled (KeyboardInterrupt): the run checkpoints and stops
             proc.send_signal(signal.SIGTERM)
             proc.wait()
             raise

@@ -31,7 +31,7 @@ from typing import Any
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.runs import RunDir
 from gspo_cli.spec.loading import dump_spec
-from gspo_cli.train.executors.base import file_stem, last_line, record, train_command
+from gspo_cli.train.executors.base import file_stem, last_line, record, train_command, wait_for
 from gspo_cli.train.executors.progress import RunProgress
 
 # SLURM job states (squeue/sacct long names) in which the job is not over yet.
@@ -74,7 +74,7 @@ class TrainJob:
                 stderr=subprocess.STDOUT,
                 preexec_fn=_ignore_time_limit_signal,
             )
-            code = _wait(self.proc)
+            code = wait_for(self.proc)
         self.force = False  # a requeued job resumes, whatever the first submission asked
         if code not in (0, 3):  # 3: diverged, a finished run
             raise RuntimeError(f"gspo train exited {code}: {last_line(Path(self.log_file))}")
@@ -88,18 +88,9 @@ class TrainJob:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            _wait(proc)
+            wait_for(proc)
         self.force = False
         return submitit.helpers.DelayedSubmission(self)
-
-
-def _wait(proc: subprocess.Popen) -> int:
-    """The child's exit code, looked at once a second. Never Popen.wait(): the time-limit signal's
-    handler (`TrainJob.checkpoint`) runs while `__call__` waits, and a blocking wait holds the
-    Popen's lock, so the handler's own look at the child would wait on it forever."""
-    while proc.poll() is None:
-        time.sleep(1.0)
-    return proc.returncode
 
 
 def _ignore_time_limit_signal() -> None:
