@@ -6,6 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-fast lint clean reproduce docs reference
 
+# The studies' runs train here by default; `make zoo EXECUTOR=slurm` (or ray) trains them through
+# that executor with the resources of the spec's executor: section (docs/guides/many-machines.md).
+EXECUTOR ?=
+EXECUTOR_FLAG := $(if $(EXECUTOR),--executor $(EXECUTOR))
+
 setup: $(STAMP)
 
 # torch first, pinned: this pin resolves to the CPU build here; an unpinned torch would pull
@@ -113,7 +118,7 @@ vllm-venv: $(VLLM_STAMP)
 # on the idle 2-core box, measured 2026-12-04); resumable; writes results/zoo/REPORT.md.
 .PHONY: zoo
 zoo: setup
-	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/zoo.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/zoo
 
 # `make staleness`: GRPO, GRPO+R2 and GSPO at rollout.staleness 0, 1, 2, 4, with the trust region
@@ -126,7 +131,7 @@ STALENESS_SETS := staleness=0 staleness=1,anchor=behaviour staleness=1,anchor=pr
 	staleness=2,anchor=behaviour staleness=2,anchor=proximal staleness=4,anchor=behaviour staleness=4,anchor=proximal
 .PHONY: staleness
 staleness: setup
-	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/staleness.yaml --jobs 2 $(EXECUTOR_FLAG)
 	@# REPORT.md keeps its hand-written head (pilot, findings: everything down to the first line "---")
 	@touch results/staleness/REPORT.md && sed '/^---$$/q' results/staleness/REPORT.md > results/staleness/.head.md
 	$(BIN)/gspo report results/staleness -o results/staleness/.generated.md
@@ -145,7 +150,7 @@ staleness: setup
 # results/lora_routers/REPORT.md (its opening note is written by hand).
 .PHONY: lora-routers
 lora-routers: setup
-	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/lora_routers.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/lora_routers
 
 # `make calibrate`: compare's verdicts measured on real runs (benchmarks/calibrate.py, spec
@@ -156,7 +161,7 @@ lora-routers: setup
 # kept); writes results/calibration/REPORT.md.
 .PHONY: calibrate
 calibrate: setup
-	$(BIN)/python -m benchmarks.calibrate --budget-min 65
+	$(BIN)/python -m benchmarks.calibrate --budget-min 65 $(EXECUTOR_FLAG)
 
 # `make calibrate-report`: the calibration report again from the runs already completed, training
 # nothing (`--report-only`; without completed runs under results/calibration it says so, exit 2).
@@ -171,7 +176,7 @@ calibrate-report: setup
 # is written (tool metrics and the with/without table included).
 .PHONY: tools tools-evals
 tools: setup
-	$(BIN)/gspo sweep experiments/tools.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/tools.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(MAKE) tools-evals
 	$(BIN)/gspo report results/tools
 
@@ -182,16 +187,16 @@ tools-evals:
 	done
 
 reproduce: setup
-	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_moe.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/paper_moe
 
 reproduce-stress: setup
-	$(BIN)/gspo sweep experiments/paper_moe_stress.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_moe_stress.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/paper_moe_stress
 
 reproduce-tiny: setup
-	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2
-	$(BIN)/gspo sweep experiments/paper_tiny_offpolicy.yaml --jobs 2
+	$(BIN)/gspo sweep experiments/paper_tiny.yaml --jobs 2 $(EXECUTOR_FLAG)
+	$(BIN)/gspo sweep experiments/paper_tiny_offpolicy.yaml --jobs 2 $(EXECUTOR_FLAG)
 	$(BIN)/gspo report results/paper_tiny
 	$(BIN)/gspo report results/paper_tiny_offpolicy
 
@@ -267,3 +272,32 @@ reproduce-gpu:
 	else \
 		echo "reproduce-gpu: no CUDA device here (nvidia-smi finds no GPU); nothing to run"; \
 	fi
+
+# The SLURM executor (`--executor slurm`) against a real single-node SLURM: tests/slurm/start.sh
+# installs Debian's slurm-wlm and munge when missing (apt-get, as root), starts munged, slurmctld
+# and slurmd under GSPO_SLURM_DIR (default /tmp/gspo-slurm) for this machine's CPUs, and
+# tests/slurm/stop.sh stops them. Where SLURM cannot be had, the suite runs and every test is
+# skipped with the reason (pytest -ra lists it).
+GSPO_SLURM_DIR ?= /tmp/gspo-slurm
+export GSPO_SLURM_DIR
+.PHONY: slurm-up slurm-down test-slurm
+slurm-up:
+	tests/slurm/start.sh
+
+slurm-down:
+	tests/slurm/stop.sh
+
+test-slurm: setup
+	$(BIN)/python -c "import submitit" 2>/dev/null || $(BIN)/pip install --quiet -e ".[slurm]"
+	@status=0; \
+	if tests/slurm/start.sh; then export SLURM_CONF=$(GSPO_SLURM_DIR)/slurm.conf; \
+	else echo "test-slurm: no SLURM cluster here (see above); its tests are skipped"; unset SLURM_CONF; fi; \
+	$(BIN)/python -m pytest -q tests/slurm || status=$$?; \
+	tests/slurm/stop.sh; exit $$status
+
+# The Ray executor (`--executor ray`) on a local Ray cluster, which each command of the suite
+# starts and stops itself; installs the ray extra on first use.
+.PHONY: test-ray
+test-ray: setup
+	$(BIN)/python -c "import ray" 2>/dev/null || $(BIN)/pip install --quiet -e ".[ray]"
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q tests/ray

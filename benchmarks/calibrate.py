@@ -40,9 +40,12 @@ def _log(msg: str) -> None:
 class Trainer:
     """Trains planned runs (arm name, seed) in batches of `jobs`, until the deadline."""
 
-    def __init__(self, spec: Path, jobs: int, deadline: float, out_dir: Path):
+    def __init__(self, spec: Path, jobs: int, deadline: float, out_dir: Path, executor: str | None = None):
+        from gspo_cli.spec.loading import load_spec
+
         self.by_key = {(r.name, r.seed): r for r in sw.plan(spec)}
         self.jobs, self.deadline, self.out_dir = jobs, deadline, out_dir
+        self.executor = sw.executor_for(load_spec(spec), executor, jobs)  # a batch: one array on SLURM
         self.walls: list[float] = []
 
     def done(self, name: str, seed: int) -> bool:
@@ -56,7 +59,7 @@ class Trainer:
                 _log("budget spent: no more runs started")
                 return False
             batch = todo[i : i + self.jobs]
-            recs = sw.run_plan(batch, jobs=self.jobs, force=False, log=lambda m: None)
+            recs = sw.run_plan(batch, jobs=self.jobs, force=False, log=lambda m: None, executor=self.executor)
             for r in recs:
                 self.walls.append(r["wall_s"])
                 _log(f"{r['run']}/seed{r['seed']}: {r['status']} in {r['wall_s']} s (load {loadavg()})")
@@ -76,14 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handicap-max", type=int, default=12, help="most seeds for the handicap arm")
     p.add_argument("--budget-min", type=float, default=70.0, help="wall-clock minutes after which no run starts")
     p.add_argument("--draws", type=int, default=400, help="overlapping A/A pseudo-experiments")
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=2, help="runs per batch (at once, with the local executor)")
+    p.add_argument("--executor", default=None, help="local, slurm or ray (default: the spec's, else local)")
     p.add_argument("--no-grpo", dest="grpo", action="store_false", help="skip the GRPO A/A (trained last)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "calibration")
     args = p.parse_args(argv)
     start = time.time()
     deadline = start + (0 if args.report_only else args.budget_min * 60)
-    tr = Trainer(SPEC, args.jobs, deadline, args.out)
+    tr = Trainer(SPEC, args.jobs, deadline, args.out, args.executor)
     if args.report_only and not any(tr.done(*key) for key in tr.by_key):
         print(f"--report-only: no completed calibration runs under {args.out}; the report there is left as it is")
         return 2

@@ -2,6 +2,7 @@
 these from here, never from each other."""
 
 import socket
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -172,3 +173,24 @@ def max_gap(a, b) -> float:
         assert a.keys() == b.keys(), a.keys() ^ b.keys()
         return max((max_gap(a[k], b[k]) for k in a), default=0.0)
     return float((a.detach().double() - b.detach().double()).abs().max()) if torch.is_tensor(a) and a.numel() else 0.0
+
+
+def tiny_study_spec(path: Path, out: Path, **changes) -> Path:
+    """Writes to `path` the tiny end-to-end spec as a study for the executors' tests: two arms
+    (grpo, gspo), two seeds, a short cold start, runs under `out`, SLURM resources for this
+    machine (1 CPU a run, 1 s between looks); `changes` replace top-level sections."""
+    import yaml
+
+    spec = {
+        **TINY,
+        "name": "tiny",
+        "seeds": [0, 1],
+        "output_dir": str(out),
+        "model": {**TINY["model"], "cold_start": {"steps": 20, "batch_size": 32, "lr": 1e-2}},
+        "arms": [a for a in TINY["arms"] if a["name"] in ("grpo", "gspo")],
+        "executor": {"kind": "local", "slurm": {"cpus_per_run": 1, "time_min": 10, "poll_s": 1}},
+    }
+    for key, value in changes.items():
+        spec[key] = value
+    path.write_text(yaml.safe_dump(spec))
+    return path

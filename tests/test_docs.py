@@ -123,9 +123,23 @@ COVERED = {
         "tests/vllm/test_vllm_server.py::test_a_trainer_pushes_its_weights_to_the_server_every_step",
         "tests/vllm/test_vllm_server.py::test_the_servers_command_line",
     ],
+    r"gspo sweep experiments/quickstart\.yaml --executor slurm": [
+        "tests/slurm/test_slurm_executor.py::test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics",
+        "tests/slurm/test_slurm_executor.py::test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint",
+    ],
+    r"gspo sweep experiments/quickstart\.yaml --executor ray": [
+        "tests/ray/test_ray_executor.py::test_a_tiny_sweep_through_ray_has_the_local_executors_metrics"
+    ],
+    r"pip install 'gspo-cli\[(slurm|ray)\]'": [
+        "tests/slurm/test_slurm_executor.py::test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics",
+        "tests/ray/test_ray_executor.py::test_a_tiny_sweep_through_ray_has_the_local_executors_metrics",
+    ],
+    r"gspo sweep experiments/quickstart\.yaml --executor slurm --cancel": [
+        "tests/slurm/test_slurm_executor.py::test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint"
+    ],
     # CI (.ci/run) runs `make test`, which runs `make setup` first; `make run` is its three
     # commands (test_make_run_is_three_documented_commands).
-    r"make (setup|test)": [".ci/run"],
+    r"make (setup|test|test-slurm|test-ray)": [".ci/run"],
     r"make run": ["tests/test_docs.py::test_make_run_is_three_documented_commands"],
 }
 

@@ -13,7 +13,7 @@ from synthetic_runs import write_run
 from typer.testing import CliRunner
 
 from gspo_cli.cli.app import app
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError, SpecError
 from gspo_cli.spec.loading import same_spec, spec_from_dict
 from gspo_cli.train import sweep as sw
 from gspo_cli.train.loop import run_spec
@@ -72,7 +72,7 @@ def fake_training(monkeypatch, root: Path, shift: float) -> list[tuple[str, int]
     BASE[seed] (+ shift + NOISE[seed] for gspo). Returns the runs 'trained', in order."""
     trained: list[tuple[str, int]] = []
 
-    def run_plan(runs, *, jobs, force, log):
+    def run_plan(runs, *, jobs, force, log, executor=None):
         out = []
         for r in runs:
             skipped = (r.path / "run.json").is_file()
@@ -123,6 +123,22 @@ def test_a_clear_difference_stops_early_and_a_rerun_resumes_to_the_same_verdict(
     trained.clear()
     again = json.loads(until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo").stdout)
     assert trained == [] and again["looks"] == out["looks"]  # completed runs skipped, looks replayed
+
+
+def test_the_decision_file_holds_every_look_made_before_a_round_failed(tmp_path, monkeypatch):
+    fake_training(monkeypatch, tmp_path, shift=0.0)
+    trains = sw.run_plan
+
+    def second_round_dies(runs, **kw):  # the first look's seeds train, the next round's do not
+        if max(r.seed for r in runs) > 2:
+            raise RunError("--until-decided: a run of this round did not complete")
+        return trains(runs, **kw)
+
+    monkeypatch.setattr(sw, "run_plan", second_round_dies)
+    res = until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo")
+    assert res.exit_code == 1, res.output
+    written = json.loads((tmp_path / "exp" / "until_decided.json").read_text())
+    assert [lk["n"] for lk in written["looks"]] == [3] and written["looks"][0]["verdict"] == "continue"
 
 
 def test_the_same_seeds_welch_would_not_resolve(tmp_path, monkeypatch):

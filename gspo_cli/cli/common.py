@@ -42,3 +42,9 @@ def _exit_code(statuses: list[str]) -> int:
     if "diverged" in statuses:
         return 3
     return 0
+
+
+EXECUTOR_HELP = (
+    "where the runs train: local (processes here, --jobs at a time), slurm (a job array per round) or ray "
+    "(a task per run); default: the spec's executor.kind, else local; e.g. --executor slurm"
+)

@@ -14,7 +14,15 @@ from gspo_cli.errors import RunError, SpecError
 
 
 def until_decided(
-    spec_path: Path, overrides: list[str], *, jobs: int, max_seeds: int | None, round_seeds: int, log, as_json: bool
+    spec_path: Path,
+    overrides: list[str],
+    *,
+    jobs: int,
+    max_seeds: int | None,
+    round_seeds: int,
+    log,
+    as_json: bool,
+    executor: str | None = None,
 ) -> None:
     """Train the comparison's two arms round by round and print the decision (GspoError on a
     user mistake or a failed run, for the caller to report)."""
@@ -25,19 +33,21 @@ def until_decided(
     spec = load_spec(spec_path, overrides)
     if spec.sweep is not None:
         raise SpecError("--until-decided: decides the comparison of two arms; drop the spec's sweep: section")
+    placed = sw.executor_for(spec, executor, jobs)  # the same executor for every round
     records: dict[str, dict] = {}  # by run path: each run's latest record (trained, or skipped as completed)
 
     def train(seeds: list[int]) -> None:
         c = spec.comparison
         runs = sw.plan(spec_path, [*overrides, f"seeds={json.dumps(seeds)}"])
         runs = [r for r in runs if r.base_arm in (c.baseline, c.arm)]
-        done = sw.run_plan(runs, jobs=jobs, force=False, log=log)
+        done = sw.run_plan(runs, jobs=jobs, force=False, log=log, executor=placed)
         records.update({r["path"]: r for r in done})
         code = _exit_code([r["status"] for r in done])
         if code == 1 or any(r["exit"] == 4 for r in done):
             raise RunError("--until-decided: a run of this round did not complete; rerun the same command to resume")
 
-    decision = decide_until(spec, max_seeds, round_seeds, train, log)
+    # written after every look too: a login session that dies between rounds leaves its looks
+    decision = decide_until(spec, max_seeds, round_seeds, train, log, after_look=lambda d: write_decision(spec, d))
     path = write_decision(spec, decision)
     if as_json:
         typer.echo(json.dumps({**decision.to_dict(), "runs": list(records.values()), "file": str(path)}))

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gspo_cli.cli.common import _exit_code, _fail, _print_table, _show_warning, err_console
+from gspo_cli.cli.common import EXECUTOR_HELP, _exit_code, _fail, _print_table, _show_warning, err_console
 from gspo_cli.errors import GspoError, HardInterrupt, InterruptedRun, SpecError
 
 
@@ -244,6 +244,15 @@ def sweep(
             help="with --until-decided: new seeds per arm in each round (default 1), e.g. --round-seeds 2",
         ),
     ] = None,
+    executor: Annotated[Optional[str], typer.Option("--executor", metavar="KIND", help=EXECUTOR_HELP)] = None,
+    cancel: Annotated[
+        bool,
+        typer.Option(
+            "--cancel",
+            help="cancel this sweep's jobs still queued or running on the scheduler (recorded beside the runs), "
+            "then stop; e.g. gspo sweep SPEC --executor slurm --cancel",
+        ),
+    ] = False,
 ) -> None:
     """Expand the spec's sweep x arms x seeds into named runs and train them.
 
@@ -264,11 +273,17 @@ def sweep(
 
     Example: `gspo sweep experiments/sweep_clip.yaml --dry-run`
     """
+    from gspo_cli.spec.loading import load_spec
     from gspo_cli.train import sweep as sw
 
     warnings.showwarning = _show_warning
+    if cancel:
+        _cancel(spec_path, list(set_ or []), executor)
+        return
     if until_decided:
-        _decide(spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run, force or shard)
+        _decide(
+            spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run, force or shard, executor
+        )
         return
     if max_seeds is not None or round_seeds is not None:
         _fail(SpecError("--max-seeds and --round-seeds go with --until-decided"))
@@ -285,7 +300,8 @@ def sweep(
             if quiet
             else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
         )
-        records = sw.run_plan(runs, jobs=jobs, force=force, log=log)
+        placed = sw.executor_for(load_spec(spec_path, list(set_ or [])), executor, jobs)
+        records = sw.run_plan(runs, jobs=jobs, force=force, log=log, executor=placed)
     except GspoError as err:
         _fail(err)
     except HardInterrupt:
@@ -314,7 +330,24 @@ def sweep(
     raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
 
 
-def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, dry_run, refused) -> None:
+def _cancel(spec_path, overrides, executor) -> None:
+    """`--cancel`: cancel the jobs recorded beside this experiment's runs that are still queued or
+    running (every round's, with or without --until-decided)."""
+    from gspo_cli.spec.loading import load_spec
+    from gspo_cli.train import sweep as sw
+
+    try:
+        placed = sw.executor_for(load_spec(spec_path, overrides), executor)
+        if not hasattr(placed, "cancel"):
+            raise SpecError(f"--cancel: the {placed.name} executor keeps no jobs to cancel (e.g. --executor slurm)")
+        placed.cancel(lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
+    except GspoError as err:
+        _fail(err)
+
+
+def _decide(
+    spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, dry_run, refused, executor=None
+) -> None:
     from gspo_cli.cli.decide import planned_looks, until_decided
 
     log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
@@ -325,7 +358,14 @@ def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, 
             planned_looks(spec_path, overrides, max_seeds=max_seeds, round_seeds=round_seeds, as_json=as_json)
             return
         until_decided(
-            spec_path, overrides, jobs=jobs, max_seeds=max_seeds, round_seeds=round_seeds, log=log, as_json=as_json
+            spec_path,
+            overrides,
+            jobs=jobs,
+            max_seeds=max_seeds,
+            round_seeds=round_seeds,
+            log=log,
+            as_json=as_json,
+            executor=executor,
         )
     except GspoError as err:
         _fail(err)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gspo_cli.cli.common import _fail, _show_warning, err_console
+from gspo_cli.cli.common import EXECUTOR_HELP, _fail, _show_warning, err_console
 from gspo_cli.errors import GspoError, HardInterrupt, RunError, SpecError
 
 
@@ -30,6 +30,7 @@ def tune(
         bool, typer.Option("--dry-run", help="check the spec, list the budgets and tuning runs; train nothing")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final report path")] = False,
+    executor: Annotated[Optional[str], typer.Option("--executor", metavar="KIND", help=EXECUTOR_HELP)] = None,
 ) -> None:
     """Tune every arm on the same budget, select on a validation set, compare on a test set.
 
@@ -63,12 +64,13 @@ def tune(
             return
         if not resume and any(r.status() != "planned" for r in planned):
             raise SpecError(f"{root}: runs of an earlier tune exist; --resume continues it (or remove the directory)")
-        records = sw.run_plan(planned, jobs=jobs, force=False, log=log)
+        placed = sw.executor_for(spec, executor, jobs)
+        records = sw.run_plan(planned, jobs=jobs, force=False, log=log, executor=placed)
         _check(records, "tuning")
         command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
         info, selection, chosen = _select(spec, planned, budgets, sizes, command)
         final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
-        records = sw.run_plan(final, jobs=jobs, force=False, log=log)
+        records = sw.run_plan(final, jobs=jobs, force=False, log=log, executor=placed)
         _check(records, "final")
         from gspo_cli.analysis.report import tune as tr
 

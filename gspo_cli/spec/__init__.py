@@ -5,6 +5,7 @@
 
 from gspo_cli.spec.arm import AggregationWarning, ArmConfig, MismatchConfig
 from gspo_cli.spec.comparison import ComparisonConfig
+from gspo_cli.spec.executor import ExecutorConfig, RayConfig, SlurmConfig
 from gspo_cli.spec.experiment import SEED_LIMIT, ExperimentSpec, OnPolicyWarning, SweepConfig
 from gspo_cli.spec.model import BuiltinModelConfig, ColdStartConfig, LoraSpec, ModelConfig
 from gspo_cli.spec.presets import PRESETS
@@ -24,6 +25,7 @@ __all__ = [
     "ComparisonConfig",
     "DivergenceConfig",
     "EvalSetConfig",
+    "ExecutorConfig",
     "RewardConfig",
     "ExperimentSpec",
     "MismatchConfig",
@@ -31,7 +33,9 @@ __all__ = [
     "ModelConfig",
     "OnPolicyWarning",
     "OptimizerConfig",
+    "RayConfig",
     "RolloutConfig",
+    "SlurmConfig",
     "SweepConfig",
     "TaskConfig",
     "TrainConfig",

@@ -12,6 +12,7 @@ from gspo_cli.errors import SpecError, router_scale_problem
 from gspo_cli.spec.arm import ArmConfig, reward_problems
 from gspo_cli.spec.base import _check_dir_name, _did_you_mean, _Problems, _Strict
 from gspo_cli.spec.comparison import ComparisonConfig
+from gspo_cli.spec.executor import ExecutorConfig
 from gspo_cli.spec.model import ModelConfig
 from gspo_cli.spec.rollout import RolloutConfig
 from gspo_cli.spec.same_gradient import ON_POLICY, off_policy_reasons, same_gradient_pairs
@@ -63,6 +64,11 @@ class ExperimentSpec(_Strict):
     )
     tune: TuneConfig | None = Field(
         None, description="per-arm grids on one budget, selected on one eval set, compared on another (gspo tune)"
+    )
+    executor: ExecutorConfig | None = Field(
+        None,
+        description="where gspo sweep and gspo tune train their runs (local processes, SLURM, Ray) and with what "
+        "resources; null: local",
     )
 
     @field_validator("name")

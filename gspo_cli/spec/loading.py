@@ -278,9 +278,10 @@ def spec_differences(stored_text: str, spec: ExperimentSpec) -> list[str]:
         first = (str(err).strip().splitlines() or ["invalid"])[0]
         return [f"the stored spec.yaml is not a valid spec today ({first})"]
     # output_dir: where the runs are found, not what they are (a relative one as written); the
-    # comparison is analysis, not training: changing either leaves the runs what they were.
+    # comparison is analysis, not training, and the executor says where a run trains: changing
+    # any of them leaves the runs what they were.
     old = {**stored.to_dict(), "output_dir": spec.output_dir}
-    old, new = ({k: v for k, v in d.items() if k != "comparison"} for d in (old, spec.to_dict()))
+    old, new = ({k: v for k, v in d.items() if k not in ("comparison", "executor")} for d in (old, spec.to_dict()))
     return _leaf_differences(old, new, "")
 
 

@@ -1,5 +1,5 @@
 """Sweeps: expand a spec's `sweep:` section x arms x seeds into a plan of named runs,
-take a stable shard of it, and run it with N local processes.
+take a stable shard of it, and train it (here with N processes, or on SLURM or Ray: train/executors/).
 
 Each planned run is an ordinary run: its arm is renamed to say its settings
 (`gspo,clip_high=0.0002,group_size=4`), so `results/<experiment>/<that name>/seed<k>/` is a
@@ -10,14 +10,7 @@ normal run directory and compare/plot group by it like any arm. Planning loads n
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +18,9 @@ from typing import Any
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
 from gspo_cli.spec import ExperimentSpec
-from gspo_cli.spec.loading import apply_override, dump_spec, read_spec_file, set_path, spec_from_dict
-from gspo_cli.train.reporting import format_eval, format_step
+from gspo_cli.spec.loading import apply_override, read_spec_file, set_path, spec_from_dict
+from gspo_cli.train.executors.base import record
+from gspo_cli.train.executors.progress import RunProgress  # noqa: F401  (re-exported: the sweep's progress lines)
 from gspo_cli.train.sinks import check_sinks
 
 
@@ -96,7 +90,9 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
             renamed = arm.model_copy(update={"name": name})
             for seed in variant.seeds:
                 # a renamed arm is no longer one the comparison names: its run keeps no comparison
-                update = {"arms": [renamed], "seeds": [seed], "sweep": None, **({"comparison": None} if suffix else {})}
+                update = {"arms": [renamed], "seeds": [seed], "sweep": None, "executor": None}
+                if suffix:
+                    update["comparison"] = None
                 run = variant.model_copy(update=update)
                 out.append(
                     PlannedRun(
@@ -141,7 +137,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------
-# Running a plan with N local processes
+# Running a plan: checks and cold starts here, the training by an executor (train/executors/)
 
 
 def prebuild_models(runs: list[PlannedRun], log) -> int:
@@ -184,163 +180,32 @@ def check_run_dirs(runs: list[PlannedRun], force: bool) -> None:
         decide_start(RunDir(r.path), r.spec, force, DistInfo())
 
 
-def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dict[str, Any]]:
-    """Train each planned run in its own `gspo train` process, `jobs` at a time, each with
-    its share of the cores. Completed runs are skipped, interrupted ones resume (the
-    trainer's own rules), but a run directory of another spec refuses the whole plan before
-    anything is built or started (SpecError), as `gspo train` does. Returns one record per run
-    with its exit code and wall time.
+def run_plan(runs: list[PlannedRun], *, jobs: int = 1, force: bool, log, executor=None) -> list[dict[str, Any]]:
+    """Train the planned runs with `executor` (`train.executors.make_executor`; None: the
+    local one, `jobs` processes at a time, each with its share of the cores). Completed runs are
+    skipped, interrupted ones resume (the trainer's own rules, wherever it runs), but a run
+    directory of another spec refuses the whole plan before anything is built or submitted
+    (SpecError), as `gspo train` does. Built-in models are cold-started here first, once, so
+    that no two runs race to build one (the model cache must be shared with a cluster's nodes).
+    Returns one record per run (`executors.base.record`): its status, exit code and wall time;
+    exit 4 for a run stopped, or still queued when the wait was interrupted."""
+    from gspo_cli.train.executors import make_executor
 
-    `log` gets each run's progress (every tenth step) and evaluation scores as they are
-    written to its run directory. Each process's output goes to a log file in a temporary
-    directory, said at the start; it is removed when every run completed, else the logs of the
-    runs that did not are kept there (and said). A first SIGINT/SIGTERM starts no more runs and
-    lets the running ones checkpoint and stop (they get the terminal's SIGINT, or a SIGTERM
-    from here); a second SIGINT raises `HardInterrupt`."""
-    from gspo_cli.train.watch import stop_on_signals
-
-    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
+    executor = executor or make_executor(None, jobs=jobs)
     todo = [r for r in runs if force or r.status() != "completed"]
     check_run_dirs(runs, force)  # a completed run is skipped only with this spec and identity (decide_start)
-    records = [_record(r, "completed", 0, 0.0, skipped=True) for r in runs if r not in todo]
+    records = [record(r, "completed", 0, 0.0, skipped=True) for r in runs if r not in todo]
     for r in records:
         log(f"[{r['run']}/seed{r['seed']}] already completed; skipping")
     if not todo:
         return records
     prebuild_models(todo, log)
-    logs = Path(tempfile.mkdtemp(prefix="gspo-sweep-"))
-    log(f"each run's output goes to {logs}/<run>.log (removed once every run has completed)")
-    pending, active, kept, stopping = list(todo), {}, [], False
-    try:
-        with stop_on_signals() as stop:
-            while pending or active:
-                while pending and len(active) < jobs and not stop:
-                    r = pending.pop(0)
-                    stem = _file_stem(r, len(records) + len(active))
-                    spec_file = logs / f"{stem}.yaml"
-                    spec_file.write_text(dump_spec(r.spec))
-                    cmd = [sys.executable, "-m", "gspo_cli", "train", str(spec_file), "--quiet"]
-                    log_file = open(logs / f"{stem}.log", "w")
-                    proc = subprocess.Popen(
-                        cmd + (["--force"] if force else []), env=env, stdout=log_file, stderr=subprocess.STDOUT
-                    )
-                    active[proc] = (r, time.time(), log_file, RunProgress(r))
-                    log(f"[{r.name}/seed{r.seed}] started (pid {proc.pid}, {threads} thread(s))")
-                if stop and not stopping:
-                    stopping = True
-                    log(f"stopping ({stop.signal_name}): {len(pending)} run(s) not started")
-                    records += [_record(r, "not started", 4, 0.0) for r in pending]
-                    pending = []
-                    for proc in active:  # a signal sent to this process alone reaches the runs too
-                        proc.send_signal(signal.SIGTERM)
-                time.sleep(0.2)
-                for proc, (r, t0, log_file, progress) in list(active.items()):
-                    for line in progress.lines():
-                        log(line)
-                    if proc.poll() is None:
-                        continue
-                    del active[proc]
-                    log_file.close()
-                    records.append(_record(r, RunDir(r.path).status() or "failed", proc.returncode, time.time() - t0))
-                    tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
-                    log(
-                        f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {proc.returncode}) in "
-                        f"{records[-1]['wall_s']}s" + (f": {tail[0]}" if tail else "")
-                    )
-                    if proc.returncode:
-                        kept.append(Path(log_file.name))
-    except BaseException:
-        log(f"logs of the runs kept in {logs}")
-        raise
-    _tidy_logs(logs, kept, log)
-    return records
+    return records + executor.run(todo, force=force, log=log)
 
 
-def _record(r: PlannedRun, status: str, code: int | None, wall_s: float, skipped: bool = False) -> dict[str, Any]:
-    return {
-        "run": r.name,
-        "seed": r.seed,
-        "path": str(r.path),
-        "status": status,
-        "exit": code,
-        "wall_s": round(wall_s, 1),
-        "skipped": skipped,
-    }
+def executor_for(spec: ExperimentSpec, kind: str | None = None, jobs: int = 1):
+    """The executor a spec's `executor:` section asks for, with the command line's `--executor`
+    (`kind`) and `--jobs` on top; a scheduler's job files go beside the experiment's runs."""
+    from gspo_cli.train.executors import make_executor
 
-
-def _file_stem(r: PlannedRun, index: int) -> str:
-    """A file name for run `r`'s spec and log: its name and seed, readable and short enough."""
-    name = "".join(c if c.isalnum() or c in ",=.-_" else "_" for c in r.name)[:150]
-    return f"{index:03d}-{name}-seed{r.seed}"
-
-
-def _tidy_logs(logs: Path, kept: list[Path], log) -> None:
-    """Remove the log directory when every run completed; else keep only the logs of those
-    that did not (and say where they are)."""
-    if not kept:
-        shutil.rmtree(logs, ignore_errors=True)
-        return
-    for f in logs.iterdir():
-        if f not in kept:
-            f.unlink(missing_ok=True)
-    log(f"logs of the {len(kept)} run(s) that did not complete kept in {logs}: " + ", ".join(f.name for f in kept))
-
-
-class RunProgress:
-    """What one run's process appends to its metrics.jsonl and eval.jsonl, as lines for the
-    sweep's log: every tenth step (and the last) and every evaluation. Reads only the bytes
-    added since the last look; a file that shrank (a resume rewinding it, a --force restart)
-    is followed from its new end."""
-
-    def __init__(self, run: PlannedRun):
-        self.rd = RunDir(run.path)
-        self.label = f"[{run.name}/seed{run.seed}]"
-        self.total = run.spec.train.steps
-        self.every = max(1, self.total // 10)
-        self.offsets = {f: _size(f) for f in (self.rd.metrics_file, self.rd.eval_file)}
-
-    def _new(self, path: Path) -> list[dict]:
-        size, seen = _size(path), self.offsets[path]
-        if size <= seen:
-            self.offsets[path] = size
-            return []
-        try:
-            with open(path, "rb") as f:
-                f.seek(seen)
-                chunk = f.read(size - seen)
-        except OSError:
-            return []
-        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next look
-        self.offsets[path] = seen + len(whole)
-        out = []
-        for line in whole.splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def lines(self) -> list[str]:
-        """New lines in the order they happened: step k's line, then step k's evaluations."""
-        out: list[tuple[tuple[int, int], str]] = []
-        for m in self._new(self.rd.metrics_file):
-            step = m.get("step", 0)
-            if step % self.every == 0 or step == self.total:
-                try:
-                    out.append(((step, 0), f"{self.label} step {step}/{self.total}  {format_step(m)}"))
-                except (KeyError, TypeError, ValueError):
-                    out.append(((step, 0), f"{self.label} step {step}/{self.total}"))
-        for record in self._new(self.rd.eval_file):
-            try:
-                out.append(((record["step"], 1), f"{self.label} {format_eval(record)}"))
-            except (KeyError, TypeError, ValueError):
-                continue
-        return [line for _, line in sorted(out, key=lambda x: x[0])]
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+    return make_executor(spec.executor, kind=kind, jobs=jobs, root=Path(spec.output_dir) / spec.name)

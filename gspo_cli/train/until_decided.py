@@ -229,12 +229,15 @@ def decide_until(
     round_seeds: int | None,
     train: Callable[[list[int]], None],
     log: Callable[[str], None] = lambda m: None,
+    after_look: Callable[[Decision], None] = lambda d: None,
 ) -> Decision:
     """Train `train(seeds)` (both arms of `spec.comparison`, those seeds; completed runs skipped)
     look by look until the comparison is decided or max_seeds is reached (`plan_design`: the
     spec's design, or the flags where it leaves them out). SpecError without a comparison, with an
     impossible schedule, or with another design than until_decided.json records; RunError when a
-    round leaves a seed without a final value for both arms (a failed run: rerun to resume)."""
+    round leaves a seed without a final value for both arms (a failed run: rerun to resume).
+    `after_look` gets the decision so far after every look (the command writes it, so that a
+    session that dies between rounds leaves its looks behind)."""
     max_seeds, round_seeds, source = plan_design(spec, max_seeds, round_seeds)
     c = spec.comparison
     schedule = schedule_of(spec, max_seeds, round_seeds)
@@ -273,6 +276,7 @@ def decide_until(
             f"boundary |t| >= {last.boundary:.3g}, 95% repeated CI [{last.ci_low:+.4f}, {last.ci_high:+.4f}] "
             f"({last.method}): {last.verdict}"
         )
+        after_look(decision)
         if last.verdict != "continue":
             break
     return decision

@@ -1,0 +1,185 @@
+"""`--executor slurm` on a real single-node SLURM: a tiny sweep and 2 rounds of --until-decided
+give the local executor's metrics and decision; Ctrl-C leaves the jobs queued and nothing running
+here; a cancelled job's run resumes when the command is rerun; a job at its time limit is
+requeued and resumes; a failing job is reported with its log's last line and exit 1."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _rows(path: Path) -> list[dict]:
+    """A metrics or eval file's records less wall times and memory (the machine's, not the run's)."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [{k: v for k, v in r.items() if not k.startswith(("perf/", "time/")) and k != "time_s"} for r in rows]
+
+
+def test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics(tmp_path, env, tiny_spec, gspo):
+    compared = {"baseline": "grpo", "arm": "gspo"}  # analysis only: for --until-decided below
+    on_slurm = tiny_spec(tmp_path / "slurm.yaml", tmp_path / "slurm", comparison=compared)
+    r = gspo(["sweep", str(on_slurm), "--executor", "slurm", "--json"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    records = json.loads(r.stdout)
+    assert [(x["run"], x["seed"], x["status"]) for x in records] == [
+        ("grpo", 0, "completed"),
+        ("grpo", 1, "completed"),
+        ("gspo", 0, "completed"),
+        ("gspo", 1, "completed"),
+    ]
+    assert "submitted job array" in r.stderr and "4 done" in r.stderr
+    book = json.loads((tmp_path / "slurm/tiny/.slurm/jobs.json").read_text())
+    assert sorted(book) == sorted(x["path"] for x in records)
+
+    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local", comparison=compared)
+    r = gspo(["sweep", str(local), "--jobs", "2", "-q"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for arm in ("grpo", "gspo"):
+        for seed in (0, 1):
+            a, b = (tmp_path / where / "tiny" / arm / f"seed{seed}" for where in ("local", "slurm"))
+            assert _rows(a / "metrics.jsonl") == _rows(b / "metrics.jsonl"), (arm, seed)
+            assert _rows(a / "eval.jsonl") == _rows(b / "eval.jsonl"), (arm, seed)
+
+    # the same command again: nothing to submit, every run already completed
+    r = gspo(["sweep", str(on_slurm), "--executor", "slurm"], env)
+    assert r.returncode == 0 and "submitted" not in r.stderr
+    assert r.stderr.count("already completed; skipping") == 4
+
+    # --until-decided, 2 looks: seeds 0 and 1 are there (skipped), the second round trains seed 2
+    decided = ["--until-decided", "--max-seeds", "3"]
+    r = gspo(["sweep", str(on_slurm), "--executor", "slurm", *decided], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "submitted job array" in r.stderr and "2 done" in r.stderr
+    r = gspo(["sweep", str(local), "--jobs", "2", *decided], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (json.loads((tmp_path / where / "tiny/until_decided.json").read_text()) for where in ("local", "slurm"))
+    assert len(a["looks"]) == 2 and a == b
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _steps(run: Path) -> list[int]:
+    try:
+        return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint(tmp_path, env, tiny_spec, gspo):
+    import psutil
+    from helpers import TINY
+
+    spec = tiny_spec(
+        tmp_path / "s.yaml",
+        tmp_path / "out",
+        seeds=[0],
+        arms=[TINY["arms"][0]],
+        train={"steps": 60, "checkpoint_every": 2, "eval_every": 0},
+    )
+    run = tmp_path / "out/tiny/grpo/seed0"
+    cmd = [sys.executable, "-m", "gspo_cli", "sweep", str(spec), "--executor", "slurm"]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(
+            lambda: len(_steps(run)) >= 6 and list((run / "checkpoints").glob("*")), 180, "steps and a checkpoint"
+        )
+        children = psutil.Process(first.pid).children(recursive=True)
+        first.send_signal(signal.SIGINT)  # Ctrl-C: stop waiting; the job goes on
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 4, err[-3000:]
+    assert "stopped waiting (Ctrl-C): 1 job(s) still queued or running on SLURM" in err
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # nothing orphaned here
+    job = json.loads((tmp_path / "out/tiny/.slurm/jobs.json").read_text())[str(run)]["job"]
+    assert job in _queue()
+
+    r = gspo(["sweep", str(spec), "--executor", "slurm", "--cancel"], env)  # scancel: the run checkpoints, stops
+    assert r.returncode == 0 and f"cancelled 1 job(s): {job}" in r.stderr, r.stderr
+    _wait_for(lambda: job not in _queue(), 60, "the job to leave the queue")
+    stopped_at = max(_steps(run))
+    assert stopped_at < 60
+
+    r = gspo(["sweep", str(spec), "--executor", "slurm"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "submitted job" in r.stderr  # the cancelled job's run, submitted again
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info.get("resumes") == 1, info
+    steps = _steps(run)
+    assert steps[-1] == 60 and steps == sorted(set(steps)), steps  # resumed: each step once, none repeated
+
+
+def _queue() -> list[str]:
+    """Ids of the jobs SLURM still has queued or running."""
+    return subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True).stdout.split()
+
+
+def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(tmp_path, env, tiny_spec, gspo):
+    """submitit's checkpoint-and-requeue on the time-limit signal (sbatch --signal), with a
+    1-minute limit. SLURM holds a requeued job back (BeginTime) for a while; the test releases it."""
+    from helpers import TINY
+
+    spec = tiny_spec(
+        tmp_path / "s.yaml",
+        tmp_path / "out",
+        seeds=[0],
+        arms=[TINY["arms"][0]],
+        train={"steps": 300, "checkpoint_every": 2, "eval_every": 0},
+        executor={"kind": "slurm", "slurm": {"cpus_per_run": 1, "time_min": 1, "poll_s": 1}},
+    )
+    run = tmp_path / "out/tiny/grpo/seed0"
+    cmd = [sys.executable, "-m", "gspo_cli", "sweep", str(spec)]  # the spec's executor: slurm
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while first.poll() is None and time.time() - t0 < 400:
+            for line in subprocess.run(
+                ["squeue", "-h", "-o", "%i %r"], capture_output=True, text=True
+            ).stdout.splitlines():
+                job, reason = line.split()
+                if reason == "BeginTime":
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+            time.sleep(1)
+        out, err = first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info.get("resumes", 0) >= 1, info
+    steps = _steps(run)
+    assert steps[-1] == 300 and steps == sorted(set(steps)), steps
+    job_log = "".join(p.read_text() for p in (tmp_path / "out/tiny/.slurm").glob("*/*_log.out"))
+    assert "Requeued job" in job_log
+
+
+def test_a_failing_job_is_reported_with_its_logs_last_line_and_exit_1(tmp_path, env, tiny_spec, gspo):
+    from helpers import TINY
+
+    reward = tmp_path / "bad.py"
+    reward.write_text(
+        "def reward(prompts, completions, completion_ids, **kwargs):\n"
+        "    raise RuntimeError('reward service unreachable')\n"
+    )
+    task = {**TINY["task"], "rewards": [{"function": f"{reward}:reward", "correct": True}]}
+    spec = tiny_spec(tmp_path / "s.yaml", tmp_path / "out", seeds=[0], arms=[TINY["arms"][0]], task=task)
+    r = gspo(["sweep", str(spec), "--executor", "slurm"], env)
+    assert r.returncode == 1, r.stderr[-3000:]
+    failed = [x for x in r.stderr.splitlines() if x.startswith("[grpo/seed0] failed (job ")]
+    assert failed and failed[0].endswith("RuntimeError: reward service unreachable"), r.stderr[-3000:]
+    assert "0 done, 1 failed" in r.stderr
