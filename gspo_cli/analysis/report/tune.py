@@ -67,6 +67,8 @@ def position_notes(grid: dict[str, list[Any]], chosen: dict[str, Any]) -> tuple[
         edge |= at_edge
         if len(values) == 1:
             where = "one value (not tuned)"
+        elif len(values) == 2:
+            where = "one of 2 values (two values have no inside: a third shows whether the best lies between)"
         elif at_edge:
             where = f"{'lowest' if rank == 0 else 'highest'} of {len(values)} values (edge: the grid may be too narrow)"
         else:
