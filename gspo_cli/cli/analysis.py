@@ -6,13 +6,14 @@ None imports torch; each renders what gspo_cli.analysis computes (its tables, fi
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from gspo_cli.cli.common import _fail, _print_table, err_console
+from gspo_cli.cli.common import _fail, _print_table, _show_warning, err_console
 from gspo_cli.errors import GspoError, SpecError
 
 
@@ -27,6 +28,7 @@ def list_runs(
     from gspo_cli.runs import find_runs
 
     rows = []
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         for rd in find_runs(paths):
             info, metrics = rd.info(), rd.metrics()
@@ -172,6 +174,7 @@ def compare(
     from gspo_cli.analysis.tables import compare as cmp
     from gspo_cli.analysis.tables import differences as dif
 
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         if fmt not in cmp.FORMATS:
             raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(cmp.FORMATS)})")
@@ -293,6 +296,7 @@ def plot(
     """
     from gspo_cli.analysis.figures.plot import plot_runs
 
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         written, skipped = plot_runs(
             paths,
@@ -340,6 +344,7 @@ def report(
     """
     from gspo_cli.analysis.report.build import write_report
 
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         path = write_report(experiment, out, last=last, smooth=smooth)
     except GspoError as err:

@@ -134,6 +134,8 @@ def _mean(vals: list[float]) -> float:
 
 
 def _times(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
     return f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
 
 
