@@ -76,3 +76,36 @@ def test_a_non_finite_score_is_left_out_of_the_learning_table_not_printed_as_inf
 def test_a_non_finite_ratio_is_not_written_as_infx():
     assert _times(math.inf) == "n/a" and _times(math.nan) == "n/a"
     assert _times(250.0) == "250x" and _times(2.5) == "2.5x"
+
+
+# ------------------------------------------------------------------ what a "final" score is
+
+
+def _evals(*steps_scores):
+    return [{"step": s, "task": "arith", "scores": {"avg@4": v}} for s, v in steps_scores]
+
+
+def test_a_running_run_says_its_final_score_is_its_step_0_evaluation(tmp_path):
+    from gspo_cli.analysis.tables.compare import compare_runs
+
+    recs = [{"step": t, "reward/mean": 0.1} for t in range(1, 4)]
+    write_run(tmp_path, "grpo", 0, recs, status="running", evals=_evals((0, 0.2)))
+    write_run(tmp_path, "gspo", 0, recs + [{"step": 4, "reward/mean": 0.2}], evals=_evals((0, 0.2), (4, 0.3)))
+    notes = compare_runs([str(tmp_path / "exp")], metrics=["eval_final"]).notes
+    assert (
+        "exp/grpo/seed0: running at step 3/20; its numbers are what is on disk (held-out arith 'final' is its "
+        "step-0 evaluation, not a final score)." in notes
+    )
+    assert not [n for n in notes if n.startswith("exp/gspo/seed0")]
+
+
+def test_a_completed_run_whose_eval_file_stops_early_is_noted(tmp_path):
+    from gspo_cli.analysis.tables.compare import compare_runs
+
+    recs = [{"step": t, "reward/mean": 0.1} for t in range(1, 21)]
+    write_run(tmp_path, "gspo", 0, recs, evals=_evals((0, 0.2), (10, 0.3)))  # step 20's line lost
+    notes = compare_runs([str(tmp_path / "exp")], metrics=["eval_final"]).notes
+    assert (
+        "exp/gspo/seed0: completed at step 20, but its last arith evaluation in eval.jsonl is at step 10 "
+        "(a truncated file?): its final held-out score is step 10's." in notes
+    )
