@@ -109,3 +109,45 @@ def test_a_completed_run_whose_eval_file_stops_early_is_noted(tmp_path):
         "exp/gspo/seed0: completed at step 20, but its last arith evaluation in eval.jsonl is at step 10 "
         "(a truncated file?): its final held-out score is step 10's." in notes
     )
+
+
+# ------------------------------------------------------------------ files a user may have written
+
+
+def test_report_keeps_a_hand_written_report_and_overwrites_its_own(tmp_path):
+    exp = make_experiment(tmp_path)
+    out = exp / "REPORT.md"
+    out.write_text("# My notes\n\nGSPO looks better, to be checked.\n")
+    res = runner.invoke(app, ["report", str(exp)])
+    assert res.exit_code == 0, res.output
+    kept = exp / "REPORT.edited.md"
+    assert kept.read_text() == "# My notes\n\nGSPO looks better, to be checked.\n"
+    assert f"{out}: written by hand or edited since gspo wrote it: your copy is kept as {kept}" in res.output
+    first = out.read_text()
+    assert first.startswith("# ") and "My notes" not in first
+    # its own report is rewritten in place, nothing kept
+    res = runner.invoke(app, ["report", str(exp)])
+    assert res.exit_code == 0 and "kept" not in res.output, res.output
+    assert sorted(p.name for p in exp.glob("REPORT*")) == ["REPORT.edited.md", "REPORT.md"]
+    # edited after gspo wrote it: kept again, under the next free name
+    out.write_text(out.read_text().replace("# ", "# Edited: ", 1))
+    runner.invoke(app, ["report", str(exp)])
+    assert (exp / "REPORT.edited-2.md").read_text().startswith("# Edited: ")
+
+
+def test_report_describes_a_dense_builtin_model_without_experts(tmp_path):
+    import yaml
+
+    exp = make_experiment(tmp_path)
+    for spec_file in exp.glob("*/seed*/spec.yaml"):
+        spec = yaml.safe_load(spec_file.read_text())
+        spec["model"] = {
+            "name": "builtin:tiny-dense",
+            "builtin": {"num_layers": 4, "hidden_size": 128, "num_experts": 8, "experts_per_token": 2},
+        }
+        spec_file.write_text(yaml.safe_dump(spec))
+    res = runner.invoke(app, ["report", str(exp)])
+    assert res.exit_code == 0, res.output
+    text = (exp / "REPORT.md").read_text()
+    assert "- Model: `builtin:tiny-dense`, 4 layers, hidden 128, dense (no experts)" in text
+    assert "experts (top-2)" not in text

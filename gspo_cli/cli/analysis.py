@@ -340,6 +340,9 @@ def report(
     Then each arm's time to collapse (Kaplan-Meier, log-rank in the same Holm family) and its
     held-out score against response tokens (at an equal budget; a saturating fit where identified).
 
+    A REPORT.md written by hand, or edited since gspo wrote it, is never overwritten: it is kept
+    beside the new one as REPORT.edited.md (the command says so).
+
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """
     from gspo_cli.analysis.report.build import write_report

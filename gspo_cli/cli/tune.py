@@ -36,7 +36,8 @@ def tune(
     Trains each arm's grid (tune.grids) on tune.seeds for tune.steps, selects each arm's setting by
     one rule (highest mean selection score; ties: first in grid order), trains the selections on
     tune.final_seeds and compares them on tune.test_set with the statistics engine; writes
-    OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict).
+    OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict; one
+    edited by hand is kept as REPORT.edited.md).
 
     The tuning runs never score the test set (its problems stay out of their training): no test
     number exists before the selection is final.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs
 from gspo_cli.analysis.stats.stability import any_collapse, survival_estimate
 from gspo_cli.analysis.tables.compare import Comparison, compare_runs, render
 from gspo_cli.errors import SpecError
+from gspo_cli.files import write_report_file
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
@@ -243,8 +245,12 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
         "",
         f"- Model: `{m.get('name')}`"
         + (
-            f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, {b.get('num_experts')} experts "
-            f"(top-{b.get('experts_per_token')})"
+            f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, "
+            + (
+                "dense (no experts)"
+                if str(m.get("name")).endswith("-dense")
+                else f"{b.get('num_experts')} experts (top-{b.get('experts_per_token')})"
+            )
             if str(m.get("name", "")).startswith("builtin:")
             else ""
         ),
@@ -420,7 +426,8 @@ def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: in
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         text = build_report(exp_dir, out=out, last=last, smooth=smooth)
-        out.write_text(text)
+        if (kept := write_report_file(out, text)) is not None:
+            warnings.warn(f"{out}: written by hand or edited since gspo wrote it: your copy is kept as {kept}")
     except OSError as err:
         raise SpecError(f"--out: cannot write the report beside {out}: {err.strerror or err}") from None
     return out
