@@ -427,7 +427,9 @@ def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: in
         out.parent.mkdir(parents=True, exist_ok=True)
         text = build_report(exp_dir, out=out, last=last, smooth=smooth)
         if (kept := write_report_file(out, text)) is not None:
-            warnings.warn(f"{out}: written by hand or edited since gspo wrote it: your copy is kept as {kept}")
+            warnings.warn(
+                f"{out}: written by hand or edited since gspo wrote it: your copy is kept as {kept}", stacklevel=2
+            )
     except OSError as err:
         raise SpecError(f"--out: cannot write the report beside {out}: {err.strerror or err}") from None
     return out

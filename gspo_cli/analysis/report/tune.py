@@ -153,7 +153,9 @@ def render(info: dict[str, Any], selection: dict[str, list[Point]], chosen: dict
 def write(out: Path, info: dict[str, Any], selection: dict[str, list[Point]], chosen: dict[str, Point], table) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if (kept := write_report_file(out / "REPORT.md", render(info, selection, chosen, table))) is not None:
-        warnings.warn(f"{out / 'REPORT.md'}: written by hand or edited since gspo wrote it: kept as {kept}")
+        warnings.warn(
+            f"{out / 'REPORT.md'}: written by hand or edited since gspo wrote it: kept as {kept}", stacklevel=2
+        )
     data = {
         **info,
         "selection": {
