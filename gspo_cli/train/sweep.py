@@ -69,7 +69,8 @@ def _apply_point(raw: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[PlannedRun]:
-    """Every run the sweep asks for, in a stable order (point, arm, seed)."""
+    """Every run the sweep asks for, in a stable order: seed by seed (the spec's seed order), each
+    seed's runs by (point, arm), so a sweep stopped early leaves whole seeds, paired across arms."""
     raw = read_spec_file(spec_path)
     for assignment in overrides or []:
         raw = apply_override(raw, assignment)
@@ -108,7 +109,8 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
                         path=run_path(run.output_dir, run.name, name, seed),
                     )
                 )
-    return out
+    first = {seed: i for i, seed in reversed(list(enumerate(r.seed for r in out)))}
+    return sorted(out, key=lambda r: first[r.seed])
 
 
 def shard(runs: list[PlannedRun], index: int, count: int) -> list[PlannedRun]:
@@ -244,6 +246,8 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
                     log_file.close()
                     records.append(_record(r, RunDir(r.path).status() or "failed", proc.returncode, time.time() - t0))
                     tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
+                    if proc.returncode:  # what went wrong and where to read more, in the summary too
+                        records[-1].update(reason=tail[0] if tail else None, log=log_file.name)
                     log(
                         f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {proc.returncode}) in "
                         f"{records[-1]['wall_s']}s" + (f": {tail[0]}" if tail else "")
@@ -266,6 +270,8 @@ def _record(r: PlannedRun, status: str, code: int | None, wall_s: float, skipped
         "exit": code,
         "wall_s": round(wall_s, 1),
         "skipped": skipped,
+        "reason": None,  # a run that exited non-zero: its log's last line
+        "log": None,  # ... and its log, kept
     }
 
 
