@@ -1,15 +1,20 @@
 """Functions from the user's code, named FILE.py:NAME (a Python file, imported once under a name of
 its own) or module:NAME (an importable module): reward functions and environments load them here,
-with the same one-line messages."""
+with the same one-line messages. Whatever the user's code prints while it is imported or called goes
+to standard error (`output_to_stderr`): standard output is the command's own (`--json`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from gspo_cli.errors import SpecError
 
@@ -28,13 +33,15 @@ def load_function(function: str, where: str) -> tuple[Callable, str | None]:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
         try:
-            spec.loader.exec_module(module)
+            with output_to_stderr():  # a module-level print is no part of the command's output
+                spec.loader.exec_module(module)
         except Exception as err:  # noqa: BLE001 - the user's file: one line, naming it
             raise SpecError(f"{where}: {target} fails to import ({type(err).__name__}: {err})") from None
         file = str(path.resolve())
     else:
         try:
-            module = importlib.import_module(target)
+            with output_to_stderr():
+                module = importlib.import_module(target)
         except ModuleNotFoundError as err:
             raise SpecError(f"{where}: no module {target!r} ({err})") from None
         except Exception as err:  # noqa: BLE001 - the user's module: one line, naming it
@@ -46,3 +53,37 @@ def load_function(function: str, where: str) -> tuple[Callable, str | None]:
         what = "is not callable" if fn is not None else "is not defined"
         raise SpecError(f"{where}: {name} {what} in {target}; its functions: {', '.join(found) or 'none'}")
     return fn, file
+
+
+_redirect_lock = threading.Lock()
+_redirect: dict[str, Any] = {"depth": 0}  # nested and concurrent callers share one redirection
+
+
+@contextlib.contextmanager
+def output_to_stderr() -> Iterator[None]:
+    """While the block runs, whatever it writes to standard output (print, sys.stdout, file
+    descriptor 1: a subprocess it starts) goes to standard error. Process-wide: another thread
+    writing to standard output meanwhile is redirected too."""
+    with _redirect_lock:
+        if _redirect["depth"] == 0:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            _redirect["stdout"], sys.stdout = sys.stdout, sys.stderr
+            try:
+                _redirect["fd"] = os.dup(1)
+                os.dup2(2, 1)
+            except OSError:  # no file descriptor 1 or 2: Python's level is all there is
+                _redirect["fd"] = None
+        _redirect["depth"] += 1
+    try:
+        yield
+    finally:
+        with _redirect_lock:
+            _redirect["depth"] -= 1
+            if _redirect["depth"] == 0:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                if _redirect["fd"] is not None:
+                    os.dup2(_redirect["fd"], 1)
+                    os.close(_redirect["fd"])
+                sys.stdout = _redirect["stdout"]
