@@ -7,6 +7,7 @@ Keys are namespaced by what they measure and name their granularity.
 from __future__ import annotations
 
 import math
+import re
 
 METRICS: dict[str, tuple[str, str]] = {
     # key: (description, unit)
@@ -178,6 +179,17 @@ LOSS_STAT_KEYS = {
 # of eval.scores' (avg@K, pass@k, maj@K, timeout_frac, runtime_error_frac, rating). Without
 # named sets the held-out split of the training source is the set, named after the task.
 EVAL_PREFIX = "eval/"
+
+
+# The names an evaluation's scores take (eval.scores.summarize): avg@K, pass@k, maj@K, rating,
+# reward_mean / reward_<name>, and the failure shares (timeout_frac, runtime_error_frac).
+SCORE_NAME = re.compile(r"(avg|maj|pass)@\d+|rating|reward_\w+|\w+_frac")
+
+
+def is_known(key: str) -> bool:
+    """Whether `key` names something a run writes: an evaluation score name (SCORE_NAME) or a
+    metrics.jsonl key `describe` knows (METRICS, reward/<name>, eval/<set>/<score>, ratio/...)."""
+    return bool(SCORE_NAME.fullmatch(key)) or describe(key) != (key, "")
 
 
 def eval_key(set_name: str, score: str) -> str:

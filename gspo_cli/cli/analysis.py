@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from gspo_cli.cli.common import _fail, _print_table, _show_warning, err_console
+from gspo_cli.cli.common import _fail, _print_table, _show_warning, check_margin, err_console
 from gspo_cli.errors import GspoError, SpecError
 
 
@@ -190,7 +190,9 @@ def compare(
                 result.groups,
                 result.columns,
                 baseline=base,
-                margin=margin if margin is not None else section.get("margin"),
+                margin=check_margin(margin, "--margin")
+                if margin is not None
+                else check_margin(section.get("margin"), "comparison.margin"),
                 pairs=pairs,
                 metrics=dif.family_metrics(result.columns, explicit=bool(metrics), spec_metric=metric),
                 robust=robust,
@@ -298,6 +300,7 @@ def plot(
 
     warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
+        check_margin(margin, "--margin")
         written, skipped = plot_runs(
             paths,
             out=out,

@@ -25,6 +25,7 @@ def until_decided(
     if max_seeds is None:
         raise SpecError("--until-decided: give --max-seeds N, the most seeds per arm it may train")
     spec = load_spec(spec_path, overrides)
+    _check_comparison(spec)
     if spec.sweep is not None:
         raise SpecError("--until-decided: decides the comparison of two arms; drop the spec's sweep: section")
     records: dict[str, dict] = {}  # by run path: each run's latest record (trained, or skipped as completed)
@@ -51,3 +52,20 @@ def until_decided(
     err_console.print(f"method: {decision.method}", markup=False, highlight=False, soft_wrap=True)
     typer.echo(decision.summary())
     typer.echo(f"written: {path}")
+
+
+def _check_comparison(spec) -> None:
+    """The comparison's metric and margin, checked before the first round trains: a misspelled
+    metric or an impossible margin found after training wastes the round."""
+    from gspo_cli.cli.common import check_margin
+    from gspo_cli.metrics import is_known
+
+    c = spec.comparison
+    if c is None:
+        return  # decide_until says what is missing
+    if c.metric is not None and not is_known(c.metric):
+        raise SpecError(
+            f"comparison.metric: {c.metric!r} is no metric a run writes: a held-out score (avg@K, pass@k, maj@K, "
+            "reward_<name>), a metrics.jsonl key (e.g. reward/mean, policy/kl_old_k3), or null for the held-out score"
+        )
+    check_margin(c.margin, "comparison.margin")
