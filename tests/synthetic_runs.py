@@ -221,3 +221,19 @@ def make_problem_experiment(
             spec["arms"][0].update(arm_fields or {})
             (d / "spec.yaml").write_text(yaml.safe_dump({**spec, **({"comparison": comparison} if comparison else {})}))
     return root / "exp"
+
+
+def crn_problem_counts(rng, *, experiments: int, seeds: int, problems: int, samples: int, sd_problem: float = 0.15):
+    """Correct counts (E, S, P) of an arm and a baseline evaluated with common random numbers: the
+    K samples of a problem at a seed come from the same uniforms for both arms, so their sampling
+    noise mostly cancels in the difference. Baseline probability q_p + u_s (q_p uniform in [0.3,
+    0.7], u_s ~ N(0, 0.05)); the arm adds b_p ~ N(0, sd_problem), how much problem p favours it,
+    shared by every seed (mean 0 over problems: the true difference is 0). No seed-level noise of
+    the difference, so the seeds' differences agree closely while the problems' noise is wide."""
+    import numpy as np
+
+    E, S, P, K = experiments, seeds, problems, samples
+    base_p = np.clip(rng.uniform(0.3, 0.7, (E, 1, P)) + rng.normal(0, 0.05, (E, S, 1)), 0, 1)
+    arm_p = np.clip(base_p + rng.normal(0, sd_problem, (E, 1, P)), 0, 1)
+    u = rng.random((E, S, P, K))
+    return (u < arm_p[..., None]).sum(-1), (u < base_p[..., None]).sum(-1)

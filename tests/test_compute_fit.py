@@ -11,10 +11,10 @@ import pytest
 from synthetic_runs import BATCH, write_run
 from typer.testing import CliRunner
 
-from gspo_cli.analysis.report.compute import compute_lines
+from gspo_cli.analysis.report.compute import compute_lines, fit_text
 from gspo_cli.analysis.rundata.compute import common_budget, compute_series, score_at
 from gspo_cli.analysis.rundata.runs import group_runs, load_runs
-from gspo_cli.analysis.stats.saturation import arm_fit, fit_saturation, saturating
+from gspo_cli.analysis.stats.saturation import EXTRAPOLATION, IDENTIFY_RULE, arm_fit, fit_saturation, saturating
 from gspo_cli.cli.app import app
 
 TRUE = {"r0": 0.1, "a": 0.6, "b": 1.5, "c_mid": 1500.0}
@@ -106,6 +106,10 @@ def test_fit_recovers_known_parameters_within_its_interval(tmp_path):
         assert lo <= TRUE[k] <= hi, (k, lo, TRUE[k], hi)
         assert hi - lo < 0.3 * TRUE[k]  # and the interval is informative
     assert fit.r0 == pytest.approx(TRUE["r0"], abs=0.01)
+    text = fit_text(fit, "tokens")
+    assert (
+        text.startswith(f"A = {fit.a:.3f} [") and f"({EXTRAPOLATION}; the curve reaches {fit.reached:.3f} at " in text
+    )
 
 
 def test_no_fit_for_a_straight_line(tmp_path):
@@ -172,3 +176,22 @@ def test_fit_calibration_by_simulation():
     n_early, n_line = sum(f.identified for f in early), sum(f.identified for f in lines)
     print(f"identified: seen up to C_mid / 2 {n_early}/40, a line {n_line}/40")
     assert n_early == 0 and n_line == 0
+
+
+def test_a_line_whose_seeds_curve_their_own_way_is_not_identified_and_a_is_an_extrapolation():
+    """Per-seed slopes and curvatures around a straight line (the case where an F test on the
+    pooled points called a curve): no fit. An identified fit labels A an extrapolation and gives
+    the score the curve reaches at the largest compute."""
+    rng = np.random.default_rng(41)
+    for e in range(3):
+        curves = []
+        for _ in range(3):
+            c = np.linspace(0.0, 3200.0, 11)
+            bend = rng.normal(0, 0.05) * (c / 3200.0) ** 2
+            curves.append((c, 0.1 + rng.uniform(0.3, 0.5) * c / 3200.0 + bend + rng.normal(0, 0.01, len(c))))
+        assert not fit_saturation(curves, bootstrap=30, rng_seed=e).identified
+    true = lambda c: saturating(c, *TRUE.values())  # noqa: E731
+    fit = fit_saturation(_simulated(np.random.default_rng(5), true, 3200.0), bootstrap=30)
+    assert fit.identified and fit.c_max == pytest.approx(3200.0 * 14 / 10)
+    assert fit.reached == pytest.approx(float(fit.predict(fit.c_max))) and fit.reached < fit.a
+    assert EXTRAPOLATION in IDENTIFY_RULE and "F test" not in IDENTIFY_RULE

@@ -79,6 +79,9 @@ COVERED = {
         "tests/test_until_decided.py::test_a_clear_difference_stops_early_and_a_rerun_resumes_to_the_same_verdict",
         "tests/test_until_decided.py::test_round_seeds_and_mistakes",
     ],
+    r"gspo sweep experiments/quickstart\.yaml --until-decided --max-seeds \d+ --round-seeds \d+ --dry-run": [
+        "tests/test_until_decided.py::test_the_design_lives_in_the_spec_and_a_dry_run_prints_the_looks"
+    ],
     r"gspo sweep experiments/sweep_clip\.yaml --shard 0/4": [
         "tests/test_sweep.py::test_shards_partition_the_plan_exactly",
         "tests/test_sweep.py::test_cli_dry_run_json_and_errors",

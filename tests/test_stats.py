@@ -106,15 +106,42 @@ def test_probability_of_improvement_and_iqm():
 
 def test_components_say_what_helps():
     comp = Components(seed=0.0, problem=0.0, resid=0.1, sampling=0.1, seeds=3, problems=50, samples=4)
-    assert comp.shares()["sampling"] == pytest.approx(1.0)
+    assert comp.shares()["sampling"] == pytest.approx(1.0)  # at its bound
     assert comp.variance(samples=8) == pytest.approx(comp.variance() / 2)
-    # all the noise is sampling: every doubling halves it, and the advice says it is a tie
+    # all the residual could be sampling, or none of it (common random numbers): seeds and problems
+    # halve it for sure, samples per problem at most; without mean squares no intervals
     assert comp.advice() == (
-        "doubling shrinks the variance by: seeds 50%, samples per problem 50%, problems 50%; "
-        "seeds and samples per problem and problems help alike: add the cheapest"
+        "doubling the seeds by 50%, the problems by 50% (95% intervals); doubling the samples per problem "
+        "by at most 50% (a bound: the arms share their sampling draws, so part of their sampling noise "
+        "cancels); seeds and problems help alike: add the cheaper"
     )
+    assert comp.share_intervals()["sampling"] == (0.0, 1.0) and comp.share_intervals()["seeds"] == (0.0, 1.0)
     seedy = Components(seed=0.01, problem=0.0, resid=0.001, sampling=0.001, seeds=3, problems=50, samples=4)
     assert seedy.advice().endswith("most: more seeds") and seedy.shares()["seeds"] > 0.99
+    # a sampling bound above the residual: capped at the residual (the old split could exceed it)
+    over = Components(seed=0.0, problem=0.0, resid=0.05, sampling=0.1, seeds=3, problems=50, samples=4)
+    assert over.variance(samples=8) == pytest.approx(over.variance() / 2)
+
+
+def test_component_intervals_from_the_mean_squares():
+    """With 3 seeds MS_seed has 2 degrees of freedom: its interval is wide, and every interval holds
+    its point; the gains of doubling seeds and problems do not depend on the unidentified split."""
+    S, P = 3, 50
+    ms_seed, ms_problem, ms_resid = 0.2, 0.15, 0.1
+    comp = Components(
+        (ms_seed - ms_resid) / P, (ms_problem - ms_resid) / S, ms_resid, 0.06, S, P, 4, ms_seed, ms_problem, ms_resid
+    )
+    point, ranges = comp.shares(), comp.share_intervals()
+    for k in ("seeds", "problems", "sampling"):
+        assert ranges[k][0] <= point[k] <= ranges[k][1]
+    assert ranges["sampling"][0] == 0.0  # common random numbers: the sampling share may be 0
+    gains = comp.gains()
+    for k in ("seeds", "problems"):
+        assert gains[k][1] <= gains[k][0] <= gains[k][2] <= 0.5 + 1e-12
+    v = comp.variance()
+    assert gains["seeds"][0] == pytest.approx((comp.seed / S + ms_resid / (S * P)) / 2 / v)
+    assert gains["samples per problem"][0] == pytest.approx(0.06 / (S * P) / 2 / v)  # the bound
+    assert comp.share_intervals() == ranges  # seeded: the same every time
 
 
 def test_problem_records_align_by_id_and_are_reproducible():
@@ -141,6 +168,6 @@ def test_resolution_says_when_only_more_problems_can_resolve():
     text = row.resolution()
     assert text.startswith(
         "more seeds alone cannot resolve +0.001 on this held-out set (its problems' share of the variance "
-        "does not shrink with seeds): add problems; doubling shrinks the variance by:"
+        "does not shrink with seeds): add problems; doubling the seeds by"
     )
     assert text.endswith("most: more problems")

@@ -55,9 +55,11 @@ def test_logrank_hand_computed():
     assert lr.variance == pytest.approx(var, rel=1e-12)
     z = (2 - 221 / 140) / math.sqrt(var)
     assert lr.z == pytest.approx(z, rel=1e-12)
-    assert lr.p_value == pytest.approx(2 * stats.norm.sf(z), rel=1e-12)
-    est = lr.estimate()  # the engine's t test at infinite df is the log-rank test
-    assert est.p_value == pytest.approx(lr.p_value, rel=1e-9)
+    assert lr.p_normal == pytest.approx(2 * stats.norm.sf(z), rel=1e-12)
+    # 4 runs per arm: the exact p counts the C(8, 4) = 70 labellings with |Z| at least this one's
+    assert lr.splits == 70 and lr.p_value == pytest.approx(46 / 70, rel=1e-12)
+    est = lr.estimate()  # the engine's test of this estimate is the log-rank test
+    assert est.p_value == pytest.approx(lr.p_value, rel=1e-12)
     lo, hi = est.ci()
     assert (lo, hi) == pytest.approx((est.delta - 1.959964 * est.se, est.delta + 1.959964 * est.se), rel=1e-6)
 
@@ -65,8 +67,8 @@ def test_logrank_hand_computed():
 @pytest.mark.parametrize("seed", range(5))
 def test_against_scipy(seed):
     rng = np.random.default_rng(seed)
-    ta, tb = rng.integers(1, 8, 12).astype(float), rng.integers(2, 9, 10).astype(float)
-    ea, eb = rng.random(12) < 0.6, rng.random(10) < 0.5
+    ta, tb = rng.integers(1, 8, 12).astype(float), rng.integers(2, 9, 11).astype(float)  # > 10 runs: the normal
+    ea, eb = rng.random(12) < 0.6, rng.random(11) < 0.5
     km = kaplan_meier(ta, ea)
     ref = stats.ecdf(stats.CensoredData(uncensored=ta[ea], right=ta[~ea]))
     assert km.times.tolist() == ref.sf.quantiles.tolist()
@@ -82,7 +84,51 @@ def test_against_scipy(seed):
         stats.CensoredData(uncensored=ta[ea], right=ta[~ea]), stats.CensoredData(uncensored=tb[eb], right=tb[~eb])
     )
     assert abs(lr.z) == pytest.approx(abs(ref_lr.statistic), rel=1e-9)
-    assert lr.p_value == pytest.approx(ref_lr.pvalue, rel=1e-9)
+    assert math.isnan(lr.p_exact) and lr.p_value == pytest.approx(ref_lr.pvalue, rel=1e-9)
+
+
+def test_exact_logrank_for_three_runs_against_three():
+    # a's three runs collapse first, b's three never: of the C(6, 3) = 20 labellings only this one
+    # and its mirror (b's collapsing first) are as extreme, so p = 2/20; the normal says 0.025.
+    lr = logrank([1, 2, 3], [True] * 3, [10, 10, 10], [False] * 3)
+    assert lr.p_value == pytest.approx(2 / 20, abs=1e-15) and lr.splits == 20 and lr.enumerated
+    assert lr.p_normal == pytest.approx(0.0246, abs=1e-4)
+    est = lr.estimate()
+    assert est.p_value == pytest.approx(0.10, abs=1e-15) and "exact permutation p over all 20" in est.method
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_logrank_equals_scipy_permutation_test(seed):
+    rng = np.random.default_rng(10 + seed)
+    na, nb = 4, 5
+    t = rng.integers(1, 6, na + nb).astype(float)
+    e = rng.random(na + nb) < 0.6
+    e[0] = True
+
+    def z(ia, ib):  # |Z| of the log-rank test with the runs ia as arm a
+        ia, ib = ia.astype(int), ib.astype(int)
+        lr = logrank(t[ia], e[ia], t[ib], e[ib], exact=False)
+        return abs(lr.z) if lr.variance > 1e-12 else 0.0
+
+    ref = stats.permutation_test(
+        (np.arange(na), np.arange(na, na + nb)), z, permutation_type="independent", alternative="greater"
+    )
+    lr = logrank(t[:na], e[:na], t[na:], e[na:])
+    assert lr.splits == math.comb(9, 4) and lr.p_value == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_large_arms_use_the_normal_and_monte_carlo_is_close_to_exact():
+    rng = np.random.default_rng(7)
+    ta, tb = rng.integers(1, 9, 40).astype(float), rng.integers(2, 10, 30).astype(float)
+    ea, eb = rng.random(40) < 0.5, rng.random(30) < 0.5
+    ref = stats.logrank(
+        stats.CensoredData(uncensored=ta[ea], right=ta[~ea]), stats.CensoredData(uncensored=tb[eb], right=tb[~eb])
+    )
+    assert logrank(ta, ea, tb, eb).p_value == pytest.approx(ref.pvalue, rel=1e-9)  # 40 vs 30: asymptotic
+    # 8 runs against 40: too many labellings to list, so 20,000 random ones (SE of p <= 0.0036)
+    small = logrank(ta[:8], ea[:8], tb, eb)
+    assert not small.enumerated and small.splits == 20_000
+    assert small.p_value == pytest.approx(small.p_normal, abs=0.05)
 
 
 def test_no_event_no_test():
@@ -196,5 +242,6 @@ def test_the_stress_study_collapse_steps_as_times(tmp_path):
     ]
     rr, same = rows
     assert rr.delta == -1.0 and rr.ci95 == pytest.approx((-2.2396, 0.2396), abs=1e-4)
-    assert rr.estimate.p_value == pytest.approx(0.1138, abs=1e-4) and rr.verdict == "not resolved"
+    # exact over the 20 labellings: 8 are as extreme as grpo_rr's (the normal said 0.1138)
+    assert rr.estimate.p_value == pytest.approx(0.4, abs=1e-12) and rr.verdict == "not resolved"
     assert (same.arm, same.delta, same.estimate.p_value) == ("gspo", 0.0, 1.0)  # all at step 25 in both

@@ -140,7 +140,13 @@ def test_no_difference_goes_to_max_seeds_or_shows_equivalence_with_a_margin(tmp_
     trained = fake_training(monkeypatch, tmp_path, shift=0.0)
     out = json.loads(until_decided(tmp_path, "--max-seeds", "5", baseline="grpo", arm="gspo").stdout)
     assert out["verdict"] == "not resolved" and out["looks"][-1]["n"] == 5 and len(trained) == 10
-    # The same runs with a margin of 0.02: the differences (|noise| < 0.005) are shown to lie within it.
+    # A margin added after looking changes the stopping rule: refused, and the record stays
+    res = until_decided(tmp_path, "--max-seeds", "5", baseline="grpo", arm="gspo", margin=0.02)
+    assert res.exit_code == 2 and "records a decision under another design (margin None there, 0.02 now" in res.output
+    assert json.loads((tmp_path / "exp" / "until_decided.json").read_text())["margin"] is None
+    # With the record moved away, the same runs with a margin of 0.02: the differences (|noise| <
+    # 0.005) are shown to lie within it.
+    (tmp_path / "exp" / "until_decided.json").unlink()
     out = json.loads(until_decided(tmp_path, "--max-seeds", "5", baseline="grpo", arm="gspo", margin=0.02).stdout)
     assert out["verdict"] == "equivalent" and len(trained) == 10  # decided from the runs already there
 
@@ -154,7 +160,7 @@ def test_round_seeds_and_mistakes(tmp_path, monkeypatch):
     for args, says in (
         ((), "--max-seeds N"),
         (("--max-seeds", "2"), "--max-seeds: max_seeds (2) must be at least 3"),
-        (("--max-seeds", "5", "--dry-run"), "not with --dry-run"),
+        (("--max-seeds", "5", "--force"), "not with --force"),
     ):
         res = until_decided(tmp_path, *args, baseline="grpo", arm="gspo")
         assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output
@@ -173,3 +179,42 @@ def test_the_table_and_summary_without_a_margin(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--max-seeds", "4", "-q"])
     assert res.exit_code == 0, res.output
     assert "gspo vs grpo: not resolved at 4 seeds on avg@4 (higher is better)" in res.stdout
+
+
+def test_the_design_lives_in_the_spec_and_a_dry_run_prints_the_looks(tmp_path, monkeypatch):
+    trained = fake_training(monkeypatch, tmp_path, shift=0.05)
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(tmp_path, baseline="grpo", arm="gspo", max_seeds=7, round_seeds=2)))
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert [lk["seeds"] for lk in plan["looks"]] == [3, 5, 7] and plan["design_from"] == "spec"
+    bounds = [lk["boundary"] for lk in plan["looks"]]
+    assert bounds == sorted(bounds, reverse=True) and bounds[-1] > 2.447  # the last look: above t_0.975,6
+    assert trained == []  # nothing trained
+    text = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--dry-run"]).stdout
+    assert "boundary |t| >=" in text and "up to 7 seeds per arm, 2 more per round (design from the spec)" in text
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--max-seeds", "9"])
+    assert res.exit_code == 2 and "--max-seeds 9: the spec's comparison fixes max_seeds: 7" in res.output
+    out = json.loads(CliRunner().invoke(app, ["sweep", str(spec), "--until-decided", "--json", "-q"]).stdout)
+    assert out["schedule"] == [3, 5, 7] and out["design_from"] == "spec"
+    assert all(lk["boundary"] > 0 and lk["method"].startswith("paired t") for lk in out["looks"])  # no records here
+
+
+def test_compare_and_report_show_the_sequential_decision_beside_the_fixed_design_row(tmp_path, monkeypatch):
+    fake_training(monkeypatch, tmp_path, shift=0.05)
+    out = json.loads(until_decided(tmp_path, "--max-seeds", "10", baseline="grpo", arm="gspo").stdout)
+    last = out["looks"][-1]
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "exp"), "--baseline", "grpo", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    (seq,) = doc["sequential"]
+    assert seq["verdict"] == "better" and seq["looks"] == out["looks"]
+    line = next(n for n in doc["difference_notes"] if n.startswith("Sequential decision"))
+    assert f"look {len(out['looks'])} of at most 8 at {last['n']} seeds, boundary |t| >= " in line
+    assert f"[{last['ci_low']:+.4f}, {last['ci_high']:+.4f}]" in line and line.endswith("one look at the same runs.")
+    text = CliRunner().invoke(app, ["compare", str(tmp_path / "exp"), "--baseline", "grpo"]).stdout
+    assert "Sequential decision (gspo sweep --until-decided" in text
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "exp")])
+    assert res.exit_code == 0, res.output
+    assert "- Sequential decision (gspo sweep --until-decided" in (tmp_path / "exp" / "REPORT.md").read_text()

@@ -173,6 +173,7 @@ def compare(
     """
     from gspo_cli.analysis.tables import compare as cmp
     from gspo_cli.analysis.tables import differences as dif
+    from gspo_cli.analysis.tables import sequential as seq
 
     warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
@@ -197,6 +198,8 @@ def compare(
                 metrics=dif.family_metrics(result.columns, explicit=bool(metrics), spec_metric=metric),
                 robust=robust,
             )
+            table.sequential = seq.sequential_decisions(result.groups)
+            table.notes += [seq.decision_line(d) for d in table.sequential]
     except GspoError as err:
         _fail(err)
     if out is None and fmt == "table":

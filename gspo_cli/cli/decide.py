@@ -22,8 +22,6 @@ def until_decided(
     from gspo_cli.train import sweep as sw
     from gspo_cli.train.until_decided import decide_until, write_decision
 
-    if max_seeds is None:
-        raise SpecError("--until-decided: give --max-seeds N, the most seeds per arm it may train")
     spec = load_spec(spec_path, overrides)
     _check_comparison(spec)
     if spec.sweep is not None:
@@ -46,9 +44,14 @@ def until_decided(
         typer.echo(json.dumps({**decision.to_dict(), "runs": list(records.values()), "file": str(path)}))
         return
     _print_table(
-        ["seeds", "difference", "95% repeated CI", "verdict"],
-        [[lk.n, f"{lk.delta:+.4f}", f"[{lk.ci_low:+.4f}, {lk.ci_high:+.4f}]", lk.verdict] for lk in decision.looks],
+        ["seeds", "difference", "boundary |t| >=", "95% repeated CI", "verdict"],
+        [
+            [lk.n, f"{lk.delta:+.4f}", f"{lk.boundary:.3g}", f"[{lk.ci_low:+.4f}, {lk.ci_high:+.4f}]", lk.verdict]
+            for lk in decision.looks
+        ],
     )
+    if decision.looks:
+        err_console.print(f"estimate: {decision.looks[-1].method}", markup=False, highlight=False, soft_wrap=True)
     err_console.print(f"method: {decision.method}", markup=False, highlight=False, soft_wrap=True)
     typer.echo(decision.summary())
     typer.echo(f"written: {path}")
@@ -69,3 +72,51 @@ def _check_comparison(spec) -> None:
             "reward_<name>), a metrics.jsonl key (e.g. reward/mean, policy/kl_old_k3), or null for the held-out score"
         )
     check_margin(c.margin, "comparison.margin")
+
+
+def planned_looks(
+    spec_path: Path, overrides: list[str], *, max_seeds: int | None, round_seeds: int | None, as_json: bool
+):
+    """`--until-decided --dry-run`: the design's looks and boundaries, nothing trained."""
+    from gspo_cli.spec.loading import load_spec
+    from gspo_cli.train import until_decided as ud
+
+    spec = load_spec(spec_path, overrides)
+    _check_comparison(spec)
+    if spec.sweep is not None:
+        raise SpecError("--until-decided: decides the comparison of two arms; drop the spec's sweep: section")
+    top, step, source = ud.plan_design(spec, max_seeds, round_seeds)
+    looks = ud.planned_looks(spec, top, step)
+    c = spec.comparison
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "baseline": c.baseline,
+                    "arm": c.arm,
+                    "margin": c.margin,
+                    "max_seeds": top,
+                    "round_seeds": step,
+                    "design_from": source,
+                    "looks": looks,
+                }
+            )
+        )
+        return
+    _print_table(
+        ["look", "seeds", "boundary |t| >=", "nominal p", "90% boundary (equivalence)"],
+        [
+            [
+                lk["look"],
+                lk["seeds"],
+                f"{lk['boundary']:.4g}",
+                f"{lk['nominal_p']:.2g}",
+                f"{lk['boundary_equivalence']:.4g}",
+            ]
+            for lk in looks
+        ],
+    )
+    typer.echo(
+        f"planned: {c.arm} vs {c.baseline}, up to {top} seeds per arm, {step} more per round (design from the "
+        f"{source}); nothing trained"
+    )

@@ -239,11 +239,13 @@ def sweep(
         typer.Option("--max-seeds", min=2, help="with --until-decided: the most seeds per arm, e.g. --max-seeds 10"),
     ] = None,
     round_seeds: Annotated[
-        int,
+        Optional[int],
         typer.Option(
-            "--round-seeds", min=1, help="with --until-decided: new seeds per arm in each round, e.g. --round-seeds 2"
+            "--round-seeds",
+            min=1,
+            help="with --until-decided: new seeds per arm in each round (default 1), e.g. --round-seeds 2",
         ),
-    ] = 1,
+    ] = None,
 ) -> None:
     """Expand the spec's arms x seeds (x its optional `sweep:` grid) into named runs and train them.
 
@@ -260,15 +262,19 @@ def sweep(
 
     It stops when decided or at --max-seeds, and writes until_decided.json beside the runs.
 
+    Its design (comparison.max_seeds, comparison.round_seeds) belongs in the spec, fixed in advance.
+
+    With --dry-run it prints the planned looks and their boundaries and trains nothing.
+
     Example: `gspo sweep experiments/sweep_clip.yaml --dry-run`
     """
     from gspo_cli.train import sweep as sw
 
     warnings.showwarning = _show_warning
     if until_decided:
-        _decide(spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run or force or shard)
+        _decide(spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run, force or shard)
         return
-    if max_seeds is not None or round_seeds != 1:
+    if max_seeds is not None or round_seeds is not None:
         _fail(SpecError("--max-seeds and --round-seeds go with --until-decided"))
     try:
         runs = sw.plan(spec_path, list(set_ or []))
@@ -321,13 +327,16 @@ def sweep(
     raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
 
 
-def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, refused) -> None:
-    from gspo_cli.cli.decide import until_decided
+def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, dry_run, refused) -> None:
+    from gspo_cli.cli.decide import planned_looks, until_decided
 
     log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
     try:
         if refused:
-            raise SpecError("--until-decided: not with --dry-run, --force or --shard (its rounds keep completed runs)")
+            raise SpecError("--until-decided: not with --force or --shard (its rounds keep completed runs)")
+        if dry_run:
+            planned_looks(spec_path, overrides, max_seeds=max_seeds, round_seeds=round_seeds, as_json=as_json)
+            return
         until_decided(
             spec_path, overrides, jobs=jobs, max_seeds=max_seeds, round_seeds=round_seeds, log=log, as_json=as_json
         )

@@ -1,5 +1,6 @@
 """The experiment's primary comparison: which arm is measured against which baseline, on what
-metric, with what equivalence margin. Analysis reads it (`gspo compare`, `gspo report`,
+metric, with what equivalence margin, and the design of `gspo sweep --until-decided` (max_seeds,
+round_seeds), so its stopping rule is fixed before the first look. Analysis reads it (`gspo compare`, `gspo report`,
 `gspo sweep --until-decided`); training ignores it, so changing it never makes a completed run
 "of a different spec"."""
 
@@ -26,6 +27,19 @@ class ComparisonConfig(_Strict):
         ge=0,
         description="equivalence margin in the metric's units (e.g. 0.02): the arms are called equivalent when the "
         "difference is shown to lie within +-margin; null: no equivalence verdict",
+    )
+
+    max_seeds: int | None = Field(
+        None,
+        ge=2,
+        description="gspo sweep --until-decided: the most seeds per arm (the last look); fixed here, before the "
+        "first look, so the stopping rule is set in advance with the margin; null: --max-seeds gives it",
+    )
+    round_seeds: int | None = Field(
+        None,
+        ge=1,
+        description="gspo sweep --until-decided: new seeds per arm in each round (the looks: the spec's seeds, then "
+        "every round_seeds more, then max_seeds); null: --round-seeds, default 1",
     )
 
     @model_validator(mode="after")

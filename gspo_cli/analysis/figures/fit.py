@@ -56,7 +56,7 @@ def _draw(groups: list[Group], colours: dict, task: str, x: str, band: str) -> C
             score_limits(ax, np.concatenate(tops))
         styles = [
             Line2D([], [], color="0.3", ls="--", label="saturating fit"),
-            Line2D([], [], color="0.3", ls=":", lw=0.6, label="asymptote A"),
+            Line2D([], [], color="0.3", ls=":", lw=0.6, label="asymptote A (extrapolated)"),
         ]
         title = f"Held-out {task} against compute"
         finish_axes(ax, title, AXES[x], "score (seed mean)", styles, notes, x == "step")

@@ -38,6 +38,7 @@ from gspo_cli.analysis.report.tools import has_tools, tool_lines
 from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs
 from gspo_cli.analysis.stats.stability import any_collapse, survival_estimate
 from gspo_cli.analysis.tables.compare import Comparison, compare_runs, render
+from gspo_cli.analysis.tables.sequential import decision_line, sequential_decisions
 from gspo_cli.errors import SpecError
 from gspo_cli.files import write_report_file
 
@@ -202,6 +203,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += (
         not_testable((5,), untestable) if untestable else stability_finding(roles, lambda a, b: diff(a, b, "logvar"))
     )
+    lines += [f"- {decision_line(d)}" for d in sequential_decisions(groups)]  # beside finding 1's row
     lines += ["", RULES + STABILITY_RULE]
     lines += learning_lines(groups, eval_task, eval_label, last)
     lines += collapse_lines(groups, eval_task, eval_label)

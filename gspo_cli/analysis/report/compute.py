@@ -9,7 +9,7 @@ import math
 
 from gspo_cli.analysis.rundata.compute import AXES, EQUAL_COMPUTE_RULE, UNITS, common_budget, eval_points, score_at
 from gspo_cli.analysis.rundata.runs import Group
-from gspo_cli.analysis.stats.saturation import IDENTIFY_RULE, Fit, arm_fit
+from gspo_cli.analysis.stats.saturation import EXTRAPOLATION, IDENTIFY_RULE, Fit, arm_fit
 from gspo_cli.analysis.stats.seeds import seed_stats
 from gspo_cli.errors import SpecError
 
@@ -26,7 +26,8 @@ def fit_text(fit: Fit, unit: str) -> str:
     if not fit.identified:
         return f"not identified: {fit.reason}"
     return (
-        f"A = {fit.a:.3f}{_ci(fit, 'a', '.3f')}, B = {fit.b:.2f}{_ci(fit, 'b', '.2f')}, "
+        f"A = {fit.a:.3f}{_ci(fit, 'a', '.3f')} ({EXTRAPOLATION}; the curve reaches {fit.reached:.3f} at "
+        f"{fit.c_max:.3g} {unit}), B = {fit.b:.2f}{_ci(fit, 'b', '.2f')}, "
         f"C_mid = {fit.c_mid:.3g}{_ci(fit, 'c_mid', '.3g')} {unit} (R0 = {fit.r0:.3f})"
     )
 
@@ -63,7 +64,8 @@ def compute_lines(groups: list[Group], task: str | None, label: str, axis: str =
         *rows,
         "",
         "`gspo compare --baseline ARM --budget tokens` tests the differences at equal compute. "
-        "A: the asymptote; B: the efficiency exponent; C_mid: the compute at half the gain (ScaleRL, "
+        "A: the asymptote, an extrapolation beyond the compute reached (a curve that bends again later has "
+        "another); B: the efficiency exponent; C_mid: the compute at half the gain (ScaleRL, "
         "arXiv 2510.13786).",
         "",
         IDENTIFY_RULE,

@@ -118,6 +118,7 @@ class Difference:
             "iqm_arm": num(self.iqm_arm),
             "iqm_baseline": num(self.iqm_base),
             "variance_shares": comp.shares() if comp is not None else None,
+            "variance_share_intervals": comp.share_intervals() if comp is not None else None,
             "resolve": self.resolution() or None,
         }
 

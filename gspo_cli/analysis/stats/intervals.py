@@ -37,7 +37,8 @@ class Estimate:
     `se` is NaN when the data cannot give one (a lone seed on a side); `sd_pairs` is the sample SD
     of the per-seed differences of a paired design (Welch: sqrt(sd_arm^2 + sd_base^2), what the
     differences would spread by without pairing), the number a plan for more seeds starts from.
-    `components` holds the variance decomposition when problem records gave one.
+    `components` holds the variance decomposition when problem records gave one. `p_exact` is
+    an exact (permutation) p that the test uses instead of the t's when it is finite.
     """
 
     delta: float
@@ -49,6 +50,7 @@ class Estimate:
     n_base: int
     sd_pairs: float = math.nan
     components: Components | None = None
+    p_exact: float = math.nan
 
     @property
     def has_interval(self) -> bool:
@@ -68,6 +70,8 @@ class Estimate:
         """Two-sided p of the t test of a zero difference; NaN without a standard error."""
         if not self.has_interval:
             return math.nan
+        if math.isfinite(self.p_exact):
+            return self.p_exact
         if self.se == 0:
             return 1.0 if self.delta == 0 else 0.0
         return float(2 * stats.t.sf(abs(self.delta) / self.se, self.df))

@@ -10,14 +10,24 @@ spending (Lan & DeMets 1983, "Discrete sequential boundaries for clinical trials
     alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)),     t = n / N (the information fraction),
 
 which spends almost nothing at the first looks and nearly all of alpha at the last. Look k gets
-the z boundary c_k for which the chance, with no true difference, of crossing for the first time
-at look k is alpha(t_k) - alpha(t_{k-1}); the chances come from the joint normal law of the
-looks' z statistics (independent increments), computed by numerical integration on a grid
-(Armitage, McPherson & Rowe 1969). The per-seed SD is unknown, so each z boundary becomes a t
-boundary with n_k - 1 degrees of freedom at the same nominal significance level (Jennison &
-Turnbull 1999, "Group Sequential Methods with Applications to Clinical Trials", section 11.4):
-the repeated confidence interval mean(d) +- t_k s / sqrt(n_k). Lan-DeMets needs neither the number
-nor the timing of looks in advance, only N: each boundary depends on the looks made so far.
+the boundary c_k for which the chance, with no true difference, of crossing for the first time
+at look k is alpha(t_k) - alpha(t_{k-1}). Lan-DeMets needs neither the number nor the timing of
+looks in advance, only N: each boundary depends on the looks made so far.
+
+The statistic is the paired t, T_k = mean(d) / (s / sqrt(n_k)) with the SD s estimated from the
+same n_k seeds, not a z with a known SD. Boundaries computed for z (the joint normal law of the
+looks' z statistics, `z_boundaries`) and turned into t quantiles at the same nominal level
+(Jennison & Turnbull 1999, section 11.4) are anti-conservative at few degrees of freedom: over
+looks at 3, 5, ..., 13, 14 seeds they give 5.38% false positives. The joint null law of T_1..T_K
+has no free parameter (t is scale-free), so the boundaries here come from it directly: SIMULATIONS
+null experiments (standard normal differences, a fixed RNG seed) give T at every look, and c_k is
+the quantile of |T_k| among the experiments not yet stopped that spends exactly the alpha the
+function allots to look k (Jennison & Turnbull 2000, ch. 3, for simulated and exact t boundaries).
+A look whose allotment is under MIN_CROSSINGS / SIMULATIONS (the first looks of a long design spend
+1e-5 or less) takes the t quantile of its allotment alone. The Monte Carlo error of the overall
+level this leaves is about sqrt(alpha (1 - alpha) / SIMULATIONS) = 0.05 percentage points; the
+boundaries are cached per design (the same seed gives the same boundaries every time).
+The repeated confidence interval is mean(d) +- c_k s / sqrt(n_k).
 
 Verdicts at each look: `better` (the 95% repeated interval lies above 0; below: `worse`),
 `equivalent` (the 90% repeated interval, spent the same way, lies inside +-margin: two one-sided
@@ -29,16 +39,23 @@ numpy and scipy.stats only; no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import optimize, special, stats
+
+from gspo_cli.analysis.stats.intervals import Estimate, t_quantile
 
 ALPHA = 0.05  # two-sided: better or worse when there is no difference, over all looks
 EQUIVALENCE_ALPHA = 0.10  # the TOST interval: 5% on each side
 VERDICTS = ("better", "worse", "equivalent", "not resolved")
 _GRID = 801  # points of the integration grid (in units of the information's SD)
+SIMULATIONS = 200_000  # null experiments behind the t boundaries of a design
+MIN_CROSSINGS = 20  # a look allotted fewer crossings than this takes the t quantile of its allotment
+RNG_SEED = 20264
 
 
 def spent(fraction: float, alpha: float = ALPHA) -> float:
@@ -106,6 +123,43 @@ def look_schedule(start: int, round_seeds: int, max_seeds: int) -> list[int]:
     return looks if looks[-1] == max_seeds else [*looks, max_seeds]
 
 
+@lru_cache(maxsize=64)
+def t_boundaries(looks: tuple[int, ...], max_seeds: int, alpha: float = ALPHA) -> np.ndarray:
+    """Two-sided boundaries c_1..c_K for the paired t statistic at `looks` (increasing numbers of
+    paired seeds, the first at least 2, the last at most `max_seeds`): with no true difference, the
+    chance that |T_k| >= c_k at some look is the spending function's alpha(looks[-1] / max_seeds),
+    from the simulated joint null law of the looks' t statistics (module docstring)."""
+    n = np.asarray(looks, dtype=int)
+    if n.ndim != 1 or not len(n) or n[0] < 2 or np.any(np.diff(n) <= 0) or n[-1] > max_seeds:
+        raise ValueError(f"looks must increase from at least 2 to at most max_seeds ({max_seeds}), got {list(looks)}")
+    rng = np.random.default_rng(RNG_SEED)
+    M = SIMULATIONS
+    t_MK = np.empty((M, len(n)))
+    s1, s2, k = np.zeros(M), np.zeros(M), 0
+    for i in range(1, int(n[-1]) + 1):  # one seed's difference at a time: memory (M, K), not (M, N)
+        x = rng.standard_normal(M)
+        s1 += x
+        s2 += x * x
+        if i == n[k]:
+            mean = s1 / i
+            sd = np.sqrt(np.maximum(s2 - i * mean**2, 0.0) / (i - 1))
+            t_MK[:, k] = np.abs(mean) / (sd / np.sqrt(i))
+            k += 1
+    alive = np.ones(M, dtype=bool)
+    used, out = 0.0, []
+    for k, nk in enumerate(n):
+        target = spent(nk / max_seeds, alpha) - used  # what this look may spend
+        if target * M < MIN_CROSSINGS:  # too few null crossings to place it: its allotment alone
+            c = float(stats.t.isf(max(target, 1e-300) / 2, nk - 1))
+        else:
+            c = float(np.quantile(np.where(alive, t_MK[:, k], 0.0), 1 - target / 1.0))
+        crossed = alive & (t_MK[:, k] >= c)
+        used += crossed.mean()
+        alive &= ~crossed
+        out.append(c)
+    return np.array(out)
+
+
 @dataclass(frozen=True)
 class Design:
     """The t boundaries of a look schedule: `critical[k]` for the 95% repeated interval at look
@@ -118,13 +172,11 @@ class Design:
 
     @classmethod
     def of(cls, looks: Sequence[int], max_seeds: int | None = None) -> Design:
-        n = np.asarray(looks, dtype=float)
-        N = float(max_seeds or looks[-1])
-        out = []
-        for alpha in (ALPHA, EQUIVALENCE_ALPHA):
-            nominal = 2 * stats.norm.sf(z_boundaries(n / N, alpha))  # two-sided nominal level of each look
-            out.append(stats.t.isf(nominal / 2, n - 1))
-        return cls(tuple(int(x) for x in looks), int(N), out[0], out[1])
+        """The t boundaries (`t_boundaries`) of `looks` for a design of `max_seeds` (default the
+        last look), for the 95% and the 90% repeated intervals."""
+        key = tuple(int(x) for x in looks)
+        N = int(max_seeds or key[-1])
+        return cls(key, N, t_boundaries(key, N, ALPHA), t_boundaries(key, N, EQUIVALENCE_ALPHA))
 
 
 def verdicts(diffs_EN: np.ndarray, design: Design, margin: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -158,35 +210,69 @@ def verdicts(diffs_EN: np.ndarray, design: Design, margin: float | None = None) 
 
 @dataclass(frozen=True)
 class Look:
-    """One look of a sequential comparison: n paired seeds, their mean difference, the 95%
-    repeated interval, and the verdict (`continue` while seeds are still to come)."""
+    """One look of a sequential comparison: n paired seeds, the difference, the 95% repeated
+    interval, the verdict (`continue` while seeds are still to come), the look's boundary for the
+    seeds' paired t (|t| >= `boundary`), and the estimate the interval is on (`method`)."""
 
     n: int
     delta: float
     ci_low: float
     ci_high: float
     verdict: str
+    boundary: float = math.nan
+    method: str = ""
 
 
-def sequential_looks(diffs: Sequence[float], design: Design, margin: float | None = None) -> list[Look]:
+def _half(c: float, n: int, se_pairs: float, est: Estimate | None, level: float) -> float:
+    """The half-width of a look's repeated interval: the seeds' paired t at boundary c, and with
+    `est` (the fixed-design estimate) also that estimate at the same nominal level and its own
+    fixed-design interval at `level`, the widest of them (never narrower than what compare shows)."""
+    half = c * se_pairs
+    if est is not None and est.has_interval:
+        nominal = 2 * stats.t.sf(c, n - 1)  # the two-sided level the boundary spends at this look
+        half = max(half, t_quantile(1 - nominal / 2, est.df) * est.se, t_quantile(0.5 + level / 2, est.df) * est.se)
+    return half
+
+
+def sequential_looks(
+    diffs: Sequence[float],
+    design: Design,
+    margin: float | None = None,
+    estimates: Sequence[Estimate | None] | None = None,
+) -> list[Look]:
     """Every look of `design` that the paired differences `diffs` (in seed order) reach, up to
     the first decided one; the last look's verdict is `not resolved` when it is the design's
-    last, `continue` when more seeds are planned."""
+    last, `continue` when more seeds are planned.
+
+    `estimates[k]`, when given, is the fixed-design estimate of look k's seeds that `gspo compare`
+    shows (e.g. the seeds x problems model from problem records): the look then decides on it,
+    centred on its difference, with the widest of three half-widths: the paired t at the look's
+    boundary, that estimate at the boundary's nominal level on its own degrees of freedom, and
+    its fixed-design interval (95%, and 90% for equivalence). So a look never decides on an
+    interval narrower than the one compare shows for the same runs."""
     d = np.asarray(diffs, dtype=float)
     out = []
     for k, n in enumerate(design.looks):
         if n > len(d):
             break
         x = d[:n]
-        mean, se = float(x.mean()), float(x.std(ddof=1) / np.sqrt(n))
-        v, _ = verdicts(
-            x[None, :],
-            Design((n,), design.max_seeds, design.critical[k : k + 1], design.critical_eq[k : k + 1]),
-            margin,
-        )
-        verdict = v[0] if v[0] != "not resolved" else ("not resolved" if k == len(design.looks) - 1 else "continue")
-        c = float(design.critical[k])
-        out.append(Look(n, mean, mean - c * se, mean + c * se, verdict))
-        if verdict != "continue":
+        est = estimates[k] if estimates is not None and k < len(estimates) else None
+        se = float(x.std(ddof=1) / np.sqrt(n))
+        if se <= 1e-12 * max(1.0, float(np.abs(x).max())):  # equal differences: no spread
+            se = 0.0
+        centre = float(est.delta) if est is not None and est.has_interval else float(x.mean())
+        c, c_eq = float(design.critical[k]), float(design.critical_eq[k])
+        half, half_eq = _half(c, n, se, est, 0.95), _half(c_eq, n, se, est, 0.90)
+        verdict = "not resolved" if k == len(design.looks) - 1 else "continue"
+        if se > 0:  # seeds that agree exactly tell nothing of the spread: no decision
+            if centre - half > 0:
+                verdict = "better"
+            elif centre + half < 0:
+                verdict = "worse"
+            elif margin is not None and centre - half_eq > -margin and centre + half_eq < margin:
+                verdict = "equivalent"
+        method = est.method if est is not None and est.has_interval else f"paired t, {n} seeds"
+        out.append(Look(n, centre, centre - half, centre + half, verdict, c, method))
+        if verdict not in ("continue", "not resolved"):
             break
     return out

@@ -56,6 +56,7 @@ class DifferenceTable:
     labels: dict[str, str]  # column id -> header label
     notes: list[str] = field(default_factory=list)
     robust: bool = False
+    sequential: list[dict] = field(default_factory=list)  # until_decided.json decisions of these runs
 
 
 def problem_records(run: Run, task: str) -> ProblemScores | None:
@@ -193,11 +194,13 @@ def _notes(rows: list[Difference], labels: dict[str, str], margin: float | None,
     for d in rows:
         comp = d.estimate.components
         if comp is not None:
-            sh = comp.shares()
+            sh, ci = comp.shares(), comp.share_intervals()
+            pct = lambda k, sh=sh, ci=ci: f"{100 * sh[k]:.0f}% [{100 * ci[k][0]:.0f}%, {100 * ci[k][1]:.0f}%]"  # noqa: E731
             notes.append(
-                f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: variance from seeds "
-                f"{100 * sh['seeds']:.0f}%, problems {100 * sh['problems']:.0f}%, sampling {100 * sh['sampling']:.0f}%"
-                f" ({comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
+                f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: variance from seeds at least "
+                f"{pct('seeds')}, problems {pct('problems')}, sampling at most {pct('sampling')} (95% intervals; "
+                "the arms share their sampling draws, so the sampling share is a bound; "
+                f"{comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
             )
         if why := d.resolution():
             notes.append(f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: not resolved; {why}.")
@@ -258,6 +261,8 @@ def render_with_differences(comp: Comparison, table: DifferenceTable, fmt: str) 
         doc = json.loads(render(comp, "json"))
         doc["differences"] = to_json(table)
         doc["difference_notes"] = table.notes
+        if table.sequential:
+            doc["sequential"] = table.sequential
         return json.dumps(doc, indent=2) + "\n"
     header, rows = text_rows(table)
     if fmt == "markdown":
