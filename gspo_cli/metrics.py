@@ -270,6 +270,23 @@ def describe(key: str) -> tuple[str, str]:
     return (key, "")
 
 
+# What a metric's unit allows: a band over seeds (mean ± 95% CI) is clipped to it, so a figure never
+# draws a KL, a gradient norm or a variance below 0, nor a fraction above 1. Units not listed
+# (reward, loss, score, lr) are unbounded.
+UNIT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "fraction": (0.0, 1.0),
+    **dict.fromkeys(
+        ("nats", "nats^2", "norm", "ratio", "weight", "tokens", "calls", "turns", "count", "s", "MB", "steps"),
+        (0.0, None),
+    ),
+}
+
+
+def bounds(key: str) -> tuple[float | None, float | None]:
+    """(lowest, highest) value `key` can take by its unit (`describe`); None: no bound."""
+    return UNIT_BOUNDS.get(describe(key)[1], (None, None))
+
+
 # Statistics of a mismatch correction (algorithms.correction_stats): the metric each becomes
 # and what its mean is over, as for LOSS_STAT_KEYS.
 MISMATCH_STAT_KEYS = {

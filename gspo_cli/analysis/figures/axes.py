@@ -135,12 +135,19 @@ def add_notes(ax: Axes, notes: list[str], below=None, label: str = "_note"):
 def log_bottom(ax: Axes) -> None:
     """On a log axis, the bottom follows the lines (a third of the smallest positive value any
     line draws), not a band over seeds whose lower edge reaches 0 or below (a 95% CI of two seeds
-    often does), which a log axis cannot show: such a band runs into the bottom edge."""
-    if ax.get_yscale() != "log":
+    often does), which a log axis cannot show: such a band runs into the bottom edge. On a symlog
+    axis (zeros beside positive values) the bottom is 0: its margin would add a negative tick
+    (-1e-4) to a quantity that is never negative."""
+    if ax.get_yscale() not in ("log", "symlog"):
         return
     ys = [np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines()]
     v = np.concatenate(ys) if ys else np.zeros(0)
-    v = v[np.isfinite(v) & (v > 0)]
+    v = v[np.isfinite(v)]
+    if ax.get_yscale() == "symlog":
+        if len(v) and (v >= 0).all():
+            ax.set_ylim(bottom=0.0)
+        return
+    v = v[v > 0]
     if len(v):
         ax.set_ylim(bottom=float(v.min()) / 3)
 

@@ -50,7 +50,7 @@ from gspo_cli.analysis.figures.survival import survival_draws
 from gspo_cli.analysis.rundata.compute import ALIASES, AXES, axis_name
 from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs, reward_names
 from gspo_cli.errors import SpecError
-from gspo_cli.metrics import describe
+from gspo_cli.metrics import bounds, describe
 
 FORMATS = ("png", "svg", "pdf")
 EXTRA_FIGURES = ("survival", "fit")  # survival: drawn by default where a run collapses; fit: on request
@@ -88,7 +88,7 @@ def profile_panel(fid: str, groups: list[Group], colours: dict, band: str = "ci"
         scale = apply_scale(ax, np.concatenate(means) if means else np.zeros(0))
         for g, c in curves:
             if c is not None:
-                _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
+                _draw_curve(ax, c, colours[g.name], _label(g), marker="o", key=prefix + buckets[0])
         log_bottom(ax)
         if scale == "linear":
             add_notes(ax, ["all values are 0 or negative: linear axis"])
@@ -124,10 +124,19 @@ def group_colours(groups: list[Group]) -> dict[str, tuple]:
 # --------------------------------------------------------------------------- drawing
 
 
-def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None) -> None:
-    """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR)."""
+def _draw_curve(
+    ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None, key: str | None = None
+) -> None:
+    """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR), the
+    band clipped to what metric `key` can be (metrics.bounds: a KL's band never dips below 0)."""
     ax.plot(c.x, floor_noise(c.mean), color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3, zorder=3)
     ok = np.isfinite(c.lo) & np.isfinite(c.hi)
+    low, high = bounds(key) if key is not None else (None, None)
+    c = (
+        Curve(c.x, c.mean, np.clip(c.lo, low, high), np.clip(c.hi, low, high), c.n)
+        if (low, high) != (None, None)
+        else c
+    )
     lo = floor_noise(c.lo)
     if ax.get_yscale() == "log":  # a lower edge at or below 0 runs into the bottom (axes.log_bottom)
         lo = np.where(lo > 0, lo, FLOOR)
@@ -201,7 +210,7 @@ def metric_panel(
                 _draw_raw(ax, c, colours[g.name], g.name)
         for g, c in curves:
             if c is not None:
-                _draw_curve(ax, c, colours[g.name], _label(g))
+                _draw_curve(ax, c, colours[g.name], _label(g), key=spec.key)
         for (_, ls, _), row in zip(spec.dashed, dashed, strict=True):
             for g, c in row:
                 if c is not None:
