@@ -53,6 +53,7 @@ from gspo_cli.errors import SpecError
 from gspo_cli.metrics import bounds, describe
 
 FORMATS = ("png", "svg", "pdf")
+PAIRED_HOW = "gspo plot --baseline ARM"  # writes differences.png
 EXTRA_FIGURES = ("survival", "fit")  # survival: drawn by default where a run collapses; fit: on request
 X_AXES = {**AXES, **{alias: AXES[axis] for alias, axis in ALIASES.items()}}  # a figure may fix its x: `time`
 DPI = 150
@@ -236,7 +237,15 @@ def eval_panel(task: str, groups: list[Group], colours: dict, x: str, band: str 
         # Scores are in [0, 1]: the axis starts at 0 so that noise between evaluations of one
         # seed does not fill the panel (axes.score_limits).
         score_limits(ax, np.concatenate([np.r_[c.mean, c.hi] for _, c in curves if c is not None]))
-        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, integer_x=x == "step", band=band)
+        # Each arm's band is over its own seeds: two bands can overlap while the paired
+        # difference (seed by seed) is clear. Say where that one is.
+        drawn = [g for g, c in curves if c is not None]
+        paired = (
+            [f"bands per arm, unpaired: the paired differences (seed by seed) are in differences.png ({PAIRED_HOW})"]
+            if len(drawn) > 1 and any(len(g.runs) > 1 for g in drawn) and band != "none"
+            else []
+        )
+        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, (), paired, x == "step", band=band)
 
     return Panel("eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task), draw)
 
