@@ -139,8 +139,8 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
         tmp_path,
         {
             "grpo": (0.20, 0.22, 0.24),
-            "grpo_rr": (0.30, 0.32, 0.34),
-            "gspo": (0.40, 0.42, 0.44),
+            "grpo_rr": (0.31, 0.32, 0.33),
+            "gspo": (0.40, 0.43, 0.43),
             "gspo_token": (0.40, 0.41, 0.45),
         },
         {"grpo": 0.001, "grpo_rr": 0.001, "gspo": 0.2, "gspo_token": 0.2},
@@ -149,8 +149,9 @@ def test_report_verdicts_when_the_findings_hold(tmp_path):
     text = out.read_text()
     assert out == exp / "REPORT.md"
     assert "**1. GSPO learns more per step than GRPO — holds.**" in text
-    # finding 1: every seed of gspo is 0.2 above grpo's: paired, no spread, p 0
-    assert "final train reward +0.200 [+0.200, +0.200] (significant; paired t, 3 seeds, adj. p 0)" in text
+    # finding 1: gspo - grpo per seed (0.20, 0.21, 0.19): mean 0.2, sd 0.01, t(2) 4.3027 x 0.01 /
+    # sqrt(3) = 0.0248 (seeds that all differ by exactly 0.2 would have no spread and no verdict)
+    assert "final train reward +0.200 [+0.175, +0.225] (significant; paired t, 3 seeds, adj. p 0.0" in text
     assert "clipping part holds" in text and "200x" in text
     assert "**3. GRPO needs routing replay on a MoE, GSPO does not — holds.**" in text
     # expert change: mean over roles of 0.004, 0.004, 0.002, 0.004 = 0.35%
@@ -231,7 +232,10 @@ def test_ratio_diagnostic_tables_and_finding_5(tmp_path):
     assert "**5. Without routing replay GRPO's token ratios are noisier and it trains less stably — holds.**" in text
     # paired: grpo (1.0, 1.1, 1.2)e-3 - (1.0, 1.1, 1.2)e-4 = (0.9, 0.99, 1.08)e-3, t = 19 on 2 df, raw p
     # 0.0027; Holm over the 8 differences of the findings (6 of them exactly 0, p 1): 8 x 0.0027 = 0.022
-    assert "GRPO − GRPO+RR +0.00099 [" in text and "(significant; paired t, 3 seeds, adj. p 0.022)" in text
+    assert (
+        "GRPO − GRPO+RR +0.00099 [" in text
+        and "(significant; paired t, 3 seeds, adj. p 0.022, findings family of 8)" in text
+    )
     assert "GRPO 3x, GRPO + routing replay 3x, GSPO 3x" in text
     assert "Finding 5 (without routing replay" in text
     for fig in ("logvar_length", "logvar_minibatch"):

@@ -70,9 +70,12 @@ def test_verdicts_follow_the_metric_direction_and_the_margin():
     assert kl.verdict == "better" and kl.p_adjusted == pytest.approx(0.04941, abs=1e-5)
     assert decide([("gspo", "grpo", "reward", 1, est)])[0].verdict == "worse"
     assert decide([("gspo", "grpo", "clip", 0, est)])[0].verdict == "lower"
-    # two arms: Holm doubles the p-value, 0.097 > 0.05
+    # two arms: Holm doubles the p-value, 0.097 > 0.05; the plan is at Holm's first level, 0.025
+    # (d/sd = 2.5: 4 seeds at 0.05, 5 at 0.025)
     two = decide([("gspo", "grpo", "reward", 1, est), ("x", "grpo", "reward", 1, est)])
-    assert [d.verdict for d in two] == ["not resolved", "not resolved"] and two[0].seeds_needed == 4
+    assert [d.verdict for d in two] == ["not resolved", "not resolved"] and two[0].seeds_needed == 5
+    assert seeds_needed(-0.05, 0.02) == 4 and seeds_needed(-0.05, 0.02, alpha=0.025) == 5
+    assert two[0].family_size == 2
     tight = paired_t(np.array([0.001, -0.001, 0.002, 0.0, -0.002]), "paired t, 5 seeds", 5, 5)
     eq = decide([("gspo", "grpo", "reward", 1, tight)], margin=0.01)[0]
     assert eq.verdict == "equivalent" and -0.01 < tight.ci(0.90)[0] < tight.ci(0.90)[1] < 0.01

@@ -186,6 +186,9 @@ def test_collapse_times_and_censoring(tmp_path):
     assert t.tolist() == [100, 75, 100, 100, 100, 100] and e.tolist() == [0, 1, 0, 0, 1, 0]
     lines = "\n".join(survival_lines(groups, "math", "math avg@4"))
     assert "| grpo | 6/6 | 25 |" in lines and "| gspo | 2/6 | none |" in lines
+    # Clopper-Pearson: 6 of 6, lower bound 0.025^(1/6) = 0.54; 2 of 6, 0.043 to 0.78
+    assert "grpo: 6 of 6 seeds collapsed (rate 54%-100%, 95% exact interval)" in lines
+    assert "gspo: 2 of 6 seeds collapsed (rate 4%-78%, 95% exact interval)" in lines
 
 
 def test_compare_baseline_has_the_logrank_row_in_its_holm_family(tmp_path):

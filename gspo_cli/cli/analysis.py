@@ -121,7 +121,13 @@ def compare(
         ),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="table, markdown, csv or json (csv with --baseline: the differences)")
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table, markdown, csv or json (csv: the arms table, as always, unless --baseline or --differences "
+            "is given on the command line: then the differences table)",
+        ),
     ] = "table",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write to this file instead of stdout")] = None,
     baseline: Annotated[
@@ -130,7 +136,8 @@ def compare(
             "--baseline",
             "-b",
             help="add each arm's difference from this arm (paired over seeds), with a verdict; default: the "
-            "spec's comparison.baseline; e.g. --baseline grpo",
+            "spec's comparison.baseline (in table, markdown and json; csv keeps the arms table unless "
+            "--differences); `none`: no differences in any format; e.g. --baseline grpo",
         ),
     ] = None,
     margin: Annotated[
@@ -141,11 +148,27 @@ def compare(
             "comparison.margin, else no equivalence verdict; e.g. --margin 0.02",
         ),
     ] = None,
+    differences: Annotated[
+        bool,
+        typer.Option(
+            "--differences",
+            help="write the differences from the spec's comparison.baseline (or --baseline); the way to get them "
+            "as csv without naming the baseline; e.g. gspo compare results/quickstart --differences -f csv",
+        ),
+    ] = False,
+    effect: Annotated[
+        Optional[float],
+        typer.Option(
+            "--effect",
+            help="smallest effect of interest, in the metric's units: seeds needed are planned to find it; "
+            "default: the spec's comparison.effect, else the margin, else the observed difference; e.g. --effect 0.03",
+        ),
+    ] = None,
     pairs: Annotated[
         bool,
         typer.Option(
             "--pairs",
-            help="differences for every pair of arms (one Holm family), not only vs a baseline; e.g. "
+            help="differences for every pair of arms (one family), not only vs a baseline; e.g. "
             "gspo compare results/zoo --pairs",
         ),
     ] = False,
@@ -163,10 +186,16 @@ def compare(
     Reads run directories only (never a model); running or dead runs count with what is on disk.
 
     With --baseline: a differences table (difference, CI, method, verdict better/worse/equivalent/not
-    resolved, Holm-adjusted p, seeds needed), paired over seeds, from problem records where runs have them.
+    resolved, adjusted p, seeds needed, family), paired over seeds, from problem records where runs have
+    them. The spec's comparison (arm vs baseline on its metric) is the primary, tested alone at the full
+    alpha; the other outcomes are the secondary family (Holm); diagnostics get intervals, no verdict.
 
     With --baseline, arms whose runs collapse (held-out score below half its step 0) are also
-    compared by time to collapse: a log-rank row in the same Holm family.
+    compared by time to collapse: a log-rank row in the secondary family.
+
+    A spec's comparison.baseline adds the differences to table, markdown and json (json keeps the arms
+    and adds `differences`); csv stays the arms table unless --baseline or --differences is given.
+    --baseline none turns the spec's default off in every format.
 
     Examples: `gspo compare results/quickstart --baseline grpo --margin 0.02 -f markdown`, `gspo compare
     results/quickstart --baseline grpo --budget tokens`
@@ -184,8 +213,12 @@ def compare(
         )
         table = None
         section = dif.spec_comparison(result.groups)
-        base = baseline or section.get("baseline")
-        if base is not None or pairs:
+        off = baseline is not None and baseline.lower() == "none"
+        base = None if off else (baseline or section.get("baseline"))
+        # A script's `-f csv` got the arms table before specs had a comparison section: only an
+        # explicit request switches csv to the differences.
+        asked = baseline is not None or differences or pairs or fmt != "csv"
+        if not off and asked and (base is not None or pairs):
             metric = section.get("metric")
             table = dif.build_differences(
                 result.groups,
@@ -197,9 +230,13 @@ def compare(
                 pairs=pairs,
                 metrics=dif.family_metrics(result.columns, explicit=bool(metrics), spec_metric=metric),
                 robust=robust,
+                primary=None if pairs else dif.primary_key(section, base, result.columns),
+                effect=effect if effect is not None else section.get("effect"),
             )
             table.sequential = seq.sequential_decisions(result.groups)
             table.notes += [seq.decision_line(d) for d in table.sequential]
+        elif differences and base is None and not off:
+            raise SpecError("--differences: no baseline; give --baseline ARM or a spec comparison section")
     except GspoError as err:
         _fail(err)
     if out is None and fmt == "table":
@@ -289,6 +326,15 @@ def plot(
         Optional[float],
         typer.Option("--margin", help="draw the ±M equivalence band on differences.png; e.g. --margin 0.02"),
     ] = None,
+    effect: Annotated[
+        Optional[float],
+        typer.Option(
+            "--effect",
+            help="smallest effect of interest: differences.png labels each unresolved row with the seeds that "
+            "would find it (as compare --effect; default: the spec's comparison.effect, else the margin); "
+            "e.g. --effect 0.03",
+        ),
+    ] = None,
 ) -> None:
     """Draw reward, held-out score, clip-fraction, expert-change and other curves from run
     directories, one file per figure plus the panel a paper shows.
@@ -317,7 +363,9 @@ def plot(
         )
         from gspo_cli.analysis.figures.differences import write_differences_figure
 
-        diff = write_differences_figure(paths, baseline=baseline, margin=margin, out=out, fmt=fmt, group_by=group_by)
+        diff = write_differences_figure(
+            paths, baseline=baseline, margin=margin, effect=effect, out=out, fmt=fmt, group_by=group_by
+        )
         written += [diff] if diff is not None else []
     except GspoError as err:
         _fail(err)

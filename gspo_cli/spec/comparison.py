@@ -1,6 +1,8 @@
 """The experiment's primary comparison: which arm is measured against which baseline, on what
-metric, with what equivalence margin, and the design of `gspo sweep --until-decided` (max_seeds,
-round_seeds), so its stopping rule is fixed before the first look. Analysis reads it (`gspo compare`, `gspo report`,
+metric, with what equivalence margin and smallest effect of interest, and the design of `gspo sweep
+--until-decided` (max_seeds, round_seeds), so its stopping rule is fixed before the first look. Fixed
+before the runs, it is the pre-registered primary hypothesis: tested at the full alpha, every other
+difference in a family of its own. Analysis reads it (`gspo compare`, `gspo report`,
 `gspo sweep --until-decided`); training ignores it, so changing it never makes a completed run
 "of a different spec"."""
 
@@ -13,7 +15,7 @@ from gspo_cli.spec.base import _Problems, _Strict
 
 class ComparisonConfig(_Strict):
     """The primary comparison: `arm` against `baseline`, on `metric`, `equivalent` when the
-    difference is shown to lie within +-`margin`."""
+    difference is shown to lie within +-`margin`; seeds planned for a difference of `effect`."""
 
     baseline: str = Field(description="the arm compared against (e.g. grpo)")
     arm: str = Field(description="the arm measured (e.g. gspo)")
@@ -27,6 +29,13 @@ class ComparisonConfig(_Strict):
         ge=0,
         description="equivalence margin in the metric's units (e.g. 0.02): the arms are called equivalent when the "
         "difference is shown to lie within +-margin; null: no equivalence verdict",
+    )
+
+    effect: float | None = Field(
+        None,
+        gt=0,
+        description="the smallest effect of interest, in the metric's units (e.g. 0.03): seeds needed are planned "
+        "to find a difference this large; null: the margin when there is one, else the observed difference",
     )
 
     max_seeds: int | None = Field(

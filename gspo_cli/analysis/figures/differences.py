@@ -3,7 +3,8 @@ its 95% interval (a forest plot), zero marked, and with a margin the ±margin ba
 test and the 90% interval it judges equivalence on (thick, over the thin 95% one).
 
 One panel per metric (held-out score, train reward), one row per arm; the marker says the verdict
-(filled: better or worse after Holm, hollow: equivalent or not resolved), the label the method.
+(filled: better or worse in its family, hollow: equivalent or not resolved), the label the method
+and the family.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from matplotlib.figure import Figure
 
 from gspo_cli.analysis.figures.plot import DPI, default_out, save_figure
 from gspo_cli.analysis.tables.compare import compare_runs
-from gspo_cli.analysis.tables.differences import DifferenceTable, build_differences, spec_comparison
+from gspo_cli.analysis.tables.differences import (
+    DifferenceTable,
+    build_differences,
+    family_metrics,
+    primary_key,
+    spec_comparison,
+)
 
 _COLOURS = {"better": "#1a7f37", "worse": "#cf222e", "equivalent": "#0969da"}
 
@@ -45,7 +52,10 @@ def differences_figure(table: DifferenceTable) -> Figure:
                 filled = d.verdict in ("better", "worse", "higher", "lower")
                 ax.plot(d.delta, y, "o", ms=7, color=colour, mfc=colour if filled else "white", mew=1.5)
             ax.annotate(
-                f"{d.verdict}, adj. p {d.p_adjusted:.2g}" if math.isfinite(d.p_adjusted) else d.verdict,
+                (f"{d.verdict}, adj. p {d.p_adjusted:.2g}" if math.isfinite(d.p_adjusted) else d.verdict)
+                + (f" ({d.family}, {d.family_size})" if d.family and d.family != "diagnostics" else "")
+                + (f"; {d.seeds_needed} seeds for {d.effect:g}" if d.seeds_needed and d.effect else "")
+                + (" — see warning" if d.warnings else ""),
                 (1.01, y),
                 xycoords=("axes fraction", "data"),
                 va="center",
@@ -70,6 +80,7 @@ def write_differences_figure(
     *,
     baseline: str | None,
     margin: float | None = None,
+    effect: float | None = None,
     out: Path | None = None,
     fmt: str = "png",
     group_by: str = "arm",
@@ -83,7 +94,15 @@ def write_differences_figure(
     if baseline is None:
         return None
     margin = margin if margin is not None else section.get("margin")
-    table = build_differences(comp.groups, comp.columns, baseline=baseline, margin=margin)
+    table = build_differences(
+        comp.groups,
+        comp.columns,
+        baseline=baseline,
+        margin=margin,
+        metrics=family_metrics(comp.columns, explicit=False, spec_metric=section.get("metric")),
+        primary=primary_key(section, baseline, comp.columns),
+        effect=effect if effect is not None else section.get("effect"),
+    )
     if not table.rows:
         return None
     out = Path(out) if out is not None else default_out([r for g in comp.groups for r in g.runs])

@@ -38,6 +38,7 @@ from gspo_cli.analysis.report.tools import has_tools, tool_lines
 from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs
 from gspo_cli.analysis.stats.stability import any_collapse, survival_estimate
 from gspo_cli.analysis.tables.compare import Comparison, compare_runs, render
+from gspo_cli.analysis.tables.differences import primary_metric, spec_comparison
 from gspo_cli.analysis.tables.sequential import decision_line, sequential_decisions
 from gspo_cli.errors import SpecError
 from gspo_cli.files import write_report_file
@@ -146,6 +147,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%" if math.isfinite(x) else "n/a"
 
 
+def _primary(roles: dict[str, Group], groups: list[Group], comp: Comparison):
+    """The spec comparison's (role, role, column) when both its arms have a role here."""
+    section = spec_comparison(groups)
+    by_name = {g.name: role for role, g in roles.items()}
+    metric = primary_metric(comp.columns, section.get("metric"))
+    arm, base = by_name.get(section.get("arm")), by_name.get(section.get("baseline"))
+    return (arm, base, metric) if arm and base and metric else None
+
+
 def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.9) -> str:
     """Write figures next to `out` and return the report's Markdown text."""
     paths = [str(exp_dir)]
@@ -173,7 +183,9 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     family = (
         {}
         if findings_untestable(roles)
-        else finding_family(roles, keys, {"logvar": offpolicy_logvar}, comp.columns, tests)
+        else finding_family(
+            roles, keys, {"logvar": offpolicy_logvar}, comp.columns, tests, primary=_primary(roles, groups, comp)
+        )
     )
     diff = lambda a, b, col: family[(a, b, col)]  # noqa: E731
 

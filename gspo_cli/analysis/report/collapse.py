@@ -21,6 +21,7 @@ from gspo_cli.analysis.stats.stability import (
     run_collapse,
     task_evals,
 )
+from gspo_cli.analysis.tables.differences import collapse_counts
 
 
 def collapse_lines(groups: list[Group], task: str | None, label: str = "held-out score") -> list[str]:
@@ -163,7 +164,8 @@ def _pct(x: float) -> str:
 def survival_lines(groups: list[Group], task: str | None, label: str, tests: list[str] = ()) -> list[str]:
     """A "## Time to collapse" section: per arm, runs rated and collapsed, the Kaplan-Meier S(t)
     with its 95% interval at every evaluation step where some arm has an event, and the median;
-    then `tests` (the log-rank lines the caller computed in its family) and SURVIVAL_RULE. Empty
+    then each arm's collapse rate with its exact interval (none collapsed: the rate the seeds cannot
+    exclude), `tests` (the log-rank lines the caller computed in its family) and SURVIVAL_RULE. Empty
     without an evaluation set or a rated run."""
     if task is None:
         return []
@@ -193,7 +195,8 @@ def survival_lines(groups: list[Group], task: str | None, label: str, tests: lis
     )
     if not steps:
         intro = f"No rated run collapses: every run is censored at its last evaluation ({label})."
-    return ["## Time to collapse", "", intro, "", *rows, "", *tests, *([""] if tests else []), SURVIVAL_RULE]
+    rates = "Collapse rate per arm (Clopper-Pearson): " + "; ".join(collapse_counts(groups, task)) + "."
+    return ["## Time to collapse", "", intro, "", *rows, "", rates, "", *tests, *([""] if tests else []), SURVIVAL_RULE]
 
 
 __all__ = ["LEARNING_RULE", "SURVIVAL_KEYS", "collapse_lines", "learning_lines", "survival_lines", "survival_test_line"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gspo_cli.analysis.rundata.runs import Group, Run
-from gspo_cli.analysis.stats import ALPHA, Difference, Estimate, decide
+from gspo_cli.analysis.stats import TESTED, Difference, Estimate, decide
 from gspo_cli.analysis.tables.compare import Column
 from gspo_cli.analysis.tables.differences import estimate, metric_direction
 
@@ -35,7 +35,7 @@ class FindingDiff:
     def significant(self) -> int:
         """+1 / -1 when a - b is significantly above / below 0 after Holm, 0 otherwise."""
         d = self.diff
-        if d is None or not (math.isfinite(d.p_adjusted) and d.p_adjusted < ALPHA) or d.delta == 0:
+        if d is None or d.verdict not in TESTED:
             return 0
         return 1 if d.delta > 0 else -1
 
@@ -46,6 +46,8 @@ class FindingDiff:
         lo, hi = d.ci95
         ci = f" [{lo:{fmt}}, {hi:{fmt}}]" if math.isfinite(lo) else " (no CI)"
         p = f", adj. p {d.p_adjusted:.2g}" if math.isfinite(d.p_adjusted) else ""
+        p += f", {d.family} family of {d.family_size}" if d.family else ""
+        p += "".join(f"; warning: {w}" for w in d.warnings)
         if self.significant:
             return f"{d.delta:{fmt}}{ci} (significant; {d.method}{p})"
         why = d.resolution()
@@ -58,11 +60,14 @@ def finding_family(
     values: dict[str, Callable[[Run], float]],
     columns: list[Column],
     tests: dict[str, tuple[int, Callable[[Group, Group], Estimate]]] | None = None,
+    primary: Key | None = None,
 ) -> dict[Key, FindingDiff]:
     """The differences `keys` between roles, Holm over those whose roles exist. `values` maps a
     key's third part to a per-run value when it is not one of compare's `columns` (e.g. the
     off-policy log-ratio variance); `tests` to (direction, a test of two groups) when the
-    difference is not one of per-run values (the log-rank test of time to collapse)."""
+    difference is not one of per-run values (the log-rank test of time to collapse). `primary`: the
+    spec comparison's key, tested alone at the full alpha as `compare` tests it (the same p); the
+    other findings are one family."""
     cols, tests = {c.id: c for c in columns}, tests or {}
     items, present = [], []
     for a, b, col in keys:
@@ -75,7 +80,12 @@ def finding_family(
             column = cols.get(col) or Column(col, col, "", values[col])
             items.append((a, b, col, metric_direction(col), estimate(roles[a], roles[b], column)))
         present.append((a, b, col))
-    out = {k: FindingDiff(d) for k, d in zip(present, decide(items))}
+    first = [i for i, k in enumerate(present) if k == primary]
+    rest = [i for i in range(len(present)) if i not in first]
+    out = {}
+    for idx, name in ((first, "primary"), (rest, "findings" if not first else "secondary")):
+        rows = decide([items[i] for i in idx], family=name) if idx else []
+        out |= {present[i]: FindingDiff(d) for i, d in zip(idx, rows)}
     return {k: out.get(k, FindingDiff(None)) for k in keys}
 
 
@@ -83,10 +93,15 @@ FAMILY_RULE = """\
 - Every difference below (arm − arm) is computed the same way: paired over the seeds both arms
   have (the t interval on per-seed differences, n − 1 degrees of freedom), Welch's interval when
   no seeds pair, and for the held-out score, where every run has problem records, seeds t +
-  problem bootstrap. It is **significant** when its p-value, adjusted by Holm's step-down over
-  every difference in the findings, is below 0.05. "Not resolved" gives the point estimate, the
-  95% interval, and what would resolve it (the seeds a paired design would need at the observed
-  difference and spread, with 80% power: a plan from a small pilot, not a promise).
+  problem bootstrap. The spec's comparison (its arm against its baseline on its metric), when it
+  is one of them, is the primary: tested alone at the full alpha, with the p `gspo compare` gives
+  it. It is **significant** when its p-value, adjusted by Holm's step-down over its family (the
+  primary alone, or every other difference in the findings), is below 0.05, and, where the
+  per-seed differences have an outlier or two modes, the exact sign-flip test agrees; a zero-width
+  interval (every seed gave the same difference) is never significant. "Not resolved" gives the
+  point estimate, the 95% interval, and what would resolve it (the seeds a paired design would
+  need at the observed difference and spread, with 80% power: a plan from a small pilot, not a
+  promise).
 """
 
 __all__ = ["FAMILY_RULE", "FindingDiff", "Key", "finding_family"]

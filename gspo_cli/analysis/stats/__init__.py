@@ -5,9 +5,11 @@ numbers only, no output formatting.
 - seeds: the mean over seeds with its std and 95% t half-width (one value per seed, or per point)
 - problems: held-out differences from problem records (seeds t + problem bootstrap)
 - components: the variance decomposition (seeds, problems, sampling) and what would help most
-- decisions: verdicts (better, worse, equivalent, not resolved), Holm over a family
-- planning: seeds needed (paired, 80% power; and for equivalence)
+- decisions: verdicts (better, worse, equivalent, not resolved, descriptive), the families and
+  Shaffer's step-down (Holm's, with equivalence) over each
+- planning: seeds needed (paired, 80% power, for the smallest effect of interest; and for equivalence)
 - robust: probability of improvement and the interquartile mean
+- exact: outliers and two modes among per-seed differences, the sign-flip test, collapse rates
 - sequential: group-sequential looks (alpha spending) for `gspo sweep --until-decided`
 - survival: Kaplan-Meier curves and the log-rank test
 - stability: each run's collapse (COLLAPSE_RULE) and collapse read as a time, per arm
@@ -20,14 +22,44 @@ or `report`.
 """
 
 from gspo_cli.analysis.stats.components import Components
-from gspo_cli.analysis.stats.decisions import ALPHA, PLAN_NOTE, VERDICTS, Difference, decide, holm, verdict
+from gspo_cli.analysis.stats.decisions import (
+    ALPHA,
+    DESCRIPTIVE,
+    PLAN_NOTE,
+    TESTED,
+    VERDICTS,
+    Difference,
+    decide,
+    describe,
+    holm,
+    shaffer,
+    verdict,
+)
+from gspo_cli.analysis.stats.exact import (
+    collapse_interval,
+    one_collapse_reverses,
+    shape_flags,
+    sign_flip_p,
+    smallest_sign_flip_p,
+)
 from gspo_cli.analysis.stats.intervals import Estimate, paired_t, seed_difference, t975, t_quantile, welch
-from gspo_cli.analysis.stats.planning import seeds_for_equivalence, seeds_needed
+from gspo_cli.analysis.stats.planning import sd_upper, seeds_for_effect, seeds_for_equivalence, seeds_needed
 from gspo_cli.analysis.stats.problems import ProblemScores, problem_difference, two_level
 from gspo_cli.analysis.stats.robust import iqm, probability_of_improvement
 
 __all__ = [
     "ALPHA",
+    "DESCRIPTIVE",
+    "TESTED",
+    "collapse_interval",
+    "describe",
+    "one_collapse_reverses",
+    "sd_upper",
+    "seeds_for_effect",
+    "shaffer",
+    "shape_flags",
+    "sign_flip_p",
+    "smallest_sign_flip_p",
     "Components",
     "Difference",
     "Estimate",

@@ -18,6 +18,8 @@ from scipy import stats
 
 from gspo_cli.analysis.stats.components import Components
 
+NO_SPREAD = 1e-9  # a standard error below this fraction of |difference| is no spread (see Estimate)
+
 
 def t_quantile(q: float, df: float) -> float:
     """Quantile q of Student's t with df degrees of freedom (df may be fractional; infinite: the
@@ -37,8 +39,10 @@ class Estimate:
     `se` is NaN when the data cannot give one (a lone seed on a side); `sd_pairs` is the sample SD
     of the per-seed differences of a paired design (Welch: sqrt(sd_arm^2 + sd_base^2), what the
     differences would spread by without pairing), the number a plan for more seeds starts from.
-    `components` holds the variance decomposition when problem records gave one. `p_exact` is
-    an exact (permutation) p that the test uses instead of the t's when it is finite.
+    `components` holds the variance decomposition when problem records gave one; `diffs` the
+    per-seed differences of a paired design (empty otherwise), for the checks that do not lean on a
+    normal model (`stats.exact`). `p_exact` is an exact (permutation) p that the test uses instead
+    of the t's when it is finite.
     """
 
     delta: float
@@ -51,6 +55,14 @@ class Estimate:
     sd_pairs: float = math.nan
     components: Components | None = None
     p_exact: float = math.nan
+    diffs: tuple[float, ...] = ()
+
+    @property
+    def no_spread(self) -> bool:
+        """An interval of zero width: the standard error is 0, or below NO_SPREAD x |delta| (a t
+        statistic above 1e9 is floating-point rounding of equal differences, never a measured
+        noise). Such a row has no test: nothing measures how far its difference could be off."""
+        return self.has_interval and self.se <= NO_SPREAD * abs(self.delta)
 
     @property
     def has_interval(self) -> bool:
@@ -70,10 +82,10 @@ class Estimate:
         """Two-sided p of the t test of a zero difference; NaN without a standard error."""
         if not self.has_interval:
             return math.nan
+        if self.no_spread:
+            return 1.0 if self.delta == 0 else math.nan
         if math.isfinite(self.p_exact):
             return self.p_exact
-        if self.se == 0:
-            return 1.0 if self.delta == 0 else 0.0
         return float(2 * stats.t.sf(abs(self.delta) / self.se, self.df))
 
     def tost_p(self, margin: float) -> float:
@@ -81,8 +93,8 @@ class Estimate:
         one-sided p-values. p < 0.05 is the same as the 90% interval lying inside ±margin."""
         if not self.has_interval or margin is None:
             return math.nan
-        if self.se == 0:
-            return 0.0 if abs(self.delta) < margin else 1.0
+        if self.no_spread:
+            return math.nan
         lower = stats.t.sf((self.delta + margin) / self.se, self.df)  # H0: delta <= -margin
         upper = stats.t.cdf((self.delta - margin) / self.se, self.df)  # H0: delta >= +margin
         return float(max(lower, upper))
@@ -100,7 +112,8 @@ def paired_t(d: np.ndarray, method: str, n_arm: int, n_base: int) -> Estimate:
     sd = float(np.std(d, ddof=1)) if n > 1 else math.nan
     if sd <= 1e-12 * max(1.0, float(np.abs(d).max())):  # equal differences up to rounding: no spread
         sd = 0.0
-    return Estimate(float(d.mean()), sd / math.sqrt(n), n - 1, method, n, n_arm, n_base, sd_pairs=sd)
+    diffs = tuple(float(x) for x in d)
+    return Estimate(float(d.mean()), sd / math.sqrt(n), n - 1, method, n, n_arm, n_base, sd_pairs=sd, diffs=diffs)
 
 
 def welch(arm: list[float] | np.ndarray, base: list[float] | np.ndarray, method: str = "") -> Estimate:
@@ -140,4 +153,4 @@ def seed_difference(arm: dict[int, float], base: dict[int, float]) -> Estimate:
     return welch(list(a.values()), list(b.values()), f"Welch, {len(a)} vs {len(b)} seeds ({why})")
 
 
-__all__ = ["Estimate", "paired_t", "seed_difference", "t975", "t_quantile", "welch"]
+__all__ = ["NO_SPREAD", "Estimate", "paired_t", "seed_difference", "t975", "t_quantile", "welch"]

@@ -3,7 +3,15 @@
 The values are compare's own per-seed numbers (a column's value for each run); the statistics are
 `gspo_cli.analysis.stats`: paired over the seeds both arms have (Welch when none pair), the held-out
 score from problem records where every run has them at its final evaluation (seeds t + problem
-bootstrap), Holm over every row shown, equivalence with a margin, seeds needed where not resolved.
+bootstrap), equivalence with a margin, seeds needed where not resolved. The rows fall into
+families: the spec's pre-registered primary comparison alone at the full alpha, the other outcomes
+(held-out sets and scores, train reward, time to a threshold, collapses) as the secondary family,
+and the diagnostics (clip fractions, KL, entropy, lengths, grad norm, step time, expert change:
+any column without a direction, and KL, step time and wall time) described without a test.
+
+Nothing is dropped: a run that never reaches a threshold is censored at its last step (the
+log-rank test of reaching it), and a held-out score of runs that end at different steps (a run
+that diverged or stopped) is compared at the last evaluation step they all have.
 """
 
 from __future__ import annotations
@@ -19,21 +27,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gspo_cli.analysis.rundata.runs import Group, Run
-from gspo_cli.analysis.stats import (
-    PLAN_NOTE,
-    Difference,
-    Estimate,
-    ProblemScores,
-    decide,
-    iqm,
-    probability_of_improvement,
-    problem_difference,
-    seed_difference,
-    verdict,
+from gspo_cli.analysis.rundata.runs import Group
+from gspo_cli.analysis.stats import PLAN_NOTE, Difference, decide, describe, iqm, probability_of_improvement
+from gspo_cli.analysis.stats.exact import collapse_interval
+from gspo_cli.analysis.stats.stability import (
+    COLLAPSE_FRACTION,
+    COLLAPSE_PREFIX,
+    run_collapse,
+    survival_items,
+    survival_label,
 )
-from gspo_cli.analysis.stats.stability import COLLAPSE_PREFIX, survival_items, survival_label
 from gspo_cli.analysis.tables.compare import Comparison, render
+from gspo_cli.analysis.tables.estimates import THRESHOLD, estimate, matched_step, problem_records, threshold_estimate
 from gspo_cli.errors import SpecError
 
 COLUMNS = ("arm", "baseline", "metric", "delta", "ci_low", "ci_high", "method", "verdict", "p_adjusted", "seeds_needed")
@@ -41,6 +46,17 @@ COLUMNS = ("arm", "baseline", "metric", "delta", "ci_low", "ci_high", "method", 
 # for divergence, cost and time to a threshold. Anything else has no direction (higher / lower).
 _UP = ("reward", "accuracy", "eval_best:", "eval_final:", "eval_budget:", "eval_reward:", "reward:")
 _DOWN = ("kl", "step_time", "wall", "threshold_step", "threshold_time", "tool_errors", "tool_timeouts")
+
+
+# Diagnostics with a direction: shown with their intervals, never tested (no verdict, no family).
+_DIAGNOSTIC = ("kl", "step_time", "wall")
+# Scores a collapse halves (COLLAPSE_RULE): checked for a verdict one collapsed seed would reverse.
+_SCORES = ("reward", "eval_final:", "eval_best:", "eval_budget:")
+
+
+def is_diagnostic(column_id: str) -> bool:
+    """Whether a column is a diagnostic: no direction, or KL, step time or wall time."""
+    return metric_direction(column_id) == 0 or column_id in _DIAGNOSTIC
 
 
 def metric_direction(column_id: str) -> int:
@@ -59,24 +75,8 @@ class DifferenceTable:
     sequential: list[dict] = field(default_factory=list)  # until_decided.json decisions of these runs
 
 
-def problem_records(run: Run, task: str) -> ProblemScores | None:
-    """The problem records of the run's last evaluation of `task` (None if that evaluation has none:
-    a run written before they existed)."""
-    recs = [r for r in run.evals if "step" in r and str(r.get("set") or r.get("task", "eval")) == task]
-    if not recs:
-        return None
-    last = max(recs, key=lambda r: int(r["step"]))
-    probs, samples = last.get("problems"), last.get("samples")
-    if not isinstance(probs, dict) or not isinstance(samples, int) or samples < 1:
-        return None
-    ids, correct = probs.get("id") or [], probs.get("correct") or []
-    if not ids or len(ids) != len(correct):
-        return None
-    return ProblemScores(tuple(map(str, ids)), np.asarray(correct, dtype=float), samples)
-
-
 def spec_comparison(groups: list[Group]) -> dict:
-    """The runs' spec section `comparison` (baseline, arm, metric, margin), {} without one: read as
+    """The runs' spec section `comparison` (baseline, arm, metric, margin, effect), {} without one: read as
     plain YAML, so runs written before the section existed compare as before."""
     for g in groups:
         for r in g.runs:
@@ -86,26 +86,6 @@ def spec_comparison(groups: list[Group]) -> dict:
     return {}
 
 
-def _per_seed(group: Group, value) -> dict[int, float]:
-    return {r.seed: value(r) for r in group.runs}
-
-
-def estimate(arm: Group, base: Group, column) -> Estimate:
-    """arm - base on one compare column: from problem records for a held-out final score when every
-    run has them, else from the per-seed values (paired where the seeds pair)."""
-    if column.id.startswith("eval_final:"):
-        task = column.id.split(":", 1)[1]
-        a = {r.seed: problem_records(r, task) for r in arm.runs}
-        b = {r.seed: problem_records(r, task) for r in base.runs}
-        if all(v is not None for v in (*a.values(), *b.values())):
-            est = problem_difference(a, b)
-            if est is not None:
-                return est
-        est = seed_difference(_per_seed(arm, column.value), _per_seed(base, column.value))
-        return replace(est, method=est.method + " (no problem records)") if est.n_paired else est
-    return seed_difference(_per_seed(arm, column.value), _per_seed(base, column.value))
-
-
 def default_metrics(columns) -> list[str]:
     """The family compare shows by default: each held-out set's final score (and, with --budget, its
     score at equal compute), then the train reward."""
@@ -113,13 +93,68 @@ def default_metrics(columns) -> list[str]:
     return held_out + [c.id for c in columns if c.id == "reward"]
 
 
-def family_metrics(columns, *, explicit: bool, spec_metric: str | None = None) -> list[str] | None:
-    """Which columns the differences cover: the spec's comparison.metric when it is a column shown;
-    every column shown but `steps` when --metrics chose them; else None (`default_metrics`)."""
+def primary_metric(columns, spec_metric: str | None) -> str | None:
+    """The primary comparison's column: the spec's comparison.metric, or (null) the held-out score
+    compare shows first; None when it is not a column shown."""
     ids = [c.id for c in columns]
-    if spec_metric in ids:
-        return [spec_metric]
-    return [i for i in ids if i != "steps"] if explicit else None
+    if spec_metric is None:
+        return next((i for i in ids if i.startswith("eval_final:")), None)
+    return spec_metric if spec_metric in ids else None
+
+
+def primary_key(section: dict, baseline: str | None, columns) -> tuple[str, str, str] | None:
+    """The spec comparison's primary hypothesis as a row key (arm, baseline, column id), when the
+    differences are against the spec's baseline and its metric is a column shown; else None (no
+    primary: every tested row in one family)."""
+    arm, base = section.get("arm"), section.get("baseline")
+    metric = primary_metric(columns, section.get("metric"))
+    if arm is None or base is None or base != baseline or metric is None:
+        return None
+    return str(arm), str(base), metric
+
+
+def family_metrics(columns, *, explicit: bool, spec_metric: str | None = None) -> list[str] | None:
+    """Which columns the differences cover: every column shown but `steps` when --metrics chose
+    them; else `default_metrics`, with the spec's comparison.metric first when it is a column shown
+    and not among them; None when that changes nothing (`default_metrics`)."""
+    ids = [c.id for c in columns]
+    if explicit:
+        return [i for i in ids if i != "steps"]
+    if spec_metric in ids and spec_metric not in default_metrics(columns):
+        return [spec_metric, *default_metrics(columns)]
+    return None
+
+
+def collapse_text(arm: str, collapsed: int, seeds: int) -> str:
+    """E.g. "gspo: 0 of 5 seeds collapsed: rate below 45% at 95%", "grpo: 2 of 5 seeds collapsed
+    (rate 5%-85%, 95% exact interval)" (`stats.exact.collapse_interval`)."""
+    if seeds <= 0:
+        return f"{arm}: no seed rated for collapses"
+    lo, hi = collapse_interval(collapsed, seeds)
+    if collapsed == 0:
+        return f"{arm}: 0 of {seeds} seeds collapsed: rate below {100 * hi:.0f}% at 95%"
+    return f"{arm}: {collapsed} of {seeds} seeds collapsed (rate {100 * lo:.0f}%-{100 * hi:.0f}%, 95% exact interval)"
+
+
+def collapse_counts(groups: list[Group], task: str) -> list[str]:
+    """Per arm, how many rated seeds collapsed on `task` (COLLAPSE_RULE) with the exact interval;
+    [] when no run is rated there."""
+    out = []
+    for g in groups:
+        rated = [c for r in g.runs if (c := run_collapse(r, task)) is not None]
+        if rated:
+            out.append(collapse_text(g.name, sum(c.step is not None for c in rated), len(rated)))
+    return out
+
+
+def _collapse_size(metric: str, arm_values: list[float], base_values: list[float]) -> float | None:
+    """What one collapsed seed would take off a score: (1 - COLLAPSE_FRACTION) of the better arm's
+    mean (a collapse halves the score, COLLAPSE_RULE); None for a metric a collapse does not halve."""
+    if not (metric == "reward" or metric.startswith(_SCORES[1:])):
+        return None
+    means = [float(np.mean(f)) for v in (arm_values, base_values) if len(f := [x for x in v if math.isfinite(x)])]
+    top = max(means, default=math.nan)
+    return (1 - COLLAPSE_FRACTION) * top if math.isfinite(top) and top > 0 else None
 
 
 def build_differences(
@@ -131,12 +166,20 @@ def build_differences(
     pairs: bool = False,
     metrics: list[str] | None = None,
     robust: bool = False,
+    primary: tuple[str, str, str] | None = None,
+    effect: float | None = None,
 ) -> DifferenceTable:
     """Every arm against `baseline` (or, with `pairs`, every pair of arms) on `metrics` (column ids;
-    default `default_metrics`), one Holm family. SpecError for an unknown baseline or metric."""
+    default `default_metrics`). `primary`: the pre-registered (arm, baseline, metric), tested alone
+    at the full alpha; every other row with a direction is in the secondary family (Holm, with the
+    TOST p-values in the same step-down), diagnostics get no test. `effect`: the smallest effect of
+    interest seeds are planned for (default the margin). SpecError for an unknown baseline or metric."""
     by_name = {g.name: g for g in groups}
     if margin is not None and margin < 0:
         raise SpecError(f"--margin: must be >= 0, got {margin:g}")
+    if effect is not None and not effect > 0:
+        raise SpecError(f"--effect: must be > 0, got {effect:g}")
+    effect = effect if effect is not None else margin
     if pairs:
         couples = [(groups[j], groups[i]) for i in range(len(groups)) for j in range(i + 1, len(groups))]
     else:
@@ -150,17 +193,13 @@ def build_differences(
     items, raw = [], []
     for arm, base in couples:
         for m in wanted:
-            items.append((arm.name, base.name, m, metric_direction(m), estimate(arm, base, cols[m])))
+            direction = 1 if m in THRESHOLD else metric_direction(m)  # O − E of reaching it: more is better
+            items.append((arm.name, base.name, m, direction, estimate(arm, base, cols[m])))
             raw.append(([cols[m].value(r) for r in arm.runs], [cols[m].value(r) for r in base.runs]))
-    surv = survival_items(couples, [m.split(":", 1)[1] for m in wanted if m.startswith("eval_final:")])
+    tasks = [m.split(":", 1)[1] for m in wanted if m.startswith("eval_final:")]
+    surv = survival_items(couples, tasks)
     items, raw = items + surv, raw + [([], [])] * len(surv)
-    # A margin is in the metric's units; O − E of a log-rank row has none: no equivalence verdict.
-    rows = [
-        replace(d, verdict=verdict(d.estimate, d.p_adjusted, -1, None), margin=None, seeds_equivalence=None)
-        if d.metric.startswith(COLLAPSE_PREFIX)
-        else d
-        for d in decide(items, margin=margin)
-    ]
+    rows = _decide_families(items, raw, primary, margin, effect)
     if robust:
         rows = [
             replace(
@@ -171,21 +210,77 @@ def build_differences(
     labels = {c.id: c.label for c in columns} | {
         d.metric: survival_label(d.metric) for d in rows[len(rows) - len(surv) :]
     }
-    return DifferenceTable(rows, labels, _notes(rows, labels, margin, robust), robust)
+    for m in THRESHOLD:
+        if m in labels:
+            labels[m] += ": O − E reaching it (log-rank)"
+    counts = collapse_counts(groups, tasks[0]) if tasks else []
+    return DifferenceTable(rows, labels, _notes(rows, labels, margin, robust, counts), robust)
 
 
-def _notes(rows: list[Difference], labels: dict[str, str], margin: float | None, robust: bool) -> list[str]:
+def _decide_families(items: list[tuple], raw: list[tuple], primary, margin, effect) -> list[Difference]:
+    """The rows' verdicts by family (module docstring), in the items' order."""
+    # A margin or an effect is in the metric's units; log-rank rows (O − E) have none.
+    unitless = [m.startswith(COLLAPSE_PREFIX) or m in THRESHOLD for _, _, m, _, _ in items]
+    margins = [None if u else margin for u in unitless]
+    effects = [None if u else effect for u in unitless]
+    sizes = [None if u else _collapse_size(it[2], *r) for it, r, u in zip(items, raw, unitless)]
+    kinds = [
+        "primary"
+        if primary is not None and (a, b, m) == tuple(primary)
+        else "diagnostics"
+        if direction == 0 or m in _DIAGNOSTIC  # a log-rank row has its own direction
+        else ""
+        for a, b, m, direction, _ in items
+    ]
+    rest = "secondary" if "primary" in kinds else "all tested"
+    out: list[Difference | None] = [None] * len(items)
+    for kind in ("primary", ""):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        if not idx:
+            continue
+        rows = decide(
+            [items[i] for i in idx],
+            margin=[margins[i] for i in idx],
+            effect=[effects[i] for i in idx],
+            collapse=[sizes[i] for i in idx],
+            family=kind or rest,
+        )
+        for i, d in zip(idx, rows):
+            out[i] = d
+    for i, d in zip(
+        [i for i, k in enumerate(kinds) if k == "diagnostics"],
+        describe([it for it, k in zip(items, kinds) if k == "diagnostics"]),
+    ):
+        out[i] = d
+    return out
+
+
+def _notes(
+    rows: list[Difference], labels: dict[str, str], margin: float | None, robust: bool, counts: list[str] = ()
+) -> list[str]:
     words = {1: "higher is better", -1: "lower is better", 0: "no direction (higher / lower)"}
     shown = dict.fromkeys((d.metric, d.direction) for d in rows)
+    order = {"primary": 0, "diagnostics": 2}
+    families = sorted(dict.fromkeys((d.family, d.family_size) for d in rows), key=lambda f: order.get(f[0], 1))
+    fam = "; ".join(
+        f"{name}: {size} row{'s' * (size != 1)}" + (" (tested at the full alpha)" if name == "primary" else "")
+        if name != "diagnostics"
+        else f"diagnostics: {sum(d.family == name for d in rows)} rows, described, not tested"
+        for name, size in families
+    )
     notes = [
-        "Differences: arm − baseline, 95% CI (unadjusted); verdicts from Holm-adjusted p-values over the "
-        f"{len(rows)} rows"
-        + (f", equivalent = 90% CI inside ±{margin:g} (TOST)" if margin is not None else "")
-        + ". "
+        "Differences: arm − baseline, 95% CI (unadjusted); verdicts from p-values adjusted within each family "
+        "(Holm's step-down, the equivalence tests in the same step-down: Shaffer 1986)"
+        + (f", equivalent = TOST against ±{margin:g} adjusted in the family" if margin is not None else "")
+        + f". Families: {fam}. "
         + "; ".join(f"{labels.get(m, m)}: {words[d]}" for m, d in shown)
         + ".",
         PLAN_NOTE + ".",
     ]
+    if counts:
+        notes.append(
+            f"Collapses (held-out score below {COLLAPSE_FRACTION:g} x its step-0 score): " + "; ".join(counts) + "."
+        )
     if robust:
         notes.append(
             "P(improve): P(arm better than baseline) over every pair of their seeds (ties half); IQM: "
@@ -193,17 +288,20 @@ def _notes(rows: list[Difference], labels: dict[str, str], margin: float | None,
         )
     for d in rows:
         comp = d.estimate.components
+        name = f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}"
         if comp is not None:
             sh, ci = comp.shares(), comp.share_intervals()
             pct = lambda k, sh=sh, ci=ci: f"{100 * sh[k]:.0f}% [{100 * ci[k][0]:.0f}%, {100 * ci[k][1]:.0f}%]"  # noqa: E731
             notes.append(
-                f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: variance from seeds at least "
+                f"{name}: variance from seeds at least "
                 f"{pct('seeds')}, problems {pct('problems')}, sampling at most {pct('sampling')} (95% intervals; "
                 "the arms share their sampling draws, so the sampling share is a bound; "
                 f"{comp.seeds} seeds x {comp.problems} problems x {comp.samples} samples)"
             )
+        for w in d.warnings:
+            notes.append(f"{name}: {d.verdict}, but {w}.")
         if why := d.resolution():
-            notes.append(f"{d.arm} − {d.baseline}, {labels.get(d.metric, d.metric)}: not resolved; {why}.")
+            notes.append(f"{name}: not resolved; {why}.")
     return notes
 
 
@@ -227,11 +325,14 @@ def text_rows(table: DifferenceTable) -> tuple[list[str], list[list[str]]]:
             need = str(d.seeds_needed) if d.seeds_needed is not None else ("> 1000" if planned else "—")
             need += f" (equiv. {d.seeds_equivalence})" if d.seeds_equivalence is not None else ""
         row = [d.arm, d.baseline, table.labels.get(d.metric, d.metric), _f(d.delta)]
-        row += [f"[{_f(lo)}, {_f(hi)}]" if math.isfinite(lo) else "—", d.method, d.verdict, _f(d.p_adjusted, ".3g")]
+        word = d.verdict + (" (warning: see notes)" if d.warnings else "")
+        row += [f"[{_f(lo)}, {_f(hi)}]" if math.isfinite(lo) else "—", d.method, word, _f(d.p_adjusted, ".3g")]
         row.append(str(need))
         if table.robust:
             row += [_f(d.prob_improvement, ".2f"), _f(d.iqm_arm, ".3g"), _f(d.iqm_base, ".3g")]
+        row.append(f"{d.family} ({d.family_size})" if d.family != "diagnostics" else "diagnostics (no test)")
         rows.append(row)
+    header.append("family (size)")
     return header, rows
 
 
@@ -241,9 +342,10 @@ def to_csv(table: DifferenceTable) -> str:
     extra = ["seeds_equivalence", "direction"] + (
         ["prob_improvement", "iqm_arm", "iqm_baseline"] if table.robust else []
     )
+    extra += ["family", "family_size", "p_tost_adjusted", "warnings"]
     w.writerow([*COLUMNS, *extra])
     for d in table.rows:
-        rec = d.to_dict()
+        rec = d.to_dict() | {"warnings": "; ".join(d.warnings)}
         w.writerow(["" if rec[k] is None else rec[k] for k in (*COLUMNS, *extra)])
     return buf.getvalue()
 
@@ -294,6 +396,13 @@ __all__ = [
     "estimate",
     "family_metrics",
     "metric_direction",
+    "primary_key",
+    "primary_metric",
+    "is_diagnostic",
+    "collapse_counts",
+    "collapse_text",
+    "threshold_estimate",
+    "matched_step",
     "problem_records",
     "render_with_differences",
     "rich_table",
