@@ -192,6 +192,28 @@ def is_known(key: str) -> bool:
     return bool(SCORE_NAME.fullmatch(key)) or describe(key) != (key, "")
 
 
+# Which way is better, for a metric key or a score name, in one place (compare's verdicts and
+# --until-decided read it): more reward or score is better; less KL, loss, time, failure or tool
+# error is better; anything else (entropy, lengths, clip fractions, ratios) has no direction.
+_LOWER_WORDS = ("kl", "loss", "collapse", "tool_errors", "tool_timeouts")
+
+
+def direction(key: str) -> int:
+    """+1 when higher is better, -1 when lower is better, 0 when `key` has no direction."""
+    name = key.lower()
+    score = split_eval_key(name)[1] if split_eval_key(name) else name
+    if any(w in name for w in _LOWER_WORDS) or name.startswith(("time/", "perf/")) or name.endswith("_s"):
+        return -1
+    if score.endswith("_frac") and SCORE_NAME.fullmatch(score):  # an evaluation's failure share
+        return -1
+    if SCORE_NAME.fullmatch(score) and not score.endswith("_std"):  # avg@K, pass@k, maj@K, rating, reward_*
+        return 1
+    spread = name == REWARD_PREFIX + "std" or name.endswith(SPREAD_SUFFIX)
+    if name.startswith(REWARD_PREFIX) and not spread and "frac" not in name:
+        return 1  # reward/mean, reward/accuracy, reward/<name>
+    return 0
+
+
 def eval_key(set_name: str, score: str) -> str:
     """The key of one evaluation set's score, e.g. eval_key("aime24", "avg@4") = "eval/aime24/avg@4"."""
     return f"{EVAL_PREFIX}{set_name}/{score}"

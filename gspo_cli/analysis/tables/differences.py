@@ -40,6 +40,7 @@ from gspo_cli.analysis.stats.stability import (
 from gspo_cli.analysis.tables.compare import Comparison, render
 from gspo_cli.analysis.tables.estimates import THRESHOLD, estimate, matched_step, problem_records, threshold_estimate
 from gspo_cli.errors import SpecError
+from gspo_cli.metrics import direction as metric_key_direction
 
 COLUMNS = ("arm", "baseline", "metric", "delta", "ci_low", "ci_high", "method", "verdict", "p_adjusted", "seeds_needed")
 # Which way is better, by compare column id (a prefix ends in ":"): up for rewards and scores, down
@@ -54,16 +55,23 @@ _DIAGNOSTIC = ("kl", "step_time", "wall")
 _SCORES = ("reward", "eval_final:", "eval_best:", "eval_budget:")
 
 
+# The metrics.jsonl keys of those diagnostics, when --metrics names them as keys.
+_DIAGNOSTIC_KEYS = ("policy/kl_old_k3", "policy/kl_ref_k3", "time/step_s", "time/elapsed_s")
+
+
 def is_diagnostic(column_id: str) -> bool:
     """Whether a column is a diagnostic: no direction, or KL, step time or wall time."""
-    return metric_direction(column_id) == 0 or column_id in _DIAGNOSTIC
+    return metric_direction(column_id) == 0 or column_id in _DIAGNOSTIC or column_id in _DIAGNOSTIC_KEYS
 
 
 def metric_direction(column_id: str) -> int:
-    """+1 when higher is better, -1 when lower is better, 0 when the metric has no direction."""
+    """+1 when higher is better, -1 when lower is better, 0 when the metric has no direction; a
+    metrics.jsonl key (--metrics policy/loss) by `metrics.direction`, as --until-decided reads it."""
     if column_id in _UP or any(p.endswith(":") and column_id.startswith(p) for p in _UP):
         return 1
-    return -1 if column_id in _DOWN else 0
+    if column_id in _DOWN:
+        return -1
+    return metric_key_direction(column_id) if "/" in column_id else 0
 
 
 @dataclass
