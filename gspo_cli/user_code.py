@@ -87,3 +87,48 @@ def output_to_stderr() -> Iterator[None]:
                     os.dup2(_redirect["fd"], 1)
                     os.close(_redirect["fd"])
                 sys.stdout = _redirect["stdout"]
+
+
+# The user's code the main thread runs now (innermost last), and the stop it owes: a stop signal
+# abandons such a call at once (`abandon`, from the signal handler) instead of waiting for it and
+# then a whole step; a call that swallows the exception is stopped when it returns.
+_running: list[str] = []
+_abandoned: list[str] = []
+
+
+@contextlib.contextmanager
+def user_call(what: str) -> Iterator[None]:
+    """Marks the main thread running the user's code `what` (e.g. "reward slow_judge"): a stop signal
+    in it raises InterruptedRun at once (`abandon`); if that code catches it and goes on, the stop is
+    raised when it returns or fails. Other threads are not marked: a signal reaches the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _running.append(what)
+    try:
+        yield
+    except BaseException:
+        if _abandoned:
+            raise _interrupted(_abandoned.pop()) from None
+        raise
+    finally:
+        _running.pop()
+    if _abandoned:
+        raise _interrupted(_abandoned.pop())
+
+
+def abandon(signal_name: str) -> None:
+    """From a stop signal's handler (the main thread): InterruptedRun when the main thread is in the
+    user's code (`user_call`), else nothing (the loop stops at its next safe point)."""
+    if _running:
+        _abandoned[:] = [f"stopped by {signal_name} while {_running[-1]} ran"]
+        raise _interrupted(_abandoned[0])
+
+
+def _interrupted(message: str) -> Exception:
+    from gspo_cli.errors import InterruptedRun
+
+    return InterruptedRun(
+        f"{message}: the call was abandoned and this step is lost; its run keeps the last checkpoint: rerun the "
+        "same command to resume"
+    )
