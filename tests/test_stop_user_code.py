@@ -112,3 +112,43 @@ def test_sigterm_during_a_300_s_reward_stops_the_run_in_seconds(tmp_path, worker
     assert "Traceback" not in out + err
     info = json.loads((tmp_path / "runs/e2e/gspo/seed0/run.json").read_text())
     assert info["status"] == "interrupted"
+
+
+def test_until_decided_stopped_mid_round_exits_4_and_trains_no_further_round(tmp_path, monkeypatch):
+    """A SIGTERM while a round trains: the round's runs finish as run.json says (completed), no
+    further round starts, exit 4 with one plain line."""
+    import yaml
+    from helpers import TINY
+    from synthetic_runs import write_run
+    from typer.testing import CliRunner
+
+    from gspo_cli.cli.app import app
+    from gspo_cli.train import sweep as sw
+
+    rounds = []
+
+    def run_plan(runs, *, jobs, force, log, stop=None):
+        rounds.append(sorted({r.seed for r in runs}))
+        out = []
+        for r in runs:
+            if not (r.path / "run.json").is_file():
+                evals = [{"step": 2, "task": "arith", "scores": {"avg@4": 0.3 + 0.01 * r.seed}}]
+                write_run(tmp_path, r.name, r.seed, [], evals=evals)
+            out.append(
+                {"run": r.name, "seed": r.seed, "status": "completed", "exit": 0, "wall_s": 0, "path": str(r.path)}
+            )
+        os.kill(os.getpid(), signal.SIGTERM)  # the user stops the sweep while the round ends
+        time.sleep(0.2)
+        return out
+
+    monkeypatch.setattr(sw, "run_plan", run_plan)
+    arms = [{"name": "grpo", "preset": "paper-grpo"}, {"name": "gspo", "preset": "paper-gspo"}]
+    raw = {**TINY, "name": "exp", "output_dir": str(tmp_path), "seeds": [0, 1, 2], "arms": arms}
+    raw["comparison"] = {"baseline": "grpo", "arm": "gspo"}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "exp.yaml"), "--until-decided", "--max-seeds", "6"])
+    assert res.exit_code == 4, res.output
+    assert rounds == [[0, 1, 2]]  # no round after the signal
+    assert res.stderr.strip() == (
+        "--until-decided: stopped by SIGTERM during a round; completed runs are kept: rerun the same command to resume"
+    )

@@ -232,3 +232,26 @@ def test_sweep_help_does_not_require_a_sweep_section():
     res = CliRunner().invoke(app, ["sweep", "--help"])
     assert "with a `sweep:` section" not in res.output
     assert "optional" in res.output
+
+
+def test_a_run_that_completed_and_was_then_signalled_is_labelled_by_its_run_json(tmp_path, monkeypatch):
+    """Its process ends by SIGTERM (-15) after run.json says completed: the run is completed (exit 0),
+    its log not kept as one that did not complete."""
+    import subprocess
+    import sys
+
+    real = subprocess.Popen
+    raw = {k: v for k, v in BASE.items() if k != "sweep"} | {"output_dir": str(tmp_path / "out"), "seeds": [0]}
+    raw["arms"] = raw["arms"][:1]
+    run_json = tmp_path / "out" / "sw" / "grpo" / "seed0" / "run.json"
+    code = (
+        f"import json, os, pathlib, signal; p = pathlib.Path({str(run_json)!r}); p.parent.mkdir(parents=True); "
+        "p.write_text(json.dumps({'status': 'completed'})); os.kill(os.getpid(), signal.SIGTERM)"
+    )
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", code], **kw))
+    monkeypatch.setattr("gspo_cli.train.sweep.prebuild_models", lambda runs, log: 0)
+    res = CliRunner().invoke(app, ["sweep", str(write(tmp_path, raw)), "--json"])
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(res.stdout)
+    assert (rec["status"], rec["exit"], rec["log"]) == ("completed", 0, None)
+    assert "did not complete" not in res.stderr

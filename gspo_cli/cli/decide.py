@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from gspo_cli.cli.common import _exit_code, _print_table, err_console
-from gspo_cli.errors import RunError, SpecError
+from gspo_cli.errors import InterruptedRun, RunError, SpecError
 
 
 def until_decided(
@@ -20,7 +20,8 @@ def until_decided(
     user mistake or a failed run, for the caller to report)."""
     from gspo_cli.spec.loading import load_spec
     from gspo_cli.train import sweep as sw
-    from gspo_cli.train.until_decided import decide_until, write_decision
+    from gspo_cli.train.until_decided import FINISHED, decide_until, write_decision
+    from gspo_cli.train.watch import stop_on_signals
 
     spec = load_spec(spec_path, overrides)
     _check_comparison(spec)
@@ -32,13 +33,23 @@ def until_decided(
         c = spec.comparison
         runs = sw.plan(spec_path, [*overrides, f"seeds={json.dumps(seeds)}"])
         runs = [r for r in runs if r.base_arm in (c.baseline, c.arm)]
-        done = sw.run_plan(runs, jobs=jobs, force=False, log=log)
-        records.update({r["path"]: r for r in done})
-        code = _exit_code([r["status"] for r in done])
-        if code == 1 or any(r["exit"] == 4 for r in done):
-            raise RunError("--until-decided: a run of this round did not complete; rerun the same command to resume")
+        if not stop:
+            done = sw.run_plan(runs, jobs=jobs, force=False, log=log, stop=stop)
+            records.update({r["path"]: r for r in done})
+        if stop or any(r["exit"] == 4 for r in records.values()):  # one signal stops every round to come
+            raise InterruptedRun(
+                f"--until-decided: stopped by {stop.signal_name or 'a signal to a run'} during a round; completed "
+                "runs are kept: rerun the same command to resume"
+            )
+        if _exit_code([r["status"] for r in done]) == 1:
+            failed = [f"{r['run']}/seed{r['seed']} {r['status']}" for r in done if r["status"] not in FINISHED]
+            raise RunError(
+                f"--until-decided: {', '.join(failed[:4])} (by run.json) in this round; rerun the same command to "
+                "resume"
+            )
 
-    decision = decide_until(spec, max_seeds, round_seeds, train, log)
+    with stop_on_signals() as stop:  # one flag for all rounds: a stop between rounds is not lost
+        decision = decide_until(spec, max_seeds, round_seeds, train, log)
     path = write_decision(spec, decision)
     if as_json:
         typer.echo(json.dumps({**decision.to_dict(), "runs": list(records.values()), "file": str(path)}))

@@ -340,6 +340,8 @@ def _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, 
         until_decided(
             spec_path, overrides, jobs=jobs, max_seeds=max_seeds, round_seeds=round_seeds, log=log, as_json=as_json
         )
+    except InterruptedRun as err:  # a stop the user asked for: said plainly, exit 4
+        _stopped(str(err), err.exit_code)
     except GspoError as err:
         _fail(err)
     except HardInterrupt:

@@ -9,6 +9,7 @@ normal run directory and compare/plot group by it like any arm. Planning loads n
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -186,7 +187,7 @@ def check_run_dirs(runs: list[PlannedRun], force: bool) -> None:
         decide_start(RunDir(r.path), r.spec, force, DistInfo())
 
 
-def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dict[str, Any]]:
+def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log, stop=None) -> list[dict[str, Any]]:
     """Train each planned run in its own `gspo train` process, `jobs` at a time, each with
     its share of the cores. Completed runs are skipped, interrupted ones resume (the
     trainer's own rules), but a run directory of another spec refuses the whole plan before
@@ -200,6 +201,9 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
     lets the running ones checkpoint and stop (they get the terminal's SIGINT, or a SIGTERM
     from here); a second SIGINT raises `HardInterrupt`."""
     from gspo_cli.train.watch import stop_on_signals
+
+    # `stop`: a caller's own StopFlag (a command that trains round after round keeps one for all)
+    signals = contextlib.nullcontext(stop) if stop is not None else stop_on_signals()
 
     threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
@@ -215,7 +219,7 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
     log(f"each run's output goes to {logs}/<run>.log (removed once every run has completed)")
     pending, active, kept, stopping = list(todo), {}, [], False
     try:
-        with stop_on_signals() as stop:
+        with signals as stop:
             while pending or active:
                 while pending and len(active) < jobs and not stop:
                     r = pending.pop(0)
@@ -244,15 +248,18 @@ def run_plan(runs: list[PlannedRun], *, jobs: int, force: bool, log) -> list[dic
                         continue
                     del active[proc]
                     log_file.close()
-                    records.append(_record(r, RunDir(r.path).status() or "failed", proc.returncode, time.time() - t0))
-                    tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
-                    if proc.returncode:  # what went wrong and where to read more, in the summary too
+                    # labelled by its run.json: a run that completed and was then signalled is completed
+                    status = RunDir(r.path).status() or "failed"
+                    code = {"completed": 0, "diverged": 3}.get(status, proc.returncode)
+                    records.append(_record(r, status, code, time.time() - t0))
+                    tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if code else []
+                    if code:  # what went wrong and where to read more, in the summary too
                         records[-1].update(reason=tail[0] if tail else None, log=log_file.name)
                     log(
-                        f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {proc.returncode}) in "
+                        f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {code}) in "
                         f"{records[-1]['wall_s']}s" + (f": {tail[0]}" if tail else "")
                     )
-                    if proc.returncode:
+                    if code:
                         kept.append(Path(log_file.name))
     except BaseException:
         log(f"logs of the runs kept in {logs}")
