@@ -369,3 +369,25 @@ def test_a_two_value_grid_is_not_flagged_as_too_narrow():
     assert notes == [
         "arm.clip_high = 0.3: one of 2 values (two values have no inside: a third shows whether the best lies between)"
     ]
+
+
+def test_a_signal_during_the_tuning_runs_starts_no_final_run(tmp_path, monkeypatch):
+    import os
+    import signal
+    import time
+
+    from gspo_cli.train import sweep as sw
+
+    phases = []
+
+    def run_plan(runs, *, jobs, force, log, stop=None):
+        phases.append(len(runs))
+        os.kill(os.getpid(), signal.SIGTERM)  # every tuning run completed, then the stop
+        time.sleep(0.2)
+        return [{"run": r.name, "seed": r.seed, "status": "completed", "exit": 0} for r in runs]
+
+    monkeypatch.setattr(sw, "run_plan", run_plan)
+    res = runner.invoke(app, ["tune", str(_spec(tmp_path))])
+    assert res.exit_code == 4, res.output
+    assert phases == [12]  # the final runs never started
+    assert "stopped by SIGTERM during the tuning runs; rerun with --resume to continue" in res.output

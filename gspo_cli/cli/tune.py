@@ -71,13 +71,16 @@ def tune(
             return
         if not resume and any(r.status() != "planned" for r in planned):
             raise SpecError(f"{root}: runs of an earlier tune exist; --resume continues it (or remove the directory)")
-        records = sw.run_plan(planned, jobs=jobs, force=False, log=log)
-        _check(records, "tuning")
-        command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
-        info, selection, chosen = _select(spec, planned, budgets, sizes, command, metric)
-        final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
-        records = sw.run_plan(final, jobs=jobs, force=False, log=log)
-        _check(records, "final")
+        from gspo_cli.train.watch import stop_on_signals
+
+        with stop_on_signals() as stop:  # one flag for both phases: a stop between them is not lost
+            records = sw.run_plan(planned, jobs=jobs, force=False, log=log, stop=stop)
+            _check(records, "tuning", stop)
+            command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
+            info, selection, chosen = _select(spec, planned, budgets, sizes, command, metric)
+            final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
+            records = sw.run_plan(final, jobs=jobs, force=False, log=log, stop=stop)
+            _check(records, "final", stop)
         from gspo_cli.analysis.report import tune as tr
 
         table = tr.compare_final([r.path for r in final], spec.tune.test_set, info["baseline"], info["margin"])
@@ -93,9 +96,10 @@ def tune(
     typer.echo(str(report))
 
 
-def _check(records: list[dict], phase: str) -> None:
-    if any(r["exit"] == 4 for r in records):
-        err_console.print(f"stopped during the {phase} runs; rerun with --resume to continue")
+def _check(records: list[dict], phase: str, stop=None) -> None:
+    if stop or any(r["exit"] == 4 for r in records):
+        how = f" by {stop.signal_name}" if stop else ""
+        err_console.print(f"stopped{how} during the {phase} runs; rerun with --resume to continue")
         raise typer.Exit(4)
     failed = [f"{r['run']}/seed{r['seed']}" for r in records if r["status"] not in ("completed", "diverged")]
     if failed:
