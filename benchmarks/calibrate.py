@@ -45,8 +45,9 @@ def _log(msg: str) -> None:
 class Trainer:
     """Trains planned runs (arm name, seed) in batches of `jobs`, until the deadline."""
 
-    def __init__(self, spec: Path, jobs: int, deadline: float, out_dir: Path):
+    def __init__(self, spec: Path, jobs: int, deadline: float, out_dir: Path, stop=None):
         self.by_key = {(r.name, r.seed): r for r in sw.plan(spec)}
+        self.stop = stop  # one StopFlag for every batch: a signal between batches is not lost
         self.jobs, self.deadline, self.out_dir = jobs, deadline, out_dir
         self.walls: list[float] = []
         self._done: dict[tuple[str, int], bool] = {}  # completed runs stay completed
@@ -75,8 +76,11 @@ class Trainer:
             if time.time() > self.deadline:
                 _log("budget spent: no more runs started")
                 return False
+            if self.stop:
+                _log(f"stopped by {self.stop.signal_name}: no more runs started")
+                return False
             batch = todo[i : i + self.jobs]
-            recs = sw.run_plan(batch, jobs=self.jobs, force=False, log=lambda m: None)
+            recs = sw.run_plan(batch, jobs=self.jobs, force=False, log=lambda m: None, stop=self.stop)
             for r in recs:
                 self.walls.append(r["wall_s"])
                 _log(f"{r['run']}/seed{r['seed']}: {r['status']} in {r['wall_s']} s (load {loadavg()})")
@@ -90,6 +94,16 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0; 2 for --report-only without a completed pair; 4 when a signal stopped the training
+    (the report is written from what completed)."""
+    from gspo_cli.train.watch import stop_on_signals
+
+    with stop_on_signals() as stop:
+        code = _main(argv, stop)
+    return 4 if stop and code == 0 else code
+
+
+def _main(argv: list[str] | None, stop) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=12, help="A/A pairs N (gspo_a seeds 0..N-1, gspo_b N..2N-1)")
     p.add_argument("--k", type=int, default=3, help="pairs per pseudo-experiment")
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.time()
     deadline = start + (0 if args.report_only else args.budget_min * 60)
-    tr = Trainer(SPEC, args.jobs, deadline, args.out)
+    tr = Trainer(SPEC, args.jobs, deadline, args.out, stop)
     if args.report_only and not tr.pairs_done(args.pairs):
         print(
             f"--report-only: no completed A/A pair of calibration runs under {args.out}; REPORT.md and "

@@ -35,3 +35,19 @@ def test_the_makefile_passes_report_only_through_args():
 
     make = (Path(calibrate.__file__).parents[1] / "Makefile").read_text()
     assert "$(BIN)/python -m benchmarks.calibrate --budget-min 65 $(ARGS)" in make
+
+
+def test_a_signal_between_batches_starts_no_more_runs(tmp_path, monkeypatch):
+    import time
+
+    from gspo_cli.train import sweep as sw
+    from gspo_cli.train.watch import StopFlag
+
+    monkeypatch.chdir(tmp_path)
+    started = []
+    monkeypatch.setattr(sw, "run_plan", lambda batch, **kw: started.append(batch) or [])
+    stop = StopFlag()
+    tr = calibrate.Trainer(calibrate.SPEC, 2, time.time() + 600, tmp_path, stop)
+    assert tr.train([("gspo_a", 0), ("gspo_b", 12)]) and len(started) == 1  # no signal: the batch runs
+    stop.set("SIGTERM")
+    assert tr.train([("gspo_a", 1), ("gspo_b", 13)]) is False and len(started) == 1
