@@ -4,6 +4,7 @@ mislabelled as an arm, or "inf" in a report."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -151,3 +152,14 @@ def test_report_describes_a_dense_builtin_model_without_experts(tmp_path):
     text = (exp / "REPORT.md").read_text()
     assert "- Model: `builtin:tiny-dense`, 4 layers, hidden 128, dense (no experts)" in text
     assert "experts (top-2)" not in text
+
+
+def test_list_names_a_corrupt_run_json_instead_of_a_status_of_none(tmp_path):
+    exp = make_experiment(tmp_path)
+    bad = exp / "grpo" / "seed0" / "run.json"
+    bad.write_text("{bad")
+    res = runner.invoke(app, ["list", str(exp), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["path"]: r for r in json.loads(res.stdout)}
+    assert rows[str(bad.parent)]["status"] == "unreadable run.json"
+    assert f"warning: {bad}: not valid JSON (Expecting property name enclosed in double quotes, line 1)" in res.stderr

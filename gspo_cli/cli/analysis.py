@@ -25,13 +25,19 @@ def list_runs(
 
     Example: `gspo list results/quickstart`
     """
+    from gspo_cli.analysis.rundata.runs import CorruptRun, run_info
     from gspo_cli.runs import find_runs
 
     rows = []
     warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         for rd in find_runs(paths):
-            info, metrics = rd.info(), rd.metrics()
+            try:
+                info = run_info(rd)
+            except CorruptRun as err:  # listed, never as a status of None: the line says what is wrong
+                warnings.warn(str(err).replace("; run left out", ""), stacklevel=1)
+                info = {"status": "unreadable run.json"}
+            metrics = rd.metrics()
             last = metrics[-1] if metrics else {}
             rows.append(
                 {
