@@ -138,9 +138,7 @@ def _mean(vals: list[float]) -> float:
 
 
 def _times(x: float) -> str:
-    if not math.isfinite(x):
-        return "n/a"
-    return f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
+    return "n/a" if not math.isfinite(x) else f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
 
 
 def _pct(x: float) -> str:
@@ -247,6 +245,10 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     return "\n".join(lines)
 
 
+def _experts(b: dict) -> str:
+    return f"{b.get('num_experts')} experts (top-{b.get('experts_per_token')})"
+
+
 def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
     spec = runs[0].spec
     m, t, r, tr = spec.get("model", {}), spec.get("task", {}), spec.get("rollout", {}), spec.get("train", {})
@@ -260,11 +262,7 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
         f"- Model: `{m.get('name')}`"
         + (
             f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, "
-            + (
-                "dense (no experts)"
-                if str(m.get("name")).endswith("-dense")
-                else f"{b.get('num_experts')} experts (top-{b.get('experts_per_token')})"
-            )
+            + (_experts(b) if not str(m.get("name")).endswith("-dense") else "dense (no experts)")
             if str(m.get("name", "")).startswith("builtin:")
             else ""
         ),

@@ -214,6 +214,31 @@ def _metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return df.apply(pd.to_numeric, errors="coerce")
 
 
+def final_notes(run: Run) -> list[str]:
+    """What a run's "final" numbers really are: an unfinished run's are what is on disk (its held-out
+    "final" is an earlier evaluation, step 0 while it has no other), and a completed run whose
+    eval.jsonl stops before its last step (a truncated file) has an earlier step as its final."""
+    ev = run.eval_scores.dropna(subset=["score"])
+    lasts = {task: int(g.step.max()) for task, g in ev.groupby("task")} if len(ev) else {}
+    if run.status != "completed":
+        total = run.info.get("total_steps", "?")
+        held = "; ".join(f"held-out {t} 'final' is its step-{s} evaluation" for t, s in lasts.items())
+        return [
+            f"{run.label}: {run.status} at step {run.last_step}/{total}; its numbers are what is on disk"
+            + (f" ({held}, not a final score)" if held else "")
+            + "."
+        ]
+    end = run.info.get("step", run.last_step)
+    if not isinstance(end, int) or isinstance(end, bool):
+        return []
+    return [
+        f"{run.label}: completed at step {end}, but its last {t} evaluation in eval.jsonl is at step {s} "
+        f"(a truncated file?): its final held-out score is step {s}'s."
+        for t, s in lasts.items()
+        if s < end
+    ]
+
+
 # --------------------------------------------------------------------------- grouping
 
 

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from gspo_cli.analysis.rundata.arm_settings import SETTINGS, arm_settings
 from gspo_cli.analysis.rundata.compute import budget_columns, unequal_compute_note
-from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs, reward_names
+from gspo_cli.analysis.rundata.runs import Group, Run, final_notes, group_runs, load_runs, reward_names
 from gspo_cli.analysis.stats.seeds import Stats, seed_stats
 from gspo_cli.analysis.tables.notes import no_signal_note, same_gradient_notes
 from gspo_cli.errors import SpecError
@@ -315,33 +315,8 @@ def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
             f"last {last} steps reaches it; (k/n): seeds that did, averaged over those."
         )
     for r in runs:
-        notes += _final_eval_notes(r)
+        notes += final_notes(r)
     return notes
-
-
-def _final_eval_notes(run: Run) -> list[str]:
-    """What a run's "final" numbers really are: an unfinished run's are what is on disk (its held-out
-    "final" is an earlier evaluation, step 0 while it has no other), and a completed run whose
-    eval.jsonl stops before its last step (a truncated file) has an earlier step as its final."""
-    ev = run.eval_scores.dropna(subset=["score"])
-    lasts = {task: int(g.step.max()) for task, g in ev.groupby("task")} if len(ev) else {}
-    if run.status != "completed":
-        total = run.info.get("total_steps", "?")
-        held = "; ".join(f"held-out {t} 'final' is its step-{s} evaluation" for t, s in lasts.items())
-        return [
-            f"{run.label}: {run.status} at step {run.last_step}/{total}; its numbers are what is on disk"
-            + (f" ({held}, not a final score)" if held else "")
-            + "."
-        ]
-    end = run.info.get("step", run.last_step)
-    if not isinstance(end, int) or isinstance(end, bool):
-        return []
-    return [
-        f"{run.label}: completed at step {end}, but its last {t} evaluation in eval.jsonl is at step {s} "
-        f"(a truncated file?): its final held-out score is step {s}'s."
-        for t, s in lasts.items()
-        if s < end
-    ]
 
 
 # --------------------------------------------------------------------------- rendering
