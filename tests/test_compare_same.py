@@ -73,3 +73,31 @@ def test_an_equivalence_of_arms_that_never_left_step_0_says_neither_learned(tmp_
         "neither arm learned, so equal ends say nothing about how they learn."
     )
     assert note in doc["difference_notes"]
+
+
+def test_the_reports_findings_use_the_specs_margin(tmp_path):
+    """Two arms alike within 0.05 on 8 seeds: with the spec's comparison.margin 0.05 the report's
+    finding is `equivalent`, as `compare` says; without a margin there is no equivalence test."""
+    from gspo_cli.analysis.report.differences import finding_family
+    from gspo_cli.analysis.rundata.runs import group_runs, load_runs
+    from gspo_cli.analysis.tables.compare import compare_runs
+
+    verdicts = {}
+    for margin in (0.05, None):
+        exp = make_problem_experiment(
+            tmp_path / str(margin),
+            arms={"grpo": 0.0, "gspo": 0.0},
+            seeds=tuple(range(8)),
+            problems=200,
+            samples=8,
+            comparison={"baseline": "grpo", "arm": "gspo", **({"margin": margin} if margin else {})},
+            sd_seed=0.005,
+            sd_problem=0.005,
+        )
+        groups = {g.name: g for g in group_runs(load_runs([str(exp)]))}
+        cols = compare_runs([str(exp)], metrics=["eval_final"]).columns
+        key = ("gspo", "grpo", "eval_final:arith")
+        verdicts[margin] = finding_family(groups, [key], {}, cols)[key].diff.verdict
+        cmp = _differences(exp, "-m", "eval_final")["eval_final:arith"]["verdict"]
+        assert cmp == verdicts[margin]
+    assert verdicts == {0.05: "equivalent", None: "not resolved"}
