@@ -101,3 +101,20 @@ def test_the_reports_findings_use_the_specs_margin(tmp_path):
         cmp = _differences(exp, "-m", "eval_final")["eval_final:arith"]["verdict"]
         assert cmp == verdicts[margin]
     assert verdicts == {0.05: "equivalent", None: "not resolved"}
+
+
+def test_compare_shows_the_anchor_and_the_staleness_of_each_arm(tmp_path):
+    import yaml
+
+    for arm, anchor in (("behave", "behaviour"), ("prox", "proximal")):
+        d = write_run(tmp_path, arm, 0, [{"step": 1, "reward/mean": 0.1}])
+        spec = yaml.safe_load((d / "spec.yaml").read_text())
+        spec["arms"][0]["anchor"] = anchor
+        spec["rollout"]["staleness"] = 2
+        (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+    res = runner.invoke(app, ["compare", str(tmp_path / "exp"), "-f", "json"])
+    groups = {g["group"]: g["settings"]["algorithm"] for g in json.loads(res.stdout)["groups"]}
+    assert groups == {
+        "behave": "behave · clip 0.2/0.27 · staleness 2",
+        "prox": "prox · clip 0.2/0.27 · anchor proximal · staleness 2",
+    }
