@@ -300,6 +300,10 @@ def test_tune_trains_selects_and_compares_end_to_end(tmp_path):
         "gspo/seed0",
         "gspo/seed1",
     ]
+    # the tuning runs scored the selection set only; the final runs both sets
+    sets = lambda d: {e["set"] for e in map(json.loads, (d / "eval.jsonl").read_text().splitlines())}  # noqa: E731
+    assert all(sets(d) == {"val"} for d in (root / "tuning").glob("*/seed100"))
+    assert all(sets(d) == {"val", "test"} for d in (root / "final").glob("*/seed*"))
     data = json.loads((root / "tune.json").read_text())
     assert data["budgets"] == {"grpo": 2, "gspo": 2}
     assert data["selected"]["grpo"]["arm.clip_high"] in (0.2, 0.3)
