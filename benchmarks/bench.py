@@ -27,6 +27,7 @@ idle one a probe picks each side's count.
 
     python benchmarks/bench.py                     # everything, ~6 min on 2 cores (model cached)
     python benchmarks/bench.py --quick             # a smoke run, ~1-2 min
+    python benchmarks/bench.py --smoke             # every stage at its smallest (the test suite's)
     python benchmarks/bench.py --paired-only       # only the three comparisons
     python benchmarks/bench.py --quickstart-full   # only: time the whole quickstart from a cold cache
                                                    # (-> quickstart.json, shown in later reports)
@@ -45,6 +46,7 @@ in render.py (pure: result dict -> markdown); shared helpers in common.py and pr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -55,7 +57,7 @@ if __package__ in (None, ""):
     # folder's modules (common, render, ...) stand as top-level names for other libraries.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.common import DEFAULT_OUT
+from benchmarks.common import DEFAULT_OUT, TRL_STUB_NOTE, spec_errors_in_one_line
 from benchmarks.orchestrate import orchestrate
 from benchmarks.profiling import worker_profile
 from benchmarks.quickstart import quickstart_full
@@ -159,6 +161,13 @@ def main(argv=None) -> None:
         "$TMPDIR/gspo-bench-quick",
     )
     p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the test suite's check that every stage runs: 1 round of 1 step per turn, no probe, eager, 2 prompts "
+        "x 2 samples of up to 8 tokens, the spec's model with random weights (no cold start), 1-step quickstart and "
+        "profiles; TRL's side a stub (our step) where TRL is not installed; writes to $TMPDIR/gspo-bench-smoke",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=DEFAULT_OUT,
@@ -169,7 +178,8 @@ def main(argv=None) -> None:
 
     if a.worker:
         kind, cfg = a.worker
-        WORKERS[kind](json.loads(cfg))
+        with spec_errors_in_one_line(f"bench worker {kind}"):
+            WORKERS[kind](json.loads(cfg))
         return
     if a.quickstart_full:
         a.out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +194,20 @@ def main(argv=None) -> None:
         a.quickstart_steps, a.profile_steps = 0, 1
         if a.out == DEFAULT_OUT:  # a smoke run never replaces the real results
             a.out = Path(tempfile.gettempdir()) / "gspo-bench-quick"
+    a.trl_stub = False
+    if a.smoke:
+        a.prompts, a.group, a.max_new_tokens, a.mini_batches = 2, 2, 8, 2
+        a.warmup, a.steps, a.reps = 0, 1, 1
+        a.rounds, a.turn_steps, a.probe_rounds = 1, 1, 0
+        a.compile = False
+        a.quickstart_steps, a.profile_steps = 1, 1
+        # TRL's side needs TRL (`make bench` installs it); a smoke run without it says so and
+        # runs our synchronous step in its place, so every other part still runs
+        a.trl_stub = importlib.util.find_spec("trl") is None
+        if a.trl_stub:
+            print(f"bench --smoke: {TRL_STUB_NOTE}", flush=True)
+        if a.out == DEFAULT_OUT:
+            a.out = Path(tempfile.gettempdir()) / "gspo-bench-smoke"
     result = orchestrate(a)
     text = render(result)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -195,4 +219,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with spec_errors_in_one_line("bench"):
+        main()

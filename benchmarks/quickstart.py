@@ -18,16 +18,30 @@ from pathlib import Path
 
 from benchmarks.common import QUICKSTART, ROOT, SHARED_LOAD, loadavg, pick_threads, thread_env
 
+# --smoke: the quickstart at its smallest (random weights, tiny batches, a 2-problem final evaluation)
+SMOKE_SETS = (
+    "model.cold_start.steps=0",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "task.eval_size=2",
+    "train.eval_samples=1",
+)
 
-def quickstart_memory(steps: int, log, threads: int = 0) -> dict:
+
+def quickstart_memory(steps: int, log, threads: int = 0, smoke: bool = False) -> dict:
     """Peak RSS (and wall time) of `gspo train experiments/quickstart.yaml --set train.steps=N`,
-    with OMP_NUM_THREADS=threads (0: torch's default)."""
+    with OMP_NUM_THREADS=threads (0: torch's default); `smoke`: with SMOKE_SETS too."""
     gspo = Path(sys.executable).parent / "gspo"
     load0 = loadavg()
+    sets = [f"train.steps={steps}", *(SMOKE_SETS if smoke else ())]
     with tempfile.TemporaryDirectory(prefix="gspo-bench-qs-") as out:
-        cmd = ["/usr/bin/time", "-v", str(gspo), "train", str(QUICKSTART), "--set", f"train.steps={steps}", "-o", out]
+        cmd = ["/usr/bin/time", "-v", str(gspo), "train", str(QUICKSTART), *(x for v in sets for x in ("--set", v))]
         res = _timed_command(
-            cmd, log, label=f"quickstart train, {steps} steps (cached cold start)", env=thread_env(threads)
+            [*cmd, "-o", out],
+            log,
+            label=f"quickstart train, {steps} steps" + (" (smoke sizes)" if smoke else " (cached cold start)"),
+            env=thread_env(threads),
         )
     return {**res, "steps": steps, "load_start": load0, "threads": threads}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.common import SHARED_LOAD
+from benchmarks.common import SHARED_LOAD, TRL_STUB_NOTE
 
 
 def fmt_s(x) -> str:
@@ -47,6 +47,14 @@ def _header(r: dict) -> list[str]:
         ),
         "",
     ]
+    if c.get("smoke"):
+        lines += [
+            "**Smoke run** (`--smoke`): random weights, the smallest sizes, one round of one step: it checks "
+            "that every stage runs; its times are not a measurement.",
+            "",
+        ]
+    if c.get("trl_stub"):
+        lines += [f"**{TRL_STUB_NOTE[0].upper()}{TRL_STUB_NOTE[1:]}.**", ""]
     if load["shared"]:
         lines += [
             (

@@ -23,6 +23,7 @@ differences). The bound: the pool adds at most 20% of the serial 6.4 s (1.28 s).
 
     python benchmarks/reward_pool.py              # ~3 min on 2 idle cores
     python benchmarks/reward_pool.py --rounds 3 --workers 8
+    python benchmarks/reward_pool.py --smoke      # the test suite's: 1 round, 2 workers, tiny sizes
 
 Prints markdown; writes nothing else. The numbers in studies/reward-pool/README.md
 came from it.
@@ -51,9 +52,11 @@ def instant(completions, **kwargs):
     return [float(len(c) % 3) for c in completions]
 """
 SIDES = ("instant", "serial", "pool-batch", "pool")
+# (prompts, group, mini-batches): the study's 128 rows, and --smoke's 4
+SIZES = {False: (16, 8, 4), True: (2, 2, 2)}
 
 
-def _ctx(function: str, steps: int, max_new: int, model: str):
+def _ctx(function: str, steps: int, max_new: int, model: str, smoke: bool = False):
     from benchmarks.common import base_raw, model_source
     from gspo_cli.rewards import with_rewards
     from gspo_cli.spec import RewardConfig
@@ -61,12 +64,23 @@ def _ctx(function: str, steps: int, max_new: int, model: str):
     from gspo_cli.tasks import make_task
     from gspo_cli.train.step import setup
 
-    raw = base_raw(prompts=16, group=8, max_new=max_new, mini_batches=4, steps=steps, preset="paper-gspo")
+    prompts, group, mini_batches = SIZES[smoke]
+    raw = base_raw(
+        prompts=prompts,
+        group=group,
+        max_new=max_new,
+        mini_batches=mini_batches,
+        steps=steps,
+        preset="paper-gspo",
+        smoke=smoke,
+    )
     if model == "tiny":  # the test suite's model (tests/helpers.py TINY), cached once the tests ran
         sys.path.insert(0, str(ROOT / "tests"))
         from helpers import TINY
 
         raw["model"], raw["task"] = TINY["model"], {**TINY["task"], "eval_size": 4}
+        if smoke:  # random weights, as base_raw's smoke model
+            raw["model"] = {**raw["model"], "cold_start": {**raw["model"]["cold_start"], "steps": 0}}
     spec = spec_from_dict(raw)
     plain = make_task(spec.task.name, spec.task.params)
     task = with_rewards(make_task(spec.task.name, spec.task.params), [RewardConfig(function=function)])
@@ -109,7 +123,16 @@ def main(argv=None) -> None:
         help="tiny: the test suite's model (hidden 32; cached by the tests); quickstart: the quickstart's "
         "(cold-started on first use: minutes)",
     )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the test suite's check that it runs: 1 round, 2 workers, 2 prompts x 2 samples of up to 8 tokens, "
+        "random weights",
+    )
     a = p.parse_args(argv)
+    if a.smoke:
+        a.rounds, a.workers, a.max_new = 1, 2, 8
+    rows = SIZES[a.smoke][0] * SIZES[a.smoke][1]
     import torch
 
     from gspo_cli.rewards.pool import RewardPool
@@ -118,10 +141,8 @@ def main(argv=None) -> None:
     (tmp / "rewards.py").write_text(REWARDS)
     steps = a.rounds + 1
     ctxs = {
-        "instant": _ctx(f"{tmp}/rewards.py:instant", steps, a.max_new, a.model),
-        "serial": _ctx(f"{tmp}/rewards.py:sleepy", steps, a.max_new, a.model),
-        "pool-batch": _ctx(f"{tmp}/rewards.py:sleepy", steps, a.max_new, a.model),
-        "pool": _ctx(f"{tmp}/rewards.py:sleepy", steps, a.max_new, a.model),
+        s: _ctx(f"{tmp}/rewards.py:{'instant' if s == 'instant' else 'sleepy'}", steps, a.max_new, a.model, a.smoke)
+        for s in SIDES
     }
     ctxs["pool-batch"].engine.streams_rows = False  # this engine's rows go to the pool at the end only
     pool = RewardPool(a.workers, 300, chunks=True)  # task.reward_calls: chunks
@@ -131,7 +152,7 @@ def main(argv=None) -> None:
             _step(ctxs[s], 1, pools[s])
         print(
             f"reward pool: {a.model} model, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), "
-            f"{os.cpu_count()} cores, 128 rows x {ROW_S * 1000:.0f} ms, {a.workers} workers, "
+            f"{os.cpu_count()} cores, {rows} rows x {ROW_S * 1000:.0f} ms, {a.workers} workers, "
             f"load {os.getloadavg()[0]:.1f}"
         )
         got = {s: [] for s in SIDES}
@@ -149,7 +170,7 @@ def main(argv=None) -> None:
             )
     finally:
         pool.close()
-    serial_s = 128 * ROW_S
+    serial_s = rows * ROW_S
     print(f"\n{a.rounds} rounds, medians:\n")
     print("| reward | step s | rollout s | score s (after generation) | step minus instant's, same round, s |")
     print("|---|---:|---:|---:|---:|")
@@ -177,4 +198,7 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     if __package__ in (None, ""):
         sys.path[0] = str(ROOT)
-    main()
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("reward_pool"):
+        main()

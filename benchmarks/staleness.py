@@ -21,6 +21,7 @@ step still bounds the pace and larger k buys little more.
 
     python benchmarks/staleness.py                  # ~10 min on 2 idle cores
     python benchmarks/staleness.py --steps 10 --staleness 0 2
+    python benchmarks/staleness.py --smoke          # the test suite's: staleness 0 and 1, 3 steps, tiny sizes
 
 Prints markdown; writes nothing else (its runs go to a temporary directory). The numbers in
 studies/staleness-throughput/README.md came from it.
@@ -40,26 +41,40 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from reward_pool import REWARDS, ROW_S  # noqa: E402  the same reward file (50 ms per row, or instant)
 
+# (prompts, group, max new tokens, mini-batches): the study's, and --smoke's
+SIZES = {False: (16, 8, 16, 4), True: (2, 2, 8, 2)}
 
-def _raw(k: int, steps: int, model: str, function: str, out: str) -> dict:
+
+def _raw(k: int, steps: int, model: str, function: str, out: str, smoke: bool = False) -> dict:
     from benchmarks.common import base_raw
 
-    raw = base_raw(prompts=16, group=8, max_new=16, mini_batches=4, steps=steps, preset="paper-gspo", staleness=k)
+    prompts, group, max_new, mini_batches = SIZES[smoke]
+    raw = base_raw(
+        prompts=prompts,
+        group=group,
+        max_new=max_new,
+        mini_batches=mini_batches,
+        steps=steps,
+        preset="paper-gspo",
+        staleness=k,
+        smoke=smoke,
+    )
     if model == "tiny":  # the test suite's model (tests/helpers.py TINY), cached once the tests ran
         sys.path.insert(0, str(ROOT / "tests"))
         from helpers import TINY
 
         raw["model"], raw["task"] = TINY["model"], {**TINY["task"], "eval_size": 4}
+        if smoke:  # random weights, as base_raw's smoke model
+            raw["model"] = {**raw["model"], "cold_start": {**raw["model"]["cold_start"], "steps": 0}}
     raw["task"]["rewards"] = [{"function": function}]
     raw["task"]["reward_workers"] = 0  # scored in the trainer (staleness >= 1: its scoring thread)
     raw["rollout"]["logprob_check_every"] = 0
     raw["train"].update(eval_every=0, log_samples_every=0)
-    raw.pop("comparison", None)  # the quickstart's names arms this run does not have
     raw.update(name=f"staleness{k}", output_dir=out)
     return raw
 
 
-def run_one(k: int, steps: int, model: str, function: str, out: str) -> dict:
+def run_one(k: int, steps: int, model: str, function: str, out: str, smoke: bool = False) -> dict:
     """One run at staleness `k`: medians over its steps after warm-up, and its wall time."""
     from benchmarks.common import load_spec_and_task, model_source
     from gspo_cli.rewards import with_rewards
@@ -68,7 +83,7 @@ def run_one(k: int, steps: int, model: str, function: str, out: str) -> dict:
     from gspo_cli.train.loop import train_run
     from gspo_cli.train.reporting import quiet_reporter
 
-    spec, plain = load_spec_and_task(_raw(k, steps, model, function, out))
+    spec, plain = load_spec_and_task(_raw(k, steps, model, function, out, smoke))
     source = model_source(spec, plain)
     task = with_rewards(make_task(spec.task.name, spec.task.params), spec.task.rewards)  # the slow reward scores
     t = time.perf_counter()
@@ -104,7 +119,15 @@ def main(argv=None) -> None:
         help="torch threads of the process (default: torch's); staleness >= 1 splits them between the trainer "
         "and the worker, so --threads 2 compares 2 trainer threads at staleness 0 with 1 + 1 at staleness 1",
     )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the test suite's check that it runs: staleness 0 and 1, 3 steps, one run each, the instant reward, "
+        "2 prompts x 2 samples of up to 8 tokens, random weights",
+    )
     a = p.parse_args(argv)
+    if a.smoke:
+        a.staleness, a.steps, a.repeats, a.reward = [0, 1], 3, 1, "instant"
     if a.steps <= max(a.staleness) + 1:
         p.error(f"--steps {a.steps}: needs more than the largest staleness + 1 ({max(a.staleness) + 1}) to count any")
     import torch
@@ -114,16 +137,17 @@ def main(argv=None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gspo-bench-staleness-"))
     (tmp / "rewards.py").write_text(REWARDS)
     function = f"{tmp}/rewards.py:{a.reward}"
+    rows = SIZES[a.smoke][0] * SIZES[a.smoke][1]
     print(
         f"staleness: {a.model} model, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), "
-        f"{os.cpu_count()} cores, 128 rows x {ROW_S * 1000 if a.reward == 'sleepy' else 0:.0f} ms reward, "
+        f"{os.cpu_count()} cores, {rows} rows x {ROW_S * 1000 if a.reward == 'sleepy' else 0:.0f} ms reward, "
         f"{a.steps} steps per run, load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     got = {k: [] for k in a.staleness}
     for rep in range(a.repeats):
         for k in a.staleness if rep % 2 == 0 else a.staleness[::-1]:
-            r = run_one(k, a.steps, a.model, function, str(tmp / f"runs{rep}"))
+            r = run_one(k, a.steps, a.model, function, str(tmp / f"runs{rep}"), a.smoke)
             got[k].append(r)
             print(f"  staleness {k}: {r['step']:.2f} s/step, load {os.getloadavg()[0]:.1f}", flush=True)
     rows = [{key: statistics.median(r[key] for r in got[k]) for key in got[k][0]} for k in a.staleness]
@@ -145,4 +169,7 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     if __package__ in (None, ""):
         sys.path[0] = str(ROOT)
-    main()
+    from benchmarks.common import spec_errors_in_one_line
+
+    with spec_errors_in_one_line("staleness"):
+        main()

@@ -176,7 +176,14 @@ def _eager_vllm() -> None:
 def worker_trl(cfg: dict) -> None:
     """TRL's GRPOTrainer doing the same step, in turns: one step = one generation round and its
     `mini_batches` optimizer steps; "turn N THREADS" runs N of them back to back, held at the
-    round boundary by a callback until the next command ("done": the trainer stops)."""
+    round boundary by a callback until the next command ("done": the trainer stops).
+    cfg["trl_stub"] (bench.py --smoke only, where TRL is not installed: common.TRL_STUB_NOTE): our
+    synchronous step in TRL's place, so the rest of a smoke run still runs."""
+    if cfg.get("trl_stub"):
+        from benchmarks.workers import worker_ours
+
+        worker_ours({**cfg, "staleness": 0, "engine": "hf"})
+        return
     t0 = time.perf_counter()  # set-up: imports (TRL imports vLLM when it is installed), model, engine
     import torch
     import trl

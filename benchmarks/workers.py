@@ -48,6 +48,7 @@ def _spec_for(
         engine=cfg.get("engine", "hf"),
         spec_path=cfg.get("spec"),
         compile=bool(cfg.get("compile")),
+        smoke=bool(cfg.get("smoke")),
     )
     return load_spec_and_task(raw)
 
