@@ -3,8 +3,8 @@
 Runs experiments/calibration.yaml's arms through the sweep runner (each run its own process, two at a
 time), in batches, until a wall-clock budget is spent, then writes the report from whatever
 completed (rerun: completed runs are kept, the report is rewritten, a REPORT.md edited by hand is kept
-beside it as REPORT.edited.md). `make calibrate ARGS=--report-only` (or `python -m benchmarks.calibrate
---report-only`) trains nothing and writes the report only from completed A/A pairs of calibration runs.
+beside it as REPORT.edited.md). `make calibrate-report` (`python -m benchmarks.calibrate --report-only`)
+trains nothing and writes the report only from completed A/A pairs of calibration runs.
 
 1. A/A: gspo_a on seeds 0..N-1 and gspo_b on seeds N..2N-1, pair i = (gspo_a seed i, gspo_b seed
    N+i), trained pair by pair. Pseudo-experiments of K pairs: disjoint blocks (independent; exact
