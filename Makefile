@@ -158,10 +158,10 @@ lora-routers: setup
 # on disjoint seeds, pseudo-experiments of 3 pairs) and known handicaps (8x, 2x the learning rate) with
 # the seeds the engine plans from a 3-seed pilot; 10-step runs two at a time until a 65-minute budget is spent
 # (59 runs in 58 min at nice 10 on the loaded 2-core box, 2026-12-06); resumable (completed runs are
-# kept); writes results/calibration/REPORT.md.
+# kept); writes results/calibration/REPORT.md (extra flags: ARGS=...).
 .PHONY: calibrate
 calibrate: setup
-	$(BIN)/python -m benchmarks.calibrate --budget-min 65 $(EXECUTOR_FLAG)
+	$(BIN)/python -m benchmarks.calibrate --budget-min 65 $(EXECUTOR_FLAG) $(ARGS)
 
 # `make calibrate-report`: the calibration report again from the runs already completed, training
 # nothing (`--report-only`; without completed runs under results/calibration it says so, exit 2).

@@ -2,7 +2,9 @@
 
 Runs experiments/calibration.yaml's arms through the sweep runner (each run its own process, two at a
 time), in batches, until a wall-clock budget is spent, then writes the report from whatever
-completed (rerun: completed runs are kept, the report is rewritten; `--report-only` trains nothing).
+completed (rerun: completed runs are kept, the report is rewritten, a REPORT.md edited by hand is kept
+beside it as REPORT.edited.md). `make calibrate-report` (`python -m benchmarks.calibrate --report-only`)
+trains nothing and writes the report only from completed A/A pairs of calibration runs.
 
 1. A/A: gspo_a on seeds 0..N-1 and gspo_b on seeds N..2N-1, pair i = (gspo_a seed i, gspo_b seed
    N+i), trained pair by pair. Pseudo-experiments of K pairs: disjoint blocks (independent; exact
@@ -25,7 +27,10 @@ from benchmarks.common import ROOT, loadavg
 from gspo_cli.analysis.report import calibration as cal
 from gspo_cli.analysis.rundata.runs import load_run
 from gspo_cli.analysis.stats import seeds_needed
+from gspo_cli.errors import SpecError
+from gspo_cli.files import write_report_file
 from gspo_cli.runs import RunDir
+from gspo_cli.spec.loading import check_stored_spec
 from gspo_cli.train import sweep as sw
 
 SPEC = ROOT / "experiments" / "calibration.yaml"
@@ -40,16 +45,32 @@ def _log(msg: str) -> None:
 class Trainer:
     """Trains planned runs (arm name, seed) in batches of `jobs`, until the deadline."""
 
-    def __init__(self, spec: Path, jobs: int, deadline: float, out_dir: Path, executor: str | None = None):
+    def __init__(self, spec: Path, jobs: int, deadline: float, out_dir: Path, stop=None, executor: str | None = None):
         from gspo_cli.spec.loading import load_spec
 
         self.by_key = {(r.name, r.seed): r for r in sw.plan(spec)}
+        self.stop = stop  # one StopFlag for every batch: a signal between batches is not lost
         self.jobs, self.deadline, self.out_dir = jobs, deadline, out_dir
         self.executor = sw.executor_for(load_spec(spec), executor, jobs)  # a batch: one array on SLURM
         self.walls: list[float] = []
+        self._done: dict[tuple[str, int], bool] = {}  # completed runs stay completed
 
     def done(self, name: str, seed: int) -> bool:
-        return RunDir(self.by_key[(name, seed)].path).status() == "completed"
+        """Completed, and trained by the calibration spec (a run of another spec at its path is not one)."""
+        if (name, seed) not in self._done:
+            run = self.by_key[(name, seed)]
+            if run.status() != "completed":
+                return False
+            try:
+                check_stored_spec(run.path, run.spec, "completed")
+                self._done[(name, seed)] = True
+            except SpecError:
+                self._done[(name, seed)] = False
+        return self._done[(name, seed)]
+
+    def pairs_done(self, n: int) -> int:
+        """Completed A/A pairs over both families."""
+        return sum(self.done(f"{f}_a", i) and self.done(f"{f}_b", n + i) for f in FAMILIES for i in range(n))
 
     def train(self, keys: list[tuple[str, int]]) -> bool:
         """Train the runs not completed yet; False once the deadline or a signal stops it."""
@@ -58,8 +79,13 @@ class Trainer:
             if time.time() > self.deadline:
                 _log("budget spent: no more runs started")
                 return False
+            if self.stop:
+                _log(f"stopped by {self.stop.signal_name}: no more runs started")
+                return False
             batch = todo[i : i + self.jobs]
-            recs = sw.run_plan(batch, jobs=self.jobs, force=False, log=lambda m: None, executor=self.executor)
+            recs = sw.run_plan(
+                batch, jobs=self.jobs, force=False, log=lambda m: None, executor=self.executor, stop=self.stop
+            )
             for r in recs:
                 self.walls.append(r["wall_s"])
                 _log(f"{r['run']}/seed{r['seed']}: {r['status']} in {r['wall_s']} s (load {loadavg()})")
@@ -73,6 +99,16 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0; 2 for --report-only without a completed pair; 4 when a signal stopped the training
+    (the report is written from what completed)."""
+    from gspo_cli.train.watch import stop_on_signals
+
+    with stop_on_signals() as stop:
+        code = _main(argv, stop)
+    return 4 if stop and code == 0 else code
+
+
+def _main(argv: list[str] | None, stop) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=12, help="A/A pairs N (gspo_a seeds 0..N-1, gspo_b N..2N-1)")
     p.add_argument("--k", type=int, default=3, help="pairs per pseudo-experiment")
@@ -87,9 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.time()
     deadline = start + (0 if args.report_only else args.budget_min * 60)
-    tr = Trainer(SPEC, args.jobs, deadline, args.out, args.executor)
-    if args.report_only and not any(tr.done(*key) for key in tr.by_key):
-        print(f"--report-only: no completed calibration runs under {args.out}; the report there is left as it is")
+    tr = Trainer(SPEC, args.jobs, deadline, args.out, stop, args.executor)
+    if args.report_only and not tr.pairs_done(args.pairs):
+        print(
+            f"--report-only: no completed A/A pair of calibration runs under {args.out}; REPORT.md and "
+            "calibration.json there are left as they are",
+            file=sys.stderr,
+        )
         return 2
     n = args.pairs
     base = "gspo_a"
@@ -200,7 +240,8 @@ def write_report(tr: Trainer, args, base: str, plans: dict[str, dict], wall: flo
     text = render(res, primary=PRIMARY, rate_line=_rate_line)
     if figure(res, PRIMARY, args.out / "figures" / "differences.png"):
         text += "\n![held-out differences with 95% CIs](figures/differences.png)\n"
-    report.write_text(text)
+    if (kept := write_report_file(report, text)) is not None:
+        _log(f"{report}: edited by hand: your copy is kept as {kept}")
     (args.out / "calibration.json").write_text(json.dumps(_jsonable(res), indent=1))
     return report
 

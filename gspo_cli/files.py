@@ -67,3 +67,40 @@ def _files_digest(files: tuple) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()[:16]
+
+
+# A file gspo writes for people to read (REPORT.md, a calibration report) ends with this line, holding
+# the digest of the text above it: a file without it, or whose text no longer matches it, was written
+# or edited by hand, and `write_report_file` keeps it instead of overwriting it.
+_STAMP = "<!-- written by gspo: {digest} (edit it and gspo keeps your copy beside the next one) -->"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_report_file(path: str | Path, text: str) -> Path | None:
+    """Write `text` (Markdown) to `path`, stamped as gspo's. An existing file that gspo did not write,
+    or that was edited since, is kept first as `<stem>.edited.md` (`.edited-2.md`... when taken);
+    returns where it was kept, None when nothing needed keeping."""
+    path = Path(path)
+    body = text if text.endswith("\n") else text + "\n"
+    kept = None
+    if path.exists() and not _stamped(path):
+        kept = path.with_name(f"{path.stem}.edited{path.suffix}")
+        n = 2
+        while kept.exists():
+            kept, n = path.with_name(f"{path.stem}.edited-{n}{path.suffix}"), n + 1
+        path.rename(kept)
+    path.write_text(body + _STAMP.format(digest=_digest(body)) + "\n")
+    return kept
+
+
+def _stamped(path: Path) -> bool:
+    """Whether `path` is a file gspo wrote and nobody edited since."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    return last == _STAMP.format(digest=_digest(body + "\n"))

@@ -31,7 +31,8 @@ def append_jsonl(path: Path, obj: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete records; a torn last line (crash mid-write) is skipped, not an error.
+    """All complete records (JSON objects); a torn last line (crash mid-write) is skipped, not an
+    error, and so is a line that is not an object (`[1,2,3]`, `null`: not a record this code wrote).
     A missing file has none; a file that cannot be read (not UTF-8, no permission) is a
     SpecError naming it."""
     if not path.exists():
@@ -41,9 +42,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if not line.endswith("\n"):
             break  # torn final line
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 

@@ -7,6 +7,7 @@ Keys are namespaced by what they measure and name their granularity.
 from __future__ import annotations
 
 import math
+import re
 
 METRICS: dict[str, tuple[str, str]] = {
     # key: (description, unit)
@@ -180,6 +181,39 @@ LOSS_STAT_KEYS = {
 EVAL_PREFIX = "eval/"
 
 
+# The names an evaluation's scores take (eval.scores.summarize): avg@K, pass@k, maj@K, rating,
+# reward_mean / reward_<name>, and the failure shares (timeout_frac, runtime_error_frac).
+SCORE_NAME = re.compile(r"(avg|maj|pass)@\d+|rating|reward_\w+|\w+_frac")
+
+
+def is_known(key: str) -> bool:
+    """Whether `key` names something a run writes: an evaluation score name (SCORE_NAME) or a
+    metrics.jsonl key `describe` knows (METRICS, reward/<name>, eval/<set>/<score>, ratio/...)."""
+    return bool(SCORE_NAME.fullmatch(key)) or describe(key) != (key, "")
+
+
+# Which way is better, for a metric key or a score name, in one place (compare's verdicts and
+# --until-decided read it): more reward or score is better; less KL, loss, time, failure or tool
+# error is better; anything else (entropy, lengths, clip fractions, ratios) has no direction.
+_LOWER_WORDS = ("kl", "loss", "collapse", "tool_errors", "tool_timeouts")
+
+
+def direction(key: str) -> int:
+    """+1 when higher is better, -1 when lower is better, 0 when `key` has no direction."""
+    name = key.lower()
+    score = split_eval_key(name)[1] if split_eval_key(name) else name
+    if any(w in name for w in _LOWER_WORDS) or name.startswith(("time/", "perf/")) or name.endswith("_s"):
+        return -1
+    if score.endswith("_frac") and SCORE_NAME.fullmatch(score):  # an evaluation's failure share
+        return -1
+    if SCORE_NAME.fullmatch(score) and not score.endswith("_std"):  # avg@K, pass@k, maj@K, rating, reward_*
+        return 1
+    spread = name == REWARD_PREFIX + "std" or name.endswith(SPREAD_SUFFIX)
+    if name.startswith(REWARD_PREFIX) and not spread and "frac" not in name:
+        return 1  # reward/mean, reward/accuracy, reward/<name>
+    return 0
+
+
 def eval_key(set_name: str, score: str) -> str:
     """The key of one evaluation set's score, e.g. eval_key("aime24", "avg@4") = "eval/aime24/avg@4"."""
     return f"{EVAL_PREFIX}{set_name}/{score}"
@@ -256,6 +290,23 @@ def describe(key: str) -> tuple[str, str]:
             "nats^2",
         )
     return (key, "")
+
+
+# What a metric's unit allows: a band over seeds (mean ± 95% CI) is clipped to it, so a figure never
+# draws a KL, a gradient norm or a variance below 0, nor a fraction above 1. Units not listed
+# (reward, loss, score, lr) are unbounded.
+UNIT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "fraction": (0.0, 1.0),
+    **dict.fromkeys(
+        ("nats", "nats^2", "norm", "ratio", "weight", "tokens", "calls", "turns", "count", "s", "MB", "steps"),
+        (0.0, None),
+    ),
+}
+
+
+def bounds(key: str) -> tuple[float | None, float | None]:
+    """(lowest, highest) value `key` can take by its unit (`describe`); None: no bound."""
+    return UNIT_BOUNDS.get(describe(key)[1], (None, None))
 
 
 # Statistics of a mismatch correction (algorithms.correction_stats): the metric each becomes

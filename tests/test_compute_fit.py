@@ -195,3 +195,24 @@ def test_a_line_whose_seeds_curve_their_own_way_is_not_identified_and_a_is_an_ex
     assert fit.identified and fit.c_max == pytest.approx(3200.0 * 14 / 10)
     assert fit.reached == pytest.approx(float(fit.predict(fit.c_max))) and fit.reached < fit.a
     assert EXTRAPOLATION in IDENTIFY_RULE and "F test" not in IDENTIFY_RULE
+
+
+def test_the_fit_figure_claims_no_overlap_from_a_shared_step_0_and_no_fit_it_does_not_draw(tmp_path):
+    """Two arms with the same step-0 score (the same start) but different compute per step: they share
+    one x (0) only, so they are not "on top of each other"; neither fit is identified (straight
+    lines), so the legend lists no fit and no asymptote."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from gspo_cli.analysis.figures.plot import build_plot, make_figures
+
+    line = lambda c: 0.1 + 0.4 * c / 6000  # noqa: E731
+    exp = make_compute_experiment(tmp_path, arms={"short": 10, "long": 30}, seeds=2, steps=20, curve=line, noise=0.0)
+    plot = build_plot(group_runs(load_runs([str(exp)]), "arm"), ["fit"], x="tokens")
+    fig = make_figures(plot)["fit_math"]
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    notes = " ".join(t.get_text() for t in ax.texts)
+    assert "on top of each other" not in notes
+    assert "long: no fit" in notes and "short: no fit" in notes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["long (n=2)", "short (n=2)"]

@@ -520,3 +520,30 @@ def test_staleness_adds_the_sampling_worker_and_its_weight_copies(tmp_path):
         b for _, b in r.transient_terms()
     )
     assert g4.phase("update").host_total - g0.phase("update").host_total == 2 * FP32 * P + HOST_RUNTIME["cuda"]
+
+
+def test_plan_refuses_what_train_would_refuse_in_that_world(tmp_path):
+    """The same checks as training, for the world --gpus x --nodes describes: staleness with
+    several processes, prompts that do not divide over them, a built-in model's prompts past its
+    positions; each one line, exit 2."""
+    stale = _spec_file(tmp_path, str(QWEN3_30B), rollout={"staleness": 8, "prompts_per_step": 8, "group_size": 8})
+    res = runner.invoke(app, ["plan", str(stale), "--gpus", "8"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith("error: rollout.staleness: 8 is not supported with several processes")
+    assert runner.invoke(app, ["plan", str(stale), "--gpus", "1"]).exit_code == 0
+    uneven = _spec_file(tmp_path, str(QWEN3_30B), rollout={"prompts_per_step": 4, "group_size": 8})
+    res = runner.invoke(app, ["plan", str(uneven), "--gpus", "8"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: rollout.prompts_per_step: 4 is not divisible by"), (
+        res.output
+    )
+    long = _spec_file(
+        tmp_path,
+        "builtin:tiny-moe",
+        model={"name": "builtin:tiny-moe", "builtin": {"max_positions": 32}},
+        rollout={"max_new_tokens": 30},
+    )
+    res = runner.invoke(app, ["plan", str(long)])
+    assert res.exit_code == 2, res.output
+    assert "the built-in model reads 32 positions (model.builtin.max_positions), 30 of them for the response" in (
+        res.stderr
+    )

@@ -131,3 +131,32 @@ def test_a_log_axis_follows_the_lines_not_a_band_through_0(tmp_path):
     ax = _ax(tmp_path / "exp", "clip")
     assert ax.get_yscale() == "log"
     assert ax.get_ylim()[0] == pytest.approx(0.002 / 3)
+
+
+@pytest.mark.parametrize(("fid", "key"), [("kl", "policy/kl_old_k3"), ("grad_norm", "policy/grad_norm")])
+def test_a_band_never_dips_below_what_the_quantity_can_be(tmp_path, fid, key):
+    # two seeds 0.001 and 0.003: the 95% CI (0.002 ± 0.0127) reaches far below 0; a KL or a norm cannot
+    for seed, v in ((0, 0.001), (1, 0.003)):
+        write_run(tmp_path, "grpo", seed, [{"step": t, key: v} for t in range(1, 6)])
+    ax = _ax(tmp_path / "exp", fid)
+    (band,) = ax.collections
+    ys = np.concatenate([p.vertices[:, 1] for p in band.get_paths()])
+    assert ys.min() == 0.0 and ys.max() == pytest.approx(0.002 + 12.706 * 0.001, rel=1e-3)  # t(1) x sd / sqrt(2)
+
+
+def test_a_fraction_band_stays_within_0_and_1(tmp_path):
+    for seed, v in ((0, 0.2), (1, 0.9)):
+        write_run(tmp_path, "grpo", seed, [{"step": t, "moe/expert_change_frac": v} for t in range(1, 6)])
+    ax = _ax(tmp_path / "exp", "expert_change")
+    ys = np.concatenate([p.vertices[:, 1] for p in ax.collections[0].get_paths()])
+    assert (ys.min(), ys.max()) == (0.0, 1.0)
+
+
+def test_a_symlog_axis_of_a_nonnegative_quantity_has_no_negative_tick(tmp_path):
+    write_run(tmp_path, "grpo", 0, [{"step": t, "policy/clip_frac_token": 0.0} for t in range(1, 6)])
+    for seed, c in ((0, 0.01), (1, 0.03)):  # a band through 0
+        write_run(tmp_path, "gspo", seed, [{"step": t, "policy/clip_frac_token": c} for t in range(1, 6)])
+    ax = _ax(tmp_path / "exp", "clip")
+    assert ax.get_yscale() == "symlog" and ax.get_ylim()[0] == 0.0
+    lo, hi = ax.get_ylim()
+    assert [t for t in ax.get_yticks() if lo <= t <= hi and t < 0] == []

@@ -46,7 +46,10 @@ def test_plan_counts_names_and_resolved_settings(tmp_path):
 def test_plan_without_sweep_is_arms_times_seeds(tmp_path):
     raw = {k: v for k, v in BASE.items() if k != "sweep"}
     runs = plan(write(tmp_path, raw))
-    assert [(r.name, r.seed) for r in runs] == [("grpo", 0), ("grpo", 1), ("gspo", 0), ("gspo", 1)]
+    # seed by seed: a sweep stopped after two runs leaves seed 0 of both arms, a pair
+    assert [(r.name, r.seed) for r in runs] == [("grpo", 0), ("gspo", 0), ("grpo", 1), ("gspo", 1)]
+    raw["seeds"] = [5, 2]
+    assert [r.seed for r in plan(write(tmp_path, raw))] == [5, 5, 2, 2]  # the spec's seed order
 
 
 def test_explicit_sets_and_clashing_short_names(tmp_path):
@@ -197,3 +200,58 @@ def test_sweep_skips_completed_runs_of_the_same_spec_only(tmp_path, monkeypatch)
     assert line.startswith("error: ") and "holds a completed run of a different spec" in line
     assert "optimizer.lr: 0.0001 -> 0.0002" in line and "--force" in line
     assert "Traceback" not in res.output
+
+
+def test_a_failed_run_shows_its_reason_and_kept_log_under_quiet(tmp_path, monkeypatch):
+    """`gspo sweep -q` with a run whose process fails: after the table, one line with the log's
+    last line and the kept log's path."""
+    import subprocess
+    import sys
+
+    real = subprocess.Popen
+
+    def failing(cmd, **kw):  # the run's process: prints a reason and exits 1
+        return real([sys.executable, "-c", "print('error: reward.py: boom'); raise SystemExit(1)"], **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", failing)
+    monkeypatch.setattr("gspo_cli.train.sweep.prebuild_models", lambda runs, log: 0)
+    raw = {k: v for k, v in BASE.items() if k != "sweep"} | {"output_dir": str(tmp_path / "out"), "seeds": [0]}
+    raw["arms"] = raw["arms"][:1]
+    res = CliRunner().invoke(app, ["sweep", str(write(tmp_path, raw)), "-q"])
+    assert res.exit_code == 1, res.output
+    (line,) = [x for x in res.stderr.splitlines() if x.startswith("grpo/seed0")]
+    assert line.startswith("grpo/seed0 failed: error: reward.py: boom (log: ")
+    log = line.split("(log: ")[1].rstrip(")")
+    assert log.endswith("-grpo-seed0.log") and "boom" in open(log).read()
+    res = CliRunner().invoke(app, ["sweep", str(write(tmp_path, raw)), "--json"])
+    (rec,) = json.loads(res.stdout)
+    assert rec["reason"] == "error: reward.py: boom" and rec["log"].endswith(".log")
+
+
+def test_sweep_help_does_not_require_a_sweep_section():
+    res = CliRunner().invoke(app, ["sweep", "--help"])
+    assert "with a `sweep:` section" not in res.output
+    assert "optional" in res.output
+
+
+def test_a_run_that_completed_and_was_then_signalled_is_labelled_by_its_run_json(tmp_path, monkeypatch):
+    """Its process ends by SIGTERM (-15) after run.json says completed: the run is completed (exit 0),
+    its log not kept as one that did not complete."""
+    import subprocess
+    import sys
+
+    real = subprocess.Popen
+    raw = {k: v for k, v in BASE.items() if k != "sweep"} | {"output_dir": str(tmp_path / "out"), "seeds": [0]}
+    raw["arms"] = raw["arms"][:1]
+    run_json = tmp_path / "out" / "sw" / "grpo" / "seed0" / "run.json"
+    code = (
+        f"import json, os, pathlib, signal; p = pathlib.Path({str(run_json)!r}); p.parent.mkdir(parents=True); "
+        "p.write_text(json.dumps({'status': 'completed'})); os.kill(os.getpid(), signal.SIGTERM)"
+    )
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", code], **kw))
+    monkeypatch.setattr("gspo_cli.train.sweep.prebuild_models", lambda runs, log: 0)
+    res = CliRunner().invoke(app, ["sweep", str(write(tmp_path, raw)), "--json"])
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(res.stdout)
+    assert (rec["status"], rec["exit"], rec["log"]) == ("completed", 0, None)
+    assert "did not complete" not in res.stderr

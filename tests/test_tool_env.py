@@ -384,4 +384,4 @@ def test_an_environment_returning_a_wrong_type_mid_run_fails_the_run_in_one_line
     assert proc.returncode == 1, out + err  # a run failure, not a spec error (2)
     assert "Traceback" not in out + err
     line = "task.environment: step() returned a reward str 'abc', not a number or None"
-    assert line in out and json.loads(run_json.read_text())["error"] == line
+    assert line in out and json.loads(run_json.read_text())["error"].startswith(line + " (the rollout whose prompt")

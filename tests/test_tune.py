@@ -50,8 +50,8 @@ def _one_line_error(result) -> str:
 def test_dry_run_lists_equal_budgets_and_every_tuning_run(tmp_path):
     res = runner.invoke(app, ["tune", str(_spec(tmp_path)), "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "grpo: 3 settings x 2 seed(s), 180 steps" in res.output
-    assert "gspo: 3 settings x 2 seed(s), 180 steps" in res.output
+    assert "grpo: 3 settings x 2 seed(s) x 30 steps per run = 180 steps of tuning" in res.output
+    assert "gspo: 3 settings x 2 seed(s) x 30 steps per run = 180 steps of tuning" in res.output
     assert "12 tuning run(s) planned, then 3 final run(s) per arm" in res.output
     assert "gspo,clip_high=0.0008/seed101" in res.output
 
@@ -76,7 +76,7 @@ def test_unequal_budgets_are_refused_without_unequal(tmp_path):
     assert "--unequal" in line
     res = runner.invoke(app, ["tune", str(spec), "--dry-run", "--unequal"])
     assert res.exit_code == 0, res.output
-    assert "gspo: 4 settings x 2 seed(s), 240 steps" in res.output
+    assert "gspo: 4 settings x 2 seed(s) x 30 steps per run = 240 steps of tuning" in res.output
 
 
 def test_existing_runs_need_resume(tmp_path):
@@ -184,7 +184,7 @@ def test_grid_position_flags_the_edges_by_value():
     assert grid_position([4e-4, 2e-4, 8e-4], 4e-4) == (1, False)
     assert grid_position([4e-4, 2e-4, 8e-4], 8e-4) == (2, True)
     assert grid_position([4e-4, 2e-4, 8e-4], 2e-4) == (0, True)
-    assert grid_position(["token", "sequence"], "sequence") == (1, True)
+    assert grid_position(["token", "mid", "sequence"], "sequence") == (2, True)
     notes, edge = position_notes(
         {"arm.clip_high": [0.2, 0.27, 0.35], "optimizer.lr": [5e-5]}, {"arm.clip_high": 0.27, "optimizer.lr": 5e-5}
     )
@@ -232,9 +232,9 @@ def test_report_states_budgets_selection_edges_and_the_test_verdict(tmp_path):
     text = trep.write(tmp_path / "out", info, pts, chosen, table).read_text()
     assert "| grpo | 2 | 1 x 30 | 60 |" in text and "| gspo | 3 | 1 x 30 | 90 |" in text
     assert "**The budgets are unequal**" in text
-    assert "Selected for grpo: arm.clip_high = 0.2: lowest of 2 values (edge" in text
+    assert "Selected for grpo: arm.clip_high = 0.2: one of 2 values" in text
     assert "Tied with grpo,0.27: the first in grid order is taken." in text
-    assert "**Edge**: grpo's choice" in text and "**Edge**: gspo's" not in text
+    assert "**Edge**" not in text  # a 2-value grid has no inside; gspo's choice is inside
     assert "Selected for gspo: arm.clip_high = 0.0004: 2 of 3." in text
     assert "| gspo − grpo | +0.1" in text and "| better |" in text
     data = json.loads((tmp_path / "out" / "tune.json").read_text())
@@ -300,6 +300,10 @@ def test_tune_trains_selects_and_compares_end_to_end(tmp_path):
         "gspo/seed0",
         "gspo/seed1",
     ]
+    # the tuning runs scored the selection set only; the final runs both sets
+    sets = lambda d: {e["set"] for e in map(json.loads, (d / "eval.jsonl").read_text().splitlines())}  # noqa: E731
+    assert all(sets(d) == {"val"} for d in (root / "tuning").glob("*/seed100"))
+    assert all(sets(d) == {"val", "test"} for d in (root / "final").glob("*/seed*"))
     data = json.loads((root / "tune.json").read_text())
     assert data["budgets"] == {"grpo": 2, "gspo": 2}
     assert data["selected"]["grpo"]["arm.clip_high"] in (0.2, 0.3)
@@ -310,3 +314,84 @@ def test_tune_trains_selects_and_compares_end_to_end(tmp_path):
     again = runner.invoke(app, ["tune", str(spec), "--jobs", "2", "--resume", "-q"])
     assert again.exit_code == 0, again.output
     assert json.loads((root / "tune.json").read_text())["selected"] == data["selected"]
+
+
+# ------------------------------------------------------------------ mistakes refused before training
+
+
+def test_an_arm_without_a_grid_is_refused_not_dropped(tmp_path):
+    line = _one_line_error(
+        runner.invoke(app, ["tune", str(_spec(tmp_path, **{"tune/grids": {"gspo": {"arm.clip_high": [2e-4]}}}))])
+    )
+    assert "tune.grids: arm 'grpo' has no grid" in line
+
+
+def test_an_empty_grids_section_is_refused(tmp_path):
+    line = _one_line_error(runner.invoke(app, ["tune", str(_spec(tmp_path, **{"tune/grids": {}})), "--dry-run"]))
+    assert "grids: needs every arm's grid (it is empty: nothing to tune)" in line
+
+
+def test_a_grid_value_listed_twice_is_refused(tmp_path):
+    grids = {"grpo": {"arm.clip_high": [0.2, 0.2]}, "gspo": {"arm.clip_high": [2e-4, 4e-4]}}
+    line = _one_line_error(runner.invoke(app, ["tune", str(_spec(tmp_path, **{"tune/grids": grids})), "--dry-run"]))
+    assert "grids.grpo.arm.clip_high: 0.2 listed twice" in line
+
+
+def test_an_unknown_selection_metric_is_refused_before_training(tmp_path):
+    line = _one_line_error(runner.invoke(app, ["tune", str(_spec(tmp_path, **{"tune/metric": "acc"}))]))
+    assert "tune.metric: 'acc' is not a score of val (4 samples per problem): one of avg@4, pass@1, pass@2" in line
+    assert not (tmp_path / "results").exists()
+    res = runner.invoke(app, ["tune", str(_spec(tmp_path, **{"tune/metric": "pass@2"})), "--dry-run"])
+    assert res.exit_code == 0, res.output
+
+
+def test_dry_run_says_steps_per_run_and_the_total(tmp_path):
+    res = runner.invoke(app, ["tune", str(_spec(tmp_path)), "--dry-run"])
+    assert "grpo: 3 settings x 2 seed(s) x 30 steps per run = 180 steps of tuning" in res.output
+
+
+def test_tuning_runs_never_score_the_test_set_but_keep_it_out_of_training(tmp_path):
+    from gspo_cli.eval.sets import plan_data
+    from gspo_cli.tasks import make_task
+
+    raw, spec = tn.load(_spec(tmp_path))
+    run = tn.tuning_runs(raw, spec)[0].spec
+    assert [(c.name, c.scored) for c in run.task.eval_sets] == [("val", True), ("test", False)]
+    sets, _ = plan_data(run, make_task(run.task.name, run.task.params))
+    assert [(s.name, s.due(0, 30), s.due(30, 30), len(s.problems)) for s in sets] == [
+        ("val", True, True, 64),
+        ("test", False, False, 128),
+    ]
+    final = tn.final_runs(raw, spec, {"grpo": {"arm.clip_high": 0.35}, "gspo": {"arm.clip_high": 2e-4}})[0].spec
+    assert [c.scored for c in final.task.eval_sets] == [True, True]
+
+
+def test_a_two_value_grid_is_not_flagged_as_too_narrow():
+    assert grid_position([0.2, 0.3], 0.3) == (1, False)
+    notes, edge = position_notes({"arm.clip_high": [0.2, 0.3]}, {"arm.clip_high": 0.3})
+    assert not edge
+    assert notes == [
+        "arm.clip_high = 0.3: one of 2 values (two values have no inside: a third shows whether the best lies between)"
+    ]
+
+
+def test_a_signal_during_the_tuning_runs_starts_no_final_run(tmp_path, monkeypatch):
+    import os
+    import signal
+    import time
+
+    from gspo_cli.train import sweep as sw
+
+    phases = []
+
+    def run_plan(runs, *, jobs, force, log, executor=None, stop=None):
+        phases.append(len(runs))
+        os.kill(os.getpid(), signal.SIGTERM)  # every tuning run completed, then the stop
+        time.sleep(0.2)
+        return [{"run": r.name, "seed": r.seed, "status": "completed", "exit": 0} for r in runs]
+
+    monkeypatch.setattr(sw, "run_plan", run_plan)
+    res = runner.invoke(app, ["tune", str(_spec(tmp_path))])
+    assert res.exit_code == 4, res.output
+    assert phases == [12]  # the final runs never started
+    assert "stopped by SIGTERM during the tuning runs; rerun with --resume to continue" in res.output

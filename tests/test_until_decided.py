@@ -72,7 +72,7 @@ def fake_training(monkeypatch, root: Path, shift: float) -> list[tuple[str, int]
     BASE[seed] (+ shift + NOISE[seed] for gspo). Returns the runs 'trained', in order."""
     trained: list[tuple[str, int]] = []
 
-    def run_plan(runs, *, jobs, force, log, executor=None):
+    def run_plan(runs, *, jobs, force, log, executor=None, stop=None):
         out = []
         for r in runs:
             skipped = (r.path / "run.json").is_file()

@@ -6,13 +6,14 @@ None imports torch; each renders what gspo_cli.analysis computes (its tables, fi
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from gspo_cli.cli.common import _fail, _print_table, err_console
+from gspo_cli.cli.common import _fail, _print_table, _show_warning, check_margin, err_console
 from gspo_cli.errors import GspoError, SpecError
 
 
@@ -24,12 +25,19 @@ def list_runs(
 
     Example: `gspo list results/quickstart`
     """
+    from gspo_cli.analysis.rundata.runs import CorruptRun, run_info
     from gspo_cli.runs import find_runs
 
     rows = []
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         for rd in find_runs(paths):
-            info, metrics = rd.info(), rd.metrics()
+            try:
+                info = run_info(rd)
+            except CorruptRun as err:  # listed, never as a status of None: the line says what is wrong
+                warnings.warn(str(err).replace("; run left out", ""), stacklevel=1)
+                info = {"status": "unreadable run.json"}
+            metrics = rd.metrics()
             last = metrics[-1] if metrics else {}
             rows.append(
                 {
@@ -202,6 +210,7 @@ def compare(
     from gspo_cli.analysis.tables import differences as dif
     from gspo_cli.analysis.tables import sequential as seq
 
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         if fmt not in cmp.FORMATS:
             raise SpecError(f"--format: unknown format {fmt!r} (known: {', '.join(cmp.FORMATS)})")
@@ -221,7 +230,9 @@ def compare(
                 result.groups,
                 result.columns,
                 baseline=base,
-                margin=margin if margin is not None else section.get("margin"),
+                margin=check_margin(margin, "--margin")
+                if margin is not None
+                else check_margin(section.get("margin"), "comparison.margin"),
                 pairs=pairs,
                 metrics=dif.family_metrics(result.columns, explicit=bool(metrics), spec_metric=metric),
                 robust=robust,
@@ -342,7 +353,9 @@ def plot(
     """
     from gspo_cli.analysis.figures.plot import plot_runs
 
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
+        check_margin(margin, "--margin")
         written, skipped = plot_runs(
             paths,
             out=out,
@@ -387,10 +400,14 @@ def report(
     Then each arm's time to collapse (Kaplan-Meier, log-rank in the same Holm family) and its
     held-out score against response tokens (at an equal budget; a saturating fit where identified).
 
+    A REPORT.md written by hand, or edited since gspo wrote it, is never overwritten: it is kept
+    beside the new one as REPORT.edited.md (the command says so).
+
     Example: `gspo report results/paper_tiny` (its runs come from `make reproduce-tiny`)
     """
     from gspo_cli.analysis.report.build import write_report
 
+    warnings.showwarning = _show_warning  # a run left out (corrupt run.json...) is one line
     try:
         path = write_report(experiment, out, last=last, smooth=smooth)
     except GspoError as err:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import typer
 from rich.console import Console
 
-from gspo_cli.errors import GspoError, redact
+from gspo_cli.errors import GspoError, SpecError, redact
 
 err_console = Console(stderr=True)
 
@@ -17,6 +18,26 @@ def _fail(err: GspoError) -> None:
         # soft_wrap: never break a problem over two lines (Rich wraps at 80 columns off a terminal).
         err_console.print(("error: " if i == 0 else "       ") + line, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(err.exit_code)
+
+
+MARGIN_LIMIT = 1e6  # a margin past this (in any metric's units) makes every difference "equivalent"
+
+
+def check_margin(margin: float | None, field: str) -> float | None:
+    """`margin` when it is a finite number in [0, MARGIN_LIMIT); SpecError naming `field` otherwise
+    (nan, inf or 1e300 would call any two arms equivalent, or none)."""
+    if margin is None:
+        return None
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        raise SpecError(f"{field}: {margin!r} is not a finite number (a margin in the metric's units, e.g. 0.02)")
+    if margin < 0:
+        raise SpecError(f"{field}: must be >= 0, got {margin:g}")
+    if margin >= MARGIN_LIMIT:
+        raise SpecError(
+            f"{field}: {margin:g} is outside [0, {MARGIN_LIMIT:g}) (a margin in the metric's units, e.g. 0.02: one "
+            "this wide calls any two arms equivalent)"
+        )
+    return float(margin)
 
 
 def _print_table(columns: list[str], rows: list[list]) -> None:

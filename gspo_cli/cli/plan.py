@@ -64,7 +64,10 @@ def plan(
     whether it fits, as `gspo train` runs the spec (with FSDP: a full shard, bf16 all-gathers;
     log-probs in 64 MiB chunks; per-rank checkpoints). Below the table, each phase's terms.
 
-    Warns, never refuses: a run whose plan does not fit can still be started.
+    Refuses (exit 2, one line) what `gspo train` would refuse in that world before loading a model:
+    rollout.staleness with several processes, batches that do not divide over them, a built-in
+    model's prompts past its positions. Memory only warns: a run whose plan does not fit can
+    still be started.
 
     Example: `gspo plan experiments/gpu_qwen3_moe.yaml --gpus 8 --gpu-memory 80GB`
     """
@@ -72,6 +75,7 @@ def plan(
     from gspo_cli.plan.shapes import builtin_prompt_tokens
     from gspo_cli.plan.suggest import largest_micro_batch_tokens
     from gspo_cli.spec.loading import load_spec
+    from gspo_cli.train.preflight import planned
 
     try:
         hw = Hardware(
@@ -81,6 +85,7 @@ def plan(
             host_bytes=None if host_memory is None else parse_size(host_memory, "--host-memory"),
         )
         spec = load_spec(spec_path, set_)
+        planned(spec, gpus * nodes)  # what training would refuse in that world, refused here too
         shape, warnings = model_shape(spec, config)
         if prompt_tokens is None:
             builtin = spec.model.name.startswith("builtin:") and config is None

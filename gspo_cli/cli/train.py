@@ -204,7 +204,9 @@ def check(
 
 
 def sweep(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="experiment spec with a `sweep:` section")],
+    spec_path: Annotated[
+        Path, typer.Argument(metavar="SPEC", help="experiment spec; its optional `sweep:` section adds a grid")
+    ],
     set_: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -254,10 +256,12 @@ def sweep(
         ),
     ] = False,
 ) -> None:
-    """Expand the spec's sweep x arms x seeds into named runs and train them.
+    """Expand the spec's arms x seeds (x its optional `sweep:` grid) into named runs and train them.
 
-    Idempotent: completed runs of the same spec are skipped, of another spec refused, and
-    interrupted ones resume. Exit codes as for `gspo train`.
+    Runs go seed by seed (every arm's seed 0, then seed 1...), so a sweep stopped early leaves
+    seeds paired across arms. Idempotent: completed runs of the same spec are skipped, of another
+    spec refused, and interrupted ones resume. Exit codes as for `gspo train`; a run that failed is
+    listed after the table with its log's last line and the path of its kept log.
 
     --until-decided needs a spec with a comparison: section (baseline, arm, metric, margin).
 
@@ -326,6 +330,15 @@ def sweep(
                 for r in records
             ],
         )
+        for r in records:  # -q shows no run's log: each failure's reason and log path here
+            if r.get("log") and r["status"] not in ("completed", "diverged"):
+                why = f": {r['reason']}" if r.get("reason") else ""
+                err_console.print(
+                    f"{r['run']}/seed{r['seed']} {r['status']}{why} (log: {r['log']})",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
     interrupted = any(r["exit"] == 4 for r in records)
     raise typer.Exit(4 if interrupted else _exit_code([r["status"] for r in records]))
 
@@ -367,6 +380,8 @@ def _decide(
             as_json=as_json,
             executor=executor,
         )
+    except InterruptedRun as err:  # a stop the user asked for: said plainly, exit 4
+        _stopped(str(err), err.exit_code)
     except GspoError as err:
         _fail(err)
     except HardInterrupt:

@@ -37,10 +37,15 @@ def tune(
     Trains each arm's grid (tune.grids) on tune.seeds for tune.steps, selects each arm's setting by
     one rule (highest mean selection score; ties: first in grid order), trains the selections on
     tune.final_seeds and compares them on tune.test_set with the statistics engine; writes
-    OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict).
+    OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict; one
+    edited by hand is kept as REPORT.edited.md).
 
-    Refused: selection and test sets that share a problem; unequal budgets without --unequal;
-    existing runs without --resume. Exit codes as for gspo train.
+    The tuning runs never score the test set (its problems stay out of their training): no test
+    number exists before the selection is final.
+
+    Refused before any run trains: selection and test sets that share a problem; an arm without a
+    grid, a grid value listed twice; a tune.metric the selection set does not write; unequal
+    budgets without --unequal; existing runs without --resume. Exit codes as for gspo train.
 
     Example: gspo tune experiments/tune_clip.yaml --jobs 2 (rerun with --resume after a stop)
     """
@@ -52,26 +57,32 @@ def tune(
     try:
         raw, spec = tn.load(spec_path, list(set_ or []))
         budgets = tn.check_budgets(spec, unequal)
+        metric = tn.selection_metric(spec)
         sizes = tn.check_disjoint(spec)
         planned = tn.tuning_runs(raw, spec)
         root = tn.root(spec)
         if dry_run:
+            steps = spec.tune.steps or spec.train.steps
             for arm, b in budgets.items():
-                typer.echo(f"{arm}: {len(spec.tune.points(arm))} settings x {len(spec.tune.seeds)} seed(s), {b} steps")
+                n, seeds = len(spec.tune.points(arm)), len(spec.tune.seeds)
+                typer.echo(f"{arm}: {n} settings x {seeds} seed(s) x {steps} steps per run = {b} steps of tuning")
             for r in planned:
                 typer.echo(f"{r.name}/seed{r.seed}  {r.status()}  {r.path}")
             typer.echo(f"{len(planned)} tuning run(s) planned, then {len(spec.tune.final_seeds)} final run(s) per arm")
             return
         if not resume and any(r.status() != "planned" for r in planned):
             raise SpecError(f"{root}: runs of an earlier tune exist; --resume continues it (or remove the directory)")
+        from gspo_cli.train.watch import stop_on_signals
+
         placed = sw.executor_for(spec, executor, jobs)
-        records = sw.run_plan(planned, jobs=jobs, force=False, log=log, executor=placed)
-        _check(records, "tuning")
-        command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
-        info, selection, chosen = _select(spec, planned, budgets, sizes, command)
-        final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
-        records = sw.run_plan(final, jobs=jobs, force=False, log=log, executor=placed)
-        _check(records, "final")
+        with stop_on_signals() as stop:  # one flag for both phases: a stop between them is not lost
+            records = sw.run_plan(planned, jobs=jobs, force=False, log=log, executor=placed, stop=stop)
+            _check(records, "tuning", stop)
+            command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
+            info, selection, chosen = _select(spec, planned, budgets, sizes, command, metric)
+            final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
+            records = sw.run_plan(final, jobs=jobs, force=False, log=log, executor=placed, stop=stop)
+            _check(records, "final", stop)
         from gspo_cli.analysis.report import tune as tr
 
         table = tr.compare_final([r.path for r in final], spec.tune.test_set, info["baseline"], info["margin"])
@@ -87,22 +98,21 @@ def tune(
     typer.echo(str(report))
 
 
-def _check(records: list[dict], phase: str) -> None:
-    if any(r["exit"] == 4 for r in records):
-        err_console.print(f"stopped during the {phase} runs; rerun with --resume to continue")
+def _check(records: list[dict], phase: str, stop=None) -> None:
+    if stop or any(r["exit"] == 4 for r in records):
+        how = f" by {stop.signal_name}" if stop else ""
+        err_console.print(f"stopped{how} during the {phase} runs; rerun with --resume to continue")
         raise typer.Exit(4)
     failed = [f"{r['run']}/seed{r['seed']}" for r in records if r["status"] not in ("completed", "diverged")]
     if failed:
         raise RunError(f"{phase} runs did not complete: {', '.join(failed[:4])}; fix and rerun with --resume")
 
 
-def _select(spec, planned, budgets, sizes, spec_path: str):
+def _select(spec, planned, budgets, sizes, spec_path: str, metric: str):
     """Each arm's points with their selection scores, the chosen point, and the report's facts."""
     from gspo_cli.analysis.report import tune as tr
 
     tune = spec.tune
-    cfg = next(c for c in spec.task.eval_sets if c.name == tune.selection_set)
-    metric = tune.metric or f"avg@{cfg.samples or spec.train.eval_samples}"
     points: dict[str, dict[str, tr.Point]] = {}
     for r in planned:
         p = points.setdefault(r.base_arm, {}).setdefault(r.name, tr.Point(r.base_arm, dict(r.settings), r.name))

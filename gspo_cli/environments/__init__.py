@@ -23,7 +23,7 @@ from gspo_cli.environments.protocol import (
 )
 from gspo_cli.environments.python import PythonTool
 from gspo_cli.errors import SpecError
-from gspo_cli.user_code import load_function
+from gspo_cli.user_code import load_function, output_to_stderr
 
 ENVIRONMENTS: dict[str, Callable[..., Any]] = {"python": PythonTool, "code_feedback": CodeFeedback}
 
@@ -44,7 +44,8 @@ def resolve_environment(name: str, params: dict | None = None) -> Callable[[], A
             f"{where}: {name!r} is no built-in environment ({', '.join(ENVIRONMENTS)}); yours: FILE.py:NAME"
         )
     try:
-        probe = factory(**params)
+        with output_to_stderr():  # what its __init__ prints is no part of the command's output
+            probe = factory(**params)
     except Exception as err:  # noqa: BLE001 - the user's class: one line, naming it
         raise SpecError(f"{where}: {name}(**task.environment_params) fails ({type(err).__name__}: {err})") from None
     missing = [m for m in ("start", "step") if not callable(getattr(probe, m, None))]
@@ -53,7 +54,12 @@ def resolve_environment(name: str, params: dict | None = None) -> Callable[[], A
             f"{where}: {name} makes objects without {' and '.join(missing)}(); an environment defines "
             "start(prompt) and step(turn) -> (observation, done, reward) (docs/guides/tools.md)"
         )
-    return lambda: factory(**params)
+
+    def fresh() -> Any:
+        with output_to_stderr():
+            return factory(**params)
+
+    return fresh
 
 
 def environment_file(name: str | None) -> str | None:

@@ -44,10 +44,11 @@ class EvalSet:
     every: int  # steps between scorings (0: only at step 0 and at the end)
     source: str  # what the problems come from, for logs and run.json
     held_out: bool = False  # the fallback split of the training source
+    scored: bool = True  # False: kept out of training, never scored in this run
 
     def due(self, step: int, last: int) -> bool:
-        """Scored at step 0, every `every` steps and at the last step."""
-        return step == 0 or step == last or bool(self.every and step % self.every == 0)
+        """Scored at step 0, every `every` steps and at the last step (never when not `scored`)."""
+        return self.scored and (step == 0 or step == last or bool(self.every and step % self.every == 0))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -58,6 +59,7 @@ class EvalSet:
             "max_tokens": self.max_tokens,
             "every": self.every,
             **({"held_out": True} if self.held_out else {}),
+            **({"scored": False} if not self.scored else {}),
             # scored by reward functions: their names (run.json data.eval_sets says which score the set)
             **({"rewards": [r.name for r in self.task.rewards]} if hasattr(self.task, "rewards") else {}),
         }
@@ -100,6 +102,7 @@ def named_set(cfg: EvalSetConfig, index: int, spec: ExperimentSpec, rewards: lis
         max_tokens=cfg.max_tokens or spec.rollout.max_new_tokens,
         every=spec.train.eval_every if cfg.every is None else cfg.every,
         source=str(cfg.params["source"]),
+        scored=cfg.scored,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from gspo_cli import user_code
 from gspo_cli.errors import GspoError, RunError
 from gspo_cli.rewards import pool, user_functions
 from gspo_cli.tasks.base import Conversation, Problem, Score
@@ -133,7 +134,8 @@ class Scoring:
         values: list = [None] * n
         for _, rows, call in sorted((c for c in self.calls if c[0] is r), key=lambda c: c[1][0]):
             try:
-                got = self.pool.result(call)
+                with user_code.user_call(f"reward {r.name}"):  # waiting on the pool: a stop abandons it
+                    got = self.pool.result(call)
             except pool.RewardRaised as err:
                 raise RunError(_raised_message(r.name, texts[rows[err.row]], err.text)) from None
             for i, v in zip(rows, _as_list(r.name, got, len(rows))):
@@ -164,7 +166,10 @@ def _user_kwargs(completions, completion_ids, prompts, columns, state) -> dict[s
 def _called(r: Reward, args, texts: list[str]) -> Any:
     """Reward r on every row, in the trainer; RunError naming it and the row if it raises."""
     try:
-        return _call(r, *args)
+        if r.shipped:  # our own verifiers (math-verify's signal.alarm among them): no mark
+            return _call(r, *args)
+        with user_code.user_call(f"reward {r.name}"):  # a stop signal abandons it at once
+            return _call(r, *args)
     except GspoError:
         raise  # a judge's or reward model's own error: one line naming it and the row already
     except user_functions.RAISED as err:  # the user's function: one line, no traceback (sys.exit too)

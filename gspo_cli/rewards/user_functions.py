@@ -1,6 +1,6 @@
 """A user's reward function called once, in a reward pool worker or in the trainer: TRL's keyword
 arguments (`call_rows`), `async def` functions, what it may raise (`RAISED`, `error_line`: one
-bounded line), where what it prints goes (`output_to_stderr`), the row it fails on
+bounded line), where what it prints goes (`output_to_stderr`, from user_code), the row it fails on
 (`failing_row`), and what it returns in a form a worker can send back (`portable`).
 
 `async def` rewards are awaited once per call, as TRL awaits them; with `per_row` (the pool in
@@ -11,15 +11,14 @@ on one event loop, at most ASYNC_CONCURRENCY rows at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import numbers
-import os
 import pickle
-import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from gspo_cli.user_code import output_to_stderr  # noqa: F401 - where a reward's prints go, named here too
 
 ASYNC_CONCURRENCY = 64  # rows of one call awaited at once (async def rewards called per row)
 MESSAGE_CHARS = 300  # the most of an exception's message that a reward's error line quotes
@@ -55,40 +54,6 @@ def call_rows(fn: Callable, kwargs: dict[str, Any], n: int, per_row: bool = Fals
     if "error" in out:
         raise out["error"]
     return out["value"]
-
-
-_redirect_lock = threading.Lock()
-_redirect: dict[str, Any] = {"depth": 0}  # nested and concurrent callers share one redirection
-
-
-@contextlib.contextmanager
-def output_to_stderr() -> Iterator[None]:
-    """While the block runs, whatever it writes to standard output (print, sys.stdout, file
-    descriptor 1: a subprocess it starts) goes to standard error. Process-wide: another thread
-    writing to standard output meanwhile is redirected too."""
-    with _redirect_lock:
-        if _redirect["depth"] == 0:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-            _redirect["stdout"], sys.stdout = sys.stdout, sys.stderr
-            try:
-                _redirect["fd"] = os.dup(1)
-                os.dup2(2, 1)
-            except OSError:  # no file descriptor 1 or 2: Python's level is all there is
-                _redirect["fd"] = None
-        _redirect["depth"] += 1
-    try:
-        yield
-    finally:
-        with _redirect_lock:
-            _redirect["depth"] -= 1
-            if _redirect["depth"] == 0:
-                with contextlib.suppress(Exception):
-                    sys.stderr.flush()
-                if _redirect["fd"] is not None:
-                    os.dup2(_redirect["fd"], 1)
-                    os.close(_redirect["fd"])
-                sys.stdout = _redirect["stdout"]
 
 
 def row_slice(kwargs: dict[str, Any], rows: list[int]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 from gspo_cli.errors import GspoError, InterruptedRun, RunError
+from gspo_cli.user_code import output_to_stderr
 
 POLL_S = 0.1  # how often the waiting rollout looks at the clock and the stop flag
 STOP_GRACE_S = 5.0  # how long calls still running after a stop signal may go on
@@ -76,6 +77,9 @@ class EnvironmentCalls:
                     results[i], errors[i], finished[i] = out, err, True
                     cond.notify_all()
 
+        # What the calls print goes to standard error while they run: stdout is the command's (--json).
+        quiet = output_to_stderr()
+        quiet.__enter__()
         for _ in range(1 if one_at_a_time else min(self.workers, n)):
             threading.Thread(target=work, name="gspo-environment", daemon=True).start()
         try:
@@ -87,9 +91,12 @@ class EnvironmentCalls:
         finally:
             with cond:
                 state["abandoned"] = True  # calls not yet begun never begin
+            quiet.__exit__(None, None, None)
         for i, err in enumerate(errors):
-            if isinstance(err, GspoError):  # our own checks of what the call returned: as they are
+            if isinstance(err, InterruptedRun):
                 raise err
+            if isinstance(err, GspoError):  # our own checks of what the call returned, with the rollout named
+                raise type(err)(f"{err} (the rollout whose prompt starts {prompt_start(prompts[i])})") from None
             if err is not None:
                 raise RunError(
                     f"task.environment: {method} raised {first_line(err)} (the rollout whose prompt starts "

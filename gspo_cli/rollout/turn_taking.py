@@ -48,7 +48,7 @@ from gspo_cli.environments import (
 )
 from gspo_cli.errors import RunError, SpecError
 from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.rollout.env_calls import EnvironmentCalls
+from gspo_cli.rollout.env_calls import EnvironmentCalls, prompt_start
 from gspo_cli.tasks.base import Conversation
 
 _SLOT = "\u2063TOOL_OUTPUT\u2063"  # stands for the observation while the template is rendered
@@ -173,7 +173,7 @@ class TurnTaking:
             "finish()", [_finish_call(r.env, t) for r, t in zip(ended, unseen)], [r.prompt for r in ended]
         )
         for r, v in zip(ended, got):
-            _add_reward(r, _reward(v))
+            _add_reward(r, _reward(v, r.prompt))
 
     def _text(self, r: _Row) -> str:
         return self.tokenizer.decode(r.ids[r.turn_start :], skip_special_tokens=True)
@@ -252,12 +252,16 @@ def _add_reward(r: _Row, value: float | None) -> None:
         r.reward = (r.reward or 0.0) + value
 
 
-def _reward(value) -> float | None:
-    """finish()'s return value as a reward; RunError (the run fails, one line) for what is no number."""
+def _reward(value, prompt) -> float | None:
+    """finish()'s return value as a reward; RunError (the run fails, one line naming the rollout's
+    prompt) for what is no number."""
     try:
         return as_reward(value)
     except TypeError:
-        raise RunError(f"task.environment: finish() returned {type(value).__name__}, not a number or None") from None
+        raise RunError(
+            f"task.environment: finish() returned {type(value).__name__}, not a number or None (the rollout "
+            f"whose prompt starts {prompt_start(prompt)})"
+        ) from None
 
 
 def _start_call(env, prompt, problem):

@@ -177,6 +177,13 @@ def _tune_problems(tune: TuneConfig | None, arms: list[str], sets: list[str]) ->
         for a in tune.grids
         if a not in arms
     ]
+    if tune.grids:
+        problems += [
+            f"tune.grids: arm {a!r} has no grid; every arm is tuned on the same budget (a one-value grid, "
+            f"e.g. {{arm.clip_high: [...]}}, or remove the arm)"
+            for a in arms
+            if a not in tune.grids
+        ]
     for field in ("selection_set", "test_set"):
         name = getattr(tune, field)
         if name not in sets:

@@ -225,6 +225,11 @@ class EvalSetConfig(_Strict):
     every: int | None = Field(
         None, ge=0, description="steps between scorings (default: train.eval_every; 0: start/end)"
     )
+    scored: bool = Field(
+        True,
+        description="false: its problems are kept out of training but it is never scored in this run "
+        "(gspo tune's tuning runs hold the test set this way)",
+    )
     rewards: list[RewardConfig] | None = Field(
         None,
         description="the set's own rewards (default: task.rewards, else the task's own verifier; [] on a math or "

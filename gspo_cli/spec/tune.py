@@ -48,13 +48,19 @@ class TuneConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        problems = []
+        problems = [] if self.grids else ["grids: needs every arm's grid (it is empty: nothing to tune)"]
         for arm, grid in self.grids.items():
             if not grid:
                 problems.append(f"grids.{arm}: needs at least one setting path")
             for key, values in grid.items():
                 if not values:
                     problems.append(f"grids.{arm}.{key}: needs at least one value")
+                seen = [str(v) for v in values]
+                if dups := sorted({v for v in seen if seen.count(v) > 1}):
+                    problems.append(
+                        f"grids.{arm}.{key}: {', '.join(dups)} listed twice; each value is one setting (two would "
+                        "train the same runs on one path and count its budget twice)"
+                    )
         if self.selection_set == self.test_set:
             problems.append(
                 f"test_set: {self.test_set} is also the selection set; selecting and comparing on the same "
@@ -82,11 +88,12 @@ class TuneConfig(_Strict):
 
 def grid_position(values: list[Any], chosen: Any) -> tuple[int, bool]:
     """Where `chosen` sits among `values`: its rank by value (numbers sorted; else list order) and
-    whether it is at an edge (the smallest or largest of two or more values)."""
+    whether it is at an edge (the smallest or largest of three or more values: two values have no
+    inside, so their edge says nothing about the grid being too narrow)."""
     nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
     order = sorted(values) if nums else list(values)
     rank = order.index(chosen)
-    return rank, len(order) >= 2 and rank in (0, len(order) - 1)
+    return rank, len(order) >= 3 and rank in (0, len(order) - 1)
 
 
 __all__ = ["SELECTION_RULE", "TuneConfig", "grid_position"]

@@ -269,7 +269,14 @@ def _loop(
     stale = StaleRollouts(ctx, source=source, seed=seed, pending=pending) if spec.rollout.staleness else None
     try:
         if start_step == 0:
-            _evaluate(ctx, rd, eval_sets, step=0, sinks=sinks, report=lambda rec: reporter.eval_done(name, rec))
+            _evaluate(
+                ctx,
+                rd,
+                [s for s in eval_sets if s.scored],
+                step=0,
+                sinks=sinks,
+                report=lambda rec: reporter.eval_done(name, rec),
+            )
         _steps(ctx, rd, name, reporter, start_step, stop, eval_sets, sinks, stale)
         if distributed.is_sharded(ctx.model):  # its checkpoints are shards: transformers needs a whole copy
             export_checkpoint(rd.checkpoints / f"step_{steps:06d}", rd.path / "model", info=ctx.dist, step=steps)

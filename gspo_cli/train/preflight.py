@@ -216,4 +216,20 @@ def preflight(
     return p
 
 
-__all__ = ["CHECKS", "Preflight", "preflight"]
+def planned(spec: ExperimentSpec, world: int) -> Preflight:
+    """The checks `gspo plan` makes for a world of `world` processes it does not start: what
+    training would refuse there before loading a model. With a built-in model, its data and prompt
+    lengths (task, data, prompt lengths: the task's data is read as training reads it); always, the
+    processes check for that world (staleness, the task's environment) and divisibility. The first
+    problem raises its GspoError."""
+    p = Preflight(spec, list(spec.arms), list(spec.seeds))
+    if spec.model.name.startswith("builtin:"):
+        for check in (task, data, prompt_lengths):
+            check(p)
+    p.info = DistInfo(rank=0, world_size=world)
+    check_supported(spec, world)
+    divisibility(p)
+    return p
+
+
+__all__ = ["CHECKS", "Preflight", "planned", "preflight"]

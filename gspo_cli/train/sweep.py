@@ -63,7 +63,8 @@ def _apply_point(raw: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[PlannedRun]:
-    """Every run the sweep asks for, in a stable order (point, arm, seed)."""
+    """Every run the sweep asks for, in a stable order: seed by seed (the spec's seed order), each
+    seed's runs by (point, arm), so a sweep stopped early leaves whole seeds, paired across arms."""
     raw = read_spec_file(spec_path)
     for assignment in overrides or []:
         raw = apply_override(raw, assignment)
@@ -104,7 +105,8 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
                         path=run_path(run.output_dir, run.name, name, seed),
                     )
                 )
-    return out
+    first = {seed: i for i, seed in reversed(list(enumerate(r.seed for r in out)))}
+    return sorted(out, key=lambda r: first[r.seed])
 
 
 def shard(runs: list[PlannedRun], index: int, count: int) -> list[PlannedRun]:
@@ -180,7 +182,9 @@ def check_run_dirs(runs: list[PlannedRun], force: bool) -> None:
         decide_start(RunDir(r.path), r.spec, force, DistInfo())
 
 
-def run_plan(runs: list[PlannedRun], *, jobs: int = 1, force: bool, log, executor=None) -> list[dict[str, Any]]:
+def run_plan(
+    runs: list[PlannedRun], *, jobs: int = 1, force: bool, log, executor=None, stop=None
+) -> list[dict[str, Any]]:
     """Train the planned runs with `executor` (`train.executors.make_executor`; None: the
     local one, `jobs` processes at a time, each with its share of the cores). Completed runs are
     skipped, interrupted ones resume (the trainer's own rules, wherever it runs), but a run
@@ -188,7 +192,9 @@ def run_plan(runs: list[PlannedRun], *, jobs: int = 1, force: bool, log, executo
     (SpecError), as `gspo train` does. Built-in models are cold-started here first, once, so
     that no two runs race to build one (the model cache must be shared with a cluster's nodes).
     Returns one record per run (`executors.base.record`): its status, exit code and wall time;
-    exit 4 for a run stopped, or still queued when the wait was interrupted."""
+    exit 4 for a run stopped, or still queued when the wait was interrupted. `stop`: a caller's
+    own StopFlag (a command that trains round after round keeps one for all its rounds); None:
+    the executor watches SIGINT/SIGTERM itself for this plan."""
     from gspo_cli.train.executors import make_executor
 
     executor = executor or make_executor(None, jobs=jobs)
@@ -200,7 +206,7 @@ def run_plan(runs: list[PlannedRun], *, jobs: int = 1, force: bool, log, executo
     if not todo:
         return records
     prebuild_models(todo, log)
-    return records + executor.run(todo, force=force, log=log)
+    return records + executor.run(todo, force=force, log=log, stop=stop)
 
 
 def executor_for(spec: ExperimentSpec, kind: str | None = None, jobs: int = 1):

@@ -47,6 +47,28 @@ def check_budgets(spec: ExperimentSpec, unequal: bool) -> dict[str, int]:
     return budgets
 
 
+def selection_metric(spec: ExperimentSpec) -> str:
+    """tune.metric (default avg@K, K the selection set's samples); SpecError, before any run trains,
+    for a score the selection set's evaluation never writes."""
+    import re
+
+    from gspo_cli.eval.scores import FAILURE_COMPONENTS, pass_ks
+
+    tune = spec.tune
+    cfg = next(c for c in spec.task.eval_sets if c.name == tune.selection_set)
+    K = cfg.samples or spec.train.eval_samples
+    if tune.metric is None:
+        return f"avg@{K}"
+    known = [f"avg@{K}", *(f"pass@{k}" for k in pass_ks(K)), f"maj@{K}", "rating", "reward_mean"]
+    known += [f"{c}_frac" for c in FAILURE_COMPONENTS]
+    if tune.metric in known or re.fullmatch(r"reward_\w+", tune.metric):
+        return tune.metric
+    raise SpecError(
+        f"tune.metric: {tune.metric!r} is not a score of {tune.selection_set} ({K} samples per problem): "
+        f"one of {', '.join(known)} or reward_<name>"
+    )
+
+
 def check_disjoint(spec: ExperimentSpec) -> tuple[int, int]:
     """The selection and test sets' sizes; SpecError when they share a problem (matched as training
     exclusion matches them: normalised statement text)."""
@@ -77,9 +99,16 @@ def point_name(arm: str, point: dict[str, Any]) -> str:
     return arm + "".join(f",{short[k]}={format_setting(v)}" for k, v in point.items())
 
 
-def _variant(raw: dict[str, Any], arm: str, point: dict[str, Any], **fields) -> ExperimentSpec:
-    """`raw` with only `arm`, `point` applied (`arm.X` on that arm) and `fields` set."""
+def _variant(
+    raw: dict[str, Any], arm: str, point: dict[str, Any], hidden: str | None = None, **fields
+) -> ExperimentSpec:
+    """`raw` with only `arm`, `point` applied (`arm.X` on that arm) and `fields` set; the evaluation
+    set named `hidden` is not scored."""
     base = {k: v for k, v in raw.items() if k not in ("tune", "sweep", "comparison")}
+    if hidden:  # kept out of training, never scored: no test-set number exists before the selection
+        task = dict(base["task"])
+        task["eval_sets"] = [{**c, "scored": False} if c.get("name") == hidden else c for c in task["eval_sets"]]
+        base["task"] = task
     base["arms"] = [a for a in raw["arms"] if a.get("name") == arm]
     for key, value in point.items():
         path = "arms[0]." + key[4:] if key.startswith("arm.") else key
@@ -94,14 +123,17 @@ def _variant(raw: dict[str, Any], arm: str, point: dict[str, Any], **fields) -> 
 
 
 def tuning_runs(raw: dict[str, Any], spec: ExperimentSpec) -> list[PlannedRun]:
-    """Every grid point of every arm on tune.seeds, in a stable order (arm, point, seed)."""
+    """Every grid point of every arm on tune.seeds, in a stable order (arm, point, seed). The test set
+    stays out of their training and is never scored by them (the selection sees no test number)."""
     tune, out = spec.tune, []
     where = str(root(spec))
     for arm in tune.grids:
         for point in tune.points(arm):
             name = point_name(arm, point)
             steps = tune.steps or spec.train.steps
-            variant = _variant(raw, arm, point, output_dir=where, name=TUNING, **{"train.steps": steps})
+            variant = _variant(
+                raw, arm, point, hidden=tune.test_set, output_dir=where, name=TUNING, **{"train.steps": steps}
+            )
             renamed = variant.arms[0].model_copy(update={"name": name})
             for seed in tune.seeds:
                 run = variant.model_copy(update={"arms": [renamed], "seeds": [seed]})
@@ -128,6 +160,7 @@ __all__ = [
     "final_runs",
     "load",
     "point_name",
+    "selection_metric",
     "root",
     "tuning_runs",
 ]

@@ -31,6 +31,7 @@ from gspo_cli.analysis.stats import Estimate, problem_difference
 from gspo_cli.analysis.stats.sequential import Design, Look, look_schedule, sequential_looks
 from gspo_cli.analysis.tables.differences import problem_records
 from gspo_cli.errors import RunError, SpecError
+from gspo_cli.metrics import direction
 from gspo_cli.runs import RunDir, run_path
 from gspo_cli.spec import ExperimentSpec
 
@@ -41,7 +42,6 @@ METHOD = (
 )
 DECISION_FILE = "until_decided.json"
 DESIGN_KEYS = ("baseline", "arm", "margin", "max_seeds", "round_seeds", "schedule")
-LOWER_IS_BETTER = ("kl", "loss", "collapse")  # metric keys containing these: a decrease is better
 FINISHED = ("completed", "diverged")
 
 
@@ -244,7 +244,7 @@ def decide_until(
     seeds = seed_order(spec.seeds, max_seeds)
     design = Design.of(schedule, max_seeds)
     metric = c.metric
-    higher = metric is None or not any(w in metric.lower() for w in LOWER_IS_BETTER)
+    higher = metric is None or direction(metric) >= 0  # the direction compare's verdicts use
     decision = Decision(
         c.baseline, c.arm, metric or "held-out score", higher, c.margin, max_seeds, round_seeds, schedule
     )

@@ -10,12 +10,15 @@ import time
 
 from gspo_cli.errors import DivergedError, HardInterrupt
 from gspo_cli.train.reporting import Reporter
+from gspo_cli.user_code import abandon
 
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """SIGINT/SIGTERM set a flag the loop checks between steps (checkpoint, then stop);
-    a second SIGINT interrupts at once. Only the main thread can own signal handlers."""
+    """SIGINT/SIGTERM set a flag the loop checks between steps (checkpoint, then stop); a call of
+    the user's code running then (a reward function) is abandoned at once with its step
+    (InterruptedRun: the last checkpoint stays); a second SIGINT interrupts at once. Only the main
+    thread can own signal handlers."""
     stop = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -25,6 +28,7 @@ def stop_on_signals():
         if stop and signum == signal.SIGINT:
             raise HardInterrupt
         stop.set(signal.Signals(signum).name)
+        abandon(stop.signal_name)  # a slow reward call is not waited for (user_code.user_call)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -9,7 +9,7 @@
   are not clipped away); nothing but zeros: linear, with a note saying so. A log axis's
   bottom follows the lines, not a band over seeds that reaches 0.
 - Ticks: integer steps on a step axis; never an offset label (`1e-7 + 0.5`) on a linear axis.
-- Arms drawn on top of each other (equal values at every shared x) get markers and a note
+- Arms drawn on top of each other (the same x's, equal values at each) get markers and a note
   naming them, so no arm is hidden under another.
 - A run without reward signal (every group's rewards equal at every step: all advantages 0,
   nothing learned) is named in a note on every panel it appears in.
@@ -44,10 +44,11 @@ def floor_noise(values: np.ndarray) -> np.ndarray:
 
 
 def same_curve(x1, y1, x2, y2) -> bool:
-    """Whether two curves coincide: they share at least one x, and at every shared x their
-    y values differ by less than FLOOR (after flooring)."""
+    """Whether two curves coincide: every x of the shorter one is an x of the other (two arms
+    that share only their step-0 point, a held-out score against compute, do not coincide), and
+    at every shared x their y values differ by less than FLOOR (after flooring)."""
     shared, i1, i2 = np.intersect1d(np.asarray(x1, float), np.asarray(x2, float), return_indices=True)
-    if not len(shared):
+    if not len(shared) or len(shared) < min(len(np.unique(x1)), len(np.unique(x2))):
         return False
     a, b = floor_noise(np.asarray(y1)[i1]), floor_noise(np.asarray(y2)[i2])
     ok = np.isfinite(a) & np.isfinite(b)
@@ -135,12 +136,19 @@ def add_notes(ax: Axes, notes: list[str], below=None, label: str = "_note"):
 def log_bottom(ax: Axes) -> None:
     """On a log axis, the bottom follows the lines (a third of the smallest positive value any
     line draws), not a band over seeds whose lower edge reaches 0 or below (a 95% CI of two seeds
-    often does), which a log axis cannot show: such a band runs into the bottom edge."""
-    if ax.get_yscale() != "log":
+    often does), which a log axis cannot show: such a band runs into the bottom edge. On a symlog
+    axis (zeros beside positive values) the bottom is 0: its margin would add a negative tick
+    (-1e-4) to a quantity that is never negative."""
+    if ax.get_yscale() not in ("log", "symlog"):
         return
     ys = [np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines()]
     v = np.concatenate(ys) if ys else np.zeros(0)
-    v = v[np.isfinite(v) & (v > 0)]
+    v = v[np.isfinite(v)]
+    if ax.get_yscale() == "symlog":
+        if len(v) and (v >= 0).all():
+            ax.set_ylim(bottom=0.0)
+        return
+    v = v[v > 0]
     if len(v):
         ax.set_ylim(bottom=float(v.min()) / 3)
 

@@ -1,5 +1,6 @@
 """`gspo plot --baseline ARM`: the differences figure, each arm's difference from the baseline with
-its 95% interval (a forest plot), zero marked, and the ±margin band of the equivalence test.
+its 95% interval (a forest plot), zero marked, and with a margin the ±margin band of the equivalence
+test and the 90% interval it judges equivalence on (thick, over the thin 95% one).
 
 One panel per metric (held-out score, train reward), one row per arm; the marker says the verdict
 (filled: better or worse in its family, hollow: equivalent or not resolved), the label the method
@@ -43,7 +44,10 @@ def differences_figure(table: DifferenceTable) -> Figure:
             lo, hi = d.ci95
             colour = _COLOURS.get(d.verdict, "0.35")
             if math.isfinite(lo):
-                ax.plot([lo, hi], [y, y], color=colour, lw=2, solid_capstyle="butt")
+                ax.plot([lo, hi], [y, y], color=colour, lw=1 if margin else 2, solid_capstyle="butt", gid="ci95")
+            lo90, hi90 = d.estimate.ci(0.90) if margin else (math.nan, math.nan)
+            if math.isfinite(lo90):  # the interval the equivalence test reads against the margin
+                ax.plot([lo90, hi90], [y, y], color=colour, lw=4, solid_capstyle="butt", gid="ci90")
             if math.isfinite(d.delta):
                 filled = d.verdict in ("better", "worse", "higher", "lower")
                 ax.plot(d.delta, y, "o", ms=7, color=colour, mfc=colour if filled else "white", mew=1.5)
@@ -61,7 +65,11 @@ def differences_figure(table: DifferenceTable) -> Figure:
         ax.set_yticks(range(len(rows)), [f"{d.arm} − {d.baseline}\n{d.method}" for d in reversed(rows)], fontsize=7)
         ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.set_title(table.labels.get(metric, metric), fontsize=9)
-        ax.set_xlabel("difference from the baseline (95% CI)")
+        ax.set_xlabel(
+            "difference from the baseline (thin: 95% CI; thick: 90% CI, read against the margin for equivalence)"
+            if margin
+            else "difference from the baseline (95% CI)"
+        )
         if margin:
             ax.legend(loc="lower right", fontsize=7, frameon=False)
     return fig

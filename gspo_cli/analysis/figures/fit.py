@@ -35,7 +35,7 @@ def fit_draws(groups: list[Group], colours: dict, x: str, band: str) -> list[tup
 
 def _draw(groups: list[Group], colours: dict, task: str, x: str, band: str) -> Callable[[Axes], None]:
     def draw(ax: Axes) -> None:
-        notes, tops = [], []
+        notes, tops, fitted = [], [], False
         for g in groups:
             c = eval_curve(g, task, x, band)
             if c is None:
@@ -49,15 +49,16 @@ def _draw(groups: list[Group], colours: dict, task: str, x: str, band: str) -> C
             if fit.identified:
                 ax.plot(xs, fit.predict(xs), "--", color=colour, lw=1.3, label="_fit " + g.name)
                 ax.axhline(fit.a, color=colour, lw=0.6, ls=":", label="_asymptote " + g.name)
+                fitted = True
             else:
                 notes.append(f"{g.name}: no fit, {fit.reason}")
             tops.append(np.r_[c.mean, c.hi])
         if tops:
             score_limits(ax, np.concatenate(tops))
-        styles = [
+        styles = [  # in the legend only when some fit is drawn
             Line2D([], [], color="0.3", ls="--", label="saturating fit"),
             Line2D([], [], color="0.3", ls=":", lw=0.6, label="asymptote A (extrapolated)"),
-        ]
+        ][: 2 * fitted]
         title = f"Held-out {task} against compute"
         finish_axes(ax, title, AXES[x], "score (seed mean)", styles, notes, x == "step")
 

@@ -50,9 +50,10 @@ from gspo_cli.analysis.figures.survival import survival_draws
 from gspo_cli.analysis.rundata.compute import ALIASES, AXES, axis_name
 from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs, reward_names
 from gspo_cli.errors import SpecError
-from gspo_cli.metrics import describe
+from gspo_cli.metrics import bounds, describe
 
 FORMATS = ("png", "svg", "pdf")
+PAIRED_HOW = "gspo plot --baseline ARM"  # writes differences.png
 EXTRA_FIGURES = ("survival", "fit")  # survival: drawn by default where a run collapses; fit: on request
 X_AXES = {**AXES, **{alias: AXES[axis] for alias, axis in ALIASES.items()}}  # a figure may fix its x: `time`
 DPI = 150
@@ -88,7 +89,7 @@ def profile_panel(fid: str, groups: list[Group], colours: dict, band: str = "ci"
         scale = apply_scale(ax, np.concatenate(means) if means else np.zeros(0))
         for g, c in curves:
             if c is not None:
-                _draw_curve(ax, c, colours[g.name], _label(g), marker="o")
+                _draw_curve(ax, c, colours[g.name], _label(g), marker="o", key=prefix + buckets[0])
         log_bottom(ax)
         if scale == "linear":
             add_notes(ax, ["all values are 0 or negative: linear axis"])
@@ -124,10 +125,19 @@ def group_colours(groups: list[Group]) -> dict[str, tuple]:
 # --------------------------------------------------------------------------- drawing
 
 
-def _draw_curve(ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None) -> None:
-    """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR)."""
+def _draw_curve(
+    ax: Axes, c: Curve, colour, label: str, ls: str = "-", band: bool = True, marker=None, key: str | None = None
+) -> None:
+    """The mean line and its band, every |value| below the noise floor drawn as 0 (axes.FLOOR), the
+    band clipped to what metric `key` can be (metrics.bounds: a KL's band never dips below 0)."""
     ax.plot(c.x, floor_noise(c.mean), color=colour, ls=ls, label=label, lw=1.4, marker=marker, ms=3, zorder=3)
     ok = np.isfinite(c.lo) & np.isfinite(c.hi)
+    low, high = bounds(key) if key is not None else (None, None)
+    c = (
+        Curve(c.x, c.mean, np.clip(c.lo, low, high), np.clip(c.hi, low, high), c.n)
+        if (low, high) != (None, None)
+        else c
+    )
     lo = floor_noise(c.lo)
     if ax.get_yscale() == "log":  # a lower edge at or below 0 runs into the bottom (axes.log_bottom)
         lo = np.where(lo > 0, lo, FLOOR)
@@ -201,7 +211,7 @@ def metric_panel(
                 _draw_raw(ax, c, colours[g.name], g.name)
         for g, c in curves:
             if c is not None:
-                _draw_curve(ax, c, colours[g.name], _label(g))
+                _draw_curve(ax, c, colours[g.name], _label(g), key=spec.key)
         for (_, ls, _), row in zip(spec.dashed, dashed, strict=True):
             for g, c in row:
                 if c is not None:
@@ -227,7 +237,15 @@ def eval_panel(task: str, groups: list[Group], colours: dict, x: str, band: str 
         # Scores are in [0, 1]: the axis starts at 0 so that noise between evaluations of one
         # seed does not fill the panel (axes.score_limits).
         score_limits(ax, np.concatenate([np.r_[c.mean, c.hi] for _, c in curves if c is not None]))
-        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, integer_x=x == "step", band=band)
+        # Each arm's band is over its own seeds: two bands can overlap while the paired
+        # difference (seed by seed) is clear. Say where that one is.
+        drawn = [g for g, c in curves if c is not None]
+        paired = (
+            [f"bands per arm, unpaired: the paired differences (seed by seed) are in differences.png ({PAIRED_HOW})"]
+            if len(drawn) > 1 and any(len(g.runs) > 1 for g in drawn) and band != "none"
+            else []
+        )
+        _finish(ax, f"Held-out {task} ({key})", X_AXES[x], f"{key} [score]", groups, (), paired, x == "step", band=band)
 
     return Panel("eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task), draw)
 

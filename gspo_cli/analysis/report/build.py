@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from gspo_cli.analysis.tables.compare import Comparison, compare_runs, render
 from gspo_cli.analysis.tables.differences import primary_metric, spec_comparison
 from gspo_cli.analysis.tables.sequential import decision_line, sequential_decisions
 from gspo_cli.errors import SpecError
+from gspo_cli.files import write_report_file
 
 ROLES = ("grpo", "grpo_rr", "gspo", "gspo_token")
 ROLE_NAMES = {"grpo": "GRPO", "grpo_rr": "GRPO + routing replay", "gspo": "GSPO", "gspo_token": "GSPO-token"}
@@ -136,7 +138,7 @@ def _mean(vals: list[float]) -> float:
 
 
 def _times(x: float) -> str:
-    return f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
+    return "n/a" if not math.isfinite(x) else f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
 
 
 def _pct(x: float) -> str:
@@ -243,6 +245,10 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     return "\n".join(lines)
 
 
+def _experts(b: dict) -> str:
+    return f"{b.get('num_experts')} experts (top-{b.get('experts_per_token')})"
+
+
 def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
     spec = runs[0].spec
     m, t, r, tr = spec.get("model", {}), spec.get("task", {}), spec.get("rollout", {}), spec.get("train", {})
@@ -255,8 +261,8 @@ def _setup_lines(runs: list[Run], seeds: list[int]) -> list[str]:
         "",
         f"- Model: `{m.get('name')}`"
         + (
-            f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, {b.get('num_experts')} experts "
-            f"(top-{b.get('experts_per_token')})"
+            f", {b.get('num_layers')} layers, hidden {b.get('hidden_size')}, "
+            + (_experts(b) if not str(m.get("name")).endswith("-dense") else "dense (no experts)")
             if str(m.get("name", "")).startswith("builtin:")
             else ""
         ),
@@ -432,7 +438,10 @@ def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: in
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         text = build_report(exp_dir, out=out, last=last, smooth=smooth)
-        out.write_text(text)
+        if (kept := write_report_file(out, text)) is not None:
+            warnings.warn(
+                f"{out}: written by hand or edited since gspo wrote it: your copy is kept as {kept}", stacklevel=2
+            )
     except OSError as err:
         raise SpecError(f"--out: cannot write the report beside {out}: {err.strerror or err}") from None
     return out

@@ -96,13 +96,16 @@ def learning_lines(groups: list[Group], task: str | None, label: str = "held-out
     evaluation set or a run with both scores."""
     if task is None:
         return []
-    rows = []
+    rows, notes = [], []
     for g in groups:
-        starts, ends, first, last = [], [], [], []
+        starts, ends, first, last, broken = [], [], [], [], []
         for r in g.runs:
             ev = task_evals(r, task)
             s0, later = ev.score[ev.step == 0], ev[ev.step > 0]
             if not len(s0) or not len(later):
+                continue
+            if not (math.isfinite(float(s0.iloc[0])) and math.isfinite(float(later.score.iloc[-1]))):
+                broken.append(f"seed {r.seed}")  # a NaN/inf score is no score: never a mean of inf
                 continue
             starts.append(float(s0.iloc[0]))
             ends.append(float(later.score.iloc[-1]))
@@ -110,6 +113,8 @@ def learning_lines(groups: list[Group], task: str | None, label: str = "held-out
             if len(rew) >= 2 * window:
                 first.append(float(rew.iloc[:window].mean()))
                 last.append(float(rew.iloc[-window:].mean()))
+        if broken:
+            notes.append(f"{g.name}: {', '.join(broken)} left out (a non-finite {label} at step 0 or at the end).")
         if not starts:
             continue
         change = [e - s for s, e in zip(starts, ends)]
@@ -137,6 +142,7 @@ def learning_lines(groups: list[Group], task: str | None, label: str = "held-out
         "|---|---|---|---|---|---|",
         *rows,
         "",
+        *([*notes, ""] if notes else []),
         LEARNING_RULE,
     ]
 

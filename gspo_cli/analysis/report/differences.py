@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gspo_cli.analysis.rundata.runs import Group, Run
 from gspo_cli.analysis.stats import TESTED, Difference, Estimate, decide
 from gspo_cli.analysis.tables.compare import Column
-from gspo_cli.analysis.tables.differences import estimate, metric_direction
+from gspo_cli.analysis.tables.differences import estimate, metric_direction, spec_comparison
 
 Key = tuple[str, str, str]  # (role a, role b, column id): the difference a - b
 
@@ -67,8 +67,10 @@ def finding_family(
     off-policy log-ratio variance); `tests` to (direction, a test of two groups) when the
     difference is not one of per-run values (the log-rank test of time to collapse). `primary`: the
     spec comparison's key, tested alone at the full alpha as `compare` tests it (the same p); the
-    other findings are one family."""
+    other findings are one family. The spec's comparison.margin gives the equivalence tests, as in
+    `compare` (none for a test of its own, such as the log-rank: its O − E has no unit of the metric)."""
     cols, tests = {c.id: c for c in columns}, tests or {}
+    margin = spec_comparison(list(roles.values())).get("margin")
     items, present = [], []
     for a, b, col in keys:
         if a not in roles or b not in roles or (col not in cols and col not in values and col not in tests):
@@ -84,7 +86,8 @@ def finding_family(
     rest = [i for i in range(len(present)) if i not in first]
     out = {}
     for idx, name in ((first, "primary"), (rest, "findings" if not first else "secondary")):
-        rows = decide([items[i] for i in idx], family=name) if idx else []
+        margins = [None if present[i][2] in tests else margin for i in idx]
+        rows = decide([items[i] for i in idx], margin=margins, family=name) if idx else []
         out |= {present[i]: FindingDiff(d) for i, d in zip(idx, rows)}
     return {k: out.get(k, FindingDiff(None)) for k in keys}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from gspo_cli.analysis.rundata.runs import group_runs, load_run
 from gspo_cli.analysis.tables.compare import build_columns
 from gspo_cli.analysis.tables.differences import build_differences
 from gspo_cli.errors import RunError
+from gspo_cli.files import write_report_file
 from gspo_cli.runs import RunDir, format_setting
 from gspo_cli.spec.tune import grid_position
 
@@ -67,6 +69,8 @@ def position_notes(grid: dict[str, list[Any]], chosen: dict[str, Any]) -> tuple[
         edge |= at_edge
         if len(values) == 1:
             where = "one value (not tuned)"
+        elif len(values) == 2:
+            where = "one of 2 values (two values have no inside: a third shows whether the best lies between)"
         elif at_edge:
             where = f"{'lowest' if rank == 0 else 'highest'} of {len(values)} values (edge: the grid may be too narrow)"
         else:
@@ -148,7 +152,10 @@ def render(info: dict[str, Any], selection: dict[str, list[Point]], chosen: dict
 
 def write(out: Path, info: dict[str, Any], selection: dict[str, list[Point]], chosen: dict[str, Point], table) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "REPORT.md").write_text(render(info, selection, chosen, table))
+    if (kept := write_report_file(out / "REPORT.md", render(info, selection, chosen, table))) is not None:
+        warnings.warn(
+            f"{out / 'REPORT.md'}: written by hand or edited since gspo wrote it: kept as {kept}", stacklevel=2
+        )
     data = {
         **info,
         "selection": {

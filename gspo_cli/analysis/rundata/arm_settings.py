@@ -1,5 +1,6 @@
 """The arm settings a comparison shows beside its numbers, read from each run's spec.yaml: the
-algorithm (loss, its parameters, clip, aggregation, advantage, filters, DAPO's behaviours),
+algorithm (loss, its parameters, clip, aggregation, advantage, filters, DAPO's behaviours, the
+proximal anchor, rollout.staleness),
 routing replay and mismatch correction. A spec written before a field existed shows its
 default (dynamic_sampling.metric: shaped, what such runs decided signal from)."""
 
@@ -51,6 +52,8 @@ def _algorithm(arm: dict) -> str:
         parts.append("overlong filter")
     if over.get("buffer_frac"):
         parts.append(f"overlong penalty {over['buffer_frac']:g}")
+    if arm.get("anchor", "behaviour") != "behaviour":
+        parts.append(f"anchor {arm['anchor']}")  # which policy the ratio's denominator is
     dynamic = arm.get("dynamic_sampling") or {}
     if dynamic.get("max_rounds"):
         # before dynamic_sampling.metric existed, signal was decided from the shaped reward
@@ -72,6 +75,12 @@ def arm_settings(runs: list[Run]) -> dict[str, str]:
     a run without a spec.yaml (or without arms in it) shows '—'."""
     out = {}
     for sid, (_, fn) in SETTINGS.items():
-        vals = dict.fromkeys(fn(r.arm_spec) if r.arm_spec else "—" for r in runs)
+        vals = dict.fromkeys(fn(r.arm_spec) + _stale(r, sid) if r.arm_spec else "—" for r in runs)
         out[sid] = "/".join(vals)
     return out
+
+
+def _stale(run: Run, sid: str) -> str:
+    """The algorithm's rollout.staleness (an experiment field, not the arm's): batches k versions old."""
+    k = (run.spec.get("rollout") or {}).get("staleness") or 0
+    return f" · staleness {k}" if sid == "algorithm" and k else ""

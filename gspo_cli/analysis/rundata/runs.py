@@ -8,7 +8,9 @@ over seeds live one layer up, in `analysis.stats.seeds`.
 from __future__ import annotations
 
 import glob
+import json
 import math
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -147,15 +149,39 @@ def expand_paths(paths: list[str]) -> list[Path]:
 
 
 def load_runs(paths: list[str]) -> list[Run]:
-    """Every run directory at or under `paths`, read from disk; SpecError if there is none."""
-    runs = [load_run(rd) for rd in find_runs(expand_paths(paths))]
+    """Every run directory at or under `paths`, read from disk; a run whose run.json is not a JSON
+    object is left out with a warning naming it (its arm, seed and status are unknown); SpecError
+    if no run is left."""
+    runs = []
+    for rd in find_runs(expand_paths(paths)):
+        try:
+            runs.append(load_run(rd))
+        except CorruptRun as err:
+            warnings.warn(str(err), stacklevel=2)
     if not runs:
-        raise SpecError(f"no run directories (holding run.json) under {', '.join(paths)}")
+        raise SpecError(f"no run directories (holding a readable run.json) under {', '.join(paths)}")
     return runs
 
 
+class CorruptRun(SpecError):
+    """A run directory whose run.json cannot say what the run is."""
+
+
+def run_info(rd: RunDir) -> dict[str, Any]:
+    """run.json's fields; CorruptRun (one line naming the file) when it is not a JSON object: a run
+    labelled from its directory names instead would pass for an arm it is not."""
+    try:
+        info = json.loads(read_text(rd.info_file))
+    except json.JSONDecodeError as err:
+        raise CorruptRun(f"{rd.info_file}: not valid JSON ({err.msg}, line {err.lineno}); run left out") from None
+    if not isinstance(info, dict):
+        raise CorruptRun(f"{rd.info_file}: not a JSON object; run left out") from None
+    return info
+
+
 def load_run(rd: RunDir) -> Run:
-    info = rd.info()
+    """One run, read from disk; CorruptRun when its run.json is not a JSON object."""
+    info = run_info(rd) if rd.info_file.exists() else {}
     spec: dict[str, Any] = {}
     if rd.spec_file.exists():
         try:
@@ -186,6 +212,31 @@ def _metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     # A restarted run may have logged a step twice: the later line is the one that counts.
     df = df.drop_duplicates("step", keep="last").astype({"step": int}).set_index("step").sort_index()
     return df.apply(pd.to_numeric, errors="coerce")
+
+
+def final_notes(run: Run) -> list[str]:
+    """What a run's "final" numbers really are: an unfinished run's are what is on disk (its held-out
+    "final" is an earlier evaluation, step 0 while it has no other), and a completed run whose
+    eval.jsonl stops before its last step (a truncated file) has an earlier step as its final."""
+    ev = run.eval_scores.dropna(subset=["score"])
+    lasts = {task: int(g.step.max()) for task, g in ev.groupby("task")} if len(ev) else {}
+    if run.status != "completed":
+        total = run.info.get("total_steps", "?")
+        held = "; ".join(f"held-out {t} 'final' is its step-{s} evaluation" for t, s in lasts.items())
+        return [
+            f"{run.label}: {run.status} at step {run.last_step}/{total}; its numbers are what is on disk"
+            + (f" ({held}, not a final score)" if held else "")
+            + "."
+        ]
+    end = run.info.get("step", run.last_step)
+    if not isinstance(end, int) or isinstance(end, bool):
+        return []
+    return [
+        f"{run.label}: completed at step {end}, but its last {t} evaluation in eval.jsonl is at step {s} "
+        f"(a truncated file?): its final held-out score is step {s}'s."
+        for t, s in lasts.items()
+        if s < end
+    ]
 
 
 # --------------------------------------------------------------------------- grouping

@@ -134,6 +134,8 @@ class Difference:
         if est.no_spread:
             return "; ".join(parts)
         if not est.has_interval:
+            if est.method.startswith("not compared: "):  # the runs are not comparable: more seeds will not do
+                return est.method
             return "it needs a value from at least 2 seeds per arm (paired: the same seeds in both)"
         if not math.isfinite(est.sd_pairs) and est.components is None:  # a log-rank row: no per-seed spread
             return "more runs per arm, or longer runs that see more collapses, would narrow it"

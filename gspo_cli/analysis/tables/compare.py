@@ -22,7 +22,7 @@ from rich.text import Text
 
 from gspo_cli.analysis.rundata.arm_settings import SETTINGS, arm_settings
 from gspo_cli.analysis.rundata.compute import budget_columns, unequal_compute_note
-from gspo_cli.analysis.rundata.runs import Group, Run, group_runs, load_runs, reward_names
+from gspo_cli.analysis.rundata.runs import Group, Run, final_notes, group_runs, load_runs, reward_names
 from gspo_cli.analysis.stats.seeds import Stats, seed_stats
 from gspo_cli.analysis.tables.notes import no_signal_note, same_gradient_notes
 from gspo_cli.errors import SpecError
@@ -315,9 +315,7 @@ def _notes(runs: list[Run], threshold: float | None, last: int) -> list[str]:
             f"last {last} steps reaches it; (k/n): seeds that did, averaged over those."
         )
     for r in runs:
-        if r.status != "completed":
-            total = r.info.get("total_steps", "?")
-            notes.append(f"{r.label}: {r.status} at step {r.last_step}/{total}; its numbers are what is on disk.")
+        notes += final_notes(r)
     return notes
 
 

@@ -40,6 +40,8 @@ from gspo_cli.analysis.stats.stability import (
 from gspo_cli.analysis.tables.compare import Comparison, render
 from gspo_cli.analysis.tables.estimates import THRESHOLD, estimate, matched_step, problem_records, threshold_estimate
 from gspo_cli.errors import SpecError
+from gspo_cli.metrics import FLOAT_NOISE
+from gspo_cli.metrics import direction as metric_key_direction
 
 COLUMNS = ("arm", "baseline", "metric", "delta", "ci_low", "ci_high", "method", "verdict", "p_adjusted", "seeds_needed")
 # Which way is better, by compare column id (a prefix ends in ":"): up for rewards and scores, down
@@ -54,16 +56,23 @@ _DIAGNOSTIC = ("kl", "step_time", "wall")
 _SCORES = ("reward", "eval_final:", "eval_best:", "eval_budget:")
 
 
+# The metrics.jsonl keys of those diagnostics, when --metrics names them as keys.
+_DIAGNOSTIC_KEYS = ("policy/kl_old_k3", "policy/kl_ref_k3", "time/step_s", "time/elapsed_s")
+
+
 def is_diagnostic(column_id: str) -> bool:
     """Whether a column is a diagnostic: no direction, or KL, step time or wall time."""
-    return metric_direction(column_id) == 0 or column_id in _DIAGNOSTIC
+    return metric_direction(column_id) == 0 or column_id in _DIAGNOSTIC or column_id in _DIAGNOSTIC_KEYS
 
 
 def metric_direction(column_id: str) -> int:
-    """+1 when higher is better, -1 when lower is better, 0 when the metric has no direction."""
+    """+1 when higher is better, -1 when lower is better, 0 when the metric has no direction; a
+    metrics.jsonl key (--metrics policy/loss) by `metrics.direction`, as --until-decided reads it."""
     if column_id in _UP or any(p.endswith(":") and column_id.startswith(p) for p in _UP):
         return 1
-    return -1 if column_id in _DOWN else 0
+    if column_id in _DOWN:
+        return -1
+    return metric_key_direction(column_id) if "/" in column_id else 0
 
 
 @dataclass
@@ -214,7 +223,34 @@ def build_differences(
         if m in labels:
             labels[m] += ": O − E reaching it (log-rank)"
     counts = collapse_counts(groups, tasks[0]) if tasks else []
-    return DifferenceTable(rows, labels, _notes(rows, labels, margin, robust, counts), robust)
+    notes = _notes(rows, labels, margin, robust, counts) + _unmoved_notes(rows, by_name)
+    return DifferenceTable(rows, labels, notes, robust)
+
+
+def _unmoved(run, task: str) -> bool:
+    """Every evaluation of `task` in `run` scores what step 0 scored (and there is a later one)."""
+    ev = run.eval_scores
+    ev = ev[ev.task == task].dropna(subset=["score"])
+    start = ev.score[ev.step == 0]
+    return len(start) > 0 and (ev.step > 0).any() and bool((abs(ev.score - start.iloc[0]) < FLOAT_NOISE).all())
+
+
+def _unmoved_notes(rows: list[Difference], by_name: dict[str, Group]) -> list[str]:
+    """An `equivalent` held-out verdict between arms none of whose runs ever left its step-0 score:
+    both stayed where they started, which says nothing about how alike they learn."""
+    out = []
+    for d in rows:
+        if d.verdict != "equivalent" or not d.metric.startswith("eval_final:"):
+            continue
+        task = d.metric.split(":", 1)[1]
+        if d.arm in by_name and d.baseline in by_name:
+            runs = by_name[d.arm].runs + by_name[d.baseline].runs
+            if all(_unmoved(r, task) for r in runs):
+                out.append(
+                    f"{d.arm} − {d.baseline} on {task}: equivalent, but no run of either arm moved from its step-0 "
+                    f"score at any evaluation: neither arm learned, so equal ends say nothing about how they learn."
+                )
+    return out
 
 
 def _decide_families(items: list[tuple], raw: list[tuple], primary, margin, effect) -> list[Difference]:

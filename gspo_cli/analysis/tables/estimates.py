@@ -1,7 +1,10 @@
 """Which per-seed numbers a difference is computed from, with nothing dropped: problem records at
 a run's last (or a matched) evaluation, a held-out score of runs that end at different steps taken
 at the last step they all evaluated, and a time to a threshold as the log-rank test of reaching it
-(a run that never does is censored at its last step, not left out)."""
+(a run that never does is censored at its last step, not left out). Only what is the same is
+compared: a held-out score of runs whose sets hold different problems (their run.json
+fingerprints differ), or a training number of arms trained on different tasks, is not compared,
+and the row says why (`not_comparable`)."""
 
 from __future__ import annotations
 
@@ -71,11 +74,58 @@ def matched_step(runs: list[Run], task: str) -> tuple[int | None, str]:
     return step, f" at matched step {step} (runs end at different steps: {early})"
 
 
+NOT_COMPARED = "not compared: "
+_EVAL_COLUMNS = ("eval_final:", "eval_best:", "eval_budget:")
+
+
+def _eval_fingerprint(run: Run, task: str) -> str | None:
+    ident = run.info.get("identity") if isinstance(run.info.get("identity"), dict) else {}
+    sets = (ident.get("data") or {}).get("eval") or {}
+    entry = sets.get(task) if isinstance(sets, dict) else None
+    return entry.get("fingerprint") if isinstance(entry, dict) else None
+
+
+def _train_task(run: Run) -> str | None:
+    task = run.spec.get("task") if isinstance(run.spec.get("task"), dict) else None
+    if task is None:
+        return None
+    source = (task.get("params") or {}).get("source", "synthetic")
+    return f"{task.get('name', 'math')} ({source})"
+
+
+def not_comparable(arm: Group, base: Group, column) -> str | None:
+    """Why `column` of `arm` and `base` is not one thing measured twice, None when it is: a held-out
+    set whose problems differ between runs (run.json fingerprints), or, for a training number, arms
+    trained on different tasks (spec.yaml task name and source). Runs that record neither pass."""
+    runs = arm.runs + base.runs
+    if column.id.startswith(_EVAL_COLUMNS):
+        task = column.id.split(":", 1)[1]
+        prints = {fp: r for r in runs if (fp := _eval_fingerprint(r, task))}
+        if len(prints) > 1:
+            return (
+                f"{NOT_COMPARED}the runs' {task} sets hold different problems (run.json fingerprints "
+                f"{', '.join(sorted(prints))}); pairing them would compare problems, not arms"
+            )
+        return None
+    if column.id.startswith(("eval", "threshold")) or column.id in THRESHOLD:
+        return None
+    tasks = {t: 1 for r in runs if (t := _train_task(r))}
+    if len(tasks) > 1:
+        return (
+            f"{NOT_COMPARED}the arms train on different tasks ({' vs '.join(tasks)}); their training numbers "
+            "differ by task"
+        )
+    return None
+
+
 def estimate(arm: Group, base: Group, column) -> Estimate:
     """arm - base on one compare column: from problem records for a held-out final score when every
     run has them, else from the per-seed values (paired where the seeds pair). A held-out final
     score of runs that end at different steps is taken at the last step they all evaluated
-    (`matched_step`); a time to a threshold is the log-rank test of reaching it (`threshold_estimate`)."""
+    (`matched_step`); a time to a threshold is the log-rank test of reaching it (`threshold_estimate`).
+    Runs whose column is not one thing (`not_comparable`) give no estimate: its method says why."""
+    if (why := not_comparable(arm, base, column)) is not None:
+        return replace(seed_difference({}, {}), method=why)
     if column.id in THRESHOLD:
         return threshold_estimate(arm, base, column)
     if column.id.startswith("eval_final:"):

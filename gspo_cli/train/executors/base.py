@@ -21,6 +21,8 @@ def record(r, status: str, code: int | None, wall_s: float, skipped: bool = Fals
         "exit": code,
         "wall_s": round(wall_s, 1),
         "skipped": skipped,
+        "reason": None,  # a run that did not end well: its log's last line
+        "log": None,  # ... and its log, kept
     }
 
 

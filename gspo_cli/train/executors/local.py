@@ -3,6 +3,7 @@ time, each with its share of the cores."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ class LocalExecutor:
     def __init__(self, jobs: int = 1):
         self.jobs = max(1, jobs)
 
-    def run(self, runs: list, *, force: bool, log) -> list[dict[str, Any]]:
+    def run(self, runs: list, *, force: bool, log, stop=None) -> list[dict[str, Any]]:
         """Train `runs` (planned runs still to train); one record per run, in the order they ended.
 
         `log` gets each run's progress (every tenth step) and evaluation scores as they are
@@ -34,9 +35,11 @@ class LocalExecutor:
         directory, said at the start; it is removed when every run completed, else the logs of
         the runs that did not are kept there (and said). A first SIGINT/SIGTERM starts no more
         runs and lets the running ones checkpoint and stop (they get the terminal's SIGINT, or a
-        SIGTERM from here); a second SIGINT raises `HardInterrupt`."""
+        SIGTERM from here); a second SIGINT raises `HardInterrupt`. `stop`: a caller's own
+        StopFlag, which then owns the signals (one flag for every round of a study)."""
         from gspo_cli.train.watch import stop_on_signals
 
+        signals = contextlib.nullcontext(stop) if stop is not None else stop_on_signals()
         jobs = self.jobs
         threads = max(1, (os.cpu_count() or 1) // jobs)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch sizes its thread pool from this
@@ -45,7 +48,7 @@ class LocalExecutor:
         log(f"each run's output goes to {logs}/<run>.log (removed once every run has completed)")
         pending, active, kept, stopping = list(runs), {}, [], False
         try:
-            with stop_on_signals() as stop:
+            with signals as stop:
                 while pending or active:
                     while pending and len(active) < jobs and not stop:
                         r = pending.pop(0)
@@ -73,14 +76,18 @@ class LocalExecutor:
                             continue
                         del active[proc]
                         log_file.close()
+                        # labelled by its run.json: a run that completed and was then signalled is completed
                         status = RunDir(r.path).status() or "failed"
-                        records.append(record(r, status, proc.returncode, time.time() - t0))
-                        tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if proc.returncode else []
+                        code = {"completed": 0, "diverged": 3}.get(status, proc.returncode)
+                        records.append(record(r, status, code, time.time() - t0))
+                        tail = Path(log_file.name).read_text().strip().splitlines()[-1:] if code else []
+                        if code:  # what went wrong and where to read more, in the summary too
+                            records[-1].update(reason=tail[0] if tail else None, log=log_file.name)
                         log(
-                            f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {proc.returncode}) in "
+                            f"[{r.name}/seed{r.seed}] {records[-1]['status']} (exit {code}) in "
                             f"{records[-1]['wall_s']}s" + (f": {tail[0]}" if tail else "")
                         )
-                        if proc.returncode:
+                        if code:
                             kept.append(Path(log_file.name))
         except BaseException:
             log(f"logs of the runs kept in {logs}")

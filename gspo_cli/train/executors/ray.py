@@ -71,7 +71,7 @@ class RayExecutor:
         self.config = config
         self.folder = Path(root or ".").absolute() / ".ray"
 
-    def run(self, runs: list, *, force: bool, log) -> list[dict[str, Any]]:
+    def run(self, runs: list, *, force: bool, log, stop=None) -> list[dict[str, Any]]:
         """Train `runs` as Ray tasks and wait for them, printing each run's progress and end;
         Ctrl-C cancels the tasks (the runs checkpoint and stop) and returns them with exit 4."""
         ray = _ray()
@@ -108,6 +108,8 @@ class RayExecutor:
                         log(line)
                 for ref in done:
                     ended[ref] = self._ended(ray, ref, *refs[ref], time.time() - t0, log)
+                if stop and len(ended) < len(refs):  # a caller's flag took the signal: as Ctrl-C
+                    raise KeyboardInterrupt
         except KeyboardInterrupt:
             waiting = [x for x in refs if x not in ended]
             log(f"stopping (Ctrl-C): cancelling {len(waiting)} task(s); their runs checkpoint and stop")

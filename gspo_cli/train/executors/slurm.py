@@ -243,7 +243,7 @@ class SlurmExecutor:
         array = str(jobs[0].job_id).split("_")[0] if jobs else "-"
         log(f"submitted job array {array} ({len(jobs)} run(s)); job files and logs in {self.folder}")
 
-    def run(self, runs: list, *, force: bool, log) -> list[dict[str, Any]]:
+    def run(self, runs: list, *, force: bool, log, stop=None) -> list[dict[str, Any]]:
         """Submit the runs that no queued or running job of an earlier submission trains, as one
         job array, then wait for all of them, printing each change of the round's state and the
         runs' progress. Ctrl-C stops the waiting (the jobs go on) and says what is still queued."""
@@ -259,11 +259,11 @@ class SlurmExecutor:
         new = [r for r in runs if r not in live]
         if new:
             self._submit(new, book, force and not live, log)
-        return self._wait(runs, book, log)
+        return self._wait(runs, book, log, stop)
 
     # -- waiting
 
-    def _wait(self, runs: list, book: JobBook, log) -> list[dict[str, Any]]:
+    def _wait(self, runs: list, book: JobBook, log, stop=None) -> list[dict[str, Any]]:
         t0 = time.time()
         progress = {str(r.path): RunProgress(r) for r in runs}
         seen: dict[str, str] = {}
@@ -297,6 +297,8 @@ class SlurmExecutor:
                     log(f"slurm: {counts}")
                 if len(ended) < len(runs):
                     time.sleep(self.config.poll_s)
+                if stop:  # a caller's flag took the signal: stop waiting as Ctrl-C does
+                    raise KeyboardInterrupt
         except KeyboardInterrupt:
             waiting = [r for r in runs if str(r.path) not in ended]
             log(
