@@ -30,7 +30,7 @@ from gspo_cli.analysis.report.collapse import (
     survival_test_line,
 )
 from gspo_cli.analysis.report.compute import REPORT_AXIS, compute_lines
-from gspo_cli.analysis.report.differences import FAMILY_RULE, finding_family
+from gspo_cli.analysis.report.differences import FAMILY_RULE, finding_family, primary_lines
 from gspo_cli.analysis.report.ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
 from gspo_cli.analysis.report.rewards import reward_lines
 from gspo_cli.analysis.report.testable import expert_change_untestable, findings_untestable, not_testable
@@ -205,7 +205,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     lines += _ratio_lines(roles, comp)
     lines += diagnostic_lines(groups)
     lines += tool_lines(paths, runs, last)  # [] without task.environment
-    lines += ["## Findings", ""]
+    lines += primary_lines(paths, f"gspo compare {exp_dir.as_posix()}") + ["## Findings", ""]
     # Without signal, or with arms that take the same gradient, 1-3 and 5 compare seed noise.
     untestable = findings_untestable(roles)
     lines += not_testable((1, 2, 3), untestable) if untestable else _findings(roles, diff, vals, eval_col, eval_label)

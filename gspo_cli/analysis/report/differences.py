@@ -15,8 +15,17 @@ from dataclasses import dataclass
 
 from gspo_cli.analysis.rundata.runs import Group, Run
 from gspo_cli.analysis.stats import TESTED, Difference, Estimate, decide
-from gspo_cli.analysis.tables.compare import Column
-from gspo_cli.analysis.tables.differences import estimate, metric_direction, spec_comparison
+from gspo_cli.analysis.tables.compare import Column, compare_runs
+from gspo_cli.analysis.tables.differences import (
+    build_differences,
+    estimate,
+    family_metrics,
+    metric_direction,
+    primary_key,
+    spec_comparison,
+    text_rows,
+)
+from gspo_cli.errors import SpecError
 
 Key = tuple[str, str, str]  # (role a, role b, column id): the difference a - b
 
@@ -107,4 +116,54 @@ FAMILY_RULE = """\
   promise).
 """
 
-__all__ = ["FAMILY_RULE", "FindingDiff", "Key", "finding_family"]
+
+def primary_lines(paths: list[str], command: str) -> list[str]:
+    """A "## The pre-registered comparison" section: the spec's `comparison` (its arm against its
+    baseline on its metric) exactly as `gspo compare` computes it by default (same columns, same
+    window, tested alone at the full alpha: the same p), whether or not a finding uses it. Empty
+    without a comparison section naming both arms."""
+    comp = compare_runs(paths)
+    section = spec_comparison(comp.groups)
+    arm, base = section.get("arm"), section.get("baseline")
+    if not arm or not base:
+        return []
+    head = ["## The pre-registered comparison", ""]
+    names = [g.name for g in comp.groups]
+    if arm not in names or base not in names:
+        missing = ", ".join(n for n in (arm, base) if n not in names)
+        return [*head, f"The spec's comparison names {missing}, which these runs do not have: no test.", ""]
+    key = primary_key(section, base, comp.columns)
+    if key is None:
+        return [*head, f"The spec's comparison.metric {section.get('metric')!r} is not a column these runs have.", ""]
+    try:
+        table = build_differences(
+            [g for g in comp.groups if g.name in (arm, base)],
+            comp.columns,
+            baseline=base,
+            margin=section.get("margin"),
+            metrics=family_metrics(comp.columns, explicit=False, spec_metric=section.get("metric")),
+            primary=key,
+            effect=section.get("effect"),
+        )
+    except SpecError as e:
+        return [*head, f"Not computed: {e}", ""]
+    header, rows = text_rows(table)
+    d, row = next((d, r) for d, r in zip(table.rows, rows) if (d.arm, d.baseline, d.metric) == key)
+    margin, effect = section.get("margin"), section.get("effect")
+    fixed = f"margin {margin:g}" if margin is not None else "no margin (no equivalence verdict)"
+    fixed += f", smallest effect of interest {effect:g}" if effect is not None else ""
+    return [
+        *head,
+        f"The spec's `comparison`: `{arm}` against `{base}` on {table.labels.get(key[2], key[2])}, {fixed}; "
+        f"tested alone at the full alpha, as `{command}` computes it (the same p).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        "| " + " | ".join(c.replace("|", "/") for c in row) + " |",
+        "",
+        *[f"- Warning: {w}" for w in d.warnings],
+        *([""] if d.warnings else []),
+    ]
+
+
+__all__ = ["FAMILY_RULE", "FindingDiff", "Key", "finding_family", "primary_lines"]
