@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from gspo_cli.analysis.rundata.runs import group_runs, load_runs
 from gspo_cli.analysis.stats.stability import arm_times, collapse_time
 from gspo_cli.analysis.stats.survival import kaplan_meier, logrank
 from gspo_cli.analysis.tables.compare import compare_runs
-from gspo_cli.analysis.tables.differences import build_differences
+from gspo_cli.analysis.tables.differences import build_differences, primary_key
 from gspo_cli.cli.app import app
 
 # The small censored example, by hand (True: event, False: censored).
@@ -248,3 +249,58 @@ def test_the_stress_study_collapse_steps_as_times(tmp_path):
     # exact over the 20 labellings: 8 are as extreme as grpo_rr's (the normal said 0.1138)
     assert rr.estimate.p_value == pytest.approx(0.4, abs=1e-12) and rr.verdict == "not resolved"
     assert (same.arm, same.delta, same.estimate.p_value) == ("gspo", 0.0, 1.0)  # all at step 25 in both
+
+
+def _with_comparison(exp, comparison: dict) -> None:
+    for spec_file in exp.glob("*/seed*/spec.yaml"):
+        spec = yaml.safe_load(spec_file.read_text())
+        spec_file.write_text(yaml.safe_dump({**spec, "comparison": comparison}))
+
+
+def test_time_to_collapse_as_the_pre_registered_primary(tmp_path):
+    exp = make_stress(tmp_path, FALLS)
+    _with_comparison(exp, {"baseline": "grpo", "arm": "gspo", "metric": "collapse"})
+    comp = compare_runs([str(exp)])
+    key = primary_key({"baseline": "grpo", "arm": "gspo", "metric": "collapse"}, "grpo", comp.columns)
+    assert key == ("gspo", "grpo", "collapse:math")
+    assert primary_key({"baseline": "grpo", "arm": "gspo", "metric": "collapse:code"}, "grpo", comp.columns) is None
+    table = build_differences(comp.groups, comp.columns, baseline="grpo", primary=key)
+    row = next(d for d in table.rows if d.metric == "collapse:math")
+    ref = logrank([100, 75, 100, 100, 100, 100], [0, 1, 0, 0, 1, 0], [25] * 3 + [50] + [25] * 2, [1] * 6)
+    # alone at the full alpha: the exact log-rank p itself (6 runs per arm), not Holm-multiplied
+    assert (row.family, row.family_size) == ("primary", 1)
+    assert row.p_adjusted == pytest.approx(ref.p_value, rel=1e-12) and row.verdict == "better"
+    secondary = [d for d in table.rows if d.family == "secondary"]
+    assert secondary and all(d.family_size == len(secondary) for d in secondary)
+    # report: its pre-registered section shows the same row
+    res = CliRunner().invoke(app, ["report", str(exp)])
+    assert res.exit_code == 0, res.output
+    section = (exp / "REPORT.md").read_text().split("## The pre-registered comparison")[1].split("## Findings")[0]
+    assert "collapses O − E (log-rank), math" in section and "| primary (1) |" in section
+
+
+def test_a_collapse_primary_without_a_collapse_says_there_is_nothing_to_test(tmp_path):
+    exp = make_stress(tmp_path, {"grpo": [None, None], "gspo": [None, None]})
+    comp = compare_runs([str(exp)])
+    table = build_differences(comp.groups, comp.columns, baseline="grpo", primary=("gspo", "grpo", "collapse:math"))
+    assert not any(d.family == "primary" for d in table.rows)
+    assert table.notes[0].startswith("Primary (time to collapse on math, gspo against grpo): no run of either arm")
+
+
+def test_until_decided_refuses_a_collapse_primary(tmp_path):
+    from gspo_cli.cli.decide import _check_comparison
+    from gspo_cli.errors import SpecError
+    from gspo_cli.spec.loading import spec_from_dict
+
+    raw = yaml.safe_load((Path(__file__).parents[1] / "experiments" / "quickstart.yaml").read_text())
+    raw["comparison"] = {"baseline": "grpo", "arm": "gspo", "metric": "collapse"}
+    with pytest.raises(SpecError, match="is a time to collapse"):
+        _check_comparison(spec_from_dict(raw))
+
+
+def test_compare_says_when_the_spec_metric_is_not_shown(tmp_path):
+    exp = make_stress(tmp_path, FALLS)
+    _with_comparison(exp, {"baseline": "grpo", "arm": "gspo", "metric": "reward/nosuch"})
+    res = CliRunner().invoke(app, ["compare", str(exp), "-f", "markdown"])
+    assert res.exit_code == 0, res.output
+    assert "comparison.metric 'reward/nosuch' is not a column shown here" in " ".join(res.output.split())

@@ -239,6 +239,13 @@ def compare(
                 primary=None if pairs else dif.primary_key(section, base, result.columns),
                 effect=effect if effect is not None else section.get("effect"),
             )
+            if not pairs and base == section.get("baseline") and metric is not None:
+                if dif.primary_key(section, base, result.columns) is None:
+                    table.notes.insert(
+                        0,
+                        f"The spec's comparison.metric {metric!r} is not a column shown here (see --metrics): "
+                        "no primary; every tested row is in one family.",
+                    )
             table.sequential = seq.sequential_decisions(result.groups)
             table.notes += [seq.decision_line(d) for d in table.sequential]
         elif differences and base is None and not off:

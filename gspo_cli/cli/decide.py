@@ -88,6 +88,12 @@ def _check_comparison(spec) -> None:
     c = spec.comparison
     if c is None:
         return  # decide_until says what is missing
+    if c.metric is not None and (c.metric == "collapse" or c.metric.startswith("collapse:")):
+        raise SpecError(
+            f"comparison.metric: {c.metric!r} is a time to collapse (a log-rank test over runs, no per-seed "
+            "difference), which --until-decided cannot look at seed by seed; train a fixed number of seeds "
+            "(gspo sweep --seeds ...) and read the verdict with gspo compare"
+        )
     if c.metric is not None and not is_known(c.metric):
         raise SpecError(
             f"comparison.metric: {c.metric!r} is no metric a run writes: a held-out score (avg@K, pass@k, maj@K, "

@@ -22,7 +22,8 @@ class ComparisonConfig(_Strict):
     metric: str | None = Field(
         None,
         description="null: the held-out score gspo compare shows first (avg@K of the held-out split or the first "
-        "evaluation set); or a metric key",
+        "evaluation set); `collapse` (or `collapse:<set>`): time to collapse on that held-out set, by the log-rank "
+        "test (exact with 10 runs or fewer per arm); or a metric key",
     )
     margin: float | None = Field(
         None,

@@ -108,6 +108,11 @@ def primary_metric(columns, spec_metric: str | None) -> str | None:
     ids = [c.id for c in columns]
     if spec_metric is None:
         return next((i for i in ids if i.startswith("eval_final:")), None)
+    if spec_metric == "collapse" or spec_metric.startswith(COLLAPSE_PREFIX):
+        # time to collapse (the log-rank row) on a held-out set shown: "collapse" names the first
+        tasks = [i.split(":", 1)[1] for i in ids if i.startswith("eval_final:")]
+        task = tasks[0] if spec_metric == "collapse" and tasks else spec_metric.removeprefix(COLLAPSE_PREFIX)
+        return COLLAPSE_PREFIX + task if task in tasks else None
     return spec_metric if spec_metric in ids else None
 
 
@@ -224,6 +229,14 @@ def build_differences(
             labels[m] += ": O − E reaching it (log-rank)"
     counts = collapse_counts(groups, tasks[0]) if tasks else []
     notes = _notes(rows, labels, margin, robust, counts) + _unmoved_notes(rows, by_name)
+    if primary is not None and primary[2].startswith(COLLAPSE_PREFIX) and not any(d.family == "primary" for d in rows):
+        task = primary[2].removeprefix(COLLAPSE_PREFIX)
+        notes.insert(
+            0,
+            f"Primary (time to collapse on {task}, {primary[0]} against {primary[1]}): no run of either arm "
+            "collapsed, so the log-rank has nothing to test and there is no verdict; the collapse counts "
+            "say which rates the seeds exclude.",
+        )
     return DifferenceTable(rows, labels, notes, robust)
 
 
