@@ -31,6 +31,7 @@ from gspo_cli.analysis.report.collapse import (
 )
 from gspo_cli.analysis.report.compute import REPORT_AXIS, compute_lines
 from gspo_cli.analysis.report.differences import FAMILY_RULE, finding_family, primary_lines
+from gspo_cli.analysis.report.plan import plan_lines
 from gspo_cli.analysis.report.ratio import STABILITY_RULE, diagnostic_lines, offpolicy_logvar, stability_finding
 from gspo_cli.analysis.report.rewards import reward_lines
 from gspo_cli.analysis.report.testable import expert_change_untestable, findings_untestable, not_testable
@@ -190,7 +191,7 @@ def build_report(exp_dir: Path, *, out: Path, last: int = 25, smooth: float = 0.
     exp = sorted({r.experiment for r in runs})
     seeds = sorted({r.seed for r in runs})
     lines = [f"# {', '.join(exp)}: the GSPO paper's findings at tiny scale", ""]
-    lines += _setup_lines(runs, seeds)
+    lines += plan_lines(out.parent, runs) + _setup_lines(runs, seeds)
     lines += _regime_lines(runs, last)
     lines += [
         "## Results",
@@ -430,10 +431,9 @@ def _expert_finding(roles, vals, runs) -> list[str]:
 
 def write_report(exp_dir: str | Path, out: str | Path | None = None, *, last: int = 25, smooth: float = 0.9) -> Path:
     exp_dir = Path(exp_dir)
-    if not exp_dir.exists():
-        raise SpecError(f"{exp_dir}: no such directory")
     if not exp_dir.is_dir():
-        raise SpecError(f"{exp_dir}: not a directory (give an experiment directory, e.g. results/paper_tiny)")
+        what = "not a directory (give an experiment directory, e.g. results/paper_tiny)" if exp_dir.exists() else None
+        raise SpecError(f"{exp_dir}: {what or 'no such directory'}")
     out = Path(out) if out is not None else exp_dir / "REPORT.md"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,10 +18,10 @@ from gspo_cli.analysis.stats.stability import (
     SURVIVAL_RULE,
     arm_curve,
     arm_times,
+    collapse_counts,
     run_collapse,
     task_evals,
 )
-from gspo_cli.analysis.tables.differences import collapse_counts
 
 
 def collapse_lines(groups: list[Group], task: str | None, label: str = "held-out score") -> list[str]:

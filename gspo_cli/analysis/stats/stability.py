@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gspo_cli.analysis.rundata.runs import Group, Run
+from gspo_cli.analysis.stats.exact import collapse_interval
 from gspo_cli.analysis.stats.intervals import Estimate
 from gspo_cli.analysis.stats.survival import KaplanMeier, kaplan_meier, logrank
 
@@ -146,7 +147,31 @@ def survival_label(metric: str) -> str:
     return f"collapses O − E (log-rank), {metric.removeprefix(COLLAPSE_PREFIX)}"
 
 
+def collapse_text(arm: str, collapsed: int, seeds: int) -> str:
+    """E.g. "gspo: 0 of 5 seeds collapsed: rate below 45% at 95%", "grpo: 2 of 5 seeds collapsed
+    (rate 5%-85%, 95% exact interval)" (`stats.exact.collapse_interval`)."""
+    if seeds <= 0:
+        return f"{arm}: no seed rated for collapses"
+    lo, hi = collapse_interval(collapsed, seeds)
+    if collapsed == 0:
+        return f"{arm}: 0 of {seeds} seeds collapsed: rate below {100 * hi:.0f}% at 95%"
+    return f"{arm}: {collapsed} of {seeds} seeds collapsed (rate {100 * lo:.0f}%-{100 * hi:.0f}%, 95% exact interval)"
+
+
+def collapse_counts(groups: list[Group], task: str) -> list[str]:
+    """Per arm, how many rated seeds collapsed on `task` (COLLAPSE_RULE) with the exact interval;
+    [] when no run is rated there."""
+    out = []
+    for g in groups:
+        rated = [c for r in g.runs if (c := run_collapse(r, task)) is not None]
+        if rated:
+            out.append(collapse_text(g.name, sum(c.step is not None for c in rated), len(rated)))
+    return out
+
+
 __all__ = [
+    "collapse_counts",
+    "collapse_text",
     "COLLAPSE_FRACTION",
     "COLLAPSE_PREFIX",
     "COLLAPSE_RULE",

@@ -29,11 +29,10 @@ from rich.text import Text
 
 from gspo_cli.analysis.rundata.runs import Group
 from gspo_cli.analysis.stats import PLAN_NOTE, Difference, decide, describe, iqm, probability_of_improvement
-from gspo_cli.analysis.stats.exact import collapse_interval
 from gspo_cli.analysis.stats.stability import (
     COLLAPSE_FRACTION,
     COLLAPSE_PREFIX,
-    run_collapse,
+    collapse_counts,
     survival_items,
     survival_label,
 )
@@ -137,28 +136,6 @@ def family_metrics(columns, *, explicit: bool, spec_metric: str | None = None) -
     if spec_metric in ids and spec_metric not in default_metrics(columns):
         return [spec_metric, *default_metrics(columns)]
     return None
-
-
-def collapse_text(arm: str, collapsed: int, seeds: int) -> str:
-    """E.g. "gspo: 0 of 5 seeds collapsed: rate below 45% at 95%", "grpo: 2 of 5 seeds collapsed
-    (rate 5%-85%, 95% exact interval)" (`stats.exact.collapse_interval`)."""
-    if seeds <= 0:
-        return f"{arm}: no seed rated for collapses"
-    lo, hi = collapse_interval(collapsed, seeds)
-    if collapsed == 0:
-        return f"{arm}: 0 of {seeds} seeds collapsed: rate below {100 * hi:.0f}% at 95%"
-    return f"{arm}: {collapsed} of {seeds} seeds collapsed (rate {100 * lo:.0f}%-{100 * hi:.0f}%, 95% exact interval)"
-
-
-def collapse_counts(groups: list[Group], task: str) -> list[str]:
-    """Per arm, how many rated seeds collapsed on `task` (COLLAPSE_RULE) with the exact interval;
-    [] when no run is rated there."""
-    out = []
-    for g in groups:
-        rated = [c for r in g.runs if (c := run_collapse(r, task)) is not None]
-        if rated:
-            out.append(collapse_text(g.name, sum(c.step is not None for c in rated), len(rated)))
-    return out
 
 
 def _collapse_size(metric: str, arm_values: list[float], base_values: list[float]) -> float | None:
@@ -448,8 +425,6 @@ __all__ = [
     "primary_key",
     "primary_metric",
     "is_diagnostic",
-    "collapse_counts",
-    "collapse_text",
     "threshold_estimate",
     "matched_step",
     "problem_records",
