@@ -9,7 +9,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from gspo_cli.cli.common import EXECUTOR_HELP, _fail, _show_warning, err_console
+from gspo_cli.cli.common import (
+    EXECUTOR_HELP,
+    AddressOption,
+    NodesOption,
+    TasksPerNodeOption,
+    _fail,
+    _show_warning,
+    err_console,
+    placement_overrides,
+)
 from gspo_cli.errors import GspoError, HardInterrupt, RunError, SpecError
 
 
@@ -31,6 +40,9 @@ def tune(
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final report path")] = False,
     executor: Annotated[Optional[str], typer.Option("--executor", metavar="KIND", help=EXECUTOR_HELP)] = None,
+    nodes: NodesOption = None,
+    tasks_per_node: TasksPerNodeOption = None,
+    address: AddressOption = None,
 ) -> None:
     """Tune every arm on the same budget, select on a validation set, compare on a test set.
 
@@ -55,7 +67,10 @@ def tune(
     warnings.showwarning = _show_warning
     log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
     try:
-        raw, spec = tn.load(spec_path, list(set_ or []))
+        overrides = placement_overrides(
+            spec_path, list(set_ or []), executor, nodes=nodes, tasks_per_node=tasks_per_node, address=address
+        )
+        raw, spec = tn.load(spec_path, overrides)
         budgets = tn.check_budgets(spec, unequal)
         metric = tn.selection_metric(spec)
         sizes = tn.check_disjoint(spec)
