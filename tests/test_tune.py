@@ -437,7 +437,7 @@ def test_the_selection_is_recorded_after_the_tuning_round_and_a_rerun_must_find_
 
     res = runner.invoke(app, ["tune", str(spec), "--resume"])
     assert res.exit_code == 4, res.output
-    assert f"resuming the tune at its final round ({state_file})" in res.output
+    assert f"resuming the tune: at its final round ({state_file})" in res.output
     assert rounds[3] == rounds[1]  # the same final runs; the tuning runs were all there
 
     rundir = tmp_path / "results/tune_clip/tuning/gspo,clip_high=0.0002/seed100"

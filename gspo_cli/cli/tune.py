@@ -93,7 +93,9 @@ def tune(
         placed = sw.executor_for(spec, executor, jobs)  # the same executor for both rounds
         state = tn.read_state(spec)
         if resume and state:
-            log(f"resuming the tune at its {state.get('next', tn.TUNING)} round ({root / tn.STATE_FILE})")
+            at = state.get("next", tn.TUNING)
+            where = "both rounds completed" if at == "report" else f"at its {at} round"
+            log(f"resuming the tune: {where} ({root / tn.STATE_FILE})")
         with stop_on_signals() as stop:  # one flag for both phases: a stop between them is not lost
             records = sw.run_plan(planned, jobs=jobs, force=False, log=log, executor=placed, stop=stop)
             if stop or any(r["status"] not in ("completed", "diverged") for r in records):
