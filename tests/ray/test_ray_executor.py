@@ -23,8 +23,8 @@ def test_a_tiny_sweep_through_ray_has_the_local_executors_metrics(tmp_path, env,
     assert r.returncode == 0, r.stderr[-3000:]
     assert [(x["run"], x["seed"], x["status"]) for x in json.loads(r.stdout)] == [
         ("grpo", 0, "completed"),
+        ("gspo", 0, "completed"),  # seed by seed, as the plan orders them
         ("grpo", 1, "completed"),
-        ("gspo", 0, "completed"),
         ("gspo", 1, "completed"),
     ]
     local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local")

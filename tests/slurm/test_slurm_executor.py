@@ -32,8 +32,8 @@ def test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics(tmp_path, en
     records = json.loads(r.stdout)
     assert [(x["run"], x["seed"], x["status"]) for x in records] == [
         ("grpo", 0, "completed"),
+        ("gspo", 0, "completed"),  # seed by seed, as the plan orders them
         ("grpo", 1, "completed"),
-        ("gspo", 0, "completed"),
         ("gspo", 1, "completed"),
     ]
     assert "submitted job array" in r.stderr and "4 done" in r.stderr
