@@ -134,6 +134,12 @@ COVERED = {
         "tests/slurm/test_slurm_executor.py::test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics",
         "tests/ray/test_ray_executor.py::test_a_tiny_sweep_through_ray_has_the_local_executors_metrics",
     ],
+    r"gspo sweep experiments/quickstart\.yaml --executor slurm --tasks-per-node 2": [
+        "tests/slurm/test_slurm_executor.py::test_two_tasks_per_node_train_under_torchrun_as_a_local_torchrun_does"
+    ],
+    r"ray start --head --port 6379|gspo sweep experiments/quickstart\.yaml --executor ray --address 10\.0\.0\.1:6379": [
+        "tests/ray/test_ray_executor.py::test_address_trains_on_a_running_cluster_and_leaves_it_running"
+    ],
     r"gspo sweep experiments/quickstart\.yaml --executor slurm --cancel": [
         "tests/slurm/test_slurm_executor.py::test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint"
     ],

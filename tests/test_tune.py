@@ -395,3 +395,55 @@ def test_a_signal_during_the_tuning_runs_starts_no_final_run(tmp_path, monkeypat
     assert res.exit_code == 4, res.output
     assert phases == [12]  # the final runs never started
     assert "stopped by SIGTERM during the tuning runs; rerun with --resume to continue" in res.output
+
+
+def test_the_selection_is_recorded_after_the_tuning_round_and_a_rerun_must_find_it_again(tmp_path, monkeypatch):
+    """tune_state.json after each round: a stop during the final runs leaves the selection and
+    `next: final`; the rerun with --resume retrains no tuning run and starts the final round again;
+    a tuning run changed since (another selection) is refused before any final run trains."""
+    import os
+    import signal
+    import time
+
+    from gspo_cli.train import sweep as sw
+
+    best = {"grpo": "grpo,clip_high=0.27", "gspo": "gspo,clip_high=0.0008"}
+    rounds = []
+
+    def run_plan(runs, *, jobs, force, log, executor=None, stop=None):
+        rounds.append([f"{r.name}/seed{r.seed}" for r in runs])
+        if runs[0].path.parent.parent.name == "tuning":
+            for r in runs:
+                if not r.path.exists():  # the score a tuning run's evaluation wrote
+                    _run(
+                        r.path.parent.parent, r.name, r.seed, [_ev(30, "val", 0.5 if r.name in best.values() else 0.3)]
+                    )
+            return [{"run": r.name, "seed": r.seed, "status": "completed", "exit": 0} for r in runs]
+        os.kill(os.getpid(), signal.SIGTERM)  # stopped during the final runs
+        time.sleep(0.2)
+        return [{"run": r.name, "seed": r.seed, "status": "interrupted", "exit": 4} for r in runs]
+
+    monkeypatch.setattr(sw, "run_plan", run_plan)
+    spec = _spec(tmp_path)
+    res = runner.invoke(app, ["tune", str(spec)])
+    assert res.exit_code == 4, res.output
+    state_file = tmp_path / "results/tune_clip/tune_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["next"] == "final"  # the final round did not complete: a rerun starts there
+    assert state["selected"] == {"grpo": {"arm.clip_high": 0.27}, "gspo": {"arm.clip_high": 0.0008}}
+    assert len(state["tuning"]) == 12 and {r["status"] for r in state["tuning"]} == {"completed"}
+    assert [r["status"] for r in state["final"]] == ["interrupted"] * 6
+    assert rounds[1] == [f"{arm}/seed{s}" for arm in ("grpo", "gspo") for s in (0, 1, 2)]
+
+    res = runner.invoke(app, ["tune", str(spec), "--resume"])
+    assert res.exit_code == 4, res.output
+    assert f"resuming the tune: at its final round ({state_file})" in res.output
+    assert rounds[3] == rounds[1]  # the same final runs; the tuning runs were all there
+
+    rundir = tmp_path / "results/tune_clip/tuning/gspo,clip_high=0.0002/seed100"
+    (rundir / "eval.jsonl").write_text(json.dumps(_ev(30, "val", 0.9)) + "\n")  # now the best gspo setting
+    res = runner.invoke(app, ["tune", str(spec), "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "the tuning runs now select grpo arm.clip_high=0.27; gspo arm.clip_high=0.0002" in res.output
+    assert "tune_state.json recorded grpo arm.clip_high=0.27; gspo arm.clip_high=0.0008" in res.output
+    assert len(rounds) == 5  # refused before any final run

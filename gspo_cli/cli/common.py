@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -69,3 +71,66 @@ EXECUTOR_HELP = (
     "where the runs train: local (processes here, --jobs at a time), slurm (a job array per round) or ray "
     "(a task per run); default: the spec's executor.kind, else local; e.g. --executor slurm"
 )
+
+
+# Where the runs train, from the command line: the spec's executor section, field by field.
+NodesOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--nodes",
+        min=1,
+        metavar="N",
+        help="with the slurm executor: nodes of each run (executor.slurm.nodes); above 1 each run trains under "
+        "torchrun across them; e.g. --executor slurm --nodes 2 --tasks-per-node 8",
+    ),
+]
+TasksPerNodeOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--tasks-per-node",
+        min=1,
+        metavar="N",
+        help="with the slurm executor: training processes of each run per node, started by torchrun "
+        "(executor.slurm.tasks_per_node); e.g. --executor slurm --tasks-per-node 2",
+    ),
+]
+AddressOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--address",
+        metavar="HOST:PORT",
+        help="with the ray executor: an existing Ray cluster (executor.ray.address: its head's HOST:PORT, auto or "
+        "ray://HOST:10001); default: a local cluster for this command; e.g. --executor ray --address 10.0.0.1:6379",
+    ),
+]
+
+
+def placement_overrides(
+    spec_path, overrides: list[str], executor: str | None, *, nodes=None, tasks_per_node=None, address=None
+) -> list[str]:
+    """`overrides` plus the executor flags given (--nodes, --tasks-per-node, --address) as overrides of
+    the spec's executor section. SpecError for a flag of another executor than the one the runs
+    train on (--executor, else the spec's executor.kind): it would be ignored."""
+    given = {
+        "--nodes": ("slurm", "nodes", nodes),
+        "--tasks-per-node": ("slurm", "tasks_per_node", tasks_per_node),
+        "--address": ("ray", "address", address),
+    }
+    given = {flag: v for flag, v in given.items() if v[2] is not None}
+    if not given:
+        return overrides
+    kind = executor
+    if kind is None:
+        from gspo_cli.spec.loading import apply_override, read_spec_file
+
+        raw = read_spec_file(spec_path)
+        for assignment in overrides:
+            raw = apply_override(raw, assignment)
+        section = raw.get("executor")
+        kind = (section.get("kind") if isinstance(section, dict) else None) or "local"
+    out = list(overrides)
+    for flag, (needs, field, value) in given.items():
+        if kind != needs:
+            raise SpecError(f"{flag} goes with the {needs} executor (--executor {needs}); the runs train on {kind}")
+        out.append(f"executor.{needs}.{field}={json.dumps(value)}")
+    return out

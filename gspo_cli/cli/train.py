@@ -11,7 +11,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from gspo_cli.cli.common import EXECUTOR_HELP, _exit_code, _fail, _print_table, _show_warning, err_console
+from gspo_cli.cli.common import (
+    EXECUTOR_HELP,
+    AddressOption,
+    NodesOption,
+    TasksPerNodeOption,
+    _exit_code,
+    _fail,
+    _print_table,
+    _show_warning,
+    err_console,
+    placement_overrides,
+)
 from gspo_cli.errors import GspoError, HardInterrupt, InterruptedRun, SpecError
 
 
@@ -247,6 +258,9 @@ def sweep(
         ),
     ] = None,
     executor: Annotated[Optional[str], typer.Option("--executor", metavar="KIND", help=EXECUTOR_HELP)] = None,
+    nodes: NodesOption = None,
+    tasks_per_node: TasksPerNodeOption = None,
+    address: AddressOption = None,
     cancel: Annotated[
         bool,
         typer.Option(
@@ -281,18 +295,22 @@ def sweep(
     from gspo_cli.train import sweep as sw
 
     warnings.showwarning = _show_warning
+    try:
+        overrides = placement_overrides(
+            spec_path, list(set_ or []), executor, nodes=nodes, tasks_per_node=tasks_per_node, address=address
+        )
+    except GspoError as err:
+        _fail(err)
     if cancel:
-        _cancel(spec_path, list(set_ or []), executor)
+        _cancel(spec_path, overrides, executor)
         return
     if until_decided:
-        _decide(
-            spec_path, list(set_ or []), jobs, max_seeds, round_seeds, quiet, as_json, dry_run, force or shard, executor
-        )
+        _decide(spec_path, overrides, jobs, max_seeds, round_seeds, quiet, as_json, dry_run, force or shard, executor)
         return
     if max_seeds is not None or round_seeds is not None:
         _fail(SpecError("--max-seeds and --round-seeds go with --until-decided"))
     try:
-        runs = sw.plan(spec_path, list(set_ or []))
+        runs = sw.plan(spec_path, overrides)
         picked = sw.parse_shard(shard) if shard else sw.shard_from_env()
         if picked:
             runs = sw.shard(runs, *picked)
@@ -304,7 +322,7 @@ def sweep(
             if quiet
             else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
         )
-        placed = sw.executor_for(load_spec(spec_path, list(set_ or [])), executor, jobs)
+        placed = sw.executor_for(load_spec(spec_path, overrides), executor, jobs)
         records = sw.run_plan(runs, jobs=jobs, force=force, log=log, executor=placed)
     except GspoError as err:
         _fail(err)

@@ -9,7 +9,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from gspo_cli.cli.common import EXECUTOR_HELP, _fail, _show_warning, err_console
+from gspo_cli.cli.common import (
+    EXECUTOR_HELP,
+    AddressOption,
+    NodesOption,
+    TasksPerNodeOption,
+    _fail,
+    _show_warning,
+    err_console,
+    placement_overrides,
+)
 from gspo_cli.errors import GspoError, HardInterrupt, RunError, SpecError
 
 
@@ -31,6 +40,9 @@ def tune(
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only errors and the final report path")] = False,
     executor: Annotated[Optional[str], typer.Option("--executor", metavar="KIND", help=EXECUTOR_HELP)] = None,
+    nodes: NodesOption = None,
+    tasks_per_node: TasksPerNodeOption = None,
+    address: AddressOption = None,
 ) -> None:
     """Tune every arm on the same budget, select on a validation set, compare on a test set.
 
@@ -38,7 +50,8 @@ def tune(
     one rule (highest mean selection score; ties: first in grid order), trains the selections on
     tune.final_seeds and compares them on tune.test_set with the statistics engine; writes
     OUTPUT_DIR/NAME/REPORT.md (budgets, grids, selections and their grid positions, the verdict; one
-    edited by hand is kept as REPORT.edited.md).
+    edited by hand is kept as REPORT.edited.md). After each round, OUTPUT_DIR/NAME/tune_state.json
+    says how its runs ended, the selection, and where --resume starts.
 
     The tuning runs never score the test set (its problems stay out of their training): no test
     number exists before the selection is final.
@@ -55,7 +68,10 @@ def tune(
     warnings.showwarning = _show_warning
     log = (lambda m: None) if quiet else (lambda m: err_console.print(m, markup=False, highlight=False, soft_wrap=True))
     try:
-        raw, spec = tn.load(spec_path, list(set_ or []))
+        overrides = placement_overrides(
+            spec_path, list(set_ or []), executor, nodes=nodes, tasks_per_node=tasks_per_node, address=address
+        )
+        raw, spec = tn.load(spec_path, overrides)
         budgets = tn.check_budgets(spec, unequal)
         metric = tn.selection_metric(spec)
         sizes = tn.check_disjoint(spec)
@@ -74,14 +90,25 @@ def tune(
             raise SpecError(f"{root}: runs of an earlier tune exist; --resume continues it (or remove the directory)")
         from gspo_cli.train.watch import stop_on_signals
 
-        placed = sw.executor_for(spec, executor, jobs)
+        placed = sw.executor_for(spec, executor, jobs)  # the same executor for both rounds
+        state = tn.read_state(spec)
+        if resume and state:
+            at = state.get("next", tn.TUNING)
+            where = "both rounds completed" if at == "report" else f"at its {at} round"
+            log(f"resuming the tune: {where} ({root / tn.STATE_FILE})")
         with stop_on_signals() as stop:  # one flag for both phases: a stop between them is not lost
             records = sw.run_plan(planned, jobs=jobs, force=False, log=log, executor=placed, stop=stop)
+            if stop or any(r["status"] not in ("completed", "diverged") for r in records):
+                tn.write_state(spec, tn.TUNING, records)
             _check(records, "tuning", stop)
             command = " ".join([str(spec_path), *(f"--set {a}" for a in set_ or [])])
             info, selection, chosen = _select(spec, planned, budgets, sizes, command, metric)
-            final = tn.final_runs(raw, spec, {arm: p.settings for arm, p in chosen.items()})
+            selected = {arm: p.settings for arm, p in chosen.items()}
+            tn.check_selection(state, selected)
+            tn.write_state(spec, tn.TUNING, records, selected)  # the decision, before any final run trains
+            final = tn.final_runs(raw, spec, selected)
             records = sw.run_plan(final, jobs=jobs, force=False, log=log, executor=placed, stop=stop)
+            tn.write_state(spec, tn.FINAL, records)
             _check(records, "final", stop)
         from gspo_cli.analysis.report import tune as tr
 

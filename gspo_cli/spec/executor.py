@@ -24,11 +24,24 @@ class SlurmConfig(_Strict):
         "and its job is requeued, and resumes",
     )
     cpus_per_run: int = Field(
-        1, ge=1, description="CPUs of one run (sbatch --cpus-per-task); the run's torch threads are this many"
+        1,
+        ge=1,
+        description="CPUs of one run on each of its nodes (sbatch --cpus-per-task, one task per node); its "
+        "processes on a node share them as torch threads",
     )
-    gpus_per_run: int = Field(0, ge=0, description="GPUs of one run's node (sbatch --gpus-per-node); 0: none")
-    nodes: int = Field(1, ge=1, description="nodes of one run (sbatch --nodes), for a multi-node run")
-    tasks_per_node: int = Field(1, ge=1, description="tasks per node (sbatch --ntasks-per-node)")
+    gpus_per_run: int = Field(0, ge=0, description="GPUs of one run on each node (sbatch --gpus-per-node); 0: none")
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="nodes of one run (sbatch --nodes); above 1 the run trains under torchrun across them, "
+        "rank 0 on the job's first node",
+    )
+    tasks_per_node: int = Field(
+        1,
+        ge=1,
+        description="training processes of one run on each node (torchrun --nproc-per-node, e.g. its GPUs); "
+        "above 1 the run trains under torchrun: nodes x tasks_per_node processes",
+    )
     account: str | None = Field(None, description="sbatch --account; null: the user's default")
     mem_gb: float | None = Field(None, gt=0, description="memory of one run's node in GB (sbatch --mem); null: default")
     sbatch: list[str] = Field(
@@ -51,8 +64,8 @@ class RayConfig(_Strict):
 
     address: str | None = Field(
         None,
-        description='an existing cluster (e.g. "auto" or "ray://head:10001"); null: start a local one for the '
-        "command and stop it after",
+        description='an existing cluster: the head\'s HOST:PORT (ray start --head --port PORT), "auto" or '
+        '"ray://head:10001"; null: start a local one for the command and stop it after',
     )
     num_cpus: float = Field(1.0, gt=0, description="CPUs one run's task reserves (its torch threads: at least 1)")
     num_gpus: float = Field(0.0, ge=0, description="GPUs one run's task reserves; 0: none")

@@ -4,22 +4,31 @@ and, once each arm's setting is selected, the final runs on fresh seeds.
 Layout under <output_dir>/<experiment>/: `tuning/<arm>,<settings>/seed<k>/` (each grid point on
 tune.seeds for tune.steps), `final/<arm>/seed<k>/` (the selected setting on tune.final_seeds for
 train.steps), REPORT.md and tune.json. Every run is an ordinary run directory trained by the sweep
-runner (`sweep.run_plan`): completed runs are kept, interrupted ones resume, a run of another spec
-is refused. Planning loads no model.
+runner (`sweep.run_plan`, through the command's executor): completed runs are kept, interrupted
+ones resume, a run of another spec is refused. Planning loads no model.
+
+`tune_state.json` beside them is written after each round (the tuning runs, the final runs): how
+each round's runs ended, the selection once the tuning round completed, and the round a rerun
+with --resume starts from. The selection a rerun computes from the tuning runs must be the one
+recorded there: the final runs trained on it.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 from gspo_cli.errors import SpecError
+from gspo_cli.jsonl import write_json_atomic
 from gspo_cli.runs import format_setting, run_path
 from gspo_cli.spec import ExperimentSpec
 from gspo_cli.spec.loading import apply_override, read_spec_file, set_path, spec_from_dict
 from gspo_cli.train.sweep import PlannedRun, _short_keys
 
 TUNING, FINAL = "tuning", "final"
+STATE_FILE = "tune_state.json"
 
 
 def load(spec_path: str | Path, overrides: list[str] | None = None) -> tuple[dict[str, Any], ExperimentSpec]:
@@ -104,7 +113,8 @@ def _variant(
 ) -> ExperimentSpec:
     """`raw` with only `arm`, `point` applied (`arm.X` on that arm) and `fields` set; the evaluation
     set named `hidden` is not scored."""
-    base = {k: v for k, v in raw.items() if k not in ("tune", "sweep", "comparison")}
+    # a run's spec says what it is, never where it trains (as a sweep's runs)
+    base = {k: v for k, v in raw.items() if k not in ("tune", "sweep", "comparison", "executor")}
     if hidden:  # kept out of training, never scored: no test-set number exists before the selection
         task = dict(base["task"])
         task["eval_sets"] = [{**c, "scored": False} if c.get("name") == hidden else c for c in task["eval_sets"]]
@@ -152,15 +162,68 @@ def final_runs(raw: dict[str, Any], spec: ExperimentSpec, selected: dict[str, di
     return out
 
 
+def read_state(spec: ExperimentSpec) -> dict[str, Any] | None:
+    """The tune's `tune_state.json`; None when there is none (or it cannot be read)."""
+    try:
+        state = json.loads((root(spec) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def write_state(
+    spec: ExperimentSpec, phase: str, records: list[dict[str, Any]], selected: dict[str, dict] | None = None
+) -> Path:
+    """Record that round `phase` (tuning, final) ended with `records` (one per run: run, seed, status,
+    exit) in `tune_state.json`, with the selection once known (arm -> settings); `next` says where a
+    rerun with --resume starts: the same round while one of its runs did not complete, else the
+    next round (final, then report). Written atomically; earlier rounds' entries are kept."""
+    state = read_state(spec) or {}
+    done = all(r["status"] in ("completed", "diverged") for r in records)
+    following = {TUNING: FINAL, FINAL: "report"}[phase]
+    state.update(experiment=spec.name, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S"), next=following if done else phase)
+    state[phase] = [{k: r.get(k) for k in ("run", "seed", "status", "exit")} for r in records]
+    if selected is not None:
+        state["selected"] = selected
+    path = root(spec) / STATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, state)
+    return path
+
+
+def check_selection(state: dict[str, Any] | None, selected: dict[str, dict]) -> None:
+    """SpecError when an earlier session recorded another selection than `selected` (the tuning
+    runs changed since: the final runs trained on the recorded one)."""
+    recorded = (state or {}).get("selected")
+    if recorded is None:
+        return
+    if json.loads(json.dumps(selected)) != recorded:
+        raise SpecError(
+            f"tune: the tuning runs now select {_settings(selected)}, but {STATE_FILE} recorded "
+            f"{_settings(recorded)} (the final runs train on that): a tuning run changed since; restore it, or "
+            "remove the final runs and tune_state.json to select again"
+        )
+
+
+def _settings(selected: dict[str, dict]) -> str:
+    return "; ".join(
+        f"{arm} " + ", ".join(f"{k}={format_setting(v)}" for k, v in p.items()) for arm, p in selected.items()
+    )
+
+
 __all__ = [
     "FINAL",
+    "STATE_FILE",
     "TUNING",
     "check_budgets",
     "check_disjoint",
+    "check_selection",
     "final_runs",
     "load",
     "point_name",
+    "read_state",
     "selection_metric",
     "root",
     "tuning_runs",
+    "write_state",
 ]

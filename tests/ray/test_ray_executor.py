@@ -1,6 +1,7 @@
 """`--executor ray` on a local Ray cluster: the tiny sweep gives the local executor's metrics, a
 failing run is reported with its log's last line, Ctrl-C stops the runs with a checkpoint and
-leaves no process behind, and the rerun resumes them."""
+leaves no process behind, and the rerun resumes them; `--address` trains on a cluster started
+beforehand with `ray start --head` and leaves it running."""
 
 import json
 from pathlib import Path
@@ -22,8 +23,8 @@ def test_a_tiny_sweep_through_ray_has_the_local_executors_metrics(tmp_path, env,
     assert r.returncode == 0, r.stderr[-3000:]
     assert [(x["run"], x["seed"], x["status"]) for x in json.loads(r.stdout)] == [
         ("grpo", 0, "completed"),
+        ("gspo", 0, "completed"),  # seed by seed, as the plan orders them
         ("grpo", 1, "completed"),
-        ("gspo", 0, "completed"),
         ("gspo", 1, "completed"),
     ]
     local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local")
@@ -102,3 +103,97 @@ def test_ctrl_c_stops_the_runs_with_a_checkpoint_leaves_no_process_and_a_rerun_r
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "completed" and info.get("resumes") == 1, info
+
+
+def test_address_trains_on_a_running_cluster_and_leaves_it_running(tmp_path, env, tiny_spec, gspo):
+    """`--address HOST:PORT`: the runs are tasks of a cluster started beforehand with `ray start
+    --head` (their `gspo train` processes are its workers' children; the command starts no Ray of
+    its own), with the command's model cache; the cluster still runs afterwards."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    from helpers import TINY
+
+    ray_cli = Path(sys.executable).with_name("ray")
+    if not ray_cli.exists():
+        pytest.skip(f"no ray command beside {sys.executable} (the ray extra installs it)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    head_log = tmp_path / "head.log"
+    own_cache = tmp_path / "head-cache"  # the cluster's own: the runs must use the command's instead
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard", "false"]
+        + ["--block"],
+        env={**env, "GSPO_CACHE_DIR": str(own_cache)},
+        stdout=open(head_log, "w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        t0 = time.time()
+        while "will now block" not in head_log.read_text() and time.time() - t0 < 120 and head.poll() is None:
+            time.sleep(0.5)
+        assert head.poll() is None and "will now block" in head_log.read_text(), head_log.read_text()[-2000:]
+        cluster = psutil.Process(head.pid)
+
+        spec = tiny_spec(tmp_path / "s.yaml", tmp_path / "out", arms=[TINY["arms"][0]])
+        address = f"127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "gspo_cli",
+            "sweep",
+            str(spec),
+            "--executor",
+            "ray",
+            "--address",
+            address,
+            "--json",
+        ]
+        sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        own, trained_by_cluster = set(), set()
+        while sweep.poll() is None:
+            for p in psutil.Process(sweep.pid).children(recursive=True):
+                own.add(_name(p))
+            for p in cluster.children(recursive=True):  # a run's `gspo train SPEC`: its spec file
+                line = _cmdline(p)
+                if "gspo_cli" in line and "train" in line:
+                    trained_by_cluster.add(line[line.index("train") + 1])
+            time.sleep(0.3)
+        out, err = sweep.communicate(timeout=60)
+        assert sweep.returncode == 0, err[-3000:]
+        assert f"ray: the cluster at {address}, 2 CPU(s)" in err
+        assert [(x["run"], x["seed"], x["status"]) for x in json.loads(out)] == [
+            ("grpo", 0, "completed"),
+            ("grpo", 1, "completed"),
+        ]
+        assert len(trained_by_cluster) == 2, trained_by_cluster  # both runs' processes: the cluster's
+        assert not own & {"raylet", "gcs_server"}, own  # no Ray of the command's own
+        assert not own_cache.exists() or not any(own_cache.iterdir())  # the command's cold start served them
+        assert head.poll() is None and cluster.children()  # the cluster goes on
+    finally:
+        members = psutil.Process(head.pid).children(recursive=True) if head.poll() is None else []
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+        _, alive = psutil.wait_procs(members, timeout=60)
+        for p in alive:
+            p.kill()
+        head.wait(timeout=60)
+    assert not alive, [p.pid for p in alive]
+
+
+def _name(p) -> str:
+    try:
+        return p.name()
+    except Exception:  # gone meanwhile
+        return ""
+
+
+def _cmdline(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:
+        return []

@@ -1,7 +1,10 @@
 """`--executor slurm` on a real single-node SLURM: a tiny sweep and 2 rounds of --until-decided
 give the local executor's metrics and decision; Ctrl-C leaves the jobs queued and nothing running
 here; a cancelled job's run resumes when the command is rerun; a job at its time limit is
-requeued and resumes; a failing job is reported with its log's last line and exit 1."""
+requeued and resumes; a job requeued by hand (scontrol requeue) resumes from its checkpoint to the
+uninterrupted run's metrics; a run of 2 tasks per node trains under torchrun as a local torchrun
+does; `gspo tune` trains both its rounds as jobs; a failing job is reported with its log's last
+line and exit 1."""
 
 import json
 import signal
@@ -29,8 +32,8 @@ def test_a_tiny_sweep_through_slurm_has_the_local_executors_metrics(tmp_path, en
     records = json.loads(r.stdout)
     assert [(x["run"], x["seed"], x["status"]) for x in records] == [
         ("grpo", 0, "completed"),
+        ("gspo", 0, "completed"),  # seed by seed, as the plan orders them
         ("grpo", 1, "completed"),
-        ("gspo", 0, "completed"),
         ("gspo", 1, "completed"),
     ]
     assert "submitted job array" in r.stderr and "4 done" in r.stderr
@@ -183,3 +186,122 @@ def test_a_failing_job_is_reported_with_its_logs_last_line_and_exit_1(tmp_path, 
     failed = [x for x in r.stderr.splitlines() if x.startswith("[grpo/seed0] failed (job ")]
     assert failed and failed[0].endswith("RuntimeError: reward service unreachable"), r.stderr[-3000:]
     assert "0 done, 1 failed" in r.stderr
+
+
+def _release_held_jobs() -> None:
+    """Start now the jobs SLURM holds back after a requeue (reason BeginTime)."""
+    for line in subprocess.run(["squeue", "-h", "-o", "%i %r"], capture_output=True, text=True).stdout.splitlines():
+        job, reason = line.split()
+        if reason == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+
+
+def test_a_job_requeued_by_hand_resumes_from_its_checkpoint_to_the_uninterrupted_metrics(
+    tmp_path, env, tiny_spec, gspo
+):
+    from helpers import TINY
+
+    train = {"steps": 40, "checkpoint_every": 2, "eval_every": 20}
+    one = {"seeds": [0], "arms": [TINY["arms"][0]], "train": train}
+    spec = tiny_spec(tmp_path / "s.yaml", tmp_path / "out", **one)
+    run = tmp_path / "out/tiny/grpo/seed0"
+    # the uninterrupted run, here at the same time: one process, one thread, as the job's
+    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local", **one)
+    here = subprocess.Popen([sys.executable, "-m", "gspo_cli", "sweep", str(local), "--jobs", "2", "-q"], env=env)
+    cmd = [sys.executable, "-m", "gspo_cli", "sweep", str(spec), "--executor", "slurm"]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(
+            lambda: len(_steps(run)) >= 6 and list((run / "checkpoints").glob("*")), 180, "steps and a checkpoint"
+        )
+        job = json.loads((tmp_path / "out/tiny/.slurm/jobs.json").read_text())[str(run)]["job"]
+        seen = max(_steps(run))
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        t0 = time.time()
+        while first.poll() is None and time.time() - t0 < 300:
+            _release_held_jobs()
+            time.sleep(1)
+        out, err = first.communicate(timeout=30)
+        assert here.wait(timeout=300) == 0
+    finally:
+        for proc in (first, here):
+            if proc.poll() is None:
+                proc.kill()
+    assert first.returncode == 0, err[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info["resumes"] == 1, info
+    assert seen <= int(info["resumed_from"].removeprefix("step_")) < 40, info  # its checkpoint, not step 0
+    assert f"[grpo/seed0] job {job} running" in err and "1 done, 0 failed" in err
+    uninterrupted = tmp_path / "local/tiny/grpo/seed0"
+    assert _rows(run / "metrics.jsonl") == _rows(uninterrupted / "metrics.jsonl")
+    assert _rows(run / "eval.jsonl") == _rows(uninterrupted / "eval.jsonl")
+
+
+def test_two_tasks_per_node_train_under_torchrun_as_a_local_torchrun_does(tmp_path, env, tiny_spec, gspo):
+    from helpers import TINY
+
+    one = {"seeds": [0], "arms": [TINY["arms"][0]], "train": {"steps": 2}}
+    spec = tiny_spec(tmp_path / "s.yaml", tmp_path / "out", **one)
+    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local", **one)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    here = subprocess.Popen([*torchrun, "-m", "gspo_cli", "train", str(local), "--quiet"], env=env)
+    try:
+        placed = ["--executor", "slurm", "--tasks-per-node", "2", "--set", "executor.slurm.cpus_per_run=2"]
+        r = gspo(["sweep", str(spec), *placed], env)
+        assert here.wait(timeout=300) == 0
+    finally:
+        if here.poll() is None:
+            here.kill()
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (tmp_path / where / "tiny/grpo/seed0" for where in ("out", "local"))
+    assert _rows(a / "metrics.jsonl") == _rows(b / "metrics.jsonl")  # 2 processes: rank 1 sampled its own half
+    assert _rows(a / "eval.jsonl") == _rows(b / "eval.jsonl")
+
+
+def test_tune_trains_its_tuning_and_final_rounds_as_jobs_and_a_rerun_trains_nothing(tmp_path, env, gspo):
+    import yaml
+    from helpers import TINY
+
+    sets = {"task": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 20}}
+    raw = {
+        **TINY,
+        "name": "tune",
+        "output_dir": str(tmp_path / "out"),
+        "model": {**TINY["model"], "cold_start": {"steps": 20, "batch_size": 32, "lr": 1e-2}},
+        "task": {
+            **TINY["task"],
+            "eval_sets": [{"name": "val", **sets, "size": 4}, {"name": "test", **sets, "size": 4, "skip": 4}],
+        },
+        "arms": [TINY["arms"][0], TINY["arms"][2]],
+        "train": {"steps": 1},
+        "tune": {
+            "grids": {"grpo": {"arm.clip_high": [0.2, 0.3]}, "gspo": {"arm.clip_high": [3e-4, 6e-4]}},
+            "selection_set": "val",
+            "test_set": "test",
+            "seeds": [100],
+            "steps": 1,
+            "final_seeds": [0, 1],
+        },
+        "executor": {"kind": "slurm", "slurm": {"cpus_per_run": 1, "time_min": 10, "poll_s": 1}},
+    }
+    spec = tmp_path / "tune.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    r = gspo(["tune", str(spec)], env, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    root = tmp_path / "out/tune"
+    assert r.stderr.count("submitted job array") == 2  # the tuning round, then the final one
+    runs = sorted(p.parent for p in root.glob("*/*/seed*/run.json"))
+    assert [str(p.relative_to(root)) for p in runs] == [
+        "final/grpo/seed0", "final/grpo/seed1", "final/gspo/seed0", "final/gspo/seed1",
+        "tuning/grpo,clip_high=0.2/seed100", "tuning/grpo,clip_high=0.3/seed100",
+        "tuning/gspo,clip_high=0.0003/seed100", "tuning/gspo,clip_high=0.0006/seed100",
+    ]  # fmt: skip
+    assert sorted(json.loads((root / ".slurm/jobs.json").read_text())) == [str(p) for p in runs]  # each a job
+    state = json.loads((root / "tune_state.json").read_text())
+    assert state["next"] == "report" and len(state["tuning"]) == 4 and len(state["final"]) == 4
+    assert state["selected"] == json.loads((root / "tune.json").read_text())["selected"]
+
+    again = gspo(["tune", str(spec), "--resume"], env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "submitted" not in again.stderr and again.stderr.count("already completed; skipping") == 8
+    assert f"resuming the tune: both rounds completed ({root / 'tune_state.json'})" in again.stderr

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.errors import SpecError
+from gspo_cli.errors import RunError, SpecError
 from gspo_cli.runs import RunDir
 from gspo_cli.spec.loading import dump_spec
 from gspo_cli.train.executors.base import file_stem, last_line, record, train_command, wait_for
@@ -44,11 +44,28 @@ def _die_with_parent() -> None:
         pass
 
 
-def train_run(spec_file: str, log_file: str, force: bool, threads: int) -> tuple[int, str]:
-    """A Ray task's body: `gspo train SPEC` in a child process, output appended to `log_file`;
-    returns (exit code, the log's last line). A cancelled task (KeyboardInterrupt) stops the run
-    with SIGTERM, so it checkpoints, and waits for it."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+# The submitting command's variables a run's process gets on any worker: the model cache it filled
+# before submitting (an existing cluster's workers have the environment of its `ray start`).
+FORWARDED = ("GSPO_CACHE_DIR",)
+
+
+def _token_auth_if_token() -> None:
+    """Connect to an existing cluster with Ray's token authentication when this machine has a token
+    and RAY_AUTH_MODE says nothing: `ray start --head` turns it on by default, and a driver without
+    the mode set sends no token (Ray's own CLI does the same; a cluster without authentication
+    accepts a driver that sends one). Before ray is imported: it reads the mode then."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def train_run(spec_file: str, log_file: str, force: bool, threads: int, env: dict | None = None) -> tuple[int, str]:
+    """A Ray task's body: `gspo train SPEC` in a child process, output appended to `log_file`, with
+    the worker's environment plus `env`; returns (exit code, the log's last line). A cancelled task
+    (KeyboardInterrupt) stops the run with SIGTERM, so it checkpoints, and waits for it."""
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": str(threads)}
     with open(log_file, "a") as out:
         proc = subprocess.Popen(
             train_command(spec_file, force), env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
@@ -74,30 +91,43 @@ class RayExecutor:
     def run(self, runs: list, *, force: bool, log, stop=None) -> list[dict[str, Any]]:
         """Train `runs` as Ray tasks and wait for them, printing each run's progress and end;
         Ctrl-C cancels the tasks (the runs checkpoint and stop) and returns them with exit 4."""
-        ray = _ray()
         c = self.config
+        if c.address is not None:
+            _token_auth_if_token()
+        ray = _ray()
         started_here = not ray.is_initialized()
         if started_here:
             local = c.address is None
-            ray.init(
-                address=c.address,
-                num_cpus=(os.cpu_count() or 1) if local else None,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
-            log(f"ray: {'a local cluster' if local else c.address}, {ray.cluster_resources().get('CPU', 0):g} CPU(s)")
+            try:
+                ray.init(
+                    address=c.address,
+                    num_cpus=(os.cpu_count() or 1) if local else None,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            except ConnectionError as err:  # no cluster there: the user's address, said in one line
+                why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise RunError(
+                    f"--executor ray: no Ray cluster answers at {c.address} ({why}); start one with "
+                    "`ray start --head --port PORT` (with token authentication, Ray's default, its token must be "
+                    "here too: ~/.ray/auth_token or RAY_AUTH_TOKEN), or leave executor.ray.address unset for a "
+                    "local one"
+                ) from None
+            where = "a local cluster" if local else f"the cluster at {c.address}"
+            log(f"ray: {where}, {ray.cluster_resources().get('CPU', 0):g} CPU(s)")
         files = self.folder / "runs"
         files.mkdir(parents=True, exist_ok=True)
         task = ray.remote(num_cpus=c.num_cpus, num_gpus=c.num_gpus, max_retries=0)(train_run)
         threads = max(1, int(c.num_cpus))
+        forwarded = {k: os.environ[k] for k in FORWARDED if k in os.environ}
         refs: dict[Any, Any] = {}
         for i, r in enumerate(runs):
             stem = file_stem(r, i)
             spec_file, log_file = files / f"{stem}.yaml", files / f"{stem}.log"
             spec_file.write_text(dump_spec(r.spec))
             log_file.write_text("")
-            refs[task.remote(str(spec_file), str(log_file), force, threads)] = (r, log_file)
+            refs[task.remote(str(spec_file), str(log_file), force, threads, forwarded)] = (r, log_file)
         log(f"ray: {len(refs)} task(s) submitted; each run's output in {files}")
         t0, ended, progress = time.time(), {}, {ref: RunProgress(r) for ref, (r, _) in refs.items()}
         try:

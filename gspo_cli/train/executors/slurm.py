@@ -8,10 +8,17 @@ the jobs still queued or running instead of submitting them again, and `--cancel
 Each run's spec and the output of its `gspo train` go to `<folder>/runs/`; submitit's own files
 (the pickled job, its stdout and stderr) to `<folder>/<job id>/`.
 
+A run of several processes (`executor.slurm.nodes` x `tasks_per_node`) trains under torchrun, as
+`gspo train` does by hand: the job has one SLURM task per node, and each starts `torchrun
+--nproc-per-node <tasks_per_node>` (with `--standalone` on one node; on several, node rank, the
+job's first node as master and a port drawn from the job id).
+
 Shortly before a job's time limit SLURM sends it SIGUSR2 (sbatch --signal); submitit then calls
 `TrainJob.checkpoint`, which stops the run with SIGTERM (the trainer writes a checkpoint and
 exits) and has the job requeued; the requeued job's `gspo train` resumes from the checkpoint. A
-job cancelled or requeued by hand (scancel, scontrol requeue) gets SIGTERM the same way.
+job cancelled or requeued by hand (scancel, scontrol requeue) gets SIGTERM from SLURM itself: the
+run checkpoints and stops the same way, and a requeued job resumes it (never again with --force:
+a job that runs a second time finds its log and resumes).
 
 Job states come from `squeue` (and `sacct` for jobs squeue no longer shows); a job neither knows
 is judged by its run directory alone.
@@ -24,6 +31,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,32 +60,70 @@ def _submitit():
     return submitit
 
 
-class TrainJob:
-    """What one array task runs: `gspo train SPEC` in a child process, its output appended to
-    `log_file`, with as many torch threads as the job has CPUs. Raises (the job fails) when the
-    run does not end completed or diverged, with the log's last line."""
+def launch_command(
+    spec_file, force: bool, *, nodes: int, per_node: int, node_rank: int = 0, head: str = "", job_id: str = ""
+) -> list[str]:
+    """The command one SLURM task of a run starts: `gspo train SPEC` for a run of one process, else
+    torchrun starting `per_node` processes of `gspo train SPEC` on this node (`node_rank` of
+    `nodes`): `--standalone` on one node (torchrun finds a free port, so two runs sharing a node
+    never meet); on several, the static rendezvous at `head` (the job's first node) on a port drawn
+    from `job_id`, the same on every node of the job."""
+    train = train_command(spec_file, force)
+    if nodes == 1 and per_node == 1:
+        return train
+    where = ["--standalone"]
+    if nodes > 1:
+        port = 20000 + int("".join(c for c in job_id if c.isdigit()) or "0") % 20000
+        where = ["--node-rank", str(node_rank), "--master-addr", head, "--master-port", str(port)]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
+        *where, *train[1:],
+    ]  # fmt: skip
 
-    def __init__(self, spec_file: str, log_file: str, force: bool):
+
+class TrainJob:
+    """What one task of an array job runs (one task per node of the run): `gspo train SPEC` in a
+    child process, or torchrun starting `per_node` of them (`launch_command`), output appended to
+    `log_file` (node k > 0: its own `.node<k>` file), each process with its share of the task's CPUs
+    as torch threads. Raises (the job fails) when the run does not end completed or diverged, with
+    the log's last line."""
+
+    def __init__(self, spec_file: str, log_file: str, force: bool, nodes: int = 1, per_node: int = 1):
         self.spec_file, self.log_file, self.force = spec_file, log_file, force
+        self.nodes, self.per_node = nodes, per_node
         self.proc: subprocess.Popen | None = None
 
     def __getstate__(self):  # pickled by submitit (and again on requeue): never the child process
         return {**self.__dict__, "proc": None}
 
     def __call__(self) -> int:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("SLURM_CPUS_PER_TASK", "1")}
-        with open(self.log_file, "a") as out:
+        import submitit
+
+        job = submitit.JobEnvironment()
+        node = job.node if self.nodes > 1 else 0
+        log_file = Path(self.log_file if node == 0 else f"{self.log_file}.node{node}")
+        # a job SLURM runs again (scontrol requeue, a node failure) runs this same pickled call: it
+        # finds its log and resumes the run instead of forcing a restart from step 0
+        force = self.force and not log_file.exists()
+        cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cpus // self.per_node))}  # torchrun keeps it
+        command = launch_command(
+            self.spec_file,
+            force,
+            nodes=self.nodes,
+            per_node=self.per_node,
+            node_rank=node,
+            head=job.hostnames[0],
+            job_id=os.environ.get("SLURM_JOB_ID", ""),
+        )
+        with open(log_file, "a") as out:
             self.proc = subprocess.Popen(
-                train_command(self.spec_file, self.force),
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_ignore_time_limit_signal,
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignore_time_limit_signal
             )
             code = wait_for(self.proc)
         self.force = False  # a requeued job resumes, whatever the first submission asked
         if code not in (0, 3):  # 3: diverged, a finished run
-            raise RuntimeError(f"gspo train exited {code}: {last_line(Path(self.log_file))}")
+            raise RuntimeError(f"gspo train exited {code}: {last_line(log_file)}")
         return code
 
     def checkpoint(self):
@@ -195,7 +241,8 @@ class SlurmExecutor:
             "job_name": "gspo",
             "time": c.time_min,
             "cpus_per_task": c.cpus_per_run,
-            "nodes": 1,
+            # one task per node, which starts the node's tasks_per_node processes (torchrun)
+            "nodes": c.nodes,
             "ntasks_per_node": 1,
             "stderr_to_stdout": True,
             # SIGUSR2 this many seconds before the limit: time for the run's checkpoint
@@ -226,11 +273,14 @@ class SlurmExecutor:
         except ValueError as err:
             raise SpecError(f"executor.slurm: {str(err).splitlines()[0]}") from None
         calls = []
+        first = len(list(files.glob("*.yaml")))  # every submission its own files: a log means a job ran before
         for r in runs:
-            stem = file_stem(r, len(book.jobs) + len(calls))
+            stem = file_stem(r, first + len(calls))
             spec_file, log_file = files / f"{stem}.yaml", files / f"{stem}.log"
             spec_file.write_text(dump_spec(r.spec))
-            calls.append((r, TrainJob(str(spec_file), str(log_file), force), log_file))
+            log_file.unlink(missing_ok=True)
+            call = TrainJob(str(spec_file), str(log_file), force, self.config.nodes, self.config.tasks_per_node)
+            calls.append((r, call, log_file))
         try:
             with executor.batch():
                 jobs = [executor.submit(call) for _, call, _ in calls]
