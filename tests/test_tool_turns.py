@@ -355,7 +355,11 @@ def test_a_finish_that_returns_no_number_is_one_line():
     engine = MultiTurnEngine(
         base, Bad, max_new_tokens=50, max_total_tokens=100, max_turns=1, max_tool_calls=1, tool_output_tokens=8
     )
-    with pytest.raises(RunError, match=r"^task.environment: finish\(\) returned str, not a number or None$"):
+    # one line, naming the rollout it came from
+    with pytest.raises(
+        RunError,
+        match=r"^task.environment: finish\(\) returned str, not a number or None \(the rollout whose prompt starts 'Q'\)$",
+    ):
         engine.generate(["Q"])
 
 
