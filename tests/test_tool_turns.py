@@ -358,7 +358,8 @@ def test_a_finish_that_returns_no_number_is_one_line():
     # one line, naming the rollout it came from
     with pytest.raises(
         RunError,
-        match=r"^task.environment: finish\(\) returned str, not a number or None \(the rollout whose prompt starts 'Q'\)$",
+        match=r"^task.environment: finish\(\) returned str, not a number or None "
+        r"\(the rollout whose prompt starts 'Q'\)$",
     ):
         engine.generate(["Q"])
 
