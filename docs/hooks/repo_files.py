@@ -14,7 +14,7 @@ from mkdocs.structure.files import File
 
 # Repository files the site serves beside the pages (globs relative to the repository root).
 # (No README.md: MkDocs would publish it as the folder's index.html, over the page of the same name.)
-SERVED = ("results/*/REPORT.md", "results/*/PILOT.md", "results/*/figures/*.png")
+SERVED = ("results/*/REPORT.md", "results/*/PILOT.md", "results/*/PLAN.md", "results/*/figures/*.png")
 
 _LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 
