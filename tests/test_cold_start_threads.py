@@ -102,3 +102,43 @@ def test_openmp_waits_sleep_on_one_core(monkeypatch, cores, preset, expected):
         monkeypatch.delenv("OMP_WAIT_POLICY")
     app._sleeping_openmp_waits_on_one_core()
     assert os.environ.get("OMP_WAIT_POLICY") == expected
+
+
+BUILD_SCRIPT = """
+import sys
+from gspo_cli.models.builtin import builtin_model_dir
+from gspo_cli.spec import BuiltinModelConfig, ColdStartConfig
+from gspo_cli.tasks import make_task
+size = BuiltinModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)
+def log(m):
+    print(m, flush=True)
+try:
+    cold = ColdStartConfig(steps=1000000, batch_size=4)
+    builtin_model_dir("tiny-dense", size, cold, make_task("arithmetic", {}), log=log)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(4)
+"""
+
+
+def test_sigterm_during_a_cold_start_leaves_no_build_directory(tmp_path):
+    """SIGTERM while the cold start trains: the process ends by KeyboardInterrupt (the CLI's exit 4),
+    and the half-built temporary directory is removed, not left in the cache."""
+    import signal
+    import time
+
+    env = {**os.environ, "GSPO_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUILD_SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "models").glob(".build-*")):
+        time.sleep(0.2)
+    assert list((tmp_path / "models").glob(".build-*")), "the build never started"
+    time.sleep(1.0)  # inside the training loop
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 4, out
+    assert "interrupted" in out
+    assert not list((tmp_path / "models").glob(".build-*"))
+    assert not [p for p in (tmp_path / "models").iterdir() if p.is_dir()]  # no entry published either

@@ -169,7 +169,35 @@ def _remove_entry(entry: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+@contextmanager
+def _sigterm_interrupts():
+    """While a cold start builds: SIGTERM raises KeyboardInterrupt (the CLI's exit 4, "interrupted
+    before a run started"), so the build's temporary directory is removed instead of the process
+    dying where it stands. Only in the main thread and where SIGTERM still has its default action
+    (a run's own handler, installed later, is never replaced)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _build_into(target: Path, kind, size, cold, task, log) -> Path:
+    with _sigterm_interrupts():
+        return _build_in_tmp(target, kind, size, cold, task, log)
+
+
+def _build_in_tmp(target: Path, kind, size, cold, task, log) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
         t0 = time.time()
