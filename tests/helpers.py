@@ -194,3 +194,15 @@ def tiny_study_spec(path: Path, out: Path, **changes) -> Path:
         spec[key] = value
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def slow_task(folder: Path, seconds: float = 0.3) -> dict:
+    """The tiny task with a reward that sleeps `seconds` per batch (written to folder/slow_reward.py):
+    a run whose steps take at least that long on any machine, for tests that must stop one midway."""
+    (folder / "slow_reward.py").write_text(
+        "import time\n\n\n"
+        "def slow(prompts, completions, completion_ids, **columns):\n"
+        f"    time.sleep({seconds})\n"
+        "    return [float(len(c) % 2) for c in completions]\n"
+    )
+    return {**TINY["task"], "rewards": [{"function": f"{folder / 'slow_reward.py'}:slow"}]}

@@ -84,7 +84,7 @@ def _steps(run: Path) -> list[int]:
 
 def test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_checkpoint(tmp_path, env, tiny_spec, gspo):
     import psutil
-    from helpers import TINY
+    from helpers import TINY, slow_task
 
     spec = tiny_spec(
         tmp_path / "s.yaml",
@@ -92,6 +92,7 @@ def test_ctrl_c_leaves_the_job_cancel_stops_it_and_a_rerun_resumes_from_its_chec
         seeds=[0],
         arms=[TINY["arms"][0]],
         train={"steps": 60, "checkpoint_every": 2, "eval_every": 0},
+        task=slow_task(tmp_path),  # >= 0.3 s a step, so the run is still going when Ctrl-C comes
     )
     run = tmp_path / "out/tiny/grpo/seed0"
     cmd = [sys.executable, "-m", "gspo_cli", "sweep", str(spec), "--executor", "slurm"]
@@ -135,7 +136,7 @@ def _queue() -> list[str]:
 def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(tmp_path, env, tiny_spec, gspo):
     """submitit's checkpoint-and-requeue on the time-limit signal (sbatch --signal), with a
     1-minute limit. SLURM holds a requeued job back (BeginTime) for a while; the test releases it."""
-    from helpers import TINY
+    from helpers import TINY, slow_task
 
     spec = tiny_spec(
         tmp_path / "s.yaml",
@@ -143,6 +144,7 @@ def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(tmp_path, e
         seeds=[0],
         arms=[TINY["arms"][0]],
         train={"steps": 300, "checkpoint_every": 2, "eval_every": 0},
+        task=slow_task(tmp_path),  # >= 0.3 s a step: past the 1-minute limit on any machine
         executor={"kind": "slurm", "slurm": {"cpus_per_run": 1, "time_min": 1, "poll_s": 1}},
     )
     run = tmp_path / "out/tiny/grpo/seed0"

@@ -48,6 +48,7 @@ RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
 # Ended without the run's fault: the run can resume from its checkpoint when the command is rerun.
 STOPPED = {"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE", "BOOT_FAIL"}
 BOOK = "jobs.json"
+SETTLE_S = 15.0  # how long an unfinished run's job must stay not live before the run counts as ended
 
 
 def _submitit():
@@ -318,7 +319,7 @@ class SlurmExecutor:
         progress = {str(r.path): RunProgress(r) for r in runs}
         seen: dict[str, str] = {}
         ended: dict[str, dict[str, Any]] = {}
-        gone: dict[str, int] = {}
+        gone: dict[str, float] = {}  # run -> when its job was first seen not live
         summary = ""
         try:
             while len(ended) < len(runs):
@@ -335,10 +336,13 @@ class SlurmExecutor:
                         seen[key] = state
                         log(f"[{r.name}/seed{r.seed}] job {job} {state.lower()}")
                     if state in WAITING | RUNNING:
+                        gone.pop(key, None)
                         continue
-                    # a job no tool shows: over only if so twice running (a slow squeue is no end)
-                    gone[key] = gone.get(key, 0) + 1 if state == "GONE" else 0
-                    if state == "GONE" and gone[key] < 2 and RunDir(r.path).status() != "completed":
+                    # An unfinished run's job that is not live is over only once it stays so for
+                    # SETTLE_S: a job requeueing itself at its time limit passes through TIMEOUT or
+                    # PREEMPTED, or leaves squeue for a moment, before it is pending again.
+                    since = gone.setdefault(key, time.time())
+                    if RunDir(r.path).status() != "completed" and time.time() - since < SETTLE_S:
                         continue
                     ended[key] = self._ended(r, job, state, time.time() - t0, book, log)
                 counts = _counts([seen.get(str(r.path), "GONE") for r in runs], ended)
