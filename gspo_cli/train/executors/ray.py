@@ -100,7 +100,9 @@ class RayExecutor:
             local = c.address is None
             try:
                 ray.init(
-                    address=c.address,
+                    # "local": always a new cluster here, never one a `ray start` on this machine left
+                    # behind (Ray would join it and refuse num_cpus)
+                    address=c.address if not local else "local",
                     num_cpus=(os.cpu_count() or 1) if local else None,
                     include_dashboard=False,
                     log_to_driver=False,
