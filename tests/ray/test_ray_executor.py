@@ -1,4 +1,5 @@
-"""`--executor ray` on a local Ray cluster: the tiny sweep gives the local executor's metrics, a
+"""`--executor ray` on a local Ray cluster: the tiny sweep and 2 rounds of --until-decided give the
+local executor's metrics and decision; `gspo tune` trains its tuning and final rounds as Ray tasks; a
 failing run is reported with its log's last line, Ctrl-C stops the runs with a checkpoint and
 leaves no process behind, and the rerun resumes them; `--address` trains on a cluster started
 beforehand with `ray start --head` and leaves it running."""
@@ -18,7 +19,8 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_a_tiny_sweep_through_ray_has_the_local_executors_metrics(tmp_path, env, tiny_spec, gspo):
-    on_ray = tiny_spec(tmp_path / "ray.yaml", tmp_path / "ray")
+    compared = {"baseline": "grpo", "arm": "gspo"}  # analysis only: for --until-decided below
+    on_ray = tiny_spec(tmp_path / "ray.yaml", tmp_path / "ray", comparison=compared)
     r = gspo(["sweep", str(on_ray), "--executor", "ray", "--json"], env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [(x["run"], x["seed"], x["status"]) for x in json.loads(r.stdout)] == [
@@ -27,7 +29,7 @@ def test_a_tiny_sweep_through_ray_has_the_local_executors_metrics(tmp_path, env,
         ("grpo", 1, "completed"),
         ("gspo", 1, "completed"),
     ]
-    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local")
+    local = tiny_spec(tmp_path / "local.yaml", tmp_path / "local", comparison=compared)
     r = gspo(["sweep", str(local), "--jobs", "2", "-q"], env)
     assert r.returncode == 0, r.stderr[-3000:]
     for arm in ("grpo", "gspo"):
@@ -35,6 +37,18 @@ def test_a_tiny_sweep_through_ray_has_the_local_executors_metrics(tmp_path, env,
             a, b = (tmp_path / where / "tiny" / arm / f"seed{seed}" for where in ("local", "ray"))
             assert _rows(a / "metrics.jsonl") == _rows(b / "metrics.jsonl"), (arm, seed)
             assert _rows(a / "eval.jsonl") == _rows(b / "eval.jsonl"), (arm, seed)
+
+    # --until-decided, 2 looks: seeds 0 and 1 are there (skipped), the second round trains seed 2
+    # as Ray tasks and decides as the local executor does
+    decided = ["--until-decided", "--max-seeds", "3"]
+    r = gspo(["sweep", str(on_ray), "--executor", "ray", *decided], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("already completed; skipping") == 8  # seeds 0-1 in the first round, again in the second
+    r = gspo(["sweep", str(local), "--jobs", "2", *decided], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (json.loads((tmp_path / where / "tiny/until_decided.json").read_text()) for where in ("local", "ray"))
+    assert len(a["looks"]) == 2 and a == b
+    assert (tmp_path / "ray/tiny/gspo/seed2/eval.jsonl").exists()
 
 
 def test_a_failing_run_is_reported_with_its_logs_last_line_and_exit_1(tmp_path, env, tiny_spec, gspo):
@@ -197,3 +211,53 @@ def _cmdline(p) -> list[str]:
         return p.cmdline()
     except Exception:
         return []
+
+
+def test_tune_trains_its_tuning_and_final_rounds_as_ray_tasks_and_a_resume_trains_nothing(tmp_path, env, gspo):
+    import yaml
+    from helpers import TINY
+
+    sets = {"task": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 20}}
+    raw = {
+        **TINY,
+        "name": "tune",
+        "output_dir": str(tmp_path / "out"),
+        "model": {**TINY["model"], "cold_start": {"steps": 20, "batch_size": 32, "lr": 1e-2}},
+        "task": {
+            **TINY["task"],
+            "eval_sets": [{"name": "val", **sets, "size": 4}, {"name": "test", **sets, "size": 4, "skip": 4}],
+        },
+        "arms": [TINY["arms"][0], TINY["arms"][2]],
+        "train": {"steps": 1},
+        "tune": {
+            "grids": {"grpo": {"arm.clip_high": [0.2, 0.3]}, "gspo": {"arm.clip_high": [3e-4, 6e-4]}},
+            "selection_set": "val",
+            "test_set": "test",
+            "seeds": [100],
+            "steps": 1,
+            "final_seeds": [0, 1],
+        },
+        "executor": {"kind": "ray", "ray": {"num_cpus": 1}},
+    }
+    spec = tmp_path / "tune.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    r = gspo(["tune", str(spec)], env, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    root = tmp_path / "out/tune"
+    assert r.stderr.count("ray: a local cluster") == 2, r.stderr[-3000:]  # the tuning round, then the final one
+    runs = sorted(p.parent for p in root.glob("*/*/seed*/run.json"))
+    assert [str(p.relative_to(root)) for p in runs] == [
+        "final/grpo/seed0", "final/grpo/seed1", "final/gspo/seed0", "final/gspo/seed1",
+        "tuning/grpo,clip_high=0.2/seed100", "tuning/grpo,clip_high=0.3/seed100",
+        "tuning/gspo,clip_high=0.0003/seed100", "tuning/gspo,clip_high=0.0006/seed100",
+    ]  # fmt: skip
+    for run in runs:
+        assert json.loads((run / "run.json").read_text())["status"] == "completed", run
+    state = json.loads((root / "tune_state.json").read_text())
+    assert state["next"] == "report" and len(state["tuning"]) == 4 and len(state["final"]) == 4
+    assert state["selected"] == json.loads((root / "tune.json").read_text())["selected"]
+
+    again = gspo(["tune", str(spec), "--resume"], env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("already completed; skipping") == 8
+    assert f"resuming the tune: both rounds completed ({root / 'tune_state.json'})" in again.stderr
