@@ -255,3 +255,32 @@ def test_a_run_that_completed_and_was_then_signalled_is_labelled_by_its_run_json
     (rec,) = json.loads(res.stdout)
     assert (rec["status"], rec["exit"], rec["log"]) == ("completed", 0, None)
     assert "did not complete" not in res.stderr
+
+
+def test_a_run_keeps_the_comparison_only_when_it_names_the_runs_arm(tmp_path):
+    """A third arm beside the comparison's two (e.g. GRPO with replay beside GRPO and GSPO) gets a
+    one-arm spec without the comparison, which it could not keep: `gspo train` would refuse the
+    run's spec with "comparison.arm: no arm named 'gspo'"."""
+    import yaml as _yaml
+
+    from gspo_cli.spec.loading import dump_spec, spec_from_dict
+    from gspo_cli.train.resume import run_spec
+
+    raw = {
+        **{k: v for k, v in BASE.items() if k != "sweep"},
+        "arms": [*BASE["arms"], {"name": "grpo_rr", "preset": "paper-grpo-rr"}],
+        "comparison": {"baseline": "grpo", "arm": "gspo", "metric": "collapse"},
+        "seeds": [0],
+    }
+    runs = {r.name: r.spec for r in plan(write(tmp_path, raw))}
+    assert sorted(runs) == ["grpo", "grpo_rr", "gspo"]
+    for name in ("grpo", "gspo"):
+        assert (runs[name].comparison.baseline, runs[name].comparison.arm) == ("grpo", "gspo")
+    assert runs["grpo_rr"].comparison is None
+    for name, spec in runs.items():  # each run's spec as `gspo train` reads it back
+        assert spec_from_dict(_yaml.safe_load(dump_spec(spec))).arms[0].name == name
+
+    whole = spec_from_dict(raw)
+    third = run_spec(whole, whole.arms[2], 0)
+    assert third.comparison is None and spec_from_dict(_yaml.safe_load(dump_spec(third))).arms[0].name == "grpo_rr"
+    assert run_spec(whole, whole.arms[1], 0).comparison == whole.comparison

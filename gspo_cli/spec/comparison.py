@@ -57,3 +57,8 @@ class ComparisonConfig(_Strict):
         if self.arm == self.baseline:
             raise _Problems(f"arm: {self.arm!r} is also the baseline; compare two different arms")
         return self
+
+
+def names_arm(comparison: ComparisonConfig | None, arm: str) -> bool:
+    """Whether a one-arm spec of `arm` (one run's) can keep `comparison`: it names that arm."""
+    return comparison is not None and arm in (comparison.baseline, comparison.arm)

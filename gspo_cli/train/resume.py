@@ -23,6 +23,7 @@ from gspo_cli.models.builtin import BUILTIN_KINDS, cache_key
 from gspo_cli.rewards import RewardedTask, file_fingerprints, with_rewards
 from gspo_cli.runs import BEHAVIOUR_VERSION, RunDir, check_identity, reward_changes, truncate_jsonl
 from gspo_cli.spec import ArmConfig, ExperimentSpec, ModelConfig
+from gspo_cli.spec.comparison import names_arm
 from gspo_cli.spec.loading import check_stored_spec
 from gspo_cli.tasks import Task, make_task
 from gspo_cli.tasks.base import problems_digest
@@ -100,8 +101,12 @@ def model_digest(cfg: ModelConfig, task: Task) -> str:
 
 
 def run_spec(spec: ExperimentSpec, arm: ArmConfig, seed: int) -> ExperimentSpec:
-    """The spec of exactly one run: this arm, this seed (itself runnable)."""
-    return spec.model_copy(update={"arms": [arm], "seeds": [seed], "sweep": None})
+    """The spec of exactly one run: this arm, this seed (itself runnable: a comparison that does not
+    name this arm is dropped, as a one-arm spec could not keep it)."""
+    update: dict = {"arms": [arm], "seeds": [seed], "sweep": None}
+    if not names_arm(spec.comparison, arm.name):
+        update["comparison"] = None
+    return spec.model_copy(update=update)
 
 
 def decide_start(

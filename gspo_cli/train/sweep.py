@@ -18,6 +18,7 @@ from typing import Any
 from gspo_cli.errors import SpecError
 from gspo_cli.runs import RunDir, format_setting, run_path
 from gspo_cli.spec import ExperimentSpec
+from gspo_cli.spec.comparison import names_arm
 from gspo_cli.spec.loading import apply_override, read_spec_file, set_path, spec_from_dict
 from gspo_cli.train.executors.base import record
 from gspo_cli.train.executors.progress import RunProgress  # noqa: F401  (re-exported: the sweep's progress lines)
@@ -90,9 +91,10 @@ def plan(spec_path: str | Path, overrides: list[str] | None = None) -> list[Plan
             names.add(name)
             renamed = arm.model_copy(update={"name": name})
             for seed in variant.seeds:
-                # a renamed arm is no longer one the comparison names: its run keeps no comparison
+                # a run keeps the comparison only when its arm is one of the two it names (a renamed
+                # arm, or a third arm beside them, is not: its one-arm spec could not be loaded)
                 update = {"arms": [renamed], "seeds": [seed], "sweep": None, "executor": None}
-                if suffix:
+                if suffix or not names_arm(variant.comparison, arm.name):
                     update["comparison"] = None
                 run = variant.model_copy(update=update)
                 out.append(
