@@ -196,6 +196,39 @@ def tiny_study_spec(path: Path, out: Path, **changes) -> Path:
     return path
 
 
+def tiny_tune_spec(path: Path, out: Path, **changes) -> Path:
+    """Writes to `path` the tiny end-to-end spec as a `gspo tune` study: grpo and gspo, two
+    clip_high values each on seed 100 (1 step), selected on the `val` set, the final runs on seeds
+    0 and 1 compared on the disjoint `test` set, runs under `out`; `changes` replace top-level
+    sections (name, model, executor)."""
+    import yaml
+
+    sets = {"task": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 20}}
+    spec = {
+        **TINY,
+        "name": "tune",
+        "output_dir": str(out),
+        "task": {
+            **TINY["task"],
+            "eval_sets": [{"name": "val", **sets, "size": 4}, {"name": "test", **sets, "size": 4, "skip": 4}],
+        },
+        "arms": [TINY["arms"][0], TINY["arms"][2]],
+        "train": {"steps": 1},
+        "tune": {
+            "grids": {"grpo": {"arm.clip_high": [0.2, 0.3]}, "gspo": {"arm.clip_high": [3e-4, 6e-4]}},
+            "selection_set": "val",
+            "test_set": "test",
+            "seeds": [100],
+            "steps": 1,
+            "final_seeds": [0, 1],
+        },
+    }
+    for key, value in changes.items():
+        spec[key] = value
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 def slow_task(folder: Path, seconds: float = 0.3) -> dict:
     """The tiny task with a reward that sleeps `seconds` per batch (written to folder/slow_reward.py):
     a run whose steps take at least that long on any machine, for tests that must stop one midway."""

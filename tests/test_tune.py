@@ -265,30 +265,9 @@ def test_tune_trains_selects_and_compares_end_to_end(tmp_path):
     """`gspo tune SPEC --jobs 2`, then the same with --resume: 4 tuning and 4 final runs of the tiny
     model, each arm's selection from its own grid, the test-set comparison in REPORT.md; the rerun
     trains nothing and writes the same selection."""
-    from helpers import TINY
+    from helpers import tiny_tune_spec
 
-    sets = {"task": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 20}}
-    raw = {
-        **TINY,
-        "name": "tune_e2e",
-        "output_dir": str(tmp_path / "out"),
-        "task": {
-            **TINY["task"],
-            "eval_sets": [{"name": "val", **sets, "size": 4}, {"name": "test", **sets, "size": 4, "skip": 4}],
-        },
-        "arms": [TINY["arms"][0], TINY["arms"][2]],
-        "train": {"steps": 1},
-        "tune": {
-            "grids": {"grpo": {"arm.clip_high": [0.2, 0.3]}, "gspo": {"arm.clip_high": [3e-4, 6e-4]}},
-            "selection_set": "val",
-            "test_set": "test",
-            "seeds": [100],
-            "steps": 1,
-            "final_seeds": [0, 1],
-        },
-    }
-    spec = tmp_path / "tune.yaml"
-    spec.write_text(yaml.safe_dump(raw))
+    spec = tiny_tune_spec(tmp_path / "tune.yaml", tmp_path / "out", name="tune_e2e")
     res = runner.invoke(app, ["tune", str(spec), "--jobs", "2", "-q"])
     assert res.exit_code == 0, res.output
     root = tmp_path / "out" / "tune_e2e"

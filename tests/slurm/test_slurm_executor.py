@@ -261,33 +261,14 @@ def test_two_tasks_per_node_train_under_torchrun_as_a_local_torchrun_does(tmp_pa
 
 
 def test_tune_trains_its_tuning_and_final_rounds_as_jobs_and_a_rerun_trains_nothing(tmp_path, env, gspo):
-    import yaml
-    from helpers import TINY
+    from helpers import TINY, tiny_tune_spec
 
-    sets = {"task": "math", "params": {"source": "synthetic", "num_operands": 2, "max_operand": 20}}
-    raw = {
-        **TINY,
-        "name": "tune",
-        "output_dir": str(tmp_path / "out"),
-        "model": {**TINY["model"], "cold_start": {"steps": 20, "batch_size": 32, "lr": 1e-2}},
-        "task": {
-            **TINY["task"],
-            "eval_sets": [{"name": "val", **sets, "size": 4}, {"name": "test", **sets, "size": 4, "skip": 4}],
-        },
-        "arms": [TINY["arms"][0], TINY["arms"][2]],
-        "train": {"steps": 1},
-        "tune": {
-            "grids": {"grpo": {"arm.clip_high": [0.2, 0.3]}, "gspo": {"arm.clip_high": [3e-4, 6e-4]}},
-            "selection_set": "val",
-            "test_set": "test",
-            "seeds": [100],
-            "steps": 1,
-            "final_seeds": [0, 1],
-        },
-        "executor": {"kind": "slurm", "slurm": {"cpus_per_run": 1, "time_min": 10, "poll_s": 1}},
-    }
-    spec = tmp_path / "tune.yaml"
-    spec.write_text(yaml.safe_dump(raw))
+    spec = tiny_tune_spec(
+        tmp_path / "tune.yaml",
+        tmp_path / "out",
+        model={**TINY["model"], "cold_start": {"steps": 20, "batch_size": 32, "lr": 1e-2}},
+        executor={"kind": "slurm", "slurm": {"cpus_per_run": 1, "time_min": 10, "poll_s": 1}},
+    )
     r = gspo(["tune", str(spec)], env, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     root = tmp_path / "out/tune"
